@@ -1,0 +1,112 @@
+"""safedma: typed, checked DMA and semaphore code for Pallas TPU kernels.
+
+Annotate kernel parameters with the brands (:data:`DataRef`, :data:`SemRef`,
+:data:`SemArray`, :data:`RegularSem`, ...), describe copies with
+:class:`LocalCopy` and :class:`RemoteCopy`, start them and wait through the
+handles they return, and run the kernel with :func:`pallas_call` (or decorate
+it with :func:`kernel`). Mistakes fail under mypy or at trace time; correct
+code lowers to exactly the pltpu calls written by hand.
+"""
+
+from safedma.copies import (
+    Given,
+    IncomingHandle,
+    LocalCopy,
+    LocalHandle,
+    Missing,
+    RemoteCopy,
+    RemoteHandle,
+)
+from safedma.devices import Device, axis_size, device, mesh_coords, my_index, neighbour
+from safedma.errors import (
+    CopyDtypeMismatchError,
+    CopyNeverWaitedError,
+    CopyShapeMismatchError,
+    DeviceIdError,
+    HandleWaitedTwiceError,
+    IncompleteCopyError,
+    MissingCollectiveIdError,
+    MissingSemaphoreError,
+    NotARefError,
+    PriorityError,
+    SafeDmaError,
+    SemaphoreKindError,
+    SemaphoreShapeError,
+    UnsupportedDmaError,
+)
+from safedma.kernel import kernel, pallas_call
+from safedma.refs import (
+    BarrierSem,
+    DataIndex,
+    DataRef,
+    Index,
+    RegularSem,
+    RegularSemArray,
+    SemArray,
+    SemRef,
+)
+from safedma.scratch import (
+    Scratch,
+    dma_semaphore,
+    dma_semaphores,
+    regular_semaphore,
+    regular_semaphores,
+    run_scoped,
+    smem,
+    vmem,
+)
+from safedma.semaphores import barrier_semaphore, read, signal, wait
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BarrierSem",
+    "CopyDtypeMismatchError",
+    "CopyNeverWaitedError",
+    "CopyShapeMismatchError",
+    "DataIndex",
+    "DataRef",
+    "Device",
+    "DeviceIdError",
+    "Given",
+    "HandleWaitedTwiceError",
+    "IncomingHandle",
+    "IncompleteCopyError",
+    "Index",
+    "LocalCopy",
+    "LocalHandle",
+    "Missing",
+    "MissingCollectiveIdError",
+    "MissingSemaphoreError",
+    "NotARefError",
+    "PriorityError",
+    "RegularSem",
+    "RegularSemArray",
+    "RemoteCopy",
+    "RemoteHandle",
+    "SafeDmaError",
+    "Scratch",
+    "SemArray",
+    "SemRef",
+    "SemaphoreKindError",
+    "SemaphoreShapeError",
+    "UnsupportedDmaError",
+    "axis_size",
+    "barrier_semaphore",
+    "device",
+    "dma_semaphore",
+    "dma_semaphores",
+    "kernel",
+    "mesh_coords",
+    "my_index",
+    "neighbour",
+    "pallas_call",
+    "read",
+    "regular_semaphore",
+    "regular_semaphores",
+    "run_scoped",
+    "signal",
+    "smem",
+    "vmem",
+    "wait",
+]

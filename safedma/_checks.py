@@ -1,0 +1,149 @@
+"""Trace-time validation of the values handed to safedma.
+
+The type checker stops most mistakes; these checks stop the rest (code that
+is unannotated, cast, or ``Any``-typed) while the kernel is traced, with a
+message naming the refs involved and the fix, instead of a Mosaic verifier
+error, a hang or a NaN later.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from safedma import _compat
+from safedma._compat import SemaphoreKind
+from safedma._tracker import describe_ref
+from safedma.errors import (
+    CopyDtypeMismatchError,
+    CopyShapeMismatchError,
+    MissingSemaphoreError,
+    NotARefError,
+    PriorityError,
+    SemaphoreKindError,
+    SemaphoreShapeError,
+    UnsupportedDmaError,
+)
+
+__all__ = [
+    "check_data_ref",
+    "check_semaphore",
+    "check_same_layout",
+    "check_priority",
+    "check_no_add",
+]
+
+_WHERE_SEMAPHORES_COME_FROM = {
+    SemaphoreKind.DMA: "a SemRef: a kernel parameter from safedma.dma_semaphore() scratch, "
+    "or sems.at[i] of a SemArray",
+    SemaphoreKind.REGULAR: "a RegularSem: a kernel parameter from safedma.regular_semaphore() "
+    "scratch, or sems.at[i] of a RegularSemArray",
+    SemaphoreKind.BARRIER: "the BarrierSem from safedma.barrier_semaphore()",
+}
+
+
+def _value_summary(value: object) -> str:
+    if isinstance(value, jax.Array) or hasattr(value, "aval"):
+        shape = getattr(value, "shape", "?")
+        dtype = getattr(value, "dtype", "?")
+        return f"an array value of shape {shape} and dtype {dtype}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def check_data_ref(value: object, role: str) -> None:
+    """``value`` must be a data ref (not a value, not a semaphore)."""
+    if not _compat.is_ref(value):
+        raise NotARefError(
+            f"{role} must be a data ref, got {_value_summary(value)}. Pass the kernel's "
+            "ref (or a view of it, ref.at[...]) instead of a value read from it (ref[...])."
+        )
+    kind = _compat.ref_kind(value)
+    if kind is not SemaphoreKind.DATA:
+        raise SemaphoreKindError(
+            f"{role} must be a data ref, got a {kind.value} ({describe_ref(value)}). "
+            "Data and semaphore arguments are swapped: copies move data refs and are "
+            "tracked by semaphores."
+        )
+
+
+def check_semaphore(
+    value: object, role: str, allowed: tuple[SemaphoreKind, ...], *, what_for: str
+) -> None:
+    """``value`` must be one semaphore ref (shape ()) of one of the ``allowed`` kinds."""
+    expected = " or ".join(kind.value for kind in allowed)
+    if value is None:
+        raise MissingSemaphoreError(
+            f"{role} is missing: {what_for} needs {expected}. Pass "
+            f"{_WHERE_SEMAPHORES_COME_FROM[allowed[0]]}."
+        )
+    if not _compat.is_ref(value):
+        raise NotARefError(
+            f"{role} must be {expected} ref, got {_value_summary(value)}: this looks like a "
+            "semaphore's value (read(sem) or sem[()]) or a number, not the semaphore "
+            f"itself. Pass {_WHERE_SEMAPHORES_COME_FROM[allowed[0]]}."
+        )
+    kind = _compat.ref_kind(value)
+    if kind not in allowed:
+        if kind is SemaphoreKind.DATA:
+            problem = f"a data ref ({describe_ref(value)})"
+        else:
+            problem = f"a {kind.value} ({describe_ref(value)})"
+        raise SemaphoreKindError(
+            f"{role} must be {expected}, got {problem}; {what_for} cannot use it. "
+            f"Pass {_WHERE_SEMAPHORES_COME_FROM[allowed[0]]}."
+        )
+    shape = tuple(getattr(value, "shape", ()))
+    if shape != ():
+        raise SemaphoreShapeError(
+            f"{role} must be one semaphore, got an array of {shape[0] if len(shape) == 1 else shape} "
+            f"semaphores ({describe_ref(value)}). Select one with sems.at[i]."
+        )
+
+
+def check_same_layout(src: object, dst: object, what: str) -> None:
+    """Source and destination of a copy must agree in shape and dtype (T1, T2)."""
+    src_shape = tuple(getattr(src, "shape", ()))
+    dst_shape = tuple(getattr(dst, "shape", ()))
+    if src_shape != dst_shape:
+        raise CopyShapeMismatchError(
+            f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
+            f"different shapes {src_shape} and {dst_shape}. A DMA copies a block as it is: "
+            "slice one side with .at[pl.ds(start, size)] (or reshape the buffer) so both "
+            "shapes match."
+        )
+    src_dtype = getattr(src, "dtype", None)
+    dst_dtype = getattr(dst, "dtype", None)
+    if src_dtype != dst_dtype:
+        raise CopyDtypeMismatchError(
+            f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
+            f"different dtypes {src_dtype} and {dst_dtype}. A DMA does not convert: copy "
+            "into a buffer of the source's dtype and convert with .astype() in the kernel."
+        )
+
+
+def check_priority(priority: object, *, remote: bool) -> None:
+    """A DMA priority is 0 or 1, and 0 for a remote copy (T4)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise PriorityError(
+            f"priority must be the Python int 0 or 1, got {priority!r}; it is fixed when "
+            "the kernel is compiled."
+        )
+    if remote and priority != 0:
+        raise PriorityError(
+            f"a remote copy can only be started with priority 0, got priority={priority}. "
+            "Drop the priority argument."
+        )
+    if priority not in (0, 1):
+        raise PriorityError(
+            f"priority must be 0 (default) or 1, got {priority}. TPU DMA engines have two "
+            "queues; pass priority=1 only for copies that must overtake the others."
+        )
+
+
+def check_no_add(add: object) -> None:
+    """``add=True`` (DMA accumulate) has no TPU lowering (T5)."""
+    if add is not False:
+        raise UnsupportedDmaError(
+            f"add={add!r}: DMA accumulate is not implemented for TPU (interpret mode would "
+            "silently do a plain copy instead). Copy into a VMEM buffer and add there: "
+            "acc[...] += buf[...]."
+        )

@@ -1,0 +1,148 @@
+"""Everything that depends on the jax version or on jax internals, in one place.
+
+safedma supports jax 0.10.2 through 0.12.x. The public pltpu calls it lowers
+to have the same spelling across that range as long as the deprecated
+``device_id_type`` argument is never passed (0.12 warns on it; the default is
+the mesh form in both) and the ``pltpu.semaphore_*`` aliases removed in 0.12
+are avoided (``pl.semaphore_*`` exists in both). What cannot be done through
+public APIs -- recognising a ref and its semaphore kind, and reading the mesh
+axes in scope -- is done here, and ``tests/test_compat.py`` fails loudly if a
+jax release moves any of it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src import core as _jax_core
+from jax._src.pallas import core as _pallas_core
+from jax._src.pallas.mosaic import core as _mosaic_core
+from jax._src.state import types as _state_types
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+__all__ = [
+    "JAX_VERSION",
+    "SemaphoreKind",
+    "ref_kind",
+    "is_ref",
+    "root_of",
+    "axes_in_scope",
+    "make_local_descriptor",
+    "make_remote_descriptor",
+    "semaphore_signal",
+    "semaphore_wait",
+    "semaphore_read",
+    "barrier_semaphore",
+]
+
+
+def _parse_version(text: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+JAX_VERSION: tuple[int, ...] = _parse_version(jax.__version__)
+MIN_JAX = (0, 10, 2)
+if JAX_VERSION < MIN_JAX or JAX_VERSION >= (0, 13):
+    raise ImportError(
+        f"safedma supports jax 0.10.2 to 0.12.x; jax {jax.__version__} is installed. "
+        "Install a supported version, e.g. pip install 'jax[tpu]>=0.10.2,<0.13'."
+    )
+
+
+class SemaphoreKind(enum.Enum):
+    """What a ref holds, as far as DMA code cares."""
+
+    DATA = "data ref"
+    DMA = "DMA semaphore"
+    REGULAR = "REGULAR semaphore"
+    BARRIER = "BARRIER semaphore"
+
+
+_DMA_DTYPE: Any = _mosaic_core.dma_semaphore
+_REGULAR_DTYPE: Any = _pallas_core.semaphore
+_BARRIER_DTYPE: Any = _pallas_core.barrier_semaphore
+
+
+def is_ref(value: object) -> bool:
+    """True for a Pallas ref (a kernel argument, scratch, or a ``.at[...]`` view)."""
+    if isinstance(value, _state_types.TransformedRef):
+        return True
+    return isinstance(getattr(value, "aval", None), _state_types.AbstractRef)
+
+
+def ref_kind(ref: object) -> SemaphoreKind:
+    """The kind of a ref, from its dtype; call only on values for which is_ref holds."""
+    dtype = getattr(ref, "dtype", None)
+    if dtype is None:
+        return SemaphoreKind.DATA
+    try:
+        if jnp.issubdtype(dtype, _DMA_DTYPE):
+            return SemaphoreKind.DMA
+        if jnp.issubdtype(dtype, _BARRIER_DTYPE):
+            return SemaphoreKind.BARRIER
+        if jnp.issubdtype(dtype, _REGULAR_DTYPE):
+            return SemaphoreKind.REGULAR
+    except TypeError:
+        return SemaphoreKind.DATA
+    return SemaphoreKind.DATA
+
+
+def root_of(ref: object) -> object:
+    """The underlying kernel ref of a ``.at[...]`` view (the view itself otherwise)."""
+    if isinstance(ref, _state_types.TransformedRef):
+        return ref.ref
+    return ref
+
+
+def axes_in_scope() -> Mapping[str, int]:
+    """The named mesh axes in scope (from ``shard_map``), in mesh order, with sizes."""
+    sizes = _jax_core.get_axis_env().axis_sizes  # type: ignore[no-untyped-call]
+    return {str(name): int(size) for name, size in sizes.items()}
+
+
+# Lowering. These are the calls a careful author writes by hand; nothing else
+# is emitted. device_id_type is never passed: MESH is the default everywhere.
+
+def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
+    return pltpu.make_async_copy(src, dst, sem)
+
+
+def make_remote_descriptor(
+    src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
+) -> Any:
+    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)
+
+
+def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
+    if device_id is None:
+        pl.semaphore_signal(sem, inc)
+    else:
+        pl.semaphore_signal(sem, inc, device_id=device_id)
+
+
+def semaphore_wait(sem: object, value: Any) -> None:
+    pl.semaphore_wait(sem, value)
+
+
+def semaphore_read(sem: object) -> jax.Array:
+    result: jax.Array = pl.semaphore_read(sem)
+    return result
+
+
+# Typed as a plain callable: jax 0.10.2 leaves it unannotated, 0.12 does not.
+_get_barrier_semaphore: Callable[[], object] = pltpu.get_barrier_semaphore
+
+
+def barrier_semaphore() -> object:
+    return _get_barrier_semaphore()

@@ -1,0 +1,146 @@
+"""Typed device ids for remote copies and remote signals.
+
+pltpu takes a device id as a tuple of mesh coordinates or a dict
+``{axis: index}``, untyped; a float is truncated in interpret mode and rejected
+by the Mosaic verifier, a wrong arity or an out-of-range index fails late or
+not at all. A :class:`Device` can only be built from integers or integer
+arrays, and is checked when it is built against the mesh axes in scope (the
+``jax.shard_map`` around the ``pallas_call``): number of coordinates, axis
+names, and static indices in range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeAlias, final
+
+import jax
+import jax.numpy as jnp
+
+from safedma import _compat
+from safedma.errors import DeviceIdError
+from safedma.refs import Index
+
+__all__ = ["Device", "device", "mesh_coords", "neighbour", "my_index", "axis_size"]
+
+_PltpuDeviceId: TypeAlias = tuple[Index, ...] | dict[str, Index]
+
+
+def _mesh_axes(purpose: str) -> Mapping[str, int]:
+    axes = _compat.axes_in_scope()
+    if not axes:
+        raise DeviceIdError(
+            f"{purpose} needs the mesh axes in scope, but none are: call the pallas_call "
+            "inside jax.shard_map(..., mesh=mesh) so the kernel knows which devices exist."
+        )
+    return axes
+
+
+def _check_index(value: object, axis: str, size: int) -> Index:
+    if isinstance(value, bool) or not isinstance(value, (int, jax.Array)):
+        raise DeviceIdError(
+            f"device index for axis {axis!r} must be an int or an integer jax array, got "
+            f"{type(value).__name__} {value!r}. Use jax.lax.axis_index({axis!r}) arithmetic "
+            "or a Python int."
+        )
+    if isinstance(value, int):
+        if not 0 <= value < size:
+            raise DeviceIdError(
+                f"device index {value} is outside mesh axis {axis!r} of size {size} "
+                f"(valid: 0 to {size - 1}). Wrap it with % {size}, or use "
+                "safedma.neighbour(axis, shift)."
+            )
+        return value
+    if value.shape != () or not jnp.issubdtype(value.dtype, jnp.integer):
+        raise DeviceIdError(
+            f"device index for axis {axis!r} must be an integer scalar, got an array of "
+            f"shape {value.shape} and dtype {value.dtype}. A float index is silently "
+            "truncated in interpret mode and rejected on TPU: compute it in integers."
+        )
+    return value
+
+
+@final
+class Device:
+    """A target device, in a form checked against the mesh in scope.
+
+    Build one with :func:`device` (``{axis: index}``), :func:`mesh_coords`
+    (one coordinate per mesh axis) or :func:`neighbour`.
+    """
+
+    __slots__ = ("_id",)
+
+    def __init__(self, _pltpu_id: _PltpuDeviceId, /) -> None:
+        self._id = _pltpu_id
+
+    @property
+    def pltpu_device_id(self) -> tuple[Index, ...] | dict[str, Index]:
+        """The value passed as ``device_id`` to pltpu."""
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"Device({self._id!r})"
+
+
+def device(axes: Mapping[str, Index] | None = None, /, **more_axes: Index) -> Device:
+    """The device at ``{axis: index}``; axes left out are this device's own coordinates.
+
+    ``device({"x": 0})`` or ``device(x=0)``. Axis names must be mesh axes in scope.
+    """
+    wanted = dict(axes or {})
+    wanted.update(more_axes)
+    mesh = _mesh_axes("safedma.device()")
+    if not wanted:
+        raise DeviceIdError(
+            "safedma.device() needs at least one axis, e.g. device(x=0); "
+            f"mesh axes in scope: {dict(mesh)}."
+        )
+    checked: dict[str, Index] = {}
+    for axis, index in wanted.items():
+        if axis not in mesh:
+            raise DeviceIdError(
+                f"unknown mesh axis {axis!r} in device id {wanted!r}; axes in scope: "
+                f"{list(mesh)} (from the enclosing jax.shard_map)."
+            )
+        checked[axis] = _check_index(index, axis, mesh[axis])
+    return Device(checked)
+
+
+def mesh_coords(*coords: Index) -> Device:
+    """The device at these mesh coordinates, one per mesh axis in mesh order."""
+    mesh = _mesh_axes("safedma.mesh_coords()")
+    if len(coords) != len(mesh):
+        raise DeviceIdError(
+            f"mesh_coords got {len(coords)} coordinate(s) {coords!r} for a "
+            f"{len(mesh)}-D mesh with axes {dict(mesh)}. Give one coordinate per axis, "
+            "or name the axes you mean with safedma.device(axis=index)."
+        )
+    return Device(
+        tuple(_check_index(c, axis, size) for c, (axis, size) in zip(coords, mesh.items()))
+    )
+
+
+def my_index(axis: str) -> jax.Array:
+    """This device's index along ``axis``."""
+    mesh = _mesh_axes("safedma.my_index()")
+    if axis not in mesh:
+        raise DeviceIdError(f"unknown mesh axis {axis!r}; axes in scope: {list(mesh)}.")
+    index: jax.Array = jax.lax.axis_index(axis)
+    return index
+
+
+def axis_size(axis: str) -> int:
+    """The number of devices along ``axis`` (a static Python int)."""
+    mesh = _mesh_axes("safedma.axis_size()")
+    if axis not in mesh:
+        raise DeviceIdError(f"unknown mesh axis {axis!r}; axes in scope: {list(mesh)}.")
+    return mesh[axis]
+
+
+def neighbour(axis: str, shift: int = 1) -> Device:
+    """The device ``shift`` steps along ``axis`` around the ring (negative: backwards)."""
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise DeviceIdError(f"neighbour shift must be a Python int, got {shift!r}.")
+    size = axis_size(axis)
+    step = shift % size
+    return Device({axis: (my_index(axis) + step) % size})

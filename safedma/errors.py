@@ -1,0 +1,83 @@
+"""The exceptions safedma raises at trace time.
+
+Every error is raised while the kernel body is being traced, before any
+lowering, so the traceback points at the kernel line that made the mistake.
+Each message says what was wrong, on which refs, and how to fix it. All derive
+from :class:`SafeDmaError`; those that replace a jax ``ValueError`` or
+``TypeError`` also derive from it, so existing ``except`` clauses keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SafeDmaError",
+    "NotARefError",
+    "SemaphoreKindError",
+    "SemaphoreShapeError",
+    "CopyShapeMismatchError",
+    "CopyDtypeMismatchError",
+    "DeviceIdError",
+    "PriorityError",
+    "UnsupportedDmaError",
+    "MissingSemaphoreError",
+    "IncompleteCopyError",
+    "CopyNeverWaitedError",
+    "HandleWaitedTwiceError",
+    "MissingCollectiveIdError",
+]
+
+
+class SafeDmaError(Exception):
+    """Base class of every error safedma raises."""
+
+
+class NotARefError(SafeDmaError, TypeError):
+    """A value (an array, a number, a semaphore count) where a ref belongs (S1, S6)."""
+
+
+class SemaphoreKindError(SafeDmaError, TypeError):
+    """A semaphore of the wrong kind, or data where a semaphore belongs (S3, S6)."""
+
+
+class SemaphoreShapeError(SafeDmaError, ValueError):
+    """A semaphore array where one semaphore belongs: ``.at[i]`` is missing (S2)."""
+
+
+class CopyShapeMismatchError(SafeDmaError, ValueError):
+    """Source and destination of a copy have different shapes (T1)."""
+
+
+class CopyDtypeMismatchError(SafeDmaError, TypeError):
+    """Source and destination of a copy have different dtypes (T2)."""
+
+
+class DeviceIdError(SafeDmaError, ValueError):
+    """A device id that does not fit the mesh in scope (T3, S7)."""
+
+
+class PriorityError(SafeDmaError, ValueError):
+    """A DMA priority outside {0, 1}, or a non-zero priority on a remote copy (T4)."""
+
+
+class UnsupportedDmaError(SafeDmaError, NotImplementedError):
+    """A DMA feature the TPU lowering does not implement, such as ``add=True`` (T5)."""
+
+
+class MissingSemaphoreError(SafeDmaError, ValueError):
+    """A copy without the semaphore it needs (T6)."""
+
+
+class IncompleteCopyError(SafeDmaError, TypeError):
+    """A half-configured :class:`~safedma.RemoteCopy` was started or waited (S4)."""
+
+
+class CopyNeverWaitedError(SafeDmaError, RuntimeError):
+    """A copy was started and not waited before the kernel body returned (T7)."""
+
+
+class HandleWaitedTwiceError(SafeDmaError, RuntimeError):
+    """The same copy handle was waited twice, which hangs the kernel (T8)."""
+
+
+class MissingCollectiveIdError(SafeDmaError, ValueError):
+    """The barrier semaphore was used in a kernel compiled without ``collective_id`` (T9)."""

@@ -1,0 +1,71 @@
+"""Branded refs: the types a kernel author annotates kernel parameters with.
+
+Each brand is a ``typing.NewType`` over a private class that exists only for
+the type checker. At run time a brand is the identity function and a branded
+value *is* the plain Pallas ref, so branding costs nothing. For the checker,
+the private classes are nominal and unrelated, which makes these mistakes
+type errors:
+
+* a value read from a semaphore (a ``jax.Array``) where a semaphore ref belongs;
+* a semaphore array where one semaphore belongs (``.at[i]`` forgotten), and
+  indexing a single semaphore again (it has no ``.at`` and no ``[...]``);
+* a REGULAR or BARRIER semaphore where a DMA semaphore belongs, and back;
+* a semaphore used as data, and data used as a semaphore.
+
+``SemArray.at[i]`` (``i`` an ``int`` or a traced index) is a :data:`SemRef`;
+``SemArray.at[pl.ds(...)]`` or ``.at[a:b]`` is again a :data:`SemArray`.
+The same holds for :data:`RegularSemArray` and :data:`RegularSem`.
+"""
+
+from __future__ import annotations
+
+from types import EllipsisType
+from typing import NewType, TypeAlias
+
+import jax
+from jax.experimental import pallas as pl
+
+__all__ = [
+    "SemRef",
+    "SemArray",
+    "RegularSem",
+    "RegularSemArray",
+    "BarrierSem",
+    "DataRef",
+    "Index",
+    "DataIndex",
+]
+
+Index: TypeAlias = int | jax.Array
+"""A single position: a Python int or a traced integer scalar."""
+
+_DataIndexItem: TypeAlias = int | jax.Array | slice | pl.Slice | EllipsisType | None
+DataIndex: TypeAlias = _DataIndexItem | tuple[_DataIndexItem, ...]
+"""What ``DataRef.at[...]`` and ``DataRef[...]`` accept (as for a numpy array)."""
+
+from safedma._brand_bases import (
+    _BarrierSemaphore,
+    _DataRef,
+    _DmaSemaphore,
+    _DmaSemaphoreArray,
+    _RegularSemaphore,
+    _RegularSemaphoreArray,
+)
+
+SemRef = NewType("SemRef", _DmaSemaphore)
+"""One DMA semaphore: what a copy signals when its bytes have landed."""
+
+SemArray = NewType("SemArray", _DmaSemaphoreArray)
+"""An array of DMA semaphores; ``.at[i]`` selects a :data:`SemRef`."""
+
+RegularSem = NewType("RegularSem", _RegularSemaphore)
+"""One REGULAR semaphore, for :func:`safedma.signal` / :func:`safedma.wait`."""
+
+RegularSemArray = NewType("RegularSemArray", _RegularSemaphoreArray)
+"""An array of REGULAR semaphores; ``.at[i]`` selects a :data:`RegularSem`."""
+
+BarrierSem = NewType("BarrierSem", _BarrierSemaphore)
+"""The cross-device barrier semaphore, from :func:`safedma.barrier_semaphore`."""
+
+DataRef = NewType("DataRef", _DataRef)
+"""A data ref (kernel input, output or scratch buffer); never a semaphore."""

@@ -1,0 +1,90 @@
+"""REGULAR and BARRIER semaphore operations, typed.
+
+DMA semaphores are signalled by copies and waited through copy handles;
+REGULAR semaphores carry handshakes between kernels' steps and devices
+(``signal`` / ``wait``); the BARRIER semaphore synchronises the devices of a
+collective. Passing one kind where another belongs is a type error, and a
+trace-time :class:`~safedma.errors.SemaphoreKindError` for unchecked code.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import jax
+import jax.numpy as jnp
+
+from safedma import _compat
+from safedma._checks import check_semaphore
+from safedma._compat import SemaphoreKind
+from safedma._tracker import current_config
+from safedma.devices import Device
+from safedma.errors import DeviceIdError, MissingCollectiveIdError, NotARefError
+from safedma.refs import BarrierSem, Index, RegularSem, SemRef
+
+__all__ = ["signal", "wait", "read", "barrier_semaphore"]
+
+_SIGNALLABLE = (SemaphoreKind.REGULAR, SemaphoreKind.BARRIER)
+
+
+def _check_amount(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, jax.Array)):
+        raise NotARefError(
+            f"{name} must be an int or an integer jax array, got {type(value).__name__} {value!r}."
+        )
+    if isinstance(value, jax.Array) and (
+        value.shape != () or not jnp.issubdtype(value.dtype, jnp.integer)
+    ):
+        raise NotARefError(
+            f"{name} must be an integer scalar, got shape {value.shape} dtype {value.dtype}."
+        )
+
+
+def signal(sem: RegularSem | BarrierSem, inc: Index = 1, *, device: Device | None = None) -> None:
+    """Add ``inc`` to ``sem`` on this device, or on ``device`` when given.
+
+    A remote signal names its target with a :class:`~safedma.Device`; without
+    one, the signal is local.
+    """
+    check_semaphore(sem, "signal() semaphore", _SIGNALLABLE, what_for="semaphore signal")
+    _check_amount(inc, "signal() increment")
+    if device is not None and not isinstance(device, Device):
+        raise DeviceIdError(
+            f"signal(device=...) takes a safedma.Device, got {type(device).__name__} "
+            f"{device!r}. Build one with safedma.device(x=i) or safedma.neighbour('x')."
+        )
+    _compat.semaphore_signal(sem, inc, None if device is None else device.pltpu_device_id)
+
+
+def wait(sem: RegularSem | BarrierSem, value: Index = 1) -> None:
+    """Block until ``sem`` holds at least ``value``, then subtract ``value``.
+
+    DMA semaphores are waited through the copy's handle instead.
+    """
+    check_semaphore(sem, "wait() semaphore", _SIGNALLABLE, what_for="semaphore wait")
+    _check_amount(value, "wait() value")
+    _compat.semaphore_wait(sem, value)
+
+
+def read(sem: RegularSem | SemRef) -> jax.Array:
+    """The current count of ``sem``, as a value (never usable as a semaphore)."""
+    check_semaphore(
+        sem, "read() semaphore", (SemaphoreKind.REGULAR, SemaphoreKind.DMA), what_for="read()"
+    )
+    return _compat.semaphore_read(sem)
+
+
+def barrier_semaphore() -> BarrierSem:
+    """The kernel's barrier semaphore, shared by the devices of one collective.
+
+    The kernel must be compiled with a ``collective_id``; under
+    :func:`safedma.pallas_call` that is checked here, at trace time.
+    """
+    config = current_config()
+    if config is not None and config.collective_id is None:
+        raise MissingCollectiveIdError(
+            "barrier_semaphore() is used, but the kernel has no collective_id: pass "
+            "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique among "
+            "the collectives running at once) to safedma.pallas_call."
+        )
+    return cast(BarrierSem, _compat.barrier_semaphore())
