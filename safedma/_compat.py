@@ -105,9 +105,13 @@ def root_of(ref: object) -> object:
     return ref
 
 
+# Unannotated in jax; typed here so callers need no mypy configuration.
+_get_axis_env: Callable[[], Any] = _jax_core.get_axis_env
+
+
 def axes_in_scope() -> Mapping[str, int]:
     """The named mesh axes in scope (from ``shard_map``), in mesh order, with sizes."""
-    sizes = _jax_core.get_axis_env().axis_sizes  # type: ignore[no-untyped-call]
+    sizes = _get_axis_env().axis_sizes
     return {str(name): int(size) for name, size in sizes.items()}
 
 
