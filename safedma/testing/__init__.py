@@ -1,0 +1,44 @@
+"""Test helpers for TPU kernels on machines without a TPU.
+
+* Mosaic identity (:func:`mosaic_text`, :func:`assert_same_mosaic`): prove a
+  safedma kernel hands the TPU compiler exactly the Mosaic module of its
+  hand-written ``pltpu`` twin, by cross-lowering both for TPU on CPU.
+* Compile-only builds (:func:`compile_for_tpu`): run libtpu's real XLA TPU
+  compiler and Mosaic for a named TPU topology, so VMEM overflows and
+  compiler rejections show up in CI rather than on a TPU.
+
+Run with ``JAX_PLATFORMS=cpu`` on machines where libtpu is installed but no
+TPU is attached, so JAX does not try to open a TPU.
+"""
+
+from safedma.testing._compile import (
+    TpuCompileError,
+    TpuCompileReport,
+    compile_for_tpu,
+    tpu_mesh,
+)
+from safedma.testing._mosaic import (
+    KERNEL_PLACEHOLDER,
+    MosaicKernel,
+    MosaicMismatchError,
+    abstract_mesh,
+    assert_same_mosaic,
+    mosaic_kernels,
+    mosaic_text,
+)
+from safedma.testing._private import PrivateJaxApiError
+
+__all__ = [
+    "KERNEL_PLACEHOLDER",
+    "MosaicKernel",
+    "MosaicMismatchError",
+    "PrivateJaxApiError",
+    "TpuCompileError",
+    "TpuCompileReport",
+    "abstract_mesh",
+    "assert_same_mosaic",
+    "compile_for_tpu",
+    "mosaic_kernels",
+    "mosaic_text",
+    "tpu_mesh",
+]
