@@ -25,6 +25,7 @@ from safedma.errors import (
     DeviceIdError,
     HandleWaitedTwiceError,
     IncompleteCopyError,
+    InvalidAmountError,
     MissingCollectiveIdError,
     MissingSemaphoreError,
     NotARefError,
@@ -33,6 +34,7 @@ from safedma.errors import (
     SemaphoreKindError,
     SemaphoreShapeError,
     UnsupportedDmaError,
+    WrongOperationError,
 )
 from safedma.kernel import kernel, pallas_call
 from safedma.refs import (
@@ -72,6 +74,7 @@ __all__ = [
     "HandleWaitedTwiceError",
     "IncomingHandle",
     "IncompleteCopyError",
+    "InvalidAmountError",
     "Index",
     "LocalCopy",
     "LocalHandle",
@@ -91,6 +94,7 @@ __all__ = [
     "SemaphoreKindError",
     "SemaphoreShapeError",
     "UnsupportedDmaError",
+    "WrongOperationError",
     "axis_size",
     "barrier_semaphore",
     "device",

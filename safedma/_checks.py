@@ -69,7 +69,7 @@ def check_semaphore(
     value: object, role: str, allowed: tuple[SemaphoreKind, ...], *, what_for: str
 ) -> None:
     """``value`` must be one semaphore ref (shape ()) of one of the ``allowed`` kinds."""
-    expected = " or ".join(kind.value for kind in allowed)
+    expected = " or ".join(f"a {kind.value}" for kind in allowed)
     if value is None:
         raise MissingSemaphoreError(
             f"{role} is missing: {what_for} needs {expected}. Pass "

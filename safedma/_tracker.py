@@ -28,7 +28,15 @@ from collections.abc import Iterator, Mapping
 from safedma import _compat
 from safedma.errors import CopyNeverWaitedError, HandleWaitedTwiceError
 
-__all__ = ["Side", "KernelScope", "current_scope", "kernel_scope", "call_site", "describe_ref"]
+__all__ = [
+    "Side",
+    "KernelScope",
+    "current_scope",
+    "kernel_scope",
+    "call_site",
+    "describe_ref",
+    "describe_value",
+]
 
 
 class Side(enum.Enum):
@@ -62,8 +70,8 @@ class KernelScope:
     names: dict[int, str]
     config: KernelConfig | None
     obligations: list[_Obligation] = dataclasses.field(default_factory=list)
-    released: dict[Side, set[int]] = dataclasses.field(
-        default_factory=lambda: {side: set() for side in Side}
+    elsewhere_waits: dict[Side, dict[int, str]] = dataclasses.field(
+        default_factory=lambda: {side: {} for side in Side}
     )
     keep_alive: list[object] = dataclasses.field(default_factory=list)
 
@@ -71,13 +79,13 @@ class KernelScope:
         return self.names.get(id(_compat.root_of(ref)))
 
     def check_all_waited(self) -> None:
-        """Raise CopyNeverWaitedError if any started copy is still in flight."""
+        """Raise if a started copy is still in flight (T7), or more was waited than started (T8)."""
         left: list[str] = []
         for ob in self.obligations:
             missing = [
                 side
                 for side, root in ob.sides.items()
-                if side not in ob.waited and id(root) not in self.released[side]
+                if side not in ob.waited and id(root) not in self.elsewhere_waits[side]
             ]
             if missing:
                 calls = " and ".join(side.value for side in missing)
@@ -93,6 +101,34 @@ class KernelScope:
                 "waited in a later loop iteration, or by the receiving device, wait it "
                 "there through copy.started_elsewhere() or copy.incoming()."
             )
+        self._check_no_extra_waits()
+
+
+    def _check_no_extra_waits(self) -> None:
+        # A started_elsewhere()/incoming() wait must stand for a copy whose own
+        # handle was not waited: otherwise it waits for bytes nobody sends.
+        for side, roots in self.elsewhere_waits.items():
+            for root_id, where in roots.items():
+                pending = [
+                    ob for ob in self.obligations
+                    if side in ob.sides and id(ob.sides[side]) == root_id and side not in ob.waited
+                ]
+                if pending:
+                    continue
+                started = any(
+                    side in ob.sides and id(ob.sides[side]) == root_id for ob in self.obligations
+                )
+                reason = (
+                    "every copy started on that semaphore was already waited through its own handle"
+                    if started
+                    else "no copy in this kernel is started on that semaphore"
+                )
+                raise HandleWaitedTwiceError(
+                    f"kernel {self.kernel_name!r}: the {side.value} of a started_elsewhere() or "
+                    f"incoming() handle at {where} waits for a copy that is never in flight: "
+                    f"{reason}. More would be waited than started, so the kernel hangs. Drop the "
+                    "extra wait, or start the copy it stands for (without waiting its handle)."
+                )
 
 
 _current: contextvars.ContextVar[KernelScope | None] = contextvars.ContextVar(
@@ -153,6 +189,16 @@ def call_site() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+def describe_value(value: object) -> str:
+    """A short, readable rendering of an index or device-id component."""
+    if isinstance(value, (int, str)):
+        return repr(value)
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        return f"<traced {getattr(dtype, 'name', dtype)}>"
+    return repr(value)
+
+
 def describe_ref(ref: object) -> str:
     """A ref as an author recognises it: its kernel parameter name, dtype and shape."""
     scope = _current.get()
@@ -206,4 +252,4 @@ class HandleState:
         if self._elsewhere:
             scope = _current.get()
             if scope is not None:
-                scope.released[side].add(id(self._sides[side]))
+                scope.elsewhere_waits[side].setdefault(id(self._sides[side]), here)

@@ -21,7 +21,8 @@ and the descriptor's ``start`` / ``wait*`` calls, exactly as written by hand.
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, final
 
 from typing_extensions import TypeVar
 
@@ -36,7 +37,7 @@ from safedma._checks import (
 from safedma._compat import SemaphoreKind
 from safedma._tracker import HandleState, Side, describe_ref
 from safedma.devices import Device
-from safedma.errors import DeviceIdError, IncompleteCopyError
+from safedma.errors import DeviceIdError, IncompleteCopyError, WrongOperationError
 from safedma.refs import DataRef, SemRef
 
 __all__ = [
@@ -66,6 +67,38 @@ SendSemState = TypeVar("SendSemState", default=Missing)
 TargetState = TypeVar("TargetState", default=Missing)
 
 
+def _no_such_operation(obj: object, name: str, hints: Mapping[str, str]) -> NoReturn:
+    """Explain, for unchecked code, an operation the type checker would have rejected."""
+    kind = type(obj).__name__
+    if name in hints:
+        raise WrongOperationError(f"{kind} has no {name}(): {hints[name]}")
+    raise AttributeError(f"{kind!r} object has no attribute {name!r}")
+
+
+_WAIT_A_DESCRIPTION = (
+    "a copy description cannot be waited. Wait the handle that start() returns, or, for a "
+    "copy started in an earlier iteration or by another device, started_elsewhere()"
+)
+_LOCAL_HANDLE_HINTS = {
+    name: "a local copy has no send or receive side; call wait()"
+    for name in ("wait_send", "wait_recv", "wait_read", "wait_write")
+}
+_LOCAL_COPY_HINTS = {
+    **{name: _WAIT_A_DESCRIPTION for name in ("wait", "wait_send", "wait_recv")},
+    "to": "a LocalCopy stays on this device; for a copy to another device use RemoteCopy",
+    "with_send_sem": "a LocalCopy has one semaphore; for a copy to another device use "
+    "RemoteCopy",
+}
+_REMOTE_COPY_HINTS = {
+    name: _WAIT_A_DESCRIPTION + " (or incoming() on the receiving side)"
+    for name in ("wait", "wait_send", "wait_recv")
+}
+_INCOMING_HINTS = {
+    name: "the receiving side only has wait_recv(); the send side is waited by the sender"
+    for name in ("wait", "wait_send")
+}
+
+
 def _check_copy_refs(src: object, dst: object, what: str) -> None:
     check_data_ref(src, f"{what} source")
     check_data_ref(dst, f"{what} destination")
@@ -77,6 +110,11 @@ class LocalHandle:
     """A started (or started-elsewhere) local copy; ``wait()`` once."""
 
     __slots__ = ("_descriptor", "_state")
+
+    if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
+
+        def __getattr__(self, name: str) -> NoReturn:
+            _no_such_operation(self, name, _LOCAL_HANDLE_HINTS)
 
     def __init__(self, descriptor: Any, state: HandleState) -> None:
         self._descriptor = descriptor
@@ -97,6 +135,11 @@ class LocalCopy:
     """
 
     __slots__ = ("_src", "_dst", "_sem")
+
+    if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
+
+        def __getattr__(self, name: str) -> NoReturn:
+            _no_such_operation(self, name, _LOCAL_COPY_HINTS)
 
     def __init__(self, src: DataRef, dst: DataRef, sem: SemRef) -> None:
         _check_copy_refs(src, dst, "LocalCopy")
@@ -184,6 +227,11 @@ class IncomingHandle:
 
     __slots__ = ("_descriptor", "_state")
 
+    if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
+
+        def __getattr__(self, name: str) -> NoReturn:
+            _no_such_operation(self, name, _INCOMING_HINTS)
+
     def __init__(self, descriptor: Any, state: HandleState) -> None:
         self._descriptor = descriptor
         self._state = state
@@ -212,10 +260,19 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
 
     __slots__ = ("_src", "_dst", "_recv_sem", "_send_sem", "_device")
 
+    if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
+
+        def __getattr__(self, name: str) -> NoReturn:
+            _no_such_operation(self, name, _REMOTE_COPY_HINTS)
+
     _send_sem: SemRef | None
     _device: Device | None
 
-    def __init__(self, src: DataRef, dst: DataRef, recv_sem: SemRef) -> None:
+    def __init__(
+        self: RemoteCopy[Missing, Missing], src: DataRef, dst: DataRef, recv_sem: SemRef
+    ) -> None:
+        # The self type pins a new copy to [Missing, Missing]: without it the
+        # checker would infer the states from the expected type.
         _check_copy_refs(src, dst, "RemoteCopy")
         check_semaphore(
             recv_sem, "RemoteCopy receive semaphore", _DMA, what_for="a remote copy"
@@ -266,16 +323,16 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
     def _describe(self) -> str:
         return (
             f"RemoteCopy {describe_ref(self._src)} -> {describe_ref(self._dst)} "
-            f"on {self._device!r}"
+            f"{'to ' + repr(self._device) if self._device is not None else 'to no device yet'}"
         )
 
     def _descriptor(self, action: str) -> Any:
         if self._send_sem is None or self._device is None:
             missing = []
             if self._send_sem is None:
-                missing.append("a send semaphore (.with_send_sem(sem))")
+                missing.append("send semaphore (call .with_send_sem(sem))")
             if self._device is None:
-                missing.append("a target device (.to(device))")
+                missing.append("target device (call .to(device))")
             raise IncompleteCopyError(
                 f"{self._describe()} cannot {action}: it has no {' and no '.join(missing)}. "
                 "A remote copy needs both; for a copy on this device use LocalCopy."
@@ -294,9 +351,15 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
             Side.RECV: _compat.root_of(self._recv_sem),
         }
 
-    def start(self: RemoteCopy[Given, Given], *, priority: Literal[0] = 0) -> RemoteHandle:
+    def start(
+        self: RemoteCopy[Given, Given],
+        *,
+        priority: Literal[0] = 0,
+        add: Literal[False] = False,
+    ) -> RemoteHandle:
         """Start sending; wait through the returned handle (remote copies take priority 0)."""
         check_priority(priority, remote=True)
+        check_no_add(add)
         descriptor = self._descriptor("start")
         state = HandleState(self._describe(), self._sides(), started_elsewhere=False)
         descriptor.start(priority)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from safedma import _compat
+from safedma._tracker import describe_value
 from safedma.errors import DeviceIdError
 from safedma.refs import Index
 
@@ -79,7 +80,10 @@ class Device:
         return self._id
 
     def __repr__(self) -> str:
-        return f"Device({self._id!r})"
+        if isinstance(self._id, dict):
+            inner = ", ".join(f"{axis}={describe_value(i)}" for axis, i in self._id.items())
+            return f"device({inner})"
+        return f"mesh_coords({', '.join(describe_value(i) for i in self._id)})"
 
 
 def device(axes: Mapping[str, Index] | None = None, /, **more_axes: Index) -> Device:

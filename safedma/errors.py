@@ -24,6 +24,8 @@ __all__ = [
     "CopyNeverWaitedError",
     "HandleWaitedTwiceError",
     "MissingCollectiveIdError",
+    "InvalidAmountError",
+    "WrongOperationError",
 ]
 
 
@@ -76,8 +78,20 @@ class CopyNeverWaitedError(SafeDmaError, RuntimeError):
 
 
 class HandleWaitedTwiceError(SafeDmaError, RuntimeError):
-    """The same copy handle was waited twice, which hangs the kernel (T8)."""
+    """A handle waited twice, or more waited than started: the kernel would hang (T8)."""
 
 
 class MissingCollectiveIdError(SafeDmaError, ValueError):
     """The barrier semaphore was used in a kernel compiled without ``collective_id`` (T9)."""
+
+
+class InvalidAmountError(SafeDmaError, TypeError):
+    """A semaphore increment or wait value that is not an integer scalar."""
+
+
+class WrongOperationError(SafeDmaError, AttributeError):
+    """An operation the object does not have, such as waiting an unstarted copy (S5, S9).
+
+    Type checkers report these statically; this is the run-time message for
+    unchecked code.
+    """

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
 import numpy as np
+from jax.typing import DTypeLike
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -67,12 +68,12 @@ def regular_semaphores(n: int) -> Scratch[RegularSemArray]:
     return cast(Scratch[RegularSemArray], pltpu.SemaphoreType.REGULAR((_count(n),)))
 
 
-def vmem(shape: Sequence[int], dtype: np.dtype[Any] | type[Any]) -> Scratch[DataRef]:
+def vmem(shape: Sequence[int], dtype: DTypeLike) -> Scratch[DataRef]:
     """A VMEM buffer."""
     return cast(Scratch[DataRef], pltpu.VMEM(tuple(shape), np.dtype(dtype)))
 
 
-def smem(shape: Sequence[int], dtype: np.dtype[Any] | type[Any]) -> Scratch[DataRef]:
+def smem(shape: Sequence[int], dtype: DTypeLike) -> Scratch[DataRef]:
     """An SMEM buffer (scalars)."""
     return cast(Scratch[DataRef], pltpu.SMEM(tuple(shape), np.dtype(dtype)))
 

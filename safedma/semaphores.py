@@ -19,7 +19,7 @@ from safedma._checks import check_semaphore
 from safedma._compat import SemaphoreKind
 from safedma._tracker import current_config
 from safedma.devices import Device
-from safedma.errors import DeviceIdError, MissingCollectiveIdError, NotARefError
+from safedma.errors import DeviceIdError, InvalidAmountError, MissingCollectiveIdError
 from safedma.refs import BarrierSem, Index, RegularSem, SemRef
 
 __all__ = ["signal", "wait", "read", "barrier_semaphore"]
@@ -29,13 +29,13 @@ _SIGNALLABLE = (SemaphoreKind.REGULAR, SemaphoreKind.BARRIER)
 
 def _check_amount(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, jax.Array)):
-        raise NotARefError(
+        raise InvalidAmountError(
             f"{name} must be an int or an integer jax array, got {type(value).__name__} {value!r}."
         )
     if isinstance(value, jax.Array) and (
         value.shape != () or not jnp.issubdtype(value.dtype, jnp.integer)
     ):
-        raise NotARefError(
+        raise InvalidAmountError(
             f"{name} must be an integer scalar, got shape {value.shape} dtype {value.dtype}."
         )
 

@@ -6,6 +6,10 @@
 * Compile-only builds (:func:`compile_for_tpu`): run libtpu's real XLA TPU
   compiler and Mosaic for a named TPU topology, so VMEM overflows and
   compiler rejections show up in CI rather than on a TPU.
+* Strict simulation (:func:`simulate`, :func:`simulated_mesh`): run kernels in
+  TPU interpret mode over several CPU devices with races, semaphores left
+  non-zero at kernel exit and waits that can never be satisfied turned into
+  :class:`SimulationError` subclasses instead of prints and hangs.
 
 Run with ``JAX_PLATFORMS=cpu`` on machines where libtpu is installed but no
 TPU is attached, so JAX does not try to open a TPU.
@@ -27,18 +31,44 @@ from safedma.testing._mosaic import (
     mosaic_text,
 )
 from safedma.testing._private import PrivateJaxApiError
+from safedma.testing._simulate import (
+    KernelFailedError,
+    LeftoverSemaphore,
+    LeftoverSemaphoreError,
+    NotEnoughDevicesError,
+    Race,
+    RaceDetectedError,
+    SimulationError,
+    SimulationTimeoutError,
+    StuckWait,
+    UnsatisfiableWaitError,
+    simulate,
+    simulated_mesh,
+)
 
 __all__ = [
     "KERNEL_PLACEHOLDER",
+    "KernelFailedError",
+    "LeftoverSemaphore",
+    "LeftoverSemaphoreError",
     "MosaicKernel",
     "MosaicMismatchError",
+    "NotEnoughDevicesError",
     "PrivateJaxApiError",
+    "Race",
+    "RaceDetectedError",
+    "SimulationError",
+    "SimulationTimeoutError",
+    "StuckWait",
     "TpuCompileError",
     "TpuCompileReport",
+    "UnsatisfiableWaitError",
     "abstract_mesh",
     "assert_same_mosaic",
     "compile_for_tpu",
     "mosaic_kernels",
     "mosaic_text",
+    "simulate",
+    "simulated_mesh",
     "tpu_mesh",
 ]
