@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import inspect
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -41,7 +42,9 @@ __all__ = [
     "RaceReport",
     "WaitStart",
     "current_interpret_run",
+    "force_interpret_params",
     "interpret_probes",
+    "quiet_callback_failures",
     "mosaic_ir_context",
     "races_raise_natively",
     "strict_interpret_params",
@@ -151,6 +154,12 @@ def mosaic_ir_context() -> Iterator[ir.Context]:
 #   jax 0.10 only prints the report and sets ``races_found``, so there we
 #   shadow ``print`` in that module with one that raises the same
 #   ``RuntimeError``, which makes both versions stop at the first race (R1).
+# * ``pallas_call_p.bind`` (in ``jax._src.pallas.pallas_call``): the forced
+#   interpret mode (``pltpu.force_tpu_interpret_mode``) is read when
+#   ``pl.pallas_call(...)`` is *built*, so a call built outside the forced
+#   context keeps its own ``interpret=``; substituting the strict parameters
+#   where the primitive is bound (trace time, before effects are computed)
+#   makes them win for every pallas_call traced in the block.
 # * ``SharedMemory.set_failed(exc, top_level=False)``: the interpreter's own
 #   failure flag, polled every 0.1 s by every ``Semaphore.wait`` loop and on
 #   entry to every interpreter callback; the watchdog sets it (R3).
@@ -486,3 +495,57 @@ def interpret_probes(observer: InterpretObserver) -> Iterator[None]:
         if not native_raise and getattr(rds, "print", None) is _race_print:
             delattr(rds, "print")
         _probe_lock.release()
+
+
+@contextlib.contextmanager
+def force_interpret_params(params: _pltpu.InterpretParams) -> Iterator[None]:
+    """Trace every ``pallas_call`` in the block with ``interpret=params``.
+
+    Also pallas_calls built before the block (``pl.pallas_call(...)`` reads the
+    forced mode when it is built, not when it is called), whatever ``interpret=``
+    they were built with.
+    """
+    module = _private_module("jax._src.pallas.pallas_call")
+    primitive = getattr(module, "pallas_call_p", None)
+    if primitive is None or not callable(getattr(primitive, "bind", None)):
+        raise _moved(f"{module.__name__}.pallas_call_p.bind", "primitive missing")
+    shadowed = "bind" in vars(primitive)
+    orig = primitive.bind
+
+    def bind(*args: Any, **kwargs: Any) -> Any:
+        if "interpret" in kwargs:
+            kwargs["interpret"] = params
+        return orig(*args, **kwargs)
+
+    primitive.bind = bind
+    try:
+        with _pltpu.force_tpu_interpret_mode(params):
+            yield
+    finally:
+        if shadowed:
+            primitive.bind = orig
+        else:
+            del primitive.bind
+
+
+@contextlib.contextmanager
+def quiet_callback_failures(markers: Sequence[str]) -> Iterator[None]:
+    """Drop jax's "jax.io_callback failed" log records for errors that contain a marker.
+
+    Each device thread that fails logs a full traceback; for failures that
+    simulate reports itself (races, the watchdog) that is only noise.
+    """
+    logger = logging.getLogger("jax._src.callback")
+
+    class _Quiet(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            error = record.exc_info[1] if record.exc_info else None
+            text = str(error) if error is not None else ""
+            return not any(marker in text for marker in markers)
+
+    quiet = _Quiet()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

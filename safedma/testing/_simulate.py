@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 import jax
 import numpy as np
@@ -53,6 +53,9 @@ _partition_spec: Callable[..., PartitionSpec] = PartitionSpec
 #: poll every 0.1 s) before the interpreter's barriers are broken, and again
 #: before simulate gives up on the run.
 _GRACE_S = 5.0
+
+#: Starts the message of the failure the watchdog injects into a run.
+_STOPPED = "stopped by safedma.testing.simulate"
 
 
 # --------------------------------------------------------------------------
@@ -92,7 +95,9 @@ class RaceDetectedError(SimulationError):
         self.races = tuple(races)
         first = self.races[0]
         space = str(first.buffer[0]).upper() if first.buffer else ""
-        what = f"{space} buffer" if space else "buffer"
+        # Spelled-out letters: "an HBM", "an SMEM", "a VMEM".
+        article = "an" if space[:1] in tuple("AEFHILMNORSX") else "a"
+        what = f"{article} {space} buffer" if space else "a buffer"
         on = f" on {first.owner}" if first.owner else ""
         if first.location:
             where = f" at {first.location}"
@@ -106,7 +111,7 @@ class RaceDetectedError(SimulationError):
             if not line.strip().startswith("clock:")
         )
         super().__init__(
-            f"data race (R1): a {first.access} of a {what}{on} by {first.accessor}"
+            f"data race (R1): a {first.access} of {what}{on} by {first.accessor}"
             f"{where} is not ordered after a copy that touches the same memory. A "
             "copy's destination may be read only after its wait, and its source "
             "overwritten only after its wait (wait_send for a remote copy).\n\n"
@@ -426,13 +431,16 @@ _Specs = PartitionSpec | tuple[PartitionSpec, ...] | list[PartitionSpec]
 
 
 def _specs(
-    specs: PartitionSpec | Sequence[PartitionSpec] | None, default: PartitionSpec
+    specs: PartitionSpec | Sequence[PartitionSpec] | None, default: PartitionSpec,
+    *, arguments: bool,
 ) -> _Specs:
+    # shard_map matches specs to pytrees: the arguments are always a tuple, the
+    # outputs keep whatever sequence type the caller (and so fn) uses.
     if specs is None:
         return default
     if isinstance(specs, PartitionSpec):
         return specs
-    return list(specs) if isinstance(specs, list) else tuple(specs)
+    return list(specs) if isinstance(specs, list) and not arguments else tuple(specs)
 
 
 def _place(args: tuple[ArrayLike, ...], specs: _Specs, mesh: Mesh) -> tuple[object, ...]:
@@ -484,9 +492,10 @@ def simulate(
 ) -> T:
     """Run ``fn(*args)`` in strict TPU interpret mode, so DMA misuse fails instead of passing.
 
-    Every ``pallas_call`` inside ``fn`` runs in interpret mode with race
+    Every ``pallas_call`` traced inside ``fn`` runs in interpret mode with race
     detection on, races fatal and DMAs executed when started; this wins over
-    an ``interpret=`` the call passes itself.  With ``mesh``, ``fn`` is the
+    any ``interpret=`` it was built with, even outside ``fn`` (``pl.core_map``
+    kernels are forced only when built inside ``fn``).  With ``mesh``, ``fn`` is the
     per-device body: it runs as ``jax.jit(jax.shard_map(fn, mesh=mesh, ...,
     check_vma=False))`` with the arguments placed on the mesh;
     ``in_specs`` (one spec for all arguments, or one per argument) and
@@ -531,7 +540,8 @@ def _simulate(
     else:
         names = tuple(mesh.axis_names)
         default = _partition_spec(names[0] if len(names) == 1 else names)
-        ins, outs = _specs(in_specs, default), _specs(out_specs, default)
+        ins = _specs(in_specs, default, arguments=True)
+        outs = _specs(out_specs, default, arguments=False)
         placed = _place(args, ins, mesh)
         program = jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=outs,
                                 check_vma=False)
@@ -539,8 +549,13 @@ def _simulate(
     # Leftovers of an earlier failed interpret run outside simulate() would
     # make this one fail; the lock above ensures no simulation is running.
     pltpu.reset_tpu_interpret_mode_state()
-    with pltpu.force_tpu_interpret_mode(params):
-        compiled = jax.jit(program).lower(*placed).compile()
+
+    def fresh(*flat: object) -> T:
+        # A new function each time: no jit cache entry traced elsewhere is reused.
+        return program(*flat)
+
+    with _private.force_interpret_params(params):
+        compiled = jax.jit(fresh).lower(*placed).compile()
 
     recorder = _Recorder(devices)
     outcome = _Outcome()
@@ -555,7 +570,8 @@ def _simulate(
 
     failed = True
     watchdog: SimulationError | None = None
-    with _private.interpret_probes(recorder):
+    quiet = _private.quiet_callback_failures([_STOPPED, "RACE DETECTED"])
+    with _private.interpret_probes(recorder), quiet:
         worker = threading.Thread(target=run, name="safedma-simulate", daemon=True)
         worker.start()
         try:
@@ -570,13 +586,16 @@ def _simulate(
         finally:
             if failed:
                 pltpu.reset_tpu_interpret_mode_state()
-    result: T = outcome.value  # type: ignore[assignment]
-    return result
+    return cast(T, outcome.value)
 
 
 def _fire_watchdog(recorder: _Recorder, devices: _DeviceNames, timeout_s: float,
-                   outcome: _Outcome) -> SimulationError:
-    """Fail a run that outlived ``timeout_s``; escalate until it stops or give up."""
+                   outcome: _Outcome) -> SimulationError | None:
+    """Fail a run that outlived ``timeout_s``; escalate until it stops, or give up.
+
+    Returns the error to report, or None if the run finished cleanly on its own
+    just as the watchdog fired.
+    """
     waits = recorder.waiting()
     error: SimulationError
     if waits:
@@ -591,9 +610,10 @@ def _fire_watchdog(recorder: _Recorder, devices: _DeviceNames, timeout_s: float,
         current = _private.current_interpret_run()
         runs = {} if current is None else {current.key: current}
     for run in runs.values():
-        run.fail(RuntimeError(f"stopped by safedma.testing.simulate: {error}"))
+        run.fail(RuntimeError(f"{_STOPPED}: {error}"))
     if outcome.done.wait(_GRACE_S):
-        return error
+        # Nothing failed by us: the run ended on its own as the watchdog fired.
+        return error if runs else None
     for run in runs.values():
         run.abort_barriers()
     pltpu.reset_tpu_interpret_mode_state()
