@@ -24,6 +24,7 @@ from kernel_twins import gather as twin
 from safedma.kernels.gather import gather_pages
 from safedma.testing import (
     KernelFailedError,
+    TpuCompileError,
     LeftoverSemaphoreError,
     UnsatisfiableWaitError,
     assert_same_mosaic,
@@ -236,3 +237,11 @@ def test_a_wrong_aggregate_wait_fails_the_simulation(
     pages = example_pages(4, 8, 128, F32)
     with pytest.raises(error, match="DMA semaphore"):
         simulate(gather_pages, pages, jnp.asarray([3, 0, 2], I32), timeout_s=1.0)
+
+
+def test_too_many_pages_for_vmem_fail_to_compile() -> None:
+    """2048 pages of 32 KiB (64 MiB) staged in VMEM: the compiler rejects it, naming vmem."""
+    pages = jax.ShapeDtypeStruct((4 * 64, 8, 1024), F32)
+    indices = jax.ShapeDtypeStruct((4 * 2048,), I32)
+    with pytest.raises(TpuCompileError, match="vmem"):
+        compile_for_tpu(gather_pages, pages, indices, topology="v6e:2x2")

@@ -22,11 +22,18 @@ from jax.sharding import PartitionSpec as P
 
 from kernel_twins import pipeline as twin
 from safedma.kernels.pipeline import ChunkFn, pipeline
-from safedma.testing import assert_same_mosaic, compile_for_tpu, simulate, simulated_mesh
+from safedma.testing import (
+    TpuCompileError,
+    assert_same_mosaic,
+    compile_for_tpu,
+    simulate,
+    simulated_mesh,
+)
 
 DType = np.dtype[Any]
 F32: DType = np.dtype(jnp.float32)
 BF16: DType = np.dtype(jnp.bfloat16)
+I32: DType = np.dtype(jnp.int32)
 TILE_ROWS = {F32: 8, BF16: 16}
 
 
@@ -71,6 +78,7 @@ CASES = [  # (rows, cols), chunk_rows, dtype: chunks = rows // chunk_rows
     ((16, 128), 16, BF16),   # a single chunk
     ((80, 256), 16, BF16),   # 5 chunks
     ((64, 384), 32, BF16),   # 2 chunks: both write-backs drained after the loop
+    ((56, 128), 8, I32),     # 7 chunks of int32
 ]
 
 
@@ -218,3 +226,11 @@ def test_compiles_for_each_generation(topology: str, dtype: DType) -> None:
 def test_blockwise_fn_compiles() -> None:
     report = compile_for_tpu(run(minus_column_max, 16), _global(4, F32), topology="v6e:2x2")
     assert report.generated_code_size_in_bytes > 0
+
+
+@pytest.mark.slow  # about 4.5 s of compiling on the 2-core CI machine
+def test_chunks_too_big_for_vmem_fail_to_compile() -> None:
+    """Four 32 MiB chunk buffers exceed any chip's scoped VMEM: the compiler says so."""
+    x = jax.ShapeDtypeStruct((4 * 8192, 1024), F32)
+    with pytest.raises(TpuCompileError, match="vmem"):
+        compile_for_tpu(run(affine, 8192), x, topology="v6e:2x2")

@@ -4,7 +4,9 @@
 ``(num_pages, page_rows, cols)`` array in HBM and ``indices`` a 1-D int32
 array of ``k`` page numbers (repeats allowed, any order). The indices are
 scalar-prefetched into SMEM (``pltpu.PrefetchScalarGridSpec``), so the kernel
-reads each page number as a scalar and starts that page's DMA directly.
+reads each page number as a scalar and starts that page's DMA directly::
+
+    gathered = gather_pages(kv_pages, page_table)   # (k, page_rows, cols)
 
 Preconditions (checked before tracing, as ``ValueError``):
 
@@ -16,12 +18,11 @@ Preconditions (checked before tracing, as ``ValueError``):
   in ``[0, num_pages)``.
 
 Out-of-range *traced* indices cannot be checked before the kernel runs, and
-the kernel does not check them either (a check per page would cost a
-scalar compare and branch on the DMA issue path): on a TPU the DMA reads
-whatever HBM lies outside ``pages``, or the program faults; in interpret
-mode the out-of-bounds DMA fails the kernel (``safedma.testing.simulate``
-raises ``KernelFailedError``). Clamp or validate untrusted indices before the
-call, e.g. ``jnp.clip(indices, 0, num_pages - 1)``.
+the kernel does not check them: on a TPU the result is undefined (the page
+DMA addresses memory outside ``pages``); in interpret mode the out-of-bounds
+DMA fails the kernel (``safedma.testing.simulate`` raises
+``KernelFailedError``). Clamp or validate untrusted indices before the call,
+e.g. ``jnp.clip(indices, 0, num_pages - 1)``.
 
 Memory: the ``k`` gathered pages are staged in one VMEM buffer
 ``(k, page_rows, cols)``, which must fit the chip's scoped VMEM limit

@@ -5,7 +5,9 @@ chunk of the 2-D HBM array ``x``, as ``jnp.concatenate([fn(chunk) ...])``
 would, with the DMAs overlapped with the compute: while chunk ``i`` is
 computed, chunk ``i + 1`` is already being fetched and the result of chunk
 ``i - 1`` is being written back. ``fn`` maps a ``(c, cols)`` array to one of
-the same shape and dtype (elementwise or blockwise, anything Mosaic lowers).
+the same shape and dtype (elementwise or blockwise, anything Mosaic lowers)::
+
+    y = pipeline(x, lambda chunk: chunk * 2 + 1, chunk_rows=256)
 
 Preconditions (checked before tracing, as ``ValueError``):
 
@@ -26,7 +28,7 @@ DMA flow, for step ``i`` in slot ``s = i % 2`` of ``steps = rows // c``::
 
     before the loop: start fetch(0) -> in_bufs[0]
     step i:  start fetch(i + 1) -> in_bufs[1 - s]   (if i + 1 < steps)
-             wait  fetch(i)                          (started in step i - 1)
+             wait  fetch(i)                          (started in step i - 1, or before the loop)
              wait  write-back(i - 2) from out_bufs[s] (if i >= 2; frees the buffer)
              out_bufs[s] = fn(in_bufs[s])
              start write-back(i) -> o_hbm chunk i    (waited in step i + 2)
