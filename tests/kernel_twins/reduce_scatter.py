@@ -1,0 +1,138 @@
+"""Hand-written pltpu twin of safedma.kernels.reduce_scatter: same algorithm, same pallas_call."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+HBM = pl.BlockSpec(memory_space=pl.ANY)
+VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
+
+
+def neighbour_id(axis: str, shift: int) -> dict[str, Any]:
+    n = jax.lax.axis_size(axis)
+    return {axis: (jax.lax.axis_index(axis) + shift % n) % n}
+
+
+def neighbour_barrier(axis: str) -> None:
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, 1, device_id=neighbour_id(axis, -1))
+    pl.semaphore_signal(barrier, 1, device_id=neighbour_id(axis, 1))
+    pl.semaphore_wait(barrier, 2)
+
+
+def reduce_scatter_ring(
+    x_hbm: Any, x_bufs: Any, recv_bufs: Any, send_bufs: Any, x_sems: Any, send_sems: Any,
+    recv_sems: Any, capacity: Any, *, axis: str, finish: Any,
+) -> None:
+    n = jax.lax.axis_size(axis)
+    m = x_bufs.shape[1]
+    me = jax.lax.axis_index(axis)
+
+    def fetch(step: Any, slot: Any) -> Any:
+        chunk = (me - step - 1 + n) % n
+        return pltpu.make_async_copy(
+            x_hbm.at[pl.ds(chunk * m, m)], x_bufs.at[slot], x_sems.at[slot]
+        )
+
+    def message(slot: Any) -> Any:
+        return pltpu.make_async_remote_copy(
+            send_bufs.at[slot], recv_bufs.at[slot], send_sems.at[slot], recv_sems.at[slot],
+            device_id=neighbour_id(axis, 1),
+        )
+
+    pl.semaphore_signal(capacity, min(2, n - 1), device_id=neighbour_id(axis, -1))
+    fetch(0, 0).start()
+    fetch(1, 1).start()
+    fetch(0, 0).wait()
+    send_bufs[0] = x_bufs[0].astype(jnp.float32)
+    pl.semaphore_wait(capacity, 1)
+    message(0).start()
+
+    def body(step: Any, carry: None) -> None:
+        slot = step % 2
+        prev = 1 - slot
+        fetch(step, slot).wait()
+
+        @pl.when(step + 1 < n)
+        def _() -> None:
+            fetch(step + 1, prev).start()
+
+        message(prev).wait_recv()
+        total = recv_bufs[prev] + x_bufs[slot].astype(jnp.float32)
+
+        @pl.when(step + 2 < n)
+        def _() -> None:
+            pl.semaphore_signal(capacity, 1, device_id=neighbour_id(axis, -1))
+
+        @pl.when(step + 1 < n)
+        def _() -> None:
+            @pl.when(step >= 2)
+            def _() -> None:
+                message(slot).wait_send()
+
+            send_bufs[slot] = total
+            pl.semaphore_wait(capacity, 1)
+            message(slot).start()
+
+        @pl.when(step + 1 == n)
+        def _() -> None:
+            finish(total)
+
+        return carry
+
+    jax.lax.fori_loop(1, n, body, None)
+    for sent in range(max(n - 3, 0), n - 1):
+        message(sent % 2).wait_send()
+
+
+def reduce_scatter_kernel(
+    x_hbm: Any, o_ref: Any, x_bufs: Any, recv_bufs: Any, send_bufs: Any, x_sems: Any,
+    send_sems: Any, recv_sems: Any, capacity: Any, *, axis: str,
+) -> None:
+    def store(total: Any) -> None:
+        o_ref[...] = total.astype(o_ref.dtype)
+
+    neighbour_barrier(axis)
+    reduce_scatter_ring(
+        x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
+        axis=axis, finish=store,
+    )
+
+
+def reduce_scatter_scratch(chunk_rows: int, cols: int, dtype: Any) -> list[Any]:
+    chunk = (2, chunk_rows, cols)
+    return [
+        pltpu.VMEM(chunk, dtype),
+        pltpu.VMEM(chunk, jnp.float32),
+        pltpu.VMEM(chunk, jnp.float32),
+        pltpu.SemaphoreType.DMA((2,)),
+        pltpu.SemaphoreType.DMA((2,)),
+        pltpu.SemaphoreType.DMA((2,)),
+        pltpu.SemaphoreType.REGULAR(()),
+    ]
+
+
+def reduce_scatter(x: jax.Array, *, axis: str, collective_id: int = 0,
+                   interpret: Any = False) -> jax.Array:
+    n = jax.lax.axis_size(axis)
+    m, cols = x.shape[0] // n, x.shape[1]
+    body = functools.update_wrapper(
+        functools.partial(reduce_scatter_kernel, axis=axis), reduce_scatter_kernel
+    )
+    result: jax.Array = pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((m, cols), x.dtype),
+        in_specs=[HBM],
+        out_specs=VMEM,
+        scratch_shapes=reduce_scatter_scratch(m, cols, x.dtype),
+        compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        interpret=interpret,
+        name="reduce_scatter",
+    )(x)
+    return result
