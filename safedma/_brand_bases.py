@@ -6,6 +6,16 @@ run time nothing is ever an instance of them: the brands in ``refs.py`` are
 ``NewType`` identity functions, and values are the plain Pallas refs.
 """
 
+# Listed so that checkers know refs.py imports them (pyright reports unused private classes).
+__all__ = [
+    "_DmaSemaphore",
+    "_DmaSemaphoreArray",
+    "_RegularSemaphore",
+    "_RegularSemaphoreArray",
+    "_BarrierSemaphore",
+    "_DataRef",
+]
+
 
 class _DmaSemaphore:
     __slots__ = ()

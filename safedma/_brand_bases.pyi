@@ -1,6 +1,5 @@
 """Type-checker view of the private classes behind safedma's brands (see refs.py)."""
 
-from types import EllipsisType
 from typing import Any, overload
 
 import jax

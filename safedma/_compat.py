@@ -117,30 +117,32 @@ def axes_in_scope() -> Mapping[str, int]:
 
 # Lowering. These are the calls a careful author writes by hand; nothing else
 # is emitted. device_id_type is never passed: MESH is the default everywhere.
+# jax leaves their ref and semaphore parameters unannotated, which pyright strict
+# reports at each use (reportUnknownMemberType); safedma's own signatures are typed.
 
 def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
-    return pltpu.make_async_copy(src, dst, sem)
+    return pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
 
 
 def make_remote_descriptor(
     src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
 ) -> Any:
-    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)
+    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
 
 def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     if device_id is None:
-        pl.semaphore_signal(sem, inc)
+        pl.semaphore_signal(sem, inc)  # pyright: ignore[reportUnknownMemberType]
     else:
-        pl.semaphore_signal(sem, inc, device_id=device_id)
+        pl.semaphore_signal(sem, inc, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
 
 def semaphore_wait(sem: object, value: Any) -> None:
-    pl.semaphore_wait(sem, value)
+    pl.semaphore_wait(sem, value)  # pyright: ignore[reportUnknownMemberType]
 
 
 def semaphore_read(sem: object) -> jax.Array:
-    result: jax.Array = pl.semaphore_read(sem)
+    result: jax.Array = pl.semaphore_read(sem)  # pyright: ignore[reportUnknownMemberType]
     return result
 
 

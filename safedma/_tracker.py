@@ -23,7 +23,7 @@ import contextvars
 import dataclasses
 import enum
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 
 from safedma import _compat
 from safedma.errors import CopyNeverWaitedError, HandleWaitedTwiceError
@@ -52,7 +52,7 @@ class _Obligation:
     description: str
     started_at: str
     sides: dict[Side, object]  # side -> root of the semaphore that side waits on
-    waited: dict[Side, str] = dataclasses.field(default_factory=dict)
+    waited: dict[Side, str] = dataclasses.field(default_factory=dict[Side, str])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +69,11 @@ class KernelScope:
     kernel_name: str
     names: dict[int, str]
     config: KernelConfig | None
-    obligations: list[_Obligation] = dataclasses.field(default_factory=list)
+    obligations: list[_Obligation] = dataclasses.field(default_factory=list[_Obligation])
     elsewhere_waits: dict[Side, dict[int, str]] = dataclasses.field(
         default_factory=lambda: {side: {} for side in Side}
     )
-    keep_alive: list[object] = dataclasses.field(default_factory=list)
+    keep_alive: list[object] = dataclasses.field(default_factory=list[object])
 
     def name_of(self, ref: object) -> str | None:
         return self.names.get(id(_compat.root_of(ref)))
@@ -149,7 +149,7 @@ def current_config() -> KernelConfig | None:
 
 
 @contextlib.contextmanager
-def kernel_config(config: KernelConfig) -> Iterator[None]:
+def kernel_config(config: KernelConfig) -> Generator[None, None, None]:
     """Make ``config`` visible to the kernel bodies traced inside this block."""
     token = _config.set(config)
     try:
@@ -159,7 +159,9 @@ def kernel_config(config: KernelConfig) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def kernel_scope(kernel_name: str, named_refs: Mapping[str, object]) -> Iterator[KernelScope]:
+def kernel_scope(
+    kernel_name: str, named_refs: Mapping[str, object]
+) -> Generator[KernelScope, None, None]:
     """Track copies while one kernel body is traced; check them if it returns normally."""
     scope = KernelScope(
         kernel_name=kernel_name,
@@ -183,7 +185,7 @@ def _is_library_frame(module_name: str) -> bool:
 
 def call_site() -> str:
     """``file:line`` of the nearest caller outside safedma's own top-level modules."""
-    frame = sys._getframe(1)
+    frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]  # documented CPython API
     while frame.f_back is not None and _is_library_frame(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"

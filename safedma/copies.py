@@ -22,7 +22,7 @@ and the descriptor's ``start`` / ``wait*`` calls, exactly as written by hand.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, final
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, cast, final
 
 from typing_extensions import TypeVar
 
@@ -311,7 +311,8 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
 
     def to(self, device: Device) -> RemoteCopy[SendSemState, Given]:
         """The device whose ``dst`` receives the copy."""
-        if not isinstance(device, Device):
+        # Checked at run time too, for callers without a type checker.
+        if not isinstance(cast(object, device), Device):
             raise DeviceIdError(
                 f"RemoteCopy.to() takes a safedma.Device, got {type(device).__name__} "
                 f"{device!r}. Build one with safedma.device(x=i), safedma.mesh_coords(...) "
@@ -328,7 +329,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
 
     def _descriptor(self, action: str) -> Any:
         if self._send_sem is None or self._device is None:
-            missing = []
+            missing: list[str] = []
             if self._send_sem is None:
                 missing.append("send semaphore (call .with_send_sem(sem))")
             if self._device is None:

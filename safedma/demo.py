@@ -24,6 +24,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import textwrap  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import cast  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,7 +39,10 @@ import safedma as sd  # noqa: E402
 # `python -m safedma.demo` imports jax (through safedma) before this module
 # runs, so JAX_PLATFORMS is applied through the config: the demo simulates
 # TPUs on the CPU whether or not libtpu is installed.
-jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
+# (pyright: ignore[reportUnknown*] below marks jax functions jax leaves partly unannotated.)
+jax.config.update(  # pyright: ignore[reportUnknownMemberType]
+    "jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu"
+)
 
 DEVICES = 4
 
@@ -51,7 +56,10 @@ def ring_permute(
 
 
 def _run_ring() -> bool:
-    mesh = jax.make_mesh((DEVICES,), ("x",), devices=jax.devices()[:DEVICES])
+    devices = cast("list[object]", jax.devices())  # pyright: ignore[reportUnknownMemberType]
+    mesh = jax.make_mesh(  # pyright: ignore[reportUnknownMemberType]
+        (DEVICES,), ("x",), devices=devices[:DEVICES]
+    )
     hbm = pl.BlockSpec(memory_space=pl.ANY)
 
     def per_device(block: jax.Array) -> jax.Array:
@@ -64,14 +72,32 @@ def _run_ring() -> bool:
             interpret=pltpu.InterpretParams(detect_races=True, dma_execution_mode="eager"),
         )(block)
 
-    ring = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                 check_vma=False))
-    reference = jax.jit(jax.shard_map(
-        lambda b: jax.lax.ppermute(b, "x", [(i, (i + 1) % DEVICES) for i in range(DEVICES)]),
-        mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-    ))
-    x = jnp.arange(DEVICES * 8 * 128, dtype=jnp.float32).reshape(DEVICES * 8, 128)
-    x = jax.device_put(x, NamedSharding(mesh, P("x")))
+    ring = cast(
+        Callable[[jax.Array], jax.Array],
+        jax.jit(  # pyright: ignore[reportUnknownMemberType]
+            jax.shard_map(
+                per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False
+            )
+        ),
+    )
+
+    def ppermute(b: jax.Array) -> jax.Array:
+        perm = [(i, (i + 1) % DEVICES) for i in range(DEVICES)]
+        shifted: jax.Array = jax.lax.ppermute(  # pyright: ignore[reportUnknownMemberType]
+            b, "x", perm
+        )
+        return shifted
+
+    reference = cast(
+        Callable[[jax.Array], jax.Array],
+        jax.jit(  # pyright: ignore[reportUnknownMemberType]
+            jax.shard_map(ppermute, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+        ),
+    )
+    x = jnp.arange(  # pyright: ignore[reportUnknownMemberType]
+        DEVICES * 8 * 128, dtype=jnp.float32
+    ).reshape(DEVICES * 8, 128)
+    x = jax.device_put(x, NamedSharding(mesh, P("x")))  # pyright: ignore[reportUnknownMemberType]
     start = time.perf_counter()
     got = np.asarray(ring(x))
     seconds = time.perf_counter() - start

@@ -12,7 +12,7 @@ names, and static indices in range.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeAlias, final
+from typing import TypeAlias, cast, final
 
 import jax
 import jax.numpy as jnp
@@ -143,7 +143,8 @@ def axis_size(axis: str) -> int:
 
 def neighbour(axis: str, shift: int = 1) -> Device:
     """The device ``shift`` steps along ``axis`` around the ring (negative: backwards)."""
-    if isinstance(shift, bool) or not isinstance(shift, int):
+    given = cast(object, shift)  # checked at run time too, for unchecked callers
+    if isinstance(given, bool) or not isinstance(given, int):
         raise DeviceIdError(f"neighbour shift must be a Python int, got {shift!r}.")
     size = axis_size(axis)
     step = shift % size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, overload
+from typing import Any, ParamSpec, cast, overload
 
 import jax
 from jax.experimental import pallas as pl
@@ -38,9 +38,11 @@ def _named_arguments(signature: inspect.Signature | None, args: tuple[object, ..
     for name, value in bound.arguments.items():
         kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL and isinstance(value, tuple):
-            named.update({f"{name}[{i}]": v for i, v in enumerate(value)})
+            positional = cast("tuple[object, ...]", value)
+            named.update({f"{name}[{i}]": v for i, v in enumerate(positional)})
         elif kind is inspect.Parameter.VAR_KEYWORD and isinstance(value, dict):
-            named.update({str(k): v for k, v in value.items()})
+            keywords = cast("dict[object, object]", value)
+            named.update({str(k): v for k, v in keywords.items()})
         else:
             named[name] = value
     return named

@@ -43,6 +43,9 @@ _DataIndexItem: TypeAlias = int | jax.Array | slice | pl.Slice | EllipsisType | 
 DataIndex: TypeAlias = _DataIndexItem | tuple[_DataIndexItem, ...]
 """What ``DataRef.at[...]`` and ``DataRef[...]`` accept (as for a numpy array)."""
 
+# This module is where the private brand bases become public brands; for pyright,
+# importing underscore names from another module is otherwise an error.
+# pyright: reportPrivateUsage=false
 from safedma._brand_bases import (
     _BarrierSemaphore,
     _DataRef,

@@ -43,7 +43,8 @@ class Scratch(Generic[T]):
 
 
 def _count(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    given = cast(object, n)  # checked at run time too, for unchecked callers
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
         raise ValueError(f"a semaphore array needs a positive int length, got {n!r}.")
     return n
 

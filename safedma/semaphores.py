@@ -48,7 +48,8 @@ def signal(sem: RegularSem | BarrierSem, inc: Index = 1, *, device: Device | Non
     """
     check_semaphore(sem, "signal() semaphore", _SIGNALLABLE, what_for="semaphore signal")
     _check_amount(inc, "signal() increment")
-    if device is not None and not isinstance(device, Device):
+    # Checked at run time too, for callers without a type checker.
+    if device is not None and not isinstance(cast(object, device), Device):
         raise DeviceIdError(
             f"signal(device=...) takes a safedma.Device, got {type(device).__name__} "
             f"{device!r}. Build one with safedma.device(x=i) or safedma.neighbour('x')."

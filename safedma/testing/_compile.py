@@ -16,6 +16,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import jax
 import numpy as np
@@ -86,6 +87,17 @@ class TpuCompileReport:
 _MULTI_LOAD = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 
 
+# jax leaves parts of these signatures unannotated; pyright strict reports each use
+# (reportUnknown*). Typed once here, or marked at the call.
+_JaxRuntimeError = cast(
+    "type[Exception]", jax.errors.JaxRuntimeError  # pyright: ignore[reportUnknownMemberType]
+)
+
+
+def _devices(topo: topologies.TopologyDescription) -> list[object]:
+    return cast("list[object]", topo.devices)  # pyright: ignore[reportUnknownMemberType]
+
+
 @functools.lru_cache(maxsize=None)
 def _topology(name: str) -> topologies.TopologyDescription:
     # Cached: each description owns a compile-only libtpu client.
@@ -95,8 +107,10 @@ def _topology(name: str) -> topologies.TopologyDescription:
     # test run, the other Python version's suite) has libtpu loaded.
     os.environ.setdefault(_MULTI_LOAD, "1")
     try:
-        return topologies.get_topology_desc(name, "tpu")
-    except jax.errors.JaxRuntimeError as err:
+        return topologies.get_topology_desc(  # pyright: ignore[reportUnknownMemberType]
+            name, "tpu"
+        )
+    except _JaxRuntimeError as err:
         if "lockfile" in str(err):
             raise RuntimeError(
                 f"libtpu could not load to describe TPU topology {name!r} "
@@ -109,7 +123,7 @@ def _topology(name: str) -> topologies.TopologyDescription:
 def _chips(topo: topologies.TopologyDescription) -> list[object]:
     # v4 and TPU7x descriptions list one device per TensorCore (core_on_chip 0
     # and 1); JAX programs address chips, so keep the first core of each.
-    return [d for d in topo.devices if getattr(d, "core_on_chip", 0) == 0]
+    return [d for d in _devices(topo) if getattr(d, "core_on_chip", 0) == 0]
 
 
 def tpu_mesh(
@@ -135,7 +149,7 @@ def tpu_mesh(
             f"mesh_shape {shape} has {math.prod(shape)} devices but topology "
             f"{topology} has {len(chips)} chips"
         )
-    if len(chips) == len(topo.devices):
+    if len(chips) == len(_devices(topo)):
         return topologies.make_mesh(topo, shape, names)
     return Mesh(np.array(chips, dtype=object).reshape(shape), names)
 
@@ -214,14 +228,14 @@ def compile_for_tpu(
         if per_device
         else fn
     )
-    program = jax.jit(body)
+    program = jax.jit(body)  # pyright: ignore[reportUnknownMemberType]
     function = _describe(fn)
     start = time.perf_counter()
-    lowered = program.trace(*sharded_args).lower()
+    lowered = program.trace(*sharded_args).lower()  # pyright: ignore[reportUnknownMemberType]
     kernel_names = _kernel_names(lowered.as_text())
     try:
-        compiled = lowered.compile()
-    except jax.errors.JaxRuntimeError as err:
+        compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
+    except _JaxRuntimeError as err:
         raise TpuCompileError(function, topology, str(err), kernel_names) from err
     seconds = time.perf_counter() - start
     stats = compiled.memory_analysis()

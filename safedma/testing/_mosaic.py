@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import json
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import jax
 from jax.extend.mlir import ir
@@ -120,8 +121,17 @@ def _exported_stablehlo(
     fn: Callable[..., object], args: tuple[object, ...], mesh: Mesh | AbstractMesh | None
 ) -> str:
     with _mesh_context(mesh):
-        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
+        exported = jax.export.export(
+            jax.jit(fn), platforms=["tpu"]  # pyright: ignore[reportUnknownMemberType]
+        )(*args)
     return str(exported.mlir_module())
+
+
+# jaxlib 0.10.2's MLIR bindings leave these constructors' context parameter
+# unannotated (0.12's do not): looked up once with a declared type, so pyright
+# strict is clean on both without a version-dependent ignore.
+_parse_module = cast("Callable[[str | bytes], ir.Module]", getattr(ir.Module, "parse"))
+_string_attr_of = cast("Callable[[str], ir.Attribute]", getattr(ir.StringAttr, "get"))
 
 
 def _walk(op: ir.Operation) -> Iterator[ir.Operation]:
@@ -142,16 +152,16 @@ def _string_attr(op: ir.Operation, name: str) -> str | None:
 
 def _rename_kernel(module: ir.Module, kernel_name: str | None) -> None:
     top = module.operation
-    old_names = {kernel_name} if kernel_name else set()
+    old_names: set[str] = {kernel_name} if kernel_name else set()
     module_name = _string_attr(top, "sym_name")
     if module_name is not None:  # jax >= 0.12 names the module after the kernel
         old_names.add(module_name)
-        top.attributes["sym_name"] = ir.StringAttr.get(KERNEL_PLACEHOLDER)
+        top.attributes["sym_name"] = _string_attr_of(KERNEL_PLACEHOLDER)
     for child in module.body.operations:
         op = child.operation
         name = _string_attr(op, "sym_name")
         if name is not None and name in old_names:
-            op.attributes["sym_name"] = ir.StringAttr.get(KERNEL_PLACEHOLDER)
+            op.attributes["sym_name"] = _string_attr_of(KERNEL_PLACEHOLDER)
             ir.SymbolTable.replace_all_symbol_uses(name, KERNEL_PLACEHOLDER, top)
 
 
@@ -169,8 +179,9 @@ def _kernel_from_custom_call(
             f"{_TARGET} #{index} ({kernel_name}): backend_config has no "
             "custom_call_config.body; the Mosaic serialisation format changed"
         )
-    body = base64.b64decode(call_config["body"])
-    module = ir.Module.parse(body)
+    fields = cast("dict[str, Any]", call_config)  # parsed JSON
+    body = base64.b64decode(fields["body"])
+    module = _parse_module(body)
     if normalize_names:
         _rename_kernel(module, kernel_name)
     text = module.operation.get_asm(enable_debug_info=False)
@@ -178,7 +189,7 @@ def _kernel_from_custom_call(
         raise TypeError(f"MLIR printed {type(text).__name__}, expected str")
     kept = dict(config)
     kept["custom_call_config"] = {
-        k: v for k, v in call_config.items() if k not in _CONFIG_SKIP
+        k: v for k, v in fields.items() if k not in _CONFIG_SKIP
     }
     aliases = ""
     if "output_operand_aliases" in op.attributes:
@@ -209,7 +220,7 @@ def mosaic_kernels(
     hlo_text = _exported_stablehlo(fn, args, mesh)
     kernels: list[MosaicKernel] = []
     with mosaic_ir_context():
-        hlo = ir.Module.parse(hlo_text)
+        hlo = _parse_module(hlo_text)
         for op in _walk(hlo.operation):
             if op.name != "stablehlo.custom_call":
                 continue

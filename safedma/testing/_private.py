@@ -24,7 +24,7 @@ import inspect
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Literal, Protocol, cast
 
@@ -90,14 +90,14 @@ def _private_module(name: str) -> ModuleType:
 
 
 def _private_callable(module: ModuleType, attr: str) -> Callable[..., object]:
-    value = getattr(module, attr, None)
+    value: object = getattr(module, attr, None)
     if not callable(value):
         raise _moved(f"{module.__name__}.{attr}", "attribute missing")
-    return cast("Callable[..., object]", value)
+    return value
 
 
 @contextlib.contextmanager
-def mosaic_ir_context() -> Iterator[ir.Context]:
+def mosaic_ir_context() -> Generator[ir.Context, None, None]:
     """Enter an MLIR context that parses exported StableHLO and Mosaic bytecode.
 
     It has JAX's dialects (for the StableHLO), the Mosaic TPU dialect (the
@@ -198,7 +198,7 @@ class InterpretRun:
                 barrier.abort()
 
     def is_barrier_semaphore(self, semaphore: object) -> bool:
-        fixed = getattr(self._memory, "fixed_id_sem", None) or {}
+        fixed: Mapping[object, object] = getattr(self._memory, "fixed_id_sem", None) or {}
         return any(value is semaphore for value in fixed.values())
 
 
@@ -283,7 +283,7 @@ def _private_class(module: ModuleType, name: str, methods: Sequence[str]) -> Any
 
 def _parameters(fn: object) -> tuple[str, ...]:
     try:
-        return tuple(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+        return tuple(inspect.signature(cast("Callable[..., object]", fn)).parameters)
     except (TypeError, ValueError):
         return ()
 
@@ -353,7 +353,7 @@ def _race_print(*args: object, **kwargs: Any) -> None:
 
 
 @contextlib.contextmanager
-def interpret_probes(observer: InterpretObserver) -> Iterator[None]:
+def interpret_probes(observer: InterpretObserver) -> Generator[None, None, None]:
     """Report interpret-mode waits, copies, exit counts and races to ``observer``.
 
     Installed for the ``with`` block only, and by one caller at a time.
@@ -498,7 +498,7 @@ def interpret_probes(observer: InterpretObserver) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def force_interpret_params(params: _pltpu.InterpretParams) -> Iterator[None]:
+def force_interpret_params(params: _pltpu.InterpretParams) -> Generator[None, None, None]:
     """Trace every ``pallas_call`` in the block with ``interpret=params``.
 
     Also pallas_calls built before the block (``pl.pallas_call(...)`` reads the
@@ -529,7 +529,7 @@ def force_interpret_params(params: _pltpu.InterpretParams) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quiet_callback_failures(markers: Sequence[str]) -> Iterator[None]:
+def quiet_callback_failures(markers: Sequence[str]) -> Generator[None, None, None]:
     """Drop jax's "jax.io_callback failed" log records for errors that contain a marker.
 
     Each device thread that fails logs a full traceback; for failures that

@@ -48,6 +48,12 @@ T = TypeVar("T")
 
 # Typed handle on an unannotated JAX constructor (see _compile.py).
 _partition_spec: Callable[..., PartitionSpec] = PartitionSpec
+# jaxlib's exception class is untyped for pyright; the other jax functions whose
+# signatures jax leaves partly unannotated are marked at each use
+# (pyright: ignore[reportUnknownMemberType]).
+_JaxRuntimeError = cast(
+    "type[Exception]", jax.errors.JaxRuntimeError  # pyright: ignore[reportUnknownMemberType]
+)
 
 #: After the watchdog fails a run, how long the devices get to notice (they
 #: poll every 0.1 s) before the interpreter's barriers are broken, and again
@@ -141,7 +147,7 @@ class LeftoverSemaphoreError(SimulationError):
 
     def __init__(self, leftovers: Sequence[LeftoverSemaphore]) -> None:
         self.leftovers = tuple(leftovers)
-        lines = []
+        lines: list[str] = []
         for item in self.leftovers:
             unit = " bytes" if item.kind == "DMA" else ""
             kernel = f"kernel {item.kernel}, " if item.kernel else ""
@@ -180,7 +186,7 @@ class UnsatisfiableWaitError(SimulationError):
     def __init__(self, waits: Sequence[StuckWait], timeout_s: float) -> None:
         self.waits = tuple(waits)
         self.timeout_s = timeout_s
-        lines = []
+        lines: list[str] = []
         for w in self.waits:
             unit = " bytes" if w.kind == "DMA" else ""
             where = f" at {w.location}" if w.location else ""
@@ -233,12 +239,13 @@ def simulated_mesh(shape: int | Sequence[int], axis_names: str | Sequence[str]) 
     names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     if len(dims) != len(names):
         raise ValueError(f"mesh shape {dims} and axis names {names} differ in length")
-    if any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in dims):
+    # Checked at run time too, for callers without a type checker.
+    if any(not isinstance(cast(object, d), int) or isinstance(d, bool) or d < 1 for d in dims):
         raise ValueError(f"mesh shape {dims} must be positive integers")
     if len(set(names)) != len(names):
         raise ValueError(f"mesh axis names {names} must be distinct")
     needed = math.prod(dims)
-    devices = jax.devices("cpu")
+    devices = cast("list[object]", jax.devices("cpu"))  # pyright: ignore[reportUnknownMemberType]
     if len(devices) < needed:
         raise NotEnoughDevicesError(
             f"a simulated mesh of shape {dims} needs {needed} host CPU devices but "
@@ -247,7 +254,9 @@ def simulated_mesh(shape: int | Sequence[int], axis_names: str | Sequence[str]) 
             "before jax is imported (in pytest, at the top of a conftest.py via "
             "os.environ; in a script, before `import jax`)."
         )
-    return jax.make_mesh(dims, names, devices=devices[:needed])
+    return jax.make_mesh(  # pyright: ignore[reportUnknownMemberType]
+        dims, names, devices=devices[:needed]
+    )
 
 
 class _DeviceNames:
@@ -347,7 +356,7 @@ class _Recorder:
         return "REGULAR"
 
     def leftover_reports(self, devices: _DeviceNames) -> list[LeftoverSemaphore]:
-        reports = []
+        reports: list[LeftoverSemaphore] = []
         for run, item in sorted(self.leftovers, key=lambda r: (r[0], r[1].device_id,
                                                                r[1].semaphore_id)):
             kind = self._kind(run, item.semaphore_id, item.device_id, item.is_barrier, False)
@@ -388,7 +397,7 @@ class _Recorder:
 
     def stuck_reports(self, waits: Sequence[_private.WaitStart],
                       devices: _DeviceNames) -> list[StuckWait]:
-        reports = []
+        reports: list[StuckWait] = []
         for w in sorted(waits, key=lambda w: (w.device_id, w.semaphore_id)):
             with self._lock:
                 run = self._runs.get(w.run.key, 0)
@@ -453,7 +462,10 @@ def _place(args: tuple[ArrayLike, ...], specs: _Specs, mesh: Mesh) -> tuple[obje
                 f"in_specs has {len(per_arg)} entries for {len(args)} arguments; give "
                 "one PartitionSpec per argument, or a single one for all"
             )
-    return tuple(jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, per_arg))
+    return tuple(
+        jax.device_put(a, NamedSharding(mesh, s))  # pyright: ignore[reportUnknownMemberType]
+        for a, s in zip(args, per_arg)
+    )
 
 
 class _Outcome:
@@ -555,14 +567,18 @@ def _simulate(
         return program(*flat)
 
     with _private.force_interpret_params(params):
-        compiled = jax.jit(fresh).lower(*placed).compile()
+        compiled = jax.jit(  # pyright: ignore[reportUnknownMemberType]
+            fresh
+        ).lower(*placed).compile()
 
     recorder = _Recorder(devices)
     outcome = _Outcome()
 
     def run() -> None:
         try:
-            outcome.value = jax.block_until_ready(compiled(*placed))
+            outcome.value = jax.block_until_ready(  # pyright: ignore[reportUnknownMemberType]
+                compiled(*placed)
+            )
         except BaseException as err:  # handed to the simulating thread
             outcome.error = err
         finally:
@@ -635,7 +651,7 @@ def _classify(recorder: _Recorder, devices: _DeviceNames,
         return _chain(watchdog, outcome.error)
     if outcome.error is not None:
         err = outcome.error
-        if isinstance(err, jax.errors.JaxRuntimeError):
+        if isinstance(err, _JaxRuntimeError):
             return _chain(KernelFailedError(
                 f"the kernel failed in interpret mode: {_last_line(str(err))}"), err)
         return err

@@ -17,18 +17,16 @@ can fail.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import io
 import re
-import subprocess
 import sys
-import time
-import tokenize
 from collections.abc import Sequence
 from pathlib import Path
 
+import _mypy_run
 import pytest
+from _comments import mypy_expectations, strip_expectations
+from _mypy_run import Diagnostic, MypyRun
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -56,80 +54,9 @@ MYPY_FLAGS = [
     str(CACHE_DIR),
 ]
 
-_LINE = re.compile(
-    r"^(?P<path>.+?):(?P<line>\d+): (?P<severity>error|note|warning): (?P<message>.*)$"
-)
-_CODE = re.compile(r"\s+\[(?P<code>[a-z0-9-]+)\]$")
-_IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]*\])?")
-
-
-@dataclasses.dataclass(frozen=True)
-class Diagnostic:
-    path: Path
-    line: int
-    severity: str
-    message: str
-    code: str | None
-    raw: str
-
-
-@dataclasses.dataclass(frozen=True)
-class MypyRun:
-    returncode: int
-    diagnostics: tuple[Diagnostic, ...]
-    unparsed: tuple[str, ...]
-    stderr: str
-    seconds: float
-
-    def for_path(self, path: Path) -> list[Diagnostic]:
-        return [d for d in self.diagnostics if d.path == path.resolve()]
-
-    def under(self, directory: Path) -> list[Diagnostic]:
-        root = directory.resolve()
-        return [d for d in self.diagnostics if d.path.is_relative_to(root)]
-
-
-def _parse(output: str) -> tuple[list[Diagnostic], list[str]]:
-    diagnostics: list[Diagnostic] = []
-    unparsed: list[str] = []
-    for raw in output.splitlines():
-        if not raw.strip():
-            continue
-        match = _LINE.match(raw)
-        if match is None:
-            unparsed.append(raw)
-            continue
-        message = match["message"]
-        code_match = _CODE.search(message)
-        code = code_match["code"] if code_match else None
-        if code_match:
-            message = message[: code_match.start()]
-        path = Path(match["path"])
-        if not path.is_absolute():
-            path = REPO / path
-        diagnostics.append(
-            Diagnostic(path.resolve(), int(match["line"]), match["severity"], message, code, raw)
-        )
-    return diagnostics, unparsed
-
 
 def run_mypy(targets: Sequence[str | Path]) -> MypyRun:
-    """``python -m mypy`` with this interpreter, from the repo root."""
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", *MYPY_FLAGS, *(str(t) for t in targets)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode not in (0, 1):
-        raise RuntimeError(
-            f"mypy crashed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
-    diagnostics, unparsed = _parse(proc.stdout)
-    return MypyRun(proc.returncode, tuple(diagnostics), tuple(unparsed), proc.stderr, seconds)
+    return _mypy_run.run_mypy(targets, MYPY_FLAGS)
 
 
 def _relative(path: Path) -> str:
@@ -204,33 +131,11 @@ def test_fail_file(corpus_run: MypyRun, path: Path) -> None:
 # --- The corpus follows its own rules ------------------------------------------------
 
 
-def _ignore_comments(source: str) -> dict[int, tuple[int, list[str]]]:
-    """``{line: (column, [codes])}`` of the ``# type: ignore`` comments (1-based lines).
-
-    Only real comments count (tokenize), not the phrase inside a docstring.
-    """
-    found: dict[int, tuple[int, list[str]]] = {}
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type != tokenize.COMMENT:
-            continue
-        match = _IGNORE.match(token.string)
-        if match is None:
-            continue
-        codes = match["codes"]
-        names = [] if codes is None else [c.strip() for c in codes[1:-1].split(",")]
-        found[token.start[0]] = (token.start[1], names)
-    return found
-
-
 def _ignores(path: Path) -> dict[int, list[str]]:
-    return {line: codes for line, (_, codes) in _ignore_comments(path.read_text()).items()}
-
-
-def _strip_ignores(source: str) -> str:
-    lines = source.splitlines(keepends=True)
-    for line, (column, _) in _ignore_comments(source).items():
-        lines[line - 1] = lines[line - 1][:column].rstrip() + "\n"
-    return "".join(lines)
+    """``{line: [codes]}`` of the ``# type: ignore`` comments (see _comments.py)."""
+    return {
+        line: list(e.names) for line, e in mypy_expectations(path.read_text()).items()
+    }
 
 
 @pytest.mark.parametrize("path", PASS_FILES, ids=_relative)
@@ -282,7 +187,7 @@ def test_stripped_fail_file_reports_the_expected_errors() -> None:
     # replays a module's errors with the path the module had when it was cached.
     STRIPPED_DIR.mkdir(parents=True, exist_ok=True)
     stripped = STRIPPED_DIR / "stripped_s1_semaphore_value.py"
-    stripped.write_text(_strip_ignores(SEED_FILE.read_text()))
+    stripped.write_text(strip_expectations(SEED_FILE.read_text()))
 
     run = run_mypy([stripped.relative_to(REPO)])
     errors = [d for d in run.for_path(stripped) if d.severity == "error"]

@@ -18,31 +18,31 @@ from safedma import DataRef, RemoteCopy, SemRef
 def send_sem_without_device(x: DataRef, o: DataRef, send: SemRef, recv: SemRef) -> None:
     # S4: a send semaphore but no target device.
     half = RemoteCopy(x, o, recv).with_send_sem(send)
-    half.start()  # type: ignore[misc]
-    half.started_elsewhere()  # type: ignore[misc]
-    half.incoming()  # type: ignore[misc]
+    half.start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+    half.started_elsewhere()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+    half.incoming()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
 
 
 def device_without_send_sem(x: DataRef, o: DataRef, recv: SemRef) -> None:
     # S4: a target device but no send semaphore.
-    RemoteCopy(x, o, recv).to(safedma.neighbour("x")).start()  # type: ignore[misc]
-    RemoteCopy(x, o, recv).to(safedma.device(x=0)).incoming()  # type: ignore[misc]
+    RemoteCopy(x, o, recv).to(safedma.neighbour("x")).start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+    RemoteCopy(x, o, recv).to(safedma.device(x=0)).incoming()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
 
 
 def neither(x: DataRef, o: DataRef, recv: SemRef) -> None:
     # S4: a bare remote copy: no send semaphore and no device.
-    RemoteCopy(x, o, recv).start()  # type: ignore[misc]
+    RemoteCopy(x, o, recv).start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
 
 
 def recv_sem_missing(x: DataRef, o: DataRef, send: SemRef) -> None:
     # S4: no receive semaphore at all.
-    RemoteCopy(x, o).with_send_sem(send)  # type: ignore[call-arg]
+    RemoteCopy(x, o).with_send_sem(send)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]
 
 
 def remote_parts_on_a_local_copy(x: DataRef, o: DataRef, sem: SemRef, send: SemRef) -> None:
     # S4: a source (send) semaphore on a local copy: green on CPU, broken on TPU today.
-    safedma.LocalCopy(x, o, sem, send)  # type: ignore[call-arg]
-    safedma.LocalCopy(x, o, sem).with_send_sem(send)  # type: ignore[attr-defined]
+    safedma.LocalCopy(x, o, sem, send)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]
+    safedma.LocalCopy(x, o, sem).with_send_sem(send)  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
     # S4: a device on a local copy.
-    safedma.LocalCopy(x, o, sem).to(safedma.neighbour("x"))  # type: ignore[attr-defined]
-    safedma.LocalCopy(x, o, sem, device=safedma.neighbour("x"))  # type: ignore[call-arg]
+    safedma.LocalCopy(x, o, sem).to(safedma.neighbour("x"))  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+    safedma.LocalCopy(x, o, sem, device=safedma.neighbour("x"))  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]

@@ -14,34 +14,34 @@ from safedma import BarrierSem, DataRef, RegularSem, SemArray, SemRef
 
 def semaphore_as_data(x_hbm: DataRef, buf: DataRef, sem: SemRef, sems: SemArray) -> None:
     # S6: arguments in the wrong order: the semaphore as the destination ...
-    safedma.LocalCopy(x_hbm, sem, buf)  # type: ignore[arg-type]
+    safedma.LocalCopy(x_hbm, sem, buf)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     # ... and as the source.
-    safedma.LocalCopy(sem, x_hbm, sem)  # type: ignore[arg-type]
+    safedma.LocalCopy(sem, x_hbm, sem)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     # S6: a semaphore array as the source.
-    safedma.LocalCopy(sems, buf, sems.at[0])  # type: ignore[arg-type]
+    safedma.LocalCopy(sems, buf, sems.at[0])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
 
 
 def semaphore_as_remote_data(
     x_ref: DataRef, recv: SemRef, flag: RegularSem, barrier: BarrierSem
 ) -> None:
     # S6: semaphores of any kind as remote copy source / destination.
-    safedma.RemoteCopy(flag, x_ref, recv)  # type: ignore[arg-type]
-    safedma.RemoteCopy(x_ref, barrier, recv)  # type: ignore[arg-type]
+    safedma.RemoteCopy(flag, x_ref, recv)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.RemoteCopy(x_ref, barrier, recv)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
 
 
 def data_as_semaphore(x_hbm: DataRef, buf: DataRef, other: DataRef, recv: SemRef) -> None:
     # S6: a data ref as the DMA semaphore (local, receive and send side).
-    safedma.LocalCopy(x_hbm, buf, other)  # type: ignore[arg-type]
-    safedma.RemoteCopy(x_hbm, buf, other)  # type: ignore[arg-type]
-    safedma.RemoteCopy(x_hbm, buf, recv).with_send_sem(other)  # type: ignore[arg-type]
+    safedma.LocalCopy(x_hbm, buf, other)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.RemoteCopy(x_hbm, buf, other)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.RemoteCopy(x_hbm, buf, recv).with_send_sem(other)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     # S6: a data ref (or a view of one) to signal / wait / read.
-    safedma.signal(other)  # type: ignore[arg-type]
-    safedma.wait(other.at[0])  # type: ignore[arg-type]
-    safedma.read(other)  # type: ignore[arg-type]
+    safedma.signal(other)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.wait(other.at[0])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.read(other)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
 
 
 def semaphore_used_as_an_array(sem: SemRef, o_ref: DataRef) -> None:
     # S6: a semaphore has no data to read or write.
-    o_ref[...] = sem[...]  # type: ignore[index]
-    sem[...] = o_ref[...]  # type: ignore[index]
-    sem.shape  # type: ignore[attr-defined]
+    o_ref[...] = sem[...]  # type: ignore[index]  # pyright: ignore[reportIndexIssue]
+    sem[...] = o_ref[...]  # type: ignore[index]  # pyright: ignore[reportIndexIssue]
+    sem.shape  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]

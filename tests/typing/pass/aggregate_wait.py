@@ -2,7 +2,7 @@
 
 The gather pattern of paged attention: N page copies signal the same DMA
 semaphore, and one wait sized like all of them discharges it. Must pass
-``mypy --strict``.
+``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing_extensions import assert_type
 
 import safedma
 from safedma import DataRef, SemRef
+
+from _typed_jax import fori_loop
 
 PAGES = 4
 PAGE = 16
@@ -43,6 +45,6 @@ def gather_in_loop(
         safedma.LocalCopy(pages_hbm.at[table_smem[p]], dst, sem).start()
         return carry
 
-    jax.lax.fori_loop(0, PAGES, start_one, None)
+    fori_loop(0, PAGES, start_one, None)
     safedma.LocalCopy(o_hbm, buf, sem).started_elsewhere().wait()
     safedma.LocalCopy(buf, o_hbm, sem).start().wait()

@@ -1,5 +1,5 @@
 """Pass: typed device ids: safedma.device(...), mesh_coords(...), neighbour(...),
-used by remote copies and remote signals. Must pass ``mypy --strict``.
+used by remote copies and remote signals. Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations

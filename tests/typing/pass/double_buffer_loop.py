@@ -1,7 +1,7 @@
 """Pass: a double-buffered stream, prefetching step i+1 while step i is computed.
 
 The wait for a copy started in the previous loop iteration goes through
-``LocalCopy(...).started_elsewhere().wait()``. Must pass ``mypy --strict``.
+``LocalCopy(...).started_elsewhere().wait()``. Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing_extensions import assert_type
 
 import safedma
 from safedma import DataRef, SemArray, SemRef
+
+from _typed_jax import fori_loop, zeros
 
 CHUNK = 8
 
@@ -51,6 +53,7 @@ def stream_kernel(
         safedma.LocalCopy(out_buf, o_hbm.at[pl.ds(step * CHUNK, CHUNK)], out_sem).start().wait()
         return total + tile.sum()
 
-    zero = jnp.zeros((), jnp.float32)
-    total: jax.Array = jax.lax.fori_loop(0, steps, body, zero)
+    zero = zeros((), jnp.float32)
+    total = fori_loop(0, steps, body, zero)
+    assert_type(total, jax.Array)
     del total

@@ -1,6 +1,6 @@
 """Pass: a local HBM -> VMEM -> HBM copy with compute in VMEM, run through safedma.pallas_call.
 
-Must type-check under ``mypy --strict`` with no ``# type: ignore``.
+Must type-check under ``mypy --strict`` and pyright strict with no ``# type: ignore``.
 """
 
 from __future__ import annotations

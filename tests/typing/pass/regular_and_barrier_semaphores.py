@@ -1,5 +1,5 @@
 """Pass: REGULAR semaphore signal/wait (local and remote), safedma.read, and the
-barrier semaphore handshake before a remote copy. Must pass ``mypy --strict``.
+barrier semaphore handshake before a remote copy. Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing_extensions import assert_type
 import safedma
 from safedma import BarrierSem, DataRef, RegularSem, RegularSemArray, SemRef
 
+from _typed_jax import array, eval_shape
+
 
 def local_handshake(flag: RegularSem, flags: RegularSemArray, o_ref: DataRef) -> None:
     safedma.signal(flag)
@@ -22,7 +24,7 @@ def local_handshake(flag: RegularSem, flags: RegularSemArray, o_ref: DataRef) ->
     one = flags.at[1]
     assert_type(one, RegularSem)
     assert_type(flags.at[pl.ds(0, 2)], RegularSemArray)
-    safedma.signal(one, inc=jnp.array(1, jnp.int32))
+    safedma.signal(one, inc=array(1, jnp.int32))
     safedma.wait(one)
 
     count = safedma.read(flag)
@@ -66,8 +68,7 @@ def barrier_then_send(
 
 def with_collective_id(x: jax.Array) -> jax.Array:
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    # jax.eval_shape returns Any; the annotation gives pallas_call the struct it types.
-    out_shape: jax.ShapeDtypeStruct = jax.eval_shape(lambda a: a, x)
+    out_shape = eval_shape(lambda a: a, x)
     call = safedma.pallas_call(
         barrier_then_send,
         out_shape,

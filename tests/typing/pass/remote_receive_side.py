@@ -2,7 +2,7 @@
 ``incoming().wait_recv()`` and the sender with ``wait_send()``.
 
 Also ``started_elsewhere()`` on a remote copy started in the previous loop
-iteration. Must pass ``mypy --strict``.
+iteration. Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing_extensions import assert_type
 
 import safedma
 from safedma import DataRef, SemRef
+
+from _typed_jax import fori_loop
 
 
 def broadcast_from_zero(
@@ -69,5 +71,5 @@ def pipelined_rows(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: S
         previous.wait()
         return carry
 
-    jax.lax.fori_loop(1, rows, body, None)
+    fori_loop(1, rows, body, None)
     row(rows - 1).started_elsewhere().wait()

@@ -2,7 +2,7 @@
 
 ``RemoteCopy(src, dst, recv).with_send_sem(send).to(device).start()`` returns
 a RemoteHandle; the builder's type records which parts are given. Must pass
-``mypy --strict`` with no ``# type: ignore``.
+``mypy --strict`` and pyright strict with no ``# type: ignore``.
 """
 
 from __future__ import annotations

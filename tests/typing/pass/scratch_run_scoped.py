@@ -1,5 +1,5 @@
 """Pass: typed scratch declarations and run_scoped, which hands its body refs of
-the brands the declarations promise. Must pass ``mypy --strict``.
+the brands the declarations promise. Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations

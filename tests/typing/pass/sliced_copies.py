@@ -1,6 +1,6 @@
 """Pass: sliced copies with ``.at[pl.ds(...)]`` on data refs and on a SemArray.
 
-Must type-check under ``mypy --strict`` with no ``# type: ignore``.
+Must type-check under ``mypy --strict`` and pyright strict with no ``# type: ignore``.
 """
 
 from __future__ import annotations
