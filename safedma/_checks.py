@@ -91,7 +91,7 @@ def check_semaphore(
             f"{role} must be {expected}, got {problem}; {what_for} cannot use it. "
             f"Pass {_WHERE_SEMAPHORES_COME_FROM[allowed[0]]}."
         )
-    shape = tuple(getattr(value, "shape", ()))
+    shape, _ = _compat.ref_layout(value)
     if shape != ():
         raise SemaphoreShapeError(
             f"{role} must be one semaphore, got an array of {shape[0] if len(shape) == 1 else shape} "
@@ -101,8 +101,8 @@ def check_semaphore(
 
 def check_same_layout(src: object, dst: object, what: str) -> None:
     """Source and destination of a copy must agree in shape and dtype (T1, T2)."""
-    src_shape = tuple(getattr(src, "shape", ()))
-    dst_shape = tuple(getattr(dst, "shape", ()))
+    src_shape, src_dtype = _compat.ref_layout(src)
+    dst_shape, dst_dtype = _compat.ref_layout(dst)
     if src_shape != dst_shape:
         raise CopyShapeMismatchError(
             f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
@@ -110,8 +110,6 @@ def check_same_layout(src: object, dst: object, what: str) -> None:
             "slice one side with .at[pl.ds(start, size)] (or reshape the buffer) so both "
             "shapes match."
         )
-    src_dtype = getattr(src, "dtype", None)
-    dst_dtype = getattr(dst, "dtype", None)
     if src_dtype != dst_dtype:
         raise CopyDtypeMismatchError(
             f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "

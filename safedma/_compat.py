@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from jax._src import core as _jax_core
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas.mosaic import core as _mosaic_core
+from jax._src import indexing as _indexing
+from jax._src.state import indexing as _state_indexing
 from jax._src.state import types as _state_types
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -82,10 +84,29 @@ def is_ref(value: object) -> bool:
 
 
 def ref_kind(ref: object) -> SemaphoreKind:
-    """The kind of a ref, from its dtype; call only on values for which is_ref holds."""
-    dtype = getattr(ref, "dtype", None)
+    """The kind of a ref, from its dtype; call only on values for which is_ref holds.
+
+    A view (``ref.at[...]``) has its root's kind, and reading the root's dtype
+    avoids computing the view's type. Kinds are cached per dtype: this runs
+    for every ref of every copy.
+    """
+    dtype = getattr(root_of(ref), "dtype", None)
     if dtype is None:
         return SemaphoreKind.DATA
+    try:
+        return _kind_by_dtype[dtype]
+    except KeyError:
+        kind = _kind_of_dtype(dtype)
+        _kind_by_dtype[dtype] = kind
+        return kind
+    except TypeError:  # an unhashable dtype-like
+        return _kind_of_dtype(dtype)
+
+
+_kind_by_dtype: dict[object, SemaphoreKind] = {}
+
+
+def _kind_of_dtype(dtype: Any) -> SemaphoreKind:
     try:
         if jnp.issubdtype(dtype, _DMA_DTYPE):
             return SemaphoreKind.DMA
@@ -103,6 +124,26 @@ def root_of(ref: object) -> object:
     if isinstance(ref, _state_types.TransformedRef):
         return ref.ref
     return ref
+
+
+def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
+    """``(shape, dtype)`` of a ref or view, as ``ref.shape`` and ``ref.dtype`` give them.
+
+    For the common view, one ``.at[...]`` index of a kernel ref, the shape
+    comes from the indexer and the dtype from the root ref: asking the view
+    itself computes its whole abstract type, which was the largest part of
+    safedma's trace-time cost per copy. ``tests/test_compat.py`` checks the
+    two agree.
+    """
+    if isinstance(ref, _state_types.TransformedRef):
+        transforms = ref.transforms
+        if len(transforms) == 1 and isinstance(transforms[0], _state_indexing.NDIndexer):
+            indexer = transforms[0]
+            if indexer.int_indexer_shape == ():  # integer indices drop their dimension
+                slices = (i for i in indexer.indices if isinstance(i, _indexing.Slice))
+                return tuple(i.size for i in slices), ref.ref.dtype
+            return tuple(indexer.get_indexer_shape()), ref.ref.dtype
+    return tuple(getattr(ref, "shape", ())), getattr(ref, "dtype", None)
 
 
 # Unannotated in jax; typed here so callers need no mypy configuration.

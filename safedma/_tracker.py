@@ -22,8 +22,10 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
+import functools
 import sys
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
+from typing import NamedTuple
 
 from safedma import _compat
 from safedma.errors import CopyNeverWaitedError, HandleWaitedTwiceError
@@ -34,6 +36,7 @@ __all__ = [
     "current_scope",
     "kernel_scope",
     "call_site",
+    "SourceLine",
     "describe_ref",
     "describe_value",
 ]
@@ -47,12 +50,27 @@ class Side(enum.Enum):
     RECV = "wait_recv()"
 
 
+class SourceLine(NamedTuple):
+    """Where user code called safedma; formatted only when an error names it."""
+
+    filename: str
+    lineno: int
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+
+# Descriptions of copies are built only when an error needs them: formatting
+# them on every start() was most of safedma's trace-time cost.
+Describe = Callable[[], str]
+
+
 @dataclasses.dataclass(eq=False)
 class _Obligation:
-    description: str
-    started_at: str
+    describe: Describe
+    started_at: SourceLine
     sides: dict[Side, object]  # side -> root of the semaphore that side waits on
-    waited: dict[Side, str] = dataclasses.field(default_factory=dict[Side, str])
+    waited: dict[Side, SourceLine] = dataclasses.field(default_factory=dict[Side, SourceLine])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +88,7 @@ class KernelScope:
     names: dict[int, str]
     config: KernelConfig | None
     obligations: list[_Obligation] = dataclasses.field(default_factory=list[_Obligation])
-    elsewhere_waits: dict[Side, dict[int, str]] = dataclasses.field(
+    elsewhere_waits: dict[Side, dict[int, SourceLine]] = dataclasses.field(
         default_factory=lambda: {side: {} for side in Side}
     )
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
@@ -89,7 +107,7 @@ class KernelScope:
             ]
             if missing:
                 calls = " and ".join(side.value for side in missing)
-                left.append(f"  - {ob.description}, started at {ob.started_at}: {calls} never called")
+                left.append(f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called")
         if left:
             count = len(left)
             raise CopyNeverWaitedError(
@@ -176,6 +194,7 @@ def kernel_scope(
         _current.reset(token)
 
 
+@functools.lru_cache(maxsize=None)
 def _is_library_frame(module_name: str) -> bool:
     # safedma's own top-level modules; safedma.kernels and the like are user code.
     return module_name == "safedma" or (
@@ -183,12 +202,12 @@ def _is_library_frame(module_name: str) -> bool:
     )
 
 
-def call_site() -> str:
-    """``file:line`` of the nearest caller outside safedma's own top-level modules."""
+def call_site() -> SourceLine:
+    """The nearest caller outside safedma's own top-level modules (``str()`` is ``file:line``)."""
     frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]  # documented CPython API
     while frame.f_back is not None and _is_library_frame(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return SourceLine(frame.f_code.co_filename, frame.f_lineno)
 
 
 def describe_value(value: object) -> str:
@@ -221,19 +240,19 @@ def describe_ref(ref: object) -> str:
 class HandleState:
     """Per-handle wait bookkeeping; works with or without a kernel scope."""
 
-    __slots__ = ("_obligation", "_waited", "_description", "_elsewhere", "_sides")
+    __slots__ = ("_obligation", "_waited", "_describe", "_elsewhere", "_sides")
 
     def __init__(
-        self, description: str, sides: dict[Side, object], *, started_elsewhere: bool
+        self, describe: Describe, sides: dict[Side, object], *, started_elsewhere: bool
     ) -> None:
-        self._description = description
+        self._describe = describe
         self._sides = sides
-        self._waited: dict[Side, str] = {}
+        self._waited: dict[Side, SourceLine] = {}
         self._elsewhere = started_elsewhere
         self._obligation: _Obligation | None = None
         scope = _current.get()
         if scope is not None and not started_elsewhere:
-            self._obligation = _Obligation(description, call_site(), sides, self._waited)
+            self._obligation = _Obligation(describe, call_site(), sides, self._waited)
             scope.obligations.append(self._obligation)
             scope.keep_alive.extend(sides.values())
 
@@ -245,7 +264,7 @@ class HandleState:
                 f"started at {self._obligation.started_at}" if self._obligation else "started"
             )
             raise HandleWaitedTwiceError(
-                f"{side.value} on the handle of {self._description} ({origin}) was called "
+                f"{side.value} on the handle of {self._describe()} ({origin}) was called "
                 f"twice: first at {self._waited[side]}, again at {here}. Each wait "
                 "decrements the semaphore by the copy's size once, so the second wait "
                 "can never be satisfied and the kernel hangs. Wait each handle once."

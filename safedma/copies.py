@@ -165,7 +165,7 @@ class LocalCopy:
 
     def _handle(self, descriptor: Any, *, started_elsewhere: bool) -> LocalHandle:
         sides: dict[Side, object] = {Side.LOCAL: _compat.root_of(self._sem)}
-        state = HandleState(self._describe(), sides, started_elsewhere=started_elsewhere)
+        state = HandleState(self._describe, sides, started_elsewhere=started_elsewhere)
         return LocalHandle(descriptor, state)
 
     def start(self, *, priority: Literal[0, 1] = 0, add: Literal[False] = False) -> LocalHandle:
@@ -362,7 +362,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         check_priority(priority, remote=True)
         check_no_add(add)
         descriptor = self._descriptor("start")
-        state = HandleState(self._describe(), self._sides(), started_elsewhere=False)
+        state = HandleState(self._describe, self._sides(), started_elsewhere=False)
         descriptor.start(priority)
         return RemoteHandle(descriptor, state)
 
@@ -373,7 +373,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         semaphore in the kernel.
         """
         descriptor = self._descriptor("be waited")
-        state = HandleState(self._describe(), self._sides(), started_elsewhere=True)
+        state = HandleState(self._describe, self._sides(), started_elsewhere=True)
         return RemoteHandle(descriptor, state)
 
     def incoming(self: RemoteCopy[Given, Given]) -> IncomingHandle:
@@ -384,5 +384,5 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         same semaphore in the kernel.
         """
         descriptor = self._descriptor("be waited")
-        state = HandleState(self._describe(), self._sides(), started_elsewhere=True)
+        state = HandleState(self._describe, self._sides(), started_elsewhere=True)
         return IncomingHandle(descriptor, state)

@@ -63,6 +63,38 @@ def test_ref_kinds_and_roots_inside_a_kernel() -> None:
     )
 
 
+def test_ref_layout_agrees_with_the_views_own_type() -> None:
+    # ref_layout's fast path reads the indexer instead of the view's type; both
+    # must give the same (shape, dtype) for every kind of view a kernel makes.
+    pairs: list[tuple[str, object, object]] = []
+
+    def body(x, i_ref, o, dmas, buf):  # type: ignore[no-untyped-def]
+        i = i_ref[0]
+        views = {
+            "plain": x, "rows": x.at[pl.ds(8, 8)], "int": x.at[3], "strided": x.at[pl.ds(0, 4, 2)],
+            "traced start": x.at[pl.ds(i, 8)], "int and slice": buf.at[1, pl.ds(0, 4)],
+            "last dim": x.at[:, pl.ds(0, 128)], "nested": x.at[pl.ds(8, 16)].at[pl.ds(0, 8)],
+            "sem view": dmas.at[1], "sem array": dmas, "sem slice": dmas.at[pl.ds(0, 2)],
+            "bitcast": x.bitcast(jnp.int32), "reshape": buf.reshape(16, 128),
+        }
+        for name, view in views.items():
+            fast = _compat.ref_layout(view)
+            pairs.append((name, fast, (tuple(view.shape), view.dtype)))
+        o[...] = x[...]
+
+    x = jnp.zeros((32, 128), jnp.float32)
+    call = pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.SemaphoreType.DMA((3,)), pltpu.VMEM((2, 8, 128), jnp.float32)],
+    )
+    jax.jit(call).trace(x, jnp.zeros((1,), jnp.int32))
+    assert len(pairs) == 13
+    for name, fast, slow in pairs:
+        assert fast == slow, name
+
+
 def test_axes_in_scope_follow_the_mesh_order() -> None:
     seen: list[dict[str, int]] = []
     mesh = jax.make_mesh((2, 4), ("y", "x"), devices=jax.devices()[:8])
