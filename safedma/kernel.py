@@ -60,7 +60,7 @@ def kernel(body: Callable[P, None]) -> Callable[P, None]:
         signature: inspect.Signature | None = inspect.signature(body)
     except (TypeError, ValueError):
         signature = None
-    name = getattr(body, "__name__", None) or type(body).__name__
+    name = _body_name(body)
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
@@ -68,8 +68,29 @@ def kernel(body: Callable[P, None]) -> Callable[P, None]:
             body(*args, **kwargs)
             scope.check_all_waited()
 
+    # jax names a kernel after its function, looking through functools.partial;
+    # a partial has no __name__ for wraps() to copy, so give the wrapper the
+    # name jax would have used (the same Mosaic module as pl.pallas_call(partial)).
+    traced.__name__ = name
+    traced.__qualname__ = getattr(_unwrap_partial(body), "__qualname__", name)
     setattr(traced, _MARK, True)
     return traced
+
+
+def _unwrap_partial(body: object) -> object:
+    while isinstance(body, functools.partial):
+        body = cast("functools.partial[object]", body).func
+    return body
+
+
+def _body_name(body: object) -> str:
+    """The name jax gives the kernel: the function's, looking through partials."""
+    name = getattr(body, "__name__", None)
+    if isinstance(name, str):
+        return name
+    inner = _unwrap_partial(body)
+    name = getattr(inner, "__name__", None)
+    return name if isinstance(name, str) else type(inner).__name__
 
 
 class _Unset:

@@ -16,6 +16,7 @@ today. When safedma is fixed they XPASS, which fails the run: drop the marker.
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -426,6 +427,19 @@ def test_t7_local_copy_never_waited(entry: str) -> None:
         "started at ", THIS_FILE, "wait() never called", *_T7_FIX,
     )
     assert isinstance(err.value, RuntimeError)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_t7_names_a_partial_body_after_its_function(entry: str) -> None:
+    # Kernels with static options are passed as functools.partial; the message
+    # names the function, as jax names the kernel.
+    def leaky_kernel(x_ref, o_ref, buf, sem, *, times):  # type: ignore[no-untyped-def]
+        for _ in range(times):
+            safedma.LocalCopy(x_ref, buf, sem).start()
+
+    with pytest.raises(safedma.CopyNeverWaitedError) as err:
+        trace(functools.partial(leaky_kernel, times=2), [VMEM, DMA], entry=entry)
+    assert_mentions(err, "kernel 'leaky_kernel'", "2 copies were started and never waited")
 
 
 def test_t7_names_the_line_of_the_start() -> None:
