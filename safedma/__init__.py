@@ -16,6 +16,7 @@ from safedma.copies import (
     Missing,
     RemoteCopy,
     RemoteHandle,
+    wait_all_into,
 )
 from safedma.devices import Device, axis_size, device, mesh_coords, my_index, neighbour
 from safedma.errors import (
@@ -113,4 +114,5 @@ __all__ = [
     "smem",
     "vmem",
     "wait",
+    "wait_all_into",
 ]

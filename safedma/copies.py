@@ -48,6 +48,7 @@ __all__ = [
     "LocalHandle",
     "RemoteHandle",
     "IncomingHandle",
+    "wait_all_into",
 ]
 
 _DMA = (SemaphoreKind.DMA,)
@@ -386,3 +387,18 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         descriptor = self._descriptor("be waited")
         state = HandleState(self._describe, self._sides(), started_elsewhere=True)
         return IncomingHandle(descriptor, state)
+
+
+def wait_all_into(dst: DataRef, sem: SemRef) -> None:
+    """One wait for all the local copies into ``dst`` tracked by ``sem``: the aggregate wait.
+
+    For several copies started on one semaphore into parts of ``dst`` (the
+    pages of a paged-attention block, say), whose sizes add up to ``dst``'s.
+    A DMA wait decrements the semaphore by its descriptor's size, so one wait
+    sized like ``dst`` stands for all of them. It discharges every copy
+    started on ``sem`` in the kernel (like ``started_elsewhere()``), and
+    lowers to ``pltpu.make_async_copy(dst, dst, sem).wait()``. Sizes that do
+    not add up hang on a TPU; the strict simulation in ``safedma.testing``
+    reports them.
+    """
+    LocalCopy(dst, dst, sem).started_elsewhere().wait()

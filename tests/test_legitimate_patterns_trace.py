@@ -203,6 +203,19 @@ def test_starts_in_a_loop_one_aggregate_wait() -> None:
     np.testing.assert_array_equal(y, x)
 
 
+def test_wait_all_into_is_the_named_aggregate_wait() -> None:
+    def kernel(x_ref, o_ref, buf, sem, out_sem):  # type: ignore[no-untyped-def]
+        for i in range(N):
+            safedma.LocalCopy(x_ref.at[i], buf.at[N - 1 - i], sem).start()
+        safedma.wait_all_into(buf, sem)
+        safedma.LocalCopy(buf, o_ref, out_sem).start().wait()
+
+    x, y = run_local(
+        kernel, [safedma.vmem(SHAPE, F32), safedma.dma_semaphore(), safedma.dma_semaphore()]
+    )
+    np.testing.assert_array_equal(y, x[::-1])
+
+
 # ----------------------------------------------------------------- double buffering
 
 

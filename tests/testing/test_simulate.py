@@ -242,6 +242,20 @@ def test_aggregate_wait_of_several_starts_on_one_semaphore() -> None:
     np.testing.assert_array_equal(np.asarray(out), expected)
 
 
+def test_wait_all_into_with_sizes_that_do_not_add_up_is_unsatisfiable() -> None:
+    # Three pages of four: the aggregate wait asks for more bytes than arrive.
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any, out_sem: Any) -> None:
+        for i in range(3):
+            sd.LocalCopy(x_ref.at[pl.ds(8 * i, 8)], buf.at[pl.ds(8 * i, 8)], sem).start()
+        sd.wait_all_into(buf, sem)
+        sd.LocalCopy(buf, o_ref, out_sem).start().wait()
+
+    x = example((32, 128))
+    with pytest.raises(UnsatisfiableWaitError):
+        simulate(hbm_call(sd.kernel(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x,
+                 timeout_s=SHORT)
+
+
 @pytest.mark.parametrize("body", [kernels_pltpu.double_buffered, sd.kernel(sdk.double_buffered)],
                          ids=["pltpu", "safedma"])
 def test_double_buffering_waits_the_previous_iterations_copy(body: Kernel) -> None:

@@ -48,3 +48,12 @@ def gather_in_loop(
     fori_loop(0, PAGES, start_one, None)
     safedma.LocalCopy(o_hbm, buf, sem).started_elsewhere().wait()
     safedma.LocalCopy(buf, o_hbm, sem).start().wait()
+
+
+def gather_with_named_wait(
+    table_smem: DataRef, pages_hbm: DataRef, o_hbm: DataRef, buf: DataRef, sem: SemRef
+) -> None:
+    for p in range(PAGES):
+        safedma.LocalCopy(pages_hbm.at[table_smem[p]], buf.at[pl.ds(p * PAGE, PAGE)], sem).start()
+    assert_type(safedma.wait_all_into(buf, sem), None)
+    safedma.LocalCopy(buf, o_hbm, sem).start().wait()
