@@ -237,7 +237,8 @@ def _in_mesh(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> None:
     (jnp.zeros((32, 100)), {"concat_axis": 1}, "multiple of 128"),
     (jnp.zeros((20, 128), BF16), {}, "multiple of 2 for bfloat16"),
     (jnp.zeros((24, 128), jnp.int8), {}, "multiple of 4 for int8"),
-    (jnp.zeros((32, 128)), {"collective_id": True}, "collective_id must be a Python int"),
+    (jnp.zeros((32, 128)), {"collective_id": True},
+     "collective_id must be None or a non-negative Python int"),
 ], ids=["1d", "unknown-axis", "bool", "concat-range", "concat-float", "lanes", "bf16-rows",
         "int8-rows", "bool-id"])
 def test_preconditions_are_checked_up_front(kernel: str, x: jax.Array, kwargs: dict[str, Any],

@@ -85,7 +85,8 @@ def test_one_device_along_the_axis_is_the_identity() -> None:
 @pytest.mark.parametrize("shape,dtype,kwargs,message", [
     ((31, 128), F32, {}, "divisible by the 2 devices"),
     ((16, 128), BF16, {}, "multiple of 16"),
-    ((32, 128), F32, {"collective_id": True}, "collective_id"),
+    ((32, 128), F32, {"collective_id": True},
+     "collective_id must be a non-negative Python int"),
 ], ids=["rows", "bf16-tile", "collective-id"])
 def test_preconditions_are_checked_up_front(shape: tuple[int, int], dtype: DType,
                                             kwargs: dict[str, int], message: str,

@@ -173,7 +173,8 @@ def _in_mesh(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> None:
     (jnp.zeros((32, 128), jnp.complex64), {"axis": "x"}, "integer or floating"),
     (jnp.zeros((32, 128)), {"axis": "x", "shift": 1.0}, "shift must be a Python int"),
     (jnp.zeros((32, 128)), {"axis": "x", "shift": True}, "shift must be a Python int"),
-    (jnp.zeros((32, 128)), {"axis": "x", "collective_id": -1}, "at least 0"),
+    (jnp.zeros((32, 128)), {"axis": "x", "collective_id": -1},
+     "collective_id must be None or a non-negative Python int"),
 ], ids=["unknown-axis", "axis-not-str", "bool", "complex", "float-shift", "bool-shift",
         "negative-id"])
 def test_preconditions_are_checked_up_front(x: jax.Array, kwargs: dict[str, Any],

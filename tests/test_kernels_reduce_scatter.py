@@ -179,7 +179,8 @@ def test_one_device_along_the_axis_is_the_identity() -> None:
     ((16, 128), BF16, "x", {}, "multiple of 16"),
     ((32, 200), F32, "x", {}, "multiple of 128"),
     ((32, 128), F32, "z", {}, "unknown mesh axis 'z'"),
-    ((32, 128), F32, "x", {"collective_id": -1}, "collective_id"),
+    ((32, 128), F32, "x", {"collective_id": -1},
+     "collective_id must be a non-negative Python int"),
 ], ids=["3d", "int32", "rows", "f32-tile", "bf16-tile", "cols", "axis", "collective-id"])
 def test_preconditions_are_checked_up_front(shape: tuple[int, ...], dtype: DType, axis: str,
                                             kwargs: dict[str, int], message: str) -> None:

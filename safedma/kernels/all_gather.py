@@ -91,25 +91,27 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from safedma.kernels.ppermute import (
-    _check_axis,
-    _check_block,
-    _check_collective_id,
-    _check_int,
+from safedma.kernels._barrier import meet
+from safedma.kernels._preconditions import (
+    LANES,
+    check_axis,
+    check_block,
+    check_collective_id,
+    check_int,
 )
+from safedma.kernels._typed_jax import fori_loop
 
 __all__ = [
     "RECV_SLOTS",
     "all_gather",
     "all_gather_bidirectional",
-    "all_gather_kernel",
     "all_gather_bidirectional_kernel",
+    "all_gather_kernel",
 ]
 
 RECV_SLOTS = 2
 """Receive semaphores per ring direction: how many steps a device may run ahead of the next."""
 
-_LANES = 128
 _HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
@@ -120,13 +122,6 @@ _Span: TypeAlias = slice | pl.Slice
 def _window(ref: sd.DataRef, windows: Mapping[int, _Span]) -> sd.DataRef:
     """``ref`` restricted to ``windows`` (dimension -> slice); other dimensions whole."""
     return ref.at[tuple(windows.get(d, slice(None)) for d in range(len(ref.shape)))]
-
-
-def _neighbour_barrier(left: sd.Device, right: sd.Device) -> None:
-    barrier = sd.barrier_semaphore()
-    sd.signal(barrier, 1, device=left)
-    sd.signal(barrier, 1, device=right)
-    sd.wait(barrier, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +192,7 @@ def all_gather_kernel(
         ring = _Direction(sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem, recv_sems,
                           capacity)
         if barrier:
-            _neighbour_barrier(ring.upstream, ring.downstream)
+            meet(sd.barrier_semaphore(), ring.upstream, ring.downstream)
 
         # Each wait() covers our send and the same-sized copy from the left
         # neighbour, which lands in slot owner - 1 on the same semaphore.
@@ -210,7 +205,7 @@ def all_gather_kernel(
             ring.received(step, steps)
             return carry
 
-        jax.lax.fori_loop(1, steps, step_body, None)
+        fori_loop(1, steps, step_body, None)
     own.wait()
 
 
@@ -259,7 +254,7 @@ def all_gather_bidirectional_kernel(
         leftward = _Direction(left, right, send_sems.at[1],
                               recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)], capacity.at[1])
         if barrier:
-            _neighbour_barrier(left, right)
+            meet(sd.barrier_semaphore(), left, right)
 
         def step(src_right: sd.DataRef, src_left: sd.DataRef, owner_right: jax.Array,
                  owner_left: jax.Array, index: int | jax.Array) -> None:
@@ -280,17 +275,17 @@ def all_gather_bidirectional_kernel(
             step(piece(from_left, 0), piece(from_right, 1), from_left, from_right, index)
             return carry
 
-        jax.lax.fori_loop(1, steps, step_body, None)
+        fori_loop(1, steps, step_body, None)
     own.wait()
 
 
 # ------------------------------------------------------------------ wrappers
 
 
-def _check_dim(value: object, ndim: int, name: str) -> int:
-    dim = _check_int(value, name)
+def _check_dim(value: object, ndim: int, name: str, kernel: str) -> int:
+    dim = check_int(value, name, kernel)
     if not -ndim <= dim < ndim:
-        raise ValueError(f"{name}={dim} is out of range for a {ndim}-D block")
+        raise ValueError(f"{kernel}: {name}={dim} is out of range for a {ndim}-D block")
     return dim % ndim
 
 
@@ -298,10 +293,10 @@ def _check_window(x: jax.Array, dim: int, extent: int, what: str, kernel: str) -
     """``extent`` elements along ``dim`` must be a window the TPU DMA engine can address."""
     ndim = x.ndim
     dtype = np.dtype(x.dtype)
-    if dim == ndim - 1 and extent % _LANES:
+    if dim == ndim - 1 and extent % LANES:
         raise ValueError(
             f"{kernel}: {what} spans {extent} elements of the last dimension; on TPU a "
-            f"window there must be a multiple of {_LANES} (the lanes of a tile). Gather "
+            f"window there must be a multiple of {LANES} (the lanes of a tile). Gather "
             "along another dimension, or pad the block."
         )
     packing = 4 // dtype.itemsize
@@ -316,17 +311,17 @@ def _check_window(x: jax.Array, dim: int, extent: int, what: str, kernel: str) -
 def _prepare(x: jax.Array, axis: str, concat_axis: int, collective_id: int | None,
              kernel: str) -> tuple[int, int, jax.ShapeDtypeStruct]:
     """Checks shared by both all-gathers: (axis size, concat axis, output shape)."""
-    n = _check_axis(axis, kernel)
-    _check_block(x, kernel)
+    n = check_axis(axis, kernel)
+    check_block(x, kernel)
     if x.ndim < 2:
         raise ValueError(
             f"{kernel}: the block must have at least two dimensions (TPU HBM arrays are "
             f"tiled in their last two); got shape {tuple(x.shape)}. Reshape it, e.g. to "
             "(1, size) or (size // 128, 128)."
         )
-    concat = _check_dim(concat_axis, x.ndim, "concat_axis")
+    concat = _check_dim(concat_axis, x.ndim, "concat_axis", kernel)
     _check_window(x, concat, x.shape[concat], "the block along concat_axis", kernel)
-    _check_collective_id(collective_id)
+    check_collective_id(collective_id, kernel, optional=True)
     shape = list(x.shape)
     shape[concat] *= n
     return n, concat, jax.ShapeDtypeStruct(tuple(shape), x.dtype)
@@ -392,7 +387,7 @@ def all_gather_bidirectional(
     """
     kernel = "all_gather_bidirectional"
     n, concat, out = _prepare(x, axis, concat_axis, collective_id, kernel)
-    split = _check_dim(split_axis, x.ndim, "split_axis")
+    split = _check_dim(split_axis, x.ndim, "split_axis", kernel)
     if x.shape[split] % 2:
         raise ValueError(
             f"{kernel}: split_axis={split_axis} has odd size {x.shape[split]}; the block is "

@@ -80,12 +80,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma.kernels._barrier import neighbour_barrier
+from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._typed_jax import fori_loop
 from safedma.kernels.all_gather import all_gather
 from safedma.kernels.reduce_scatter import (
-    _check_collective_id,
-    _check_ring_input,
-    _ring_size,
-    neighbour_barrier,
     reduce_scatter,
     reduce_scatter_ring,
     reduce_scatter_scratch,
@@ -117,7 +116,7 @@ def all_gather_ring(
         copy.to(sd.neighbour(axis, 1)).start().wait()
         return carry
 
-    jax.lax.fori_loop(0, n - 1, forward, None)
+    fori_loop(0, n - 1, forward, None)
 
 
 def all_reduce_kernel(
@@ -177,9 +176,9 @@ def all_reduce(
     ``axis`` the sum is ``x`` itself and no kernel runs. Raises
     ``ValueError`` when a precondition of the module docstring fails.
     """
-    n = _ring_size(axis, "all_reduce")
-    _check_ring_input(x.shape, x.dtype, n, axis, "all_reduce")
-    _check_collective_id(collective_id, "all_reduce")
+    n = check_axis(axis, "all_reduce")
+    check_ring_input(x.shape, x.dtype, n, axis, "all_reduce")
+    check_collective_id(collective_id, "all_reduce", optional=False)
     if n == 1:
         return x
     if not fused:

@@ -38,10 +38,10 @@ DMA flow::
     one aggregate wait on sem for buf's full size         (= k pages, the sum)
     start buf -> output; wait
 
-The aggregate wait is ``LocalCopy(buf, buf, sem).started_elsewhere().wait()``:
-a descriptor whose byte count is the sum of the ``k`` copies (the same idiom
-as jax's paged-attention kernel), standing for copies whose handles were not
-kept.
+The aggregate wait is ``sd.wait_all_into(buf, sem)``: one wait sized like
+``buf``, the sum of the ``k`` copies (it lowers to the idiom of jax's
+paged-attention kernel, ``make_async_copy(buf, buf, sem).wait()``), standing
+for copies whose handles were not kept.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma.kernels._typed_jax import fori_loop
 
 __all__ = ["gather_pages", "gather_pages_kernel"]
 
@@ -79,9 +80,9 @@ def gather_pages_kernel(
         sd.LocalCopy(pages_hbm.at[indices_smem[j]], buf.at[j], sem).start()
         return carry
 
-    jax.lax.fori_loop(0, k, start_page, None)
+    fori_loop(0, k, start_page, None)
     # One wait for all k page copies: buf's size is the sum of theirs.
-    sd.LocalCopy(buf, buf, sem).started_elsewhere().wait()
+    sd.wait_all_into(buf, sem)
     sd.LocalCopy(buf, o_hbm, sem).start().wait()
 
 

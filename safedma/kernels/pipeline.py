@@ -51,6 +51,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma.kernels._preconditions import check_int
+from safedma.kernels._typed_jax import eval_shape, fori_loop
 
 __all__ = ["ChunkFn", "pipeline", "pipeline_kernel"]
 
@@ -108,14 +110,14 @@ def pipeline_kernel(
         write_back(step, slot).start()
         return carry
 
-    jax.lax.fori_loop(0, steps, step_body, None)
+    fori_loop(0, steps, step_body, None)
 
     # The loop leaves the write-backs of its last two steps (one if steps == 1) in flight.
     for step in range(max(steps - 2, 0), steps):
         write_back(step, step % 2).started_elsewhere().wait()
 
 
-def _check(x: jax.Array, fn: ChunkFn, chunk_rows: int) -> None:
+def _check(x: jax.Array, fn: ChunkFn, chunk_rows_arg: object) -> None:
     if x.ndim != 2:
         raise ValueError(f"pipeline streams a 2-D array (rows, cols); got shape {x.shape}")
     dtype = np.dtype(x.dtype)
@@ -124,8 +126,7 @@ def _check(x: jax.Array, fn: ChunkFn, chunk_rows: int) -> None:
         raise ValueError(f"pipeline supports dtypes {supported}; got {dtype.name}")
     rows, cols = x.shape
     tile = _TILE_ROWS[dtype]
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
+    chunk_rows = check_int(chunk_rows_arg, "chunk_rows", "pipeline", minimum=1)
     if chunk_rows % tile:
         raise ValueError(
             f"chunk_rows={chunk_rows} must be a multiple of {tile}, the rows of a VMEM "
@@ -138,7 +139,7 @@ def _check(x: jax.Array, fn: ChunkFn, chunk_rows: int) -> None:
             f"cols={cols} must be a multiple of {_LANES}, the lanes of a VMEM tile"
         )
     chunk = jax.ShapeDtypeStruct((chunk_rows, cols), dtype)
-    out = jax.eval_shape(fn, chunk)
+    out = eval_shape(fn, chunk)
     if not isinstance(out, jax.ShapeDtypeStruct) or (out.shape, out.dtype) != (
         chunk.shape,
         chunk.dtype,

@@ -55,61 +55,19 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma.kernels._barrier import meet
+from safedma.kernels._preconditions import (
+    check_axis,
+    check_block,
+    check_collective_id,
+    check_int,
+)
 
 __all__ = ["ppermute", "ppermute_kernel"]
-
-
-# Preconditions, shared with safedma.kernels.all_gather.
-
-def _check_axis(axis: str, kernel: str) -> int:
-    """The size of mesh axis ``axis``, which must be in scope (inside jax.shard_map)."""
-    if not isinstance(axis, str):
-        raise ValueError(f"{kernel}: axis must be a mesh axis name (a str), got {axis!r}")
-    try:
-        return sd.axis_size(axis)
-    except sd.DeviceIdError as err:
-        raise ValueError(f"{kernel}: {err}") from None
-
-
-def _check_block(x: jax.Array, kernel: str) -> None:
-    shape = getattr(x, "shape", None)
-    if shape is None or not hasattr(x, "dtype"):
-        raise ValueError(f"{kernel} takes a jax.Array block, got {type(x).__name__}")
-    if len(shape) == 0:
-        raise ValueError(f"{kernel}: the block must have at least one dimension, got a scalar")
-    dtype = np.dtype(x.dtype)
-    numeric = jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
-    if not numeric or dtype.itemsize not in (1, 2, 4):
-        raise ValueError(
-            f"{kernel} moves 32-, 16- or 8-bit integer or floating blocks (float32, "
-            f"bfloat16, int8, ...); got {dtype.name}"
-        )
-
-
-def _check_int(value: object, name: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be a Python int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value
-
-
-def _check_collective_id(collective_id: int | None) -> None:
-    if collective_id is not None:
-        _check_int(collective_id, "collective_id", minimum=0)
-
-
-def _meet(sem: sd.RegularSem | sd.BarrierSem, target: sd.Device, source: sd.Device) -> None:
-    """One barrier round: tell both peers this device is here, wait until both said so."""
-    sd.signal(sem, 1, device=target)
-    sd.signal(sem, 1, device=source)
-    sd.wait(sem, 2)
 
 
 def ppermute_kernel(
@@ -136,8 +94,8 @@ def ppermute_kernel(
     target = sd.neighbour(axis, shift)
     source = sd.neighbour(axis, -shift)
     if barrier:
-        _meet(sd.barrier_semaphore(), target, source)
-        _meet(second_round, target, source)
+        meet(sd.barrier_semaphore(), target, source)
+        meet(second_round, target, source)
     copy = sd.RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem).to(target)
     copy.start().wait()  # wait_send for our block, wait_recv for the source's
 
@@ -156,10 +114,10 @@ def ppermute(
     kernel's own neighbour barrier (see the module docstring). Raises
     ``ValueError`` when a precondition fails.
     """
-    size = _check_axis(axis, "ppermute")
-    _check_block(x, "ppermute")
-    _check_int(shift, "shift")
-    _check_collective_id(collective_id)
+    size = check_axis(axis, "ppermute")
+    check_block(x, "ppermute")
+    check_int(shift, "shift", "ppermute")
+    check_collective_id(collective_id, "ppermute", optional=True)
     moves = shift % size != 0
     barrier = moves and collective_id is not None
     body = functools.update_wrapper(

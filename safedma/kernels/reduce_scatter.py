@@ -90,17 +90,19 @@ a device has not entered yet is not there to signal).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.typing import DTypeLike
 
 import safedma as sd
+from safedma.kernels._barrier import neighbour_barrier
+from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._typed_jax import fori_loop
 
 __all__ = [
     "Finish",
@@ -114,24 +116,9 @@ __all__ = [
 Finish: TypeAlias = Callable[[jax.Array], None]
 """What to do with this device's complete chunk of the sum (float32, ``(m, cols)``)."""
 
-_LANES = 128
-_TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(jnp.bfloat16): 16}
 _ACC = jnp.float32
 _HBM = pl.BlockSpec(memory_space=pl.ANY)
 _VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
-
-
-def neighbour_barrier(axis: str) -> None:
-    """Wait until both ring neighbours along ``axis`` have entered the kernel.
-
-    Signals the barrier semaphore on the left and the right neighbour (the
-    same device twice on a ring of two) and waits for both signals. Needs a
-    ``collective_id`` in the ``pallas_call``'s compiler parameters.
-    """
-    barrier = sd.barrier_semaphore()
-    sd.signal(barrier, device=sd.neighbour(axis, -1))
-    sd.signal(barrier, device=sd.neighbour(axis, 1))
-    sd.wait(barrier, 2)
 
 
 def reduce_scatter_ring(
@@ -210,7 +197,7 @@ def reduce_scatter_ring(
 
         return carry
 
-    jax.lax.fori_loop(1, n, step_body, None)
+    fori_loop(1, n, step_body, None)
 
     # The loop waited the send side of messages 0 .. n - 4; drain the rest.
     for sent in range(max(n - 3, 0), n - 1):
@@ -261,53 +248,6 @@ def reduce_scatter_scratch(chunk_rows: int, cols: int, dtype: DTypeLike) -> list
     ]
 
 
-# Preconditions, shared with safedma.kernels.all_reduce.
-
-def _ring_size(axis: str, what: str) -> int:
-    """The size of mesh axis ``axis``, which must be in scope (inside jax.shard_map)."""
-    if not isinstance(axis, str):
-        raise ValueError(f"{what}: axis must be a mesh axis name (a str), got {axis!r}")
-    try:
-        return sd.axis_size(axis)
-    except sd.DeviceIdError as err:
-        raise ValueError(f"{what}: {err}") from None
-
-
-def _check_collective_id(collective_id: int, what: str) -> None:
-    if isinstance(collective_id, bool) or not isinstance(collective_id, int) or collective_id < 0:
-        raise ValueError(f"{what}: collective_id must be a non-negative int, got {collective_id!r}")
-
-
-def _check_ring_input(shape: Sequence[int], dtype: DTypeLike, n: int, axis: str,
-                      what: str) -> None:
-    """The module's shape and dtype preconditions for a ``(n*m, cols)`` array on ``axis``."""
-    if len(shape) != 2:
-        raise ValueError(
-            f"{what} takes a 2-D array (rows, cols) per device; got shape {tuple(shape)}"
-        )
-    dt = np.dtype(dtype)
-    if dt not in _TILE_ROWS:
-        supported = ", ".join(d.name for d in _TILE_ROWS)
-        raise ValueError(f"{what} supports dtypes {supported}; got {dt.name}")
-    rows, cols = shape
-    if rows % n:
-        raise ValueError(
-            f"{what}: rows={rows} must be divisible by the {n} devices along axis {axis!r}"
-        )
-    tile = _TILE_ROWS[dt]
-    if rows // n == 0 or (rows // n) % tile:
-        raise ValueError(
-            f"{what}: each device's chunk has rows // n = {rows // n} rows, which must be a "
-            f"positive multiple of {tile}, the rows of a VMEM tile for {dt.name} "
-            f"({tile}, {_LANES})"
-        )
-    if cols % _LANES or cols == 0:
-        raise ValueError(
-            f"{what}: cols={cols} must be a positive multiple of {_LANES}, the lanes of a "
-            "VMEM tile"
-        )
-
-
 def reduce_scatter(
     x: jax.Array,
     *,
@@ -323,9 +263,9 @@ def reduce_scatter(
     ``axis`` the sum is ``x`` itself and no kernel runs. Raises
     ``ValueError`` when a precondition of the module docstring fails.
     """
-    n = _ring_size(axis, "reduce_scatter")
-    _check_ring_input(x.shape, x.dtype, n, axis, "reduce_scatter")
-    _check_collective_id(collective_id, "reduce_scatter")
+    n = check_axis(axis, "reduce_scatter")
+    check_ring_input(x.shape, x.dtype, n, axis, "reduce_scatter")
+    check_collective_id(collective_id, "reduce_scatter", optional=False)
     if n == 1:
         return x
     m, cols = x.shape[0] // n, x.shape[1]
