@@ -23,16 +23,6 @@ TESTS = ROOT / "tests"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def ensure_tests_on_path() -> None:
-    """Make the test kernels importable as pytest sees them (``import calls``).
-
-    The hand-written pltpu twins and the pallas_call set-ups live in tests/,
-    which pytest puts on sys.path; the benchmarks use the very same modules.
-    """
-    if str(TESTS) not in sys.path:
-        sys.path.insert(0, str(TESTS))
-
-
 # --------------------------------------------------------------------------
 # The machine
 # --------------------------------------------------------------------------

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from benchmarks._common import ensure_tests_on_path
 
 PerDevice = Callable[..., Any]
 """A per-device function: run inside ``jax.shard_map`` over the case's axis."""
@@ -74,7 +73,6 @@ class Unavailable:
 
 def _load(module: str, attr: str, **bound: object) -> PerDevice:
     """``module.attr`` with keyword arguments bound, named after ``attr``."""
-    ensure_tests_on_path()  # the twins are in tests/kernel_twins/
     fn = getattr(importlib.import_module(module), attr)
     if not bound:
         return fn  # type: ignore[no-any-return]
@@ -87,19 +85,18 @@ def _block(*shape: int, dtype: Any = F32) -> Callable[[int], tuple[jax.ShapeDtyp
     return lambda n: (jax.ShapeDtypeStruct(shape, dtype),)
 
 
-# -- kernels of the core tests (tests/kernels_safedma.py, twins tests/kernels_pltpu.py)
+# -- kernels of the core tests (tests/support/kernels_safedma.py, twins tests/support/kernels_pltpu.py)
 
 
 def _core_local(name: str, twin: bool) -> PerDevice:
-    """A core-test kernel body in its tests/calls.py set-up, as a per-device function."""
-    ensure_tests_on_path()
-    calls = importlib.import_module("calls")
-    bodies = importlib.import_module("kernels_pltpu" if twin else "kernels_safedma")
+    """A core-test kernel body in its tests/support/calls.py set-up, as a per-device function."""
+    calls = importlib.import_module("tests.support.calls")
+    bodies = importlib.import_module("tests.support.kernels_pltpu" if twin else "tests.support.kernels_safedma")
     import safedma as sd
 
     body = getattr(bodies, name)
     if not twin:
-        body = sd.kernel(body)
+        body = sd.checked(body)
     setup = getattr(calls, f"{name}_call")
 
     def per_device(block: jax.Array) -> jax.Array:
@@ -112,12 +109,11 @@ def _core_local(name: str, twin: bool) -> PerDevice:
 
 def _ring_body(module: str, twin: bool) -> PerDevice:
     """A ring permute body in the pallas_call of tests/calls.ring_permute_call."""
-    ensure_tests_on_path()
     import safedma as sd
 
     body = importlib.import_module(module).ring_permute
     if not twin:
-        body = sd.kernel(body)
+        body = sd.checked(body)
 
     def per_device(block: jax.Array) -> jax.Array:
         result: jax.Array = pl.pallas_call(
@@ -189,61 +185,61 @@ _MiB = 2**20
 
 CASES: tuple[KernelCase, ...] = (
     # Core-test kernels.
-    KernelCase("scale_copy", "tests/kernels_safedma.py",
+    KernelCase("scale_copy", "tests/support/kernels_safedma.py",
                lambda: _core_local("scale_copy", False), lambda: _core_local("scale_copy", True),
                _block(32, 128)),
-    KernelCase("reverse_halves", "tests/kernels_safedma.py",
+    KernelCase("reverse_halves", "tests/support/kernels_safedma.py",
                lambda: _core_local("reverse_halves", False),
                lambda: _core_local("reverse_halves", True), _block(32, 128)),
-    KernelCase("double_buffered", "tests/kernels_safedma.py",
+    KernelCase("double_buffered", "tests/support/kernels_safedma.py",
                lambda: _core_local("double_buffered", False),
                lambda: _core_local("double_buffered", True), _block(32, 128)),
-    KernelCase("ring_permute", "tests/kernels_safedma.py",
-               lambda: _ring_body("kernels_safedma", False),
-               lambda: _ring_body("kernels_pltpu", True), _block(32, 128), collective=True),
+    KernelCase("ring_permute", "tests/support/kernels_safedma.py",
+               lambda: _ring_body("tests.support.kernels_safedma", False),
+               lambda: _ring_body("tests.support.kernels_pltpu", True), _block(32, 128), collective=True),
     KernelCase("demo.ring_permute", "safedma/demo.py",
                lambda: _ring_body("safedma.demo", False),
-               lambda: _ring_body("kernels_pltpu", True), _block(32, 128), collective=True,
+               lambda: _ring_body("tests.support.kernels_pltpu", True), _block(32, 128), collective=True,
                kind="ppermute", lax=lambda: _lax_ppermute("x", 1)),
-    # The library's kernels (safedma/kernels/, twins tests/kernel_twins/).
+    # The library's kernels (safedma/kernels/, twins tests/support/twins/).
     KernelCase("kernels.gather_pages", "safedma/kernels/gather.py",
                lambda: _load("safedma.kernels.gather", "gather_pages"),
-               lambda: _load("kernel_twins.gather", "gather_pages"), _gather_args),
+               lambda: _load("tests.support.twins.gather", "gather_pages"), _gather_args),
     KernelCase("kernels.pipeline", "safedma/kernels/pipeline.py",
                lambda: _load("safedma.kernels.pipeline", "pipeline", fn=_affine, chunk_rows=16),
-               lambda: _load("kernel_twins.pipeline", "pipeline", fn=_affine, chunk_rows=16),
+               lambda: _load("tests.support.twins.pipeline", "pipeline", fn=_affine, chunk_rows=16),
                _block(80, 512)),
     KernelCase("kernels.ppermute", "safedma/kernels/ppermute.py",
                lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1),
-               lambda: _load("kernel_twins.ppermute", "ppermute", axis="x", shift=1),
+               lambda: _load("tests.support.twins.ppermute", "ppermute", axis="x", shift=1),
                _block(32, 128), collective=True, kind="ppermute",
                lax=lambda: _lax_ppermute("x", 1)),
     KernelCase("kernels.ppermute(barrier)", "safedma/kernels/ppermute.py",
                lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1,
                              collective_id=0),
-               lambda: _load("kernel_twins.ppermute", "ppermute", axis="x", shift=1,
+               lambda: _load("tests.support.twins.ppermute", "ppermute", axis="x", shift=1,
                              collective_id=0),
                _block(32, 128), collective=True),
     KernelCase("kernels.all_gather", "safedma/kernels/all_gather.py",
                lambda: _load("safedma.kernels.all_gather", "all_gather", axis="x"),
-               lambda: _load("kernel_twins.all_gather", "all_gather", axis="x"),
+               lambda: _load("tests.support.twins.all_gather", "all_gather", axis="x"),
                _block(16, 256), collective=True, kind="all_gather",
                lax=lambda: _lax_all_gather("x")),
     KernelCase("kernels.all_gather_bidirectional", "safedma/kernels/all_gather.py",
                lambda: _load("safedma.kernels.all_gather", "all_gather_bidirectional", axis="x",
                              collective_id=0),
-               lambda: _load("kernel_twins.all_gather", "all_gather_bidirectional", axis="x",
+               lambda: _load("tests.support.twins.all_gather", "all_gather_bidirectional", axis="x",
                              collective_id=0),
                _block(16, 256), collective=True, kind="all_gather",
                lax=lambda: _lax_all_gather("x")),
     KernelCase("kernels.reduce_scatter", "safedma/kernels/reduce_scatter.py",
                lambda: _load("safedma.kernels.reduce_scatter", "reduce_scatter", axis="x"),
-               lambda: _load("kernel_twins.reduce_scatter", "reduce_scatter", axis="x"),
+               lambda: _load("tests.support.twins.reduce_scatter", "reduce_scatter", axis="x"),
                _ring_rows(16, 256), collective=True, kind="reduce_scatter",
                lax=lambda: _lax_psum_scatter("x")),
     KernelCase("kernels.all_reduce", "safedma/kernels/all_reduce.py",
                lambda: _load("safedma.kernels.all_reduce", "all_reduce", axis="x"),
-               lambda: _load("kernel_twins.all_reduce", "all_reduce", axis="x"),
+               lambda: _load("tests.support.twins.all_reduce", "all_reduce", axis="x"),
                _ring_rows(16, 256), collective=True, kind="all_reduce",
                lax=lambda: _lax_psum("x")),
     # The TPU benchmark's own kernels (benchmarks/tpu_kernels.py).

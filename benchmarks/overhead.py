@@ -97,7 +97,7 @@ def _profile(case: Case, arg: jax.ShapeDtypeStruct, reps: int = 5, top: int = 12
 
     "Inside safedma" is the cumulative time of safedma functions called from
     outside safedma (the user's kernel body or jax), so it includes the jax
-    work those calls trigger; safedma/kernel.py is left out because its
+    work those calls trigger; safedma/_entry_points.py is left out because its
     wrapper calls the whole kernel body.
     """
     profiler = cProfile.Profile()

@@ -8,7 +8,7 @@ it with :func:`kernel`). Mistakes fail under mypy or at trace time; correct
 code lowers to exactly the pltpu calls written by hand.
 """
 
-from safedma.copies import (
+from safedma._copies import (
     Given,
     IncomingHandle,
     LocalCopy,
@@ -18,8 +18,8 @@ from safedma.copies import (
     RemoteHandle,
     wait_all_into,
 )
-from safedma.devices import Device, axis_size, device, mesh_coords, my_index, neighbour
-from safedma.errors import (
+from safedma._devices import Device, axis_size, device, mesh_coords, my_index, neighbour
+from safedma._errors import (
     CopyDtypeMismatchError,
     CopyNeverWaitedError,
     CopyShapeMismatchError,
@@ -37,8 +37,8 @@ from safedma.errors import (
     UnsupportedDmaError,
     WrongOperationError,
 )
-from safedma.kernel import kernel, pallas_call
-from safedma.refs import (
+from safedma._entry_points import checked, pallas_call
+from safedma._refs import (
     BarrierSem,
     DataIndex,
     DataRef,
@@ -48,7 +48,7 @@ from safedma.refs import (
     SemArray,
     SemRef,
 )
-from safedma.scratch import (
+from safedma._scratch import (
     Scratch,
     dma_semaphore,
     dma_semaphores,
@@ -58,7 +58,7 @@ from safedma.scratch import (
     smem,
     vmem,
 )
-from safedma.semaphores import barrier_semaphore, read, signal, wait
+from safedma._semaphores import barrier_semaphore, read, signal, wait
 
 __version__ = "0.1.0"
 
@@ -101,7 +101,7 @@ __all__ = [
     "device",
     "dma_semaphore",
     "dma_semaphores",
-    "kernel",
+    "checked",
     "mesh_coords",
     "my_index",
     "neighbour",

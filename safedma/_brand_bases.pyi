@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jax.experimental import pallas as pl
 
-from safedma.refs import (
+from safedma._refs import (
     DataIndex,
     DataRef,
     RegularSem,

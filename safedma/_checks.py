@@ -13,7 +13,7 @@ import jax
 from safedma import _compat
 from safedma._compat import SemaphoreKind
 from safedma._tracker import describe_ref
-from safedma.errors import (
+from safedma._errors import (
     CopyDtypeMismatchError,
     CopyShapeMismatchError,
     MissingSemaphoreError,

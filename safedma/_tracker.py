@@ -2,7 +2,7 @@
 
 A DMA that is started and never waited makes interpret mode return NaNs and a
 TPU crash (T7); a handle waited twice hangs (T8). Neither is visible to pltpu
-at trace time. While a kernel body decorated with :func:`safedma.kernel` (or
+at trace time. While a kernel body decorated with :func:`safedma.checked` (or
 run through :func:`safedma.pallas_call`) is traced, every ``start()`` records
 an obligation and every handle wait discharges it; what is left when the body
 returns is reported.
@@ -28,7 +28,7 @@ from collections.abc import Callable, Generator, Mapping
 from typing import NamedTuple
 
 from safedma import _compat
-from safedma.errors import CopyNeverWaitedError, HandleWaitedTwiceError
+from safedma._errors import CopyNeverWaitedError, HandleWaitedTwiceError
 
 __all__ = [
     "Side",

@@ -82,7 +82,7 @@ VALUE_FOR_REF = ErrorCode(
     sub_code_of=ARG_TYPE,
 )
 
-_COPIES = "safedma.copies"
+_COPIES = "safedma._copies"
 _REMOTE_COPY = f"{_COPIES}.RemoteCopy"
 _GIVEN = f"{_COPIES}.Given"
 _MISSING = f"{_COPIES}.Missing"
@@ -206,18 +206,18 @@ def _report_missing_operation(class_fullname: str, name: str) -> Callable[[Attri
 
 _ARRAY_TYPES = frozenset({"jax.Array", "jax._src.basearray.Array"})
 _SEMAPHORE_BRANDS = frozenset(
-    {"safedma.refs.SemRef", "safedma.refs.RegularSem", "safedma.refs.BarrierSem"}
+    {"safedma._refs.SemRef", "safedma._refs.RegularSem", "safedma._refs.BarrierSem"}
 )
-_DATA_REF = "safedma.refs.DataRef"
+_DATA_REF = "safedma._refs.DataRef"
 # Every safedma call that takes a semaphore or a data ref; formal types come from
 # the signature mypy checks the call against.
 _TAKES_REFS_FUNCTIONS = frozenset(
     {
         f"{_COPIES}.LocalCopy",
         _REMOTE_COPY,
-        "safedma.semaphores.signal",
-        "safedma.semaphores.wait",
-        "safedma.semaphores.read",
+        "safedma._semaphores.signal",
+        "safedma._semaphores.wait",
+        "safedma._semaphores.read",
     }
 )
 _TAKES_REFS_METHODS = frozenset({f"{_REMOTE_COPY}.with_send_sem"})
@@ -291,7 +291,7 @@ class _ValueForRefCheck:
 
 
 def _display_name(fullname: str) -> str:
-    """``"safedma.copies.RemoteCopy.with_send_sem"`` -> ``'"with_send_sem" of "RemoteCopy"'``."""
+    """``"safedma._copies.RemoteCopy.with_send_sem"`` -> ``'"with_send_sem" of "RemoteCopy"'``."""
     parts = fullname.split(".")
     if fullname in _TAKES_REFS_METHODS:
         return f'"{parts[-1]}" of "{parts[-2]}"'

@@ -26,7 +26,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.typing import ArrayLike
 
-from safedma.errors import SafeDmaError
+from safedma._errors import SafeDmaError
 from safedma.testing import _private
 
 __all__ = [

@@ -23,9 +23,9 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-import calls
-import kernels_pltpu
-import kernels_safedma as sdk
+from tests.support import calls
+from tests.support import kernels_pltpu
+from tests.support import kernels_safedma as sdk
 import safedma as sd
 from safedma.testing import (
     KernelFailedError,
@@ -196,10 +196,10 @@ def test_ring_permute_on_2x4_mesh_along_each_axis(axis: str) -> None:
 def test_safedma_ring_with_its_own_shard_map_and_default_specs(mesh4: Mesh) -> None:
     # A program that already has its shard_map runs as is (mesh=None) ...
     x = jax.device_put(example((32, 128)), jax.sharding.NamedSharding(mesh4, P("x")))
-    ring = calls.ring_permute_call(sd.kernel(sdk.ring_permute), mesh4)
+    ring = calls.ring_permute_call(sd.checked(sdk.ring_permute), mesh4)
     np.testing.assert_array_equal(np.asarray(simulate(ring, x)), np.roll(np.asarray(x), 8, 0))
     # ... and a per-device body gets the default specs: leading dim over all axes.
-    body = hbm_call(sd.kernel(sdk.ring_permute), dma(2))
+    body = hbm_call(sd.checked(sdk.ring_permute), dma(2))
     out = simulate(body, example((32, 128)), mesh=mesh4)
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 8, 0))
 
@@ -237,7 +237,7 @@ def test_aggregate_wait_of_several_starts_on_one_semaphore() -> None:
         sd.LocalCopy(buf, o_ref, out_sem).start().wait()
 
     x = example((32, 128))
-    out = simulate(hbm_call(sd.kernel(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x)
+    out = simulate(hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x)
     expected = np.asarray(x).reshape(4, 8, 128)[::-1].reshape(32, 128)
     np.testing.assert_array_equal(np.asarray(out), expected)
 
@@ -252,11 +252,11 @@ def test_wait_all_into_with_sizes_that_do_not_add_up_is_unsatisfiable() -> None:
 
     x = example((32, 128))
     with pytest.raises(UnsatisfiableWaitError):
-        simulate(hbm_call(sd.kernel(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x,
+        simulate(hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x,
                  timeout_s=SHORT)
 
 
-@pytest.mark.parametrize("body", [kernels_pltpu.double_buffered, sd.kernel(sdk.double_buffered)],
+@pytest.mark.parametrize("body", [kernels_pltpu.double_buffered, sd.checked(sdk.double_buffered)],
                          ids=["pltpu", "safedma"])
 def test_double_buffering_waits_the_previous_iterations_copy(body: Kernel) -> None:
     x = example((40, 128))
@@ -281,7 +281,7 @@ def test_receive_side_wait_for_another_devices_send(mesh4: Mesh) -> None:
             pair.incoming().wait_recv()
 
     x = example((32, 128))
-    out = simulate(hbm_call(sd.kernel(kernel), dma(3)), x, mesh=mesh4)
+    out = simulate(hbm_call(sd.checked(kernel), dma(3)), x, mesh=mesh4)
     blocks = np.asarray(x).reshape(4, 8, 128)
     np.testing.assert_array_equal(np.asarray(out).reshape(4, 8, 128), blocks[[0, 0, 2, 2]])
 
@@ -298,7 +298,7 @@ def test_remote_copy_into_vmem_and_hbm(mesh4: Mesh) -> None:
 
     scratch = [pltpu.VMEM(BLOCK, F32), pltpu.VMEM(BLOCK, F32), *dma(5)]
     x = example((32, 128))
-    out = simulate(hbm_call(sd.kernel(kernel), scratch), x, mesh=mesh4)
+    out = simulate(hbm_call(sd.checked(kernel), scratch), x, mesh=mesh4)
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 16, 0) + 0.5)
 
 
@@ -314,7 +314,7 @@ def test_dict_device_ids_on_2x4_mesh(target: Callable[[], sd.Device],
 
     mesh = simulated_mesh((2, 4), ("x", "y"))
     x = example((16, 512))
-    out = simulate(hbm_call(sd.kernel(kernel), dma(2)), x, mesh=mesh, in_specs=P("x", "y"),
+    out = simulate(hbm_call(sd.checked(kernel), dma(2)), x, mesh=mesh, in_specs=P("x", "y"),
                    out_specs=P("x", "y"))
     expected = np.roll(np.asarray(x), (8 * shift[0], 128 * shift[1]), axis=(0, 1))
     np.testing.assert_array_equal(np.asarray(out), expected)
@@ -660,5 +660,5 @@ def test_safedma_trace_errors_propagate_unchanged() -> None:
         sd.LocalCopy(x_ref, o_ref, sem).start()  # never waited: caught at trace time
 
     with pytest.raises(sd.CopyNeverWaitedError):
-        simulate(hbm_call(sd.kernel(kernel), dma()), example(BLOCK))
+        simulate(hbm_call(sd.checked(kernel), dma()), example(BLOCK))
     assert_clean_afterwards()

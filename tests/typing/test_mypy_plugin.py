@@ -31,9 +31,9 @@ import _mypy_run
 import pytest
 from _mypy_run import Diagnostic, MypyRun
 
-import safedma.copies
+import safedma._copies
 from safedma import mypy_plugin
-from safedma.errors import WrongOperationError
+from safedma._errors import WrongOperationError
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -181,10 +181,10 @@ def test_corpus_and_library_unchanged_under_the_plugin(plugin_run: MypyRun) -> N
 # --- Static and run-time sentences agree -------------------------------------------------
 
 _CLASSES = {
-    "safedma.copies.LocalHandle": safedma.copies.LocalHandle,
-    "safedma.copies.LocalCopy": safedma.copies.LocalCopy,
-    "safedma.copies.RemoteCopy": safedma.copies.RemoteCopy,
-    "safedma.copies.IncomingHandle": safedma.copies.IncomingHandle,
+    "safedma._copies.LocalHandle": safedma._copies.LocalHandle,
+    "safedma._copies.LocalCopy": safedma._copies.LocalCopy,
+    "safedma._copies.RemoteCopy": safedma._copies.RemoteCopy,
+    "safedma._copies.IncomingHandle": safedma._copies.IncomingHandle,
 }
 
 

@@ -39,7 +39,7 @@ def scale_kernel(x_hbm: DataRef, o_hbm: DataRef, buf: DataRef, sem: SemRef) -> N
     safedma.LocalCopy(buf, o_hbm, sem).start(priority=1).wait()
 
 
-@safedma.kernel
+@safedma.checked
 def scale_kernel_for_plain_pallas(
     x_hbm: DataRef, o_hbm: DataRef, buf: DataRef, sem: SemRef
 ) -> None:

@@ -67,7 +67,7 @@ from jax._src.indexing import Slice as Slice
 from jax._src.indexing import ds as ds
 from jax._src.indexing import dslice as dslice
 from jax._src.state.primitives import broadcast_to as broadcast_to
-from safedma.refs import BarrierSem, RegularSem, SemRef
+from safedma._refs import BarrierSem, RegularSem, SemRef
 
 _Index: TypeAlias = int | jax.Array
 _DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]

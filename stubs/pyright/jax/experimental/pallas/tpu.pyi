@@ -104,7 +104,7 @@ from jax._src.pallas.mosaic.primitives import conv as conv  # type: ignore[attr-
 from jax._src.pallas.mosaic.primitives import has_memory_space as has_memory_space  # type: ignore[attr-defined, unused-ignore]
 from jax._src.pallas.mosaic.primitives import matmul_lhs_fifo as matmul_lhs_fifo  # type: ignore[attr-defined, unused-ignore]
 from jax._src.pallas.mosaic.primitives import matmul_pop_fifo as matmul_pop_fifo  # type: ignore[attr-defined, unused-ignore]
-from safedma.refs import BarrierSem, DataRef, RegularSem, SemRef
+from safedma._refs import BarrierSem, DataRef, RegularSem, SemRef
 
 _Index: TypeAlias = int | jax.Array
 _DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from safedma._tracker import KernelConfig, kernel_config, kernel_scope
 
-__all__ = ["kernel", "pallas_call"]
+__all__ = ["checked", "pallas_call"]
 
 P = ParamSpec("P")
 _MARK = "__safedma_kernel__"
@@ -48,7 +48,7 @@ def _named_arguments(signature: inspect.Signature | None, args: tuple[object, ..
     return named
 
 
-def kernel(body: Callable[P, None]) -> Callable[P, None]:
+def checked(body: Callable[P, None]) -> Callable[P, None]:
     """Check, each time ``body`` is traced, that it leaves no copy in flight.
 
     Use it on kernels passed to ``pl.pallas_call``; :func:`pallas_call`
@@ -169,7 +169,7 @@ def pallas_call(
         if value is not _UNSET
     }
     config = KernelConfig(collective_id=getattr(compiler_params, "collective_id", None))
-    call = pl.pallas_call(kernel(body), out_shape=out_shape, **given)
+    call = pl.pallas_call(checked(body), out_shape=out_shape, **given)
 
     @functools.wraps(call)
     def run(*args: object) -> Any:

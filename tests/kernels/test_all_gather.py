@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from kernel_twins import all_gather as twin
+from tests.support.twins import all_gather as twin
 from safedma.kernels.all_gather import all_gather, all_gather_bidirectional
 from safedma.testing import (
     abstract_mesh,

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import calls
-import kernels_pltpu as twin
-import kernels_safedma as sdk
+from tests.support import calls
+from tests.support import kernels_pltpu as twin
+from tests.support import kernels_safedma as sdk
 import safedma as sd
 from safedma.testing import (
     abstract_mesh,
@@ -37,7 +37,7 @@ def test_three_lines_per_kernel() -> None:
     compile_for_tpu(ring, jax.ShapeDtypeStruct(x.shape, x.dtype), topology="v6e:4x4")
     mesh = abstract_mesh((4,), ("x",))
     spec = jax.ShapeDtypeStruct((32, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
-    assert_same_mosaic(calls.ring_permute_call(sd.kernel(sdk.ring_permute), mesh),
+    assert_same_mosaic(calls.ring_permute_call(sd.checked(sdk.ring_permute), mesh),
                        calls.ring_permute_call(twin.ring_permute, mesh), spec)
 
     # Along "x" inside each row of 4: block (y, x) moves to (y, x + 1 mod 4).

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from kernel_twins import pipeline as twin
+from tests.support.twins import pipeline as twin
 from safedma.kernels.pipeline import ChunkFn, pipeline
 from safedma.testing import (
     TpuCompileError,

@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, PartitionSpec as P
 
-import kernels_safedma
+from tests.support import kernels_safedma
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 Interpret = bool | pltpu.InterpretParams

@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma.kernels.all_gather import all_gather
-from kernel_twins.reduce_scatter import (
+from tests.support.twins.reduce_scatter import (
     HBM,
     neighbour_barrier,
     neighbour_id,

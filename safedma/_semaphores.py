@@ -4,7 +4,7 @@ DMA semaphores are signalled by copies and waited through copy handles;
 REGULAR semaphores carry handshakes between kernels' steps and devices
 (``signal`` / ``wait``); the BARRIER semaphore synchronises the devices of a
 collective. Passing one kind where another belongs is a type error, and a
-trace-time :class:`~safedma.errors.SemaphoreKindError` for unchecked code.
+trace-time :class:`~safedma._errors.SemaphoreKindError` for unchecked code.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from safedma import _compat
 from safedma._checks import check_semaphore
 from safedma._compat import SemaphoreKind
 from safedma._tracker import current_config
-from safedma.devices import Device
-from safedma.errors import DeviceIdError, InvalidAmountError, MissingCollectiveIdError
-from safedma.refs import BarrierSem, Index, RegularSem, SemRef
+from safedma._devices import Device
+from safedma._errors import DeviceIdError, InvalidAmountError, MissingCollectiveIdError
+from safedma._refs import BarrierSem, Index, RegularSem, SemRef
 
 __all__ = ["signal", "wait", "read", "barrier_semaphore"]
 

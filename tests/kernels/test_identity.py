@@ -12,7 +12,6 @@ safedma and pltpu kernels lower to the same Mosaic).
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,11 +20,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `pytest` without `python -m` does not add the checkout
-    sys.path.insert(0, str(ROOT))
-
-import kernels_safedma  # noqa: E402
+from tests.support import kernels_safedma  # noqa: E402
 
 from benchmarks import identity  # noqa: E402
 from benchmarks.kernels import CASES, Built, registry  # noqa: E402
@@ -37,7 +32,7 @@ IDS = [b.case.name for b in BUILT]
 
 def _library_modules() -> set[str]:
     # Private modules (_preconditions, _typed_jax, ...) are the kernels' helpers, not kernels.
-    return {p.stem for p in (ROOT / "safedma" / "kernels").glob("*.py")
+    return {p.stem for p in (Path(__file__).resolve().parents[2] / "safedma" / "kernels").glob("*.py")
             if not p.stem.startswith("_")}
 
 

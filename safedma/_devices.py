@@ -19,8 +19,8 @@ import jax.numpy as jnp
 
 from safedma import _compat
 from safedma._tracker import describe_value
-from safedma.errors import DeviceIdError
-from safedma.refs import Index
+from safedma._errors import DeviceIdError
+from safedma._refs import Index
 
 __all__ = ["Device", "device", "mesh_coords", "neighbour", "my_index", "axis_size"]
 

@@ -1,6 +1,6 @@
 """No false alarms: the legitimate patterns of MISUSE.md trace cleanly under the kernel scope.
 
-The kernel scope (``safedma.pallas_call`` / ``safedma.kernel``) pairs every
+The kernel scope (``safedma.pallas_call`` / ``safedma.checked``) pairs every
 ``start()`` with a handle wait and reports what is left (T7) or waited twice
 (T8). These patterns wait for copies the trace cannot pair with their start,
 through the named APIs ``started_elsewhere()`` and ``incoming()``, and must
@@ -72,9 +72,9 @@ def _call(
         return safedma.pallas_call(
             kernel, out, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch, **kwargs
         )
-    assert entry == "pl.pallas_call(safedma.kernel)"
+    assert entry == "pl.pallas_call(safedma.checked)"
     return pl.pallas_call(
-        safedma.kernel(kernel), out_shape=out, in_specs=[ANY], out_specs=ANY,
+        safedma.checked(kernel), out_shape=out, in_specs=[ANY], out_specs=ANY,
         scratch_shapes=scratch, **kwargs,
     )
 
@@ -141,7 +141,7 @@ def blocks_1d(a: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------- plain start / wait
 
 
-@pytest.mark.parametrize("entry", ["safedma.pallas_call", "pl.pallas_call(safedma.kernel)"])
+@pytest.mark.parametrize("entry", ["safedma.pallas_call", "pl.pallas_call(safedma.checked)"])
 def test_start_then_wait_each_handle(entry: str) -> None:
     def kernel(x_ref, o_ref, buf, sem_in, sem_out):  # type: ignore[no-untyped-def]
         copy_in = safedma.LocalCopy(x_ref, buf, sem_in)
@@ -342,7 +342,7 @@ def _barrier_with_neighbours() -> None:
     safedma.wait(barrier, 2)
 
 
-@pytest.mark.parametrize("entry", ["safedma.pallas_call", "pl.pallas_call(safedma.kernel)"])
+@pytest.mark.parametrize("entry", ["safedma.pallas_call", "pl.pallas_call(safedma.checked)"])
 def test_remote_copy_into_hbm(entry: str) -> None:
     def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
         _barrier_with_neighbours()  # with a collective_id: no MissingCollectiveIdError

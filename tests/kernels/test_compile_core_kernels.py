@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import calls
-import kernels_safedma as sdk
+from tests.support import calls
+from tests.support import kernels_safedma as sdk
 import safedma as sd
 import safedma.demo
 from safedma.testing import compile_for_tpu
@@ -25,7 +25,7 @@ BLOCK = (8 * 4, 128)
 def _per_device(make_call: Callable[..., Callable[[jax.Array], jax.Array]],
                 body: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
     def run(block: jax.Array) -> jax.Array:
-        return make_call(sd.kernel(body), jax.ShapeDtypeStruct(block.shape, block.dtype))(block)
+        return make_call(sd.checked(body), jax.ShapeDtypeStruct(block.shape, block.dtype))(block)
 
     run.__name__ = body.__name__
     return run
@@ -37,7 +37,7 @@ def _ring(body: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
         from jax.experimental.pallas import tpu as pltpu
 
         result: jax.Array = pl.pallas_call(
-            sd.kernel(body), out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            sd.checked(body), out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
             in_specs=[calls.HBM], out_specs=calls.HBM,
             scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
         )(block)

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import calls
-import kernels_pltpu as twin
-import kernels_safedma as sdk
+from tests.support import calls
+from tests.support import kernels_pltpu as twin
+from tests.support import kernels_safedma as sdk
 import safedma as sd
 import safedma.demo
 from safedma.testing import abstract_mesh, assert_same_mosaic
@@ -34,7 +34,7 @@ LOCAL_KERNELS: list[tuple[str, Callable[..., object]]] = [
 
 @pytest.mark.parametrize("name,make_call", LOCAL_KERNELS, ids=[n for n, _ in LOCAL_KERNELS])
 def test_local_kernel_matches_its_twin(name: str, make_call: Callable[..., object]) -> None:
-    ours = make_call(sd.kernel(getattr(sdk, name)), X)
+    ours = make_call(sd.checked(getattr(sdk, name)), X)
     theirs = make_call(getattr(twin, name), X)
     assert_same_mosaic(ours, theirs, X)  # type: ignore[arg-type]
 
@@ -42,7 +42,7 @@ def test_local_kernel_matches_its_twin(name: str, make_call: Callable[..., objec
 @pytest.mark.parametrize("body", [sdk.ring_permute, safedma.demo.ring_permute],
                          ids=["tests", "demo"])
 def test_ring_permute_matches_its_twin(body: Callable[..., None]) -> None:
-    ours = calls.ring_permute_call(sd.kernel(body), MESH)
+    ours = calls.ring_permute_call(sd.checked(body), MESH)
     theirs = calls.ring_permute_call(twin.ring_permute, MESH)
     assert_same_mosaic(ours, theirs, X_SHARDED)
 
@@ -71,7 +71,7 @@ def test_pallas_call_wrapper_adds_nothing() -> None:
 
 def test_a_different_body_is_detected() -> None:
     """The comparison is not vacuous: a body with a different constant differs."""
-    ours = calls.scale_copy_call(sd.kernel(sdk.scale_copy), X)
+    ours = calls.scale_copy_call(sd.checked(sdk.scale_copy), X)
     theirs = calls.double_buffered_call(twin.double_buffered, X)
     with pytest.raises(AssertionError, match="enqueue_dma"):
         assert_same_mosaic(ours, theirs, X)

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 import safedma.kernels.gather as gather_module
-from kernel_twins import gather as twin
+from tests.support.twins import gather as twin
 from safedma.kernels.gather import gather_pages
 from safedma.testing import (
     KernelFailedError,

@@ -62,7 +62,7 @@ def _call(
         return safedma.pallas_call(
             kernel, out, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch, **kwargs
         )
-    body = safedma.kernel(kernel) if entry == "pl.pallas_call(safedma.kernel)" else kernel
+    body = safedma.checked(kernel) if entry == "pl.pallas_call(safedma.checked)" else kernel
     return pl.pallas_call(
         body, out_shape=out, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch, **kwargs
     )
@@ -125,7 +125,7 @@ def assert_mentions(error: pytest.ExceptionInfo[BaseException], *words: str) -> 
 VMEM = safedma.vmem(SHAPE, F32)
 DMA = safedma.dma_semaphore()
 TWO_DMA = [safedma.dma_semaphore(), safedma.dma_semaphore()]
-ENTRIES = ["safedma.pallas_call", "pl.pallas_call(safedma.kernel)"]
+ENTRIES = ["safedma.pallas_call", "pl.pallas_call(safedma.checked)"]
 
 
 def ring(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> Any:
@@ -708,7 +708,7 @@ def test_t9_barrier_semaphore_without_collective_id_on_a_mesh() -> None:
     assert_mentions(err, "collective_id=0")
 
 
-@pytest.mark.xfail(strict=True, raises=DID_NOT_RAISE, reason="safedma gap: safedma.kernel cannot see the "
+@pytest.mark.xfail(strict=True, raises=DID_NOT_RAISE, reason="safedma gap: safedma.checked cannot see the "
                    "compiler_params of a plain pl.pallas_call, so T9 is only checked "
                    "through safedma.pallas_call")
 def test_t9_gap_barrier_semaphore_through_pl_pallas_call() -> None:
@@ -718,7 +718,7 @@ def test_t9_gap_barrier_semaphore_through_pl_pallas_call() -> None:
         safedma.wait(barrier)
 
     with pytest.raises(safedma.MissingCollectiveIdError):
-        trace_on_mesh(kernel, entry="pl.pallas_call(safedma.kernel)", collective_id=None)
+        trace_on_mesh(kernel, entry="pl.pallas_call(safedma.checked)", collective_id=None)
 
 
 # ============================================================================

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from kernel_twins import all_reduce as twin
+from tests.support.twins import all_reduce as twin
 from safedma.kernels.all_reduce import all_reduce
 from safedma.testing import (
     abstract_mesh,
@@ -25,7 +25,7 @@ from safedma.testing import (
     simulate,
     simulated_mesh,
 )
-from test_kernels_reduce_scatter import (
+from tests.support.reductions import (
     BF16,
     CHUNKS,
     F32,

@@ -36,9 +36,9 @@ from safedma._checks import (
 )
 from safedma._compat import SemaphoreKind
 from safedma._tracker import HandleState, Side, describe_ref
-from safedma.devices import Device
-from safedma.errors import DeviceIdError, IncompleteCopyError, WrongOperationError
-from safedma.refs import DataRef, SemRef
+from safedma._devices import Device
+from safedma._errors import DeviceIdError, IncompleteCopyError, WrongOperationError
+from safedma._refs import DataRef, SemRef
 
 __all__ = [
     "Given",

@@ -9,7 +9,7 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_twins.ppermute import neighbour
+from tests.support.twins.ppermute import neighbour
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 RECV_SLOTS = 2

@@ -15,7 +15,7 @@ from jax.typing import DTypeLike
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from safedma.refs import DataRef, RegularSem, RegularSemArray, SemArray, SemRef
+from safedma._refs import DataRef, RegularSem, RegularSemArray, SemArray, SemRef
 
 __all__ = [
     "Scratch",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from kernel_twins import ppermute as twin
+from tests.support.twins import ppermute as twin
 from safedma.kernels.ppermute import ppermute
 from safedma.testing import (
     abstract_mesh,

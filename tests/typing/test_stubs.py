@@ -40,7 +40,7 @@ from pathlib import Path
 import jax
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "stubs"
 PYRIGHT_TREE = REPO / "stubs" / "pyright"
 MYPY_TREE = REPO / "stubs" / "mypy"

@@ -1,0 +1,1 @@
+"""Tests of the run-time library: brands, copies, devices, semaphores, kernel scope."""

@@ -1,0 +1,1 @@
+"""Tests of safedma.kernels against their twins."""

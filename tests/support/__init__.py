@@ -1,0 +1,1 @@
+"""Kernels, pallas_call set-ups and hand-written pltpu twins shared by the tests and the benchmarks."""

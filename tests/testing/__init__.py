@@ -1,0 +1,1 @@
+"""Tests of safedma.testing: simulate, Mosaic identity, compile-only builds."""
