@@ -1,0 +1,1 @@
+"""Tests of the documentation: links resolve, quoted messages are the real ones."""
