@@ -33,5 +33,5 @@ def priority_from_a_variable(x: DataRef, o: DataRef, sem: SemRef) -> None:
 def handle_of_a_half_configured_copy(x: DataRef, o: DataRef, send: SemRef, recv: SemRef) -> None:
     # S4 (D3): both report the start() of a copy with no target device; pyright strict also
     # reports every later use of its result (Unknown), mypy types the result as RemoteHandle.
-    handle = RemoteCopy(x, o, recv).with_send_sem(send).start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
+    handle = RemoteCopy(x, o, recv).with_send_sem(send).start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     handle.wait()  # pyright: ignore[reportUnknownMemberType]
