@@ -194,7 +194,7 @@ def kernel_scope(
         _current.reset(token)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_library_frame(module_name: str) -> bool:
     # safedma's own top-level modules; safedma.kernels and the like are user code.
     return module_name == "safedma" or (

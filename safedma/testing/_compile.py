@@ -98,7 +98,7 @@ def _devices(topo: topologies.TopologyDescription) -> list[object]:
     return devices
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _topology(name: str) -> topologies.TopologyDescription:
     # Cached: each description owns a compile-only libtpu client.
     # libtpu takes /tmp/libtpu_lockfile on load so that only one process per
