@@ -49,6 +49,13 @@ SLOW_NODE_IDS = (
     "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-4-*",
     "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-8-*",
     "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-2x4-*",
+    # Larger-mesh and compile-only variants whose smaller siblings stay fast (5-12 s each
+    # on the loaded machine): every axis pair of the all-gather, 8-device 16x256 blocks,
+    # the v6e compile of each kernel (test_identity compiles them for v6e too).
+    "tests/kernels/test_all_gather.py::test_any_concat_and_split_axis*",
+    "tests/kernels/test_all_gather.py::test_float32_16x256_on_8_devices*",
+    "tests/kernels/test_all_gather.py::test_both_kernels_back_to_back_share_a_collective_id",
+    "tests/kernels/test_*.py::test_compiles_for_v6e*",
     # Watchdog tests that wait out a timeout on purpose (about 5 s each).
     "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
     "tests/testing/test_simulate.py::test_r3_receiver_waits_for_a_send_that_never_comes",
