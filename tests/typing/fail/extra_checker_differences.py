@@ -1,10 +1,10 @@
-"""Cases where mypy and pyright (both strict) disagree: one reports, the other does not.
+"""Cases where the five checkers (mypy, pyright, basedpyright, pyrefly, ty) disagree.
 
 Each case is decided in docs/type-checkers.md (D1-D3 here; D4 is the seed's
 ``pl.semaphore_read`` line in s1_semaphore_value.py) and written with the
-expectation of the one checker that reports it. tests/typing/test_pyright.py
-lists these lines, so a checker that starts (or stops) agreeing fails the suite
-and the decision gets revisited.
+expectations of exactly the checkers that report it. tests/typing/test_corpus.py
+lists these lines (DISAGREEMENTS), so a checker that starts (or stops) agreeing
+fails the suite and the decision gets revisited.
 """
 
 from __future__ import annotations
