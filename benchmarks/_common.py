@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import statistics
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any

@@ -126,7 +126,7 @@ def _profile(case: Case, arg: jax.ShapeDtypeStruct, reps: int = 5, top: int = 12
     rows = [r for r in rows if "kernel.py" not in r["function"]]
     rows.sort(key=lambda r: -r["cumulative_s_per_trace"])
     jax_rows = []
-    for key, (_, calls, tottime, cumtime, callers) in raw.items():
+    for key, (_, _calls, _tottime, _cumtime, callers) in raw.items():
         if in_library(key):
             continue
         from_us = [c for caller, c in callers.items()

@@ -55,7 +55,7 @@ class _Workspace:
         self.file = self.dir / SIDES[side]
         shutil.copy(FILES / SIDES[side], self.file)
         (self.dir / "pyrightconfig.json").write_text(
-            '{"extraPaths": [%s], "typeCheckingMode": "standard"}\n' % _json_str(str(ROOT)))
+            '{"extraPaths": [' + _json_str(str(ROOT)) + '], "typeCheckingMode": "standard"}\n')
         self.env = {**os.environ, "MYPYPATH": str(ROOT)}
         self.edits = 0
 

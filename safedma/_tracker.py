@@ -89,7 +89,7 @@ class KernelScope:
     config: KernelConfig | None
     obligations: list[_Obligation] = dataclasses.field(default_factory=list[_Obligation])
     elsewhere_waits: dict[Side, dict[int, SourceLine]] = dataclasses.field(
-        default_factory=lambda: {side: {} for side in Side}
+        default_factory=lambda: {side: dict[int, SourceLine]() for side in Side}
     )
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
 
@@ -194,7 +194,7 @@ def kernel_scope(
         _current.reset(token)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_library_frame(module_name: str) -> bool:
     # safedma's own top-level modules; safedma.kernels and the like are user code.
     return module_name == "safedma" or (

@@ -16,6 +16,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import pytest  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
+# The fast lane's list of slow tests, by node id (./dev test --fast).
+pytest_plugins = ["tests.support.fast_lane"]
+
 
 @pytest.fixture(autouse=True)
 def _fresh_interpreter() -> object:

@@ -112,15 +112,14 @@ def mosaic_ir_context() -> Generator[ir.Context, None, None]:
     """
     jmlir = _private_module("jax._src.interpreters.mlir")
     jtpu = _private_module("jax._src.lib.tpu")
-    if hasattr(jmlir, "_create_ir_context"):
-        factory = _private_callable(jmlir, "_create_ir_context")
-    else:
-        factory = _private_callable(jmlir, "make_ir_context")
+    # A callable's __name__ is not part of its type (ty reports it), so keep the name.
+    name = "_create_ir_context" if hasattr(jmlir, "_create_ir_context") else "make_ir_context"
+    factory = _private_callable(jmlir, name)
     register_tpu = _private_callable(jtpu, "register_dialect")
     ctx = factory()
     if not isinstance(ctx, ir.Context):
         raise _moved(
-            f"{jmlir.__name__}.{factory.__name__}",
+            f"{jmlir.__name__}.{name}",
             f"returned {type(ctx).__name__}, not an MLIR Context",
         )
     register_tpu(ctx)

@@ -50,10 +50,8 @@ T = TypeVar("T")
 _partition_spec: Callable[..., PartitionSpec] = PartitionSpec
 # jaxlib's exception class is untyped for pyright; the other jax functions whose
 # signatures jax leaves partly unannotated are marked at each use
-# (pyright: ignore[reportUnknownMemberType]).
-_JaxRuntimeError = cast(
-    "type[Exception]", jax.errors.JaxRuntimeError  # pyright: ignore[reportUnknownMemberType]
-)
+# (pyright: ignore[reportUnknownMemberType]). getattr, not cast(): see _compile.py.
+_JaxRuntimeError: type[Exception] = getattr(jax.errors, "JaxRuntimeError")
 
 #: After the watchdog fails a run, how long the devices get to notice (they
 #: poll every 0.1 s) before the interpreter's barriers are broken, and again

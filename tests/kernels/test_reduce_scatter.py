@@ -5,13 +5,11 @@ The rounding bounds are explained in tests/support/reductions.py.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tests.support.reductions import (
     BF16,
@@ -21,14 +19,11 @@ from tests.support.reductions import (
     MESHES,
     MESH_IDS,
     TILE_ROWS,
-    UNIT_ROUNDOFF,
     assert_sum_close,
     exact_sums,
     example,
-    gamma,
     scatter,
     simulated,
-    xla,
 )
 from tests.support.twins import reduce_scatter as twin
 from safedma.kernels.reduce_scatter import reduce_scatter
@@ -36,7 +31,6 @@ from safedma.testing import (
     abstract_mesh,
     assert_same_mosaic,
     compile_for_tpu,
-    simulate,
     simulated_mesh,
 )
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from safedma.testing import simulate, simulated_mesh
+from safedma.testing import simulate
 
 DType = np.dtype[Any]
 F32: DType = np.dtype(jnp.float32)

@@ -1,6 +1,7 @@
 """safedma.mypy_plugin: the exact sentences it adds, and that it changes nothing else.
 
-One mypy run per session with the project's mypy configuration plus the one
+One mypy run per session (through the shared runner, ``_checkers.py``) with the
+project's mypy configuration plus the one
 documented line (``plugins = ["safedma.mypy_plugin"]``), over
 
 * ``plugin/*.py``: each expected diagnostic is written on the line(s) above its
@@ -11,7 +12,7 @@ documented line (``plugins = ["safedma.mypy_plugin"]``), over
   ``[arg-type]`` still cover every error (and none becomes unused), and correct
   code gets no new error.
 
-test_mypy.py runs the same corpus without the plugin. The missing-operation
+test_corpus.py runs the same corpus without the plugin (and under the four other checkers). The missing-operation
 sentences are also checked against the run-time ``WrongOperationError`` for
 unchecked code: both say the same thing.
 """
@@ -19,17 +20,14 @@ unchecked code: both say the same thing.
 from __future__ import annotations
 
 import collections
-import dataclasses
-import hashlib
-import re
-import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-import _mypy_run
+import _checkers
 import pytest
-from _mypy_run import Diagnostic, MypyRun
+from _checkers import Diagnostic, Run, Setup
+from _comments import Expected, plugin_expectations
 
 import safedma._copies
 from safedma import mypy_plugin
@@ -42,34 +40,6 @@ PLUGIN_FILES = sorted((HERE / "plugin").glob("*.py"))
 CORPUS = sorted((HERE / "pass").glob("*.py")) + sorted((HERE / "fail").glob("*.py"))
 DOC = REPO / "docs" / "readable-errors.md"
 CONFIG_LINE = 'plugins = ["safedma.mypy_plugin"]'
-
-_ENV_TAG = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
-# Its own cache: a run with a plugin cannot reuse one made without it.
-CACHE_DIR = REPO / ".mypy_cache" / f"typing-plugin-{_ENV_TAG}"
-
-_EXPECT = re.compile(r"^\s*# expect\[(?P<code>[a-z0-9-]+)\](?:: (?P<message>.+))?$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    line: int
-    code: str
-    message: str | None  # None: any message with this code
-
-
-def expectations(path: Path) -> list[Expected]:
-    """The ``# expect[...]`` comments, each attached to the next line of code."""
-    found: list[Expected] = []
-    pending: list[tuple[str, str | None]] = []
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        match = _EXPECT.match(text)
-        if match:
-            pending.append((match["code"], match["message"]))
-        elif text.strip() and not text.strip().startswith("#"):
-            found.extend(Expected(number, code, message) for code, message in pending)
-            pending = []
-    assert not pending, f"{path.name}: # expect comments after the last line of code"
-    return found
 
 
 def _mypy_config(directory: Path) -> Path:
@@ -90,22 +60,11 @@ def _mypy_config(directory: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> MypyRun:
+def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     config = _mypy_config(tmp_path_factory.mktemp("mypy-plugin"))
-    flags = [
-        "--config-file",
-        str(config),
-        "--strict",
-        "--warn-unused-ignores",
-        "--no-error-summary",
-        "--show-error-codes",
-        "--no-pretty",
-        "--no-color-output",
-        "--cache-dir",
-        str(CACHE_DIR),
-    ]
-    targets = ["safedma", *(p.relative_to(REPO) for p in (*PLUGIN_FILES, *CORPUS))]
-    run = _mypy_run.run_mypy(targets, flags)
+    # Its own cache: a run with a plugin cannot reuse one made without it.
+    setup = Setup(mypy_config=config, cache="typing-plugin")
+    run = _checkers.run("mypy", [LIBRARY, *PLUGIN_FILES, *CORPUS], setup)
     files = len(PLUGIN_FILES) + len(CORPUS)
     print(f"\nmypy run with the plugin: {files} files + safedma in {run.seconds:.1f} s")
     return run
@@ -116,7 +75,7 @@ def _relative(path: Path) -> str:
 
 
 def _report(diagnostics: Sequence[Diagnostic]) -> str:
-    return "\n".join(d.raw for d in diagnostics)
+    return "\n".join(d.render() for d in diagnostics)
 
 
 def test_plugin_corpus_is_present() -> None:
@@ -125,8 +84,7 @@ def test_plugin_corpus_is_present() -> None:
     assert len(stems) == len(set(stems)), "plugin corpus file names must differ from the corpus"
 
 
-def test_run_is_understood(plugin_run: MypyRun) -> None:
-    assert not plugin_run.unparsed, "\n".join(plugin_run.unparsed)
+def test_run_is_understood(plugin_run: Run) -> None:
     assert not plugin_run.stderr.strip(), plugin_run.stderr
     known = {p.resolve() for p in (*PLUGIN_FILES, *CORPUS)}
     stray = [
@@ -138,12 +96,12 @@ def test_run_is_understood(plugin_run: MypyRun) -> None:
 
 
 @pytest.mark.parametrize("path", PLUGIN_FILES, ids=_relative)
-def test_plugin_messages(plugin_run: MypyRun, path: Path) -> None:
+def test_plugin_messages(plugin_run: Run, path: Path) -> None:
     """Exactly the expected diagnostics, line by line, with the exact sentences."""
-    expected = expectations(path)
+    expected: list[Expected] = plugin_expectations(path)
     assert expected, f"{_relative(path)} expects nothing"
-    found = [d for d in plugin_run.for_path(path) if d.severity == "error"]
-    assert not [d for d in plugin_run.for_path(path) if d.severity != "error"], _report(found)
+    found = plugin_run.for_path(path)
+    assert not [d for d in plugin_run.for_path(path, errors_only=False) if d.severity != "error"], _report(found)
     want = collections.Counter((e.line, e.code) for e in expected)
     got = collections.Counter((d.line, d.code) for d in found)
     problems = [f"line {line}: expected [{code}], not reported" for (line, code) in want - got]
@@ -171,7 +129,7 @@ def test_plugin_codes_are_covered_by_mypys() -> None:
     assert mypy_plugin.NO_SUCH_OPERATION.code == "attr-defined"
 
 
-def test_corpus_and_library_unchanged_under_the_plugin(plugin_run: MypyRun) -> None:
+def test_corpus_and_library_unchanged_under_the_plugin(plugin_run: Run) -> None:
     """Pass files stay clean; fail files' ignores still cover every error (none unused)."""
     found = [d for path in CORPUS for d in plugin_run.for_path(path)]
     found += plugin_run.under(LIBRARY)

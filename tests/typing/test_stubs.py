@@ -1,34 +1,30 @@
-"""The raw-pltpu stubs (``stubs/``): the S-rows under mypy and pyright, and honesty against jax.
+"""The raw-pltpu stubs: the S-rows under five checkers, and honesty against jax.
 
 * ``tests/stubs/pass/*.py``: raw pltpu kernels annotated with safedma's brands;
-  both checkers must report nothing. One file asserts that jax's own inline
+  every checker must report nothing. One file asserts that jax's own inline
   types survive (``jnp``, ``jax.Array``, ``pl.BlockSpec`` ...).
-* ``tests/stubs/fail/*.py``: every expected error is written on its line, for
-  mypy as ``# type: ignore[code]`` (run with --warn-unused-ignores) and for
-  pyright as ``# pyright: ignore[rule]`` (reportUnnecessaryTypeIgnoreComment,
-  with ``# type: ignore`` disabled for pyright), so an error that does not
-  happen, or happens with another code, fails the file.
-* ``tests/stubs/messages/``: no ignores; the exact messages are checked here.
+* ``tests/stubs/fail/*.py``: every expected error is written on its line, for each
+  checker in its own syntax (``_comments.py``); the harness (``_checkers.py``)
+  compares what each checker reports on a copy without the comments.
+* ``tests/stubs/messages/``: no comments; the exact messages are checked here.
 * stubtest compares the stubs with the installed jax, with the allowlists in
-  ``stubs/stubtest/`` (each entry has its reason; unused entries fail), and a
-  name check covers what stubtest skips (re-exports, ``__getattr__`` names).
+  ``stubtest/`` (each entry has its reason; unused entries fail), and a name check
+  covers what stubtest skips (re-exports, ``__getattr__`` names).
 
-One mypy, one pyright and one stubtest process per session. mypy runs the way
-docs/stubs.md tells a user to: the ``jax-stubs`` tree on PYTHONPATH; safedma is
-found there too (as an installed package would be), so only corpus files report.
+Each checker gets the stubs the way docs/stubs.md tells a user: mypy the partial
+``jax-stubs`` tree on PYTHONPATH, pyright and basedpyright the ``stubPath`` tree,
+pyrefly the ``jax-stubs`` tree as site packages (on its search path it would take the
+partial tree for all of jax), ty the ``stubPath`` tree as an extra search path.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -37,14 +33,18 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import _checkers
 import jax
 import pytest
+from _checkers import CHECKERS, Diagnostic, Run, Setup
+from _comments import expected_codes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = _checkers.REPO
 CORPUS = REPO / "tests" / "stubs"
-PYRIGHT_TREE = REPO / "stubs" / "pyright"
-MYPY_TREE = REPO / "stubs" / "mypy"
-STUBTEST_DIR = REPO / "stubs" / "stubtest"
+STUBS = _checkers.stubs_root()
+PYRIGHT_TREE = STUBS / "pyright"
+MYPY_TREE = STUBS / "mypy"
+STUBTEST_DIR = STUBS / "stubtest"
 STUB_FILES = {
     "jax.experimental.pallas": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "__init__.pyi",
     "jax.experimental.pallas.tpu": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "tpu.pyi",
@@ -54,36 +54,17 @@ PASS_FILES = sorted((CORPUS / "pass").glob("*.py"))
 FAIL_FILES = sorted((CORPUS / "fail").glob("*.py"))
 MESSAGE_FILES = sorted((CORPUS / "messages").glob("*.py"))
 ALL_FILES = PASS_FILES + FAIL_FILES + MESSAGE_FILES
+STRIPPED = _checkers.WORK / "stubs-corpus"
 
 JAX_MINOR = ".".join(jax.__version__.split(".")[:2])  # "0.10", "0.12"
-_ENV_TAG = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
-MYPY_CACHE = REPO / ".mypy_cache" / f"stubs-tests-{_ENV_TAG}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Diagnostic:
-    path: Path
-    line: int
-    code: str | None  # mypy error code or pyright rule
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckerRun:
-    name: str
-    diagnostics: tuple[Diagnostic, ...]
-    output: str
-    seconds: float
-
-    def for_path(self, path: Path) -> list[Diagnostic]:
-        return [d for d in self.diagnostics if d.path == path.resolve()]
-
-    def report(self, found: list[Diagnostic]) -> str:
-        return "\n".join(f"{d.path.relative_to(CORPUS)}:{d.line}: [{d.code}] {d.message}" for d in found)
 
 
 def _rel(path: Path) -> str:
     return path.relative_to(CORPUS).as_posix()
+
+
+def _report(found: list[Diagnostic]) -> str:
+    return "\n".join(d.render() for d in found)
 
 
 def _env_with_stubs() -> dict[str, str]:
@@ -91,72 +72,31 @@ def _env_with_stubs() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(MYPY_TREE), str(REPO)])}
 
 
-_MYPY_LINE = re.compile(r"^(?P<path>.+?):(?P<line>\d+): (?P<sev>error|note): (?P<msg>.*?)(?:  \[(?P<code>[a-z0-9-]+)\])?$")
+@dataclasses.dataclass
+class StubRuns:
+    """One run per checker per session, over the stripped corpus, started on first use."""
+
+    copies: dict[Path, Path]  # stripped copy -> original
+    runs: dict[str, Run] = dataclasses.field(default_factory=dict)
+
+    def get(self, checker: str) -> Run:
+        if checker not in self.runs:
+            try:
+                run = _checkers.run(checker, list(self.copies), Setup(stubs=True, cache="typing-stubs"))
+            except _checkers.CheckerMissing as missing:
+                pytest.fail(str(missing), pytrace=False)
+            print(f"\nstubs corpus: {checker} over {len(self.copies)} files in {run.seconds:.1f} s")
+            self.runs[checker] = run
+        return self.runs[checker]
+
+    def found(self, checker: str, original: Path) -> list[Diagnostic]:
+        copy = next(c for c, o in self.copies.items() if o == original)
+        return self.get(checker).for_path(copy)
 
 
 @pytest.fixture(scope="session")
-def mypy_run() -> CheckerRun:
-    cmd = [
-        sys.executable, "-m", "mypy", "--strict", "--warn-unused-ignores",
-        "--untyped-calls-exclude=jax",  # the line README.md recommends for every jax user
-        "--no-error-summary", "--show-error-codes", "--no-pretty", "--no-color-output",
-        "--cache-dir", str(MYPY_CACHE),
-        *(_rel(p) for p in ALL_FILES),
-    ]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=CORPUS, env=_env_with_stubs(), capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - start
-    if proc.returncode not in (0, 1):
-        pytest.fail(f"mypy crashed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}", pytrace=False)
-    diagnostics = []
-    for raw in proc.stdout.splitlines():
-        match = _MYPY_LINE.match(raw)
-        if match is None:
-            pytest.fail(f"unparsed mypy output line: {raw!r}", pytrace=False)
-        if match["sev"] == "note":
-            continue
-        path = (CORPUS / match["path"]).resolve()
-        diagnostics.append(Diagnostic(path, int(match["line"]), match["code"], match["msg"]))
-    print(f"\nstubs corpus: mypy over {len(ALL_FILES)} files in {seconds:.1f} s")
-    return CheckerRun("mypy", tuple(diagnostics), proc.stdout, seconds)
-
-
-def _pyright_command() -> list[str]:
-    exe = Path(sys.executable).parent / "pyright"
-    if exe.exists():
-        return [str(exe)]
-    found = shutil.which("pyright")
-    if found is None:
-        pytest.fail("pyright is not installed in this environment (it is a dev dependency)", pytrace=False)
-    return [found]
-
-
-@pytest.fixture(scope="session")
-def pyright_run() -> CheckerRun:
-    # The config (tests/stubs/pyrightconfig.json) holds the user's one line, "stubPath".
-    cmd = [*_pyright_command(), "-p", str(CORPUS), "--pythonpath", sys.executable, "--outputjson"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=CORPUS, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - start
-    try:
-        data = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"pyright gave no JSON (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}", pytrace=False)
-    analysed = data["summary"]["filesAnalyzed"]
-    assert analysed == len(ALL_FILES), f"pyright analysed {analysed} files, the corpus has {len(ALL_FILES)}"
-    diagnostics = tuple(
-        Diagnostic(
-            Path(d["file"]).resolve(), d["range"]["start"]["line"] + 1, d.get("rule"),
-            d["message"].replace("\xa0", " "),
-        )
-        for d in data["generalDiagnostics"]
-        if d["severity"] == "error"
-    )
-    print(f"\nstubs corpus: pyright over {len(ALL_FILES)} files in {seconds:.1f} s")
-    return CheckerRun("pyright", diagnostics, proc.stdout, seconds)
-
-
-CHECKERS = ["mypy_run", "pyright_run"]
+def stub_runs() -> StubRuns:
+    return StubRuns(_checkers.strip_copy(ALL_FILES, CORPUS, STRIPPED))
 
 
 def test_corpus_is_present() -> None:
@@ -164,30 +104,32 @@ def test_corpus_is_present() -> None:
     stems = [p.stem for p in ALL_FILES]
     assert len(stems) == len(set(stems)), "mypy names each corpus file by its stem: stems must be unique"
     for path in FAIL_FILES:
-        text = path.read_text()
-        assert "# type: ignore[" in text and "# pyright: ignore[" in text, f"{_rel(path)} expects no error"
+        expected = expected_codes(path)
+        missing = [c for c in CHECKERS if not expected[c]]
+        assert not missing, f"{_rel(path)} expects no error from {missing}"
+        lines = [set(lines) for lines in expected.values()]
+        assert all(x == lines[0] for x in lines), f"{_rel(path)}: the checkers expect errors on different lines"
     for path in PASS_FILES + MESSAGE_FILES:
         assert "ignore[" not in path.read_text(), f"{_rel(path)} must not suppress anything"
 
 
 @pytest.mark.parametrize("checker", CHECKERS)
-def test_no_output_outside_the_corpus(checker: str, request: pytest.FixtureRequest) -> None:
-    run: CheckerRun = request.getfixturevalue(checker)
-    known = {p.resolve() for p in ALL_FILES}
-    stray = [d for d in run.diagnostics if d.path not in known]
-    assert not stray, f"{run.name} reported outside the corpus:\n{run.output}"
+def test_no_output_outside_the_corpus(checker: str, stub_runs: StubRuns) -> None:
+    run = stub_runs.get(checker)
+    stray = [d for d in run.diagnostics if d.path not in stub_runs.copies]
+    assert not stray, f"{checker} reported outside the corpus:\n{_report(stray)}"
 
 
 @pytest.mark.parametrize("path", PASS_FILES + FAIL_FILES, ids=_rel)
 @pytest.mark.parametrize("checker", CHECKERS)
-def test_corpus_file(checker: str, path: Path, request: pytest.FixtureRequest) -> None:
+def test_corpus_file(checker: str, path: Path, stub_runs: StubRuns) -> None:
     """Pass files: nothing. Fail files: every expected error, with its code, and nothing else."""
-    run: CheckerRun = request.getfixturevalue(checker)
-    found = run.for_path(path)
-    if found:
+    found = stub_runs.found(checker, path)
+    mismatches = _checkers.compare(expected_codes(path)[checker], found)
+    if mismatches:
         pytest.fail(
-            f"{run.name} on {_rel(path)}: an expected error is missing (unused ignore), has another "
-            f"code, or an unexpected error appeared:\n{run.report(found)}",
+            f"{checker} on {_rel(path)}:\n" + "\n".join(m.render() for m in mismatches)
+            + "\nreported:\n" + _report(found),
             pytrace=False,
         )
 
@@ -197,32 +139,66 @@ def _marker_lines(path: Path) -> dict[str, int]:
     return {m.group(1): n for n, text in enumerate(lines, 1) if (m := re.search(r"# expect: (\w+)", text))}
 
 
+_PYRIGHT_MESSAGES = {
+    "seed": {
+        (
+            "reportArgumentType",
+            'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "SemRef" in function '
+            '"make_async_remote_copy"\n  "Array" is not assignable to "SemRef"',
+        )
+    },
+    "wait_send": {
+        ("reportAttributeAccessIssue", 'Cannot access attribute "wait_send" for class "LocalCopyDescriptor"\n  Attribute "wait_send" is unknown'),
+        ("reportUnknownMemberType", 'Type of "wait_send" is unknown'),
+    },
+    "signal": {
+        (
+            "reportArgumentType",
+            'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "RegularSem | BarrierSem" '
+            'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "RegularSem | BarrierSem"\n'
+            '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"',
+        )
+    },
+}
 EXPECTED_MESSAGES = {
-    "mypy_run": {
+    "mypy": {
         "seed": {("arg-type", 'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "SemRef"')},
         "wait_send": {("attr-defined", '"LocalCopyDescriptor" has no attribute "wait_send"')},
         "signal": {
             ("arg-type", 'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "RegularSem | BarrierSem"')
         },
     },
-    "pyright_run": {
+    "pyright": _PYRIGHT_MESSAGES,
+    "basedpyright": _PYRIGHT_MESSAGES,
+    "pyrefly": {
         "seed": {
             (
-                "reportArgumentType",
-                'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "SemRef" in function '
-                '"make_async_remote_copy"\n  "Array" is not assignable to "SemRef"',
+                "bad-argument-type",
+                "Argument `Array` is not assignable to parameter `send_sem` with type `SemRef` in function "
+                "`jax.experimental.pallas.tpu.make_async_remote_copy`",
             )
         },
-        "wait_send": {
-            ("reportAttributeAccessIssue", 'Cannot access attribute "wait_send" for class "LocalCopyDescriptor"\n  Attribute "wait_send" is unknown'),
-            ("reportUnknownMemberType", 'Type of "wait_send" is unknown'),
-        },
+        "wait_send": {("missing-attribute", "Object of class `LocalCopyDescriptor` has no attribute `wait_send`")},
         "signal": {
             (
-                "reportArgumentType",
-                'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "RegularSem | BarrierSem" '
-                'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "RegularSem | BarrierSem"\n'
-                '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"',
+                "bad-argument-type",
+                "Argument `SemRef` is not assignable to parameter `sem_or_view` with type `BarrierSem | RegularSem` "
+                "in function `jax.experimental.pallas.semaphore_signal`",
+            )
+        },
+    },
+    "ty": {
+        "seed": {
+            (
+                "invalid-argument-type",
+                "Argument to function `make_async_remote_copy` is incorrect: Expected `SemRef`, found `Array`",
+            )
+        },
+        "wait_send": {("missing-attribute", "Object of type `LocalCopyDescriptor` has no attribute `wait_send`")},
+        "signal": {
+            (
+                "invalid-argument-type",
+                "Argument to function `semaphore_signal` is incorrect: Expected `RegularSem | BarrierSem`, found `SemRef`",
             )
         },
     },
@@ -230,16 +206,16 @@ EXPECTED_MESSAGES = {
 
 
 @pytest.mark.parametrize("checker", CHECKERS)
-def test_messages_name_the_mistake(checker: str, request: pytest.FixtureRequest) -> None:
-    """Without ignores, each marked line gives exactly these messages (and nothing else does)."""
-    run: CheckerRun = request.getfixturevalue(checker)
+def test_messages_name_the_mistake(checker: str, stub_runs: StubRuns) -> None:
+    """Without comments, each marked line gives exactly these messages (and nothing else does)."""
     (path,) = MESSAGE_FILES
     markers = _marker_lines(path)
     expected = EXPECTED_MESSAGES[checker]
     assert set(markers) == set(expected)
-    got = {(d.line, d.code, d.message) for d in run.for_path(path)}
+    found = stub_runs.found(checker, path)
+    got = {(d.line, d.code, d.message) for d in found}
     want = {(markers[name], code, message) for name, pairs in expected.items() for code, message in pairs}
-    assert got == want, f"{run.name} messages differ:\n{run.report(run.for_path(path))}"
+    assert got == want, f"{checker} messages differ:\n{_report(found)}"
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from safedma import BarrierSem, RegularSem, SemRef
 
 
 def remote_signals(sem: SemRef, flag: RegularSem, barrier: BarrierSem) -> None:
-    pl.semaphore_signal(sem, device_id={"x": 1})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    pl.semaphore_signal(flag, device_id=1.0)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    pl.semaphore_signal(barrier, 1, device_id=[0])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    pl.semaphore_signal(flag, 1.5)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    pl.semaphore_signal(sem, device_id={"x": 1})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    pl.semaphore_signal(flag, device_id=1.0)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    pl.semaphore_signal(barrier, 1, device_id=[0])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    pl.semaphore_signal(flag, 1.5)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from typing_extensions import assert_type
+from typing import assert_type
 
 from safedma import BarrierSem, DataRef, RegularSem, RegularSemArray, SemRef
 

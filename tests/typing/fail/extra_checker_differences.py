@@ -1,10 +1,10 @@
-"""Cases where mypy and pyright (both strict) disagree: one reports, the other does not.
+"""Cases where the five checkers (mypy, pyright, basedpyright, pyrefly, ty) disagree.
 
 Each case is decided in docs/type-checkers.md (D1-D3 here; D4 is the seed's
 ``pl.semaphore_read`` line in s1_semaphore_value.py) and written with the
-expectation of the one checker that reports it. tests/typing/test_pyright.py
-lists these lines, so a checker that starts (or stops) agreeing fails the suite
-and the decision gets revisited.
+expectations of exactly the checkers that report it. tests/typing/test_corpus.py
+lists these lines (DISAGREEMENTS), so a checker that starts (or stops) agreeing
+fails the suite and the decision gets revisited.
 """
 
 from __future__ import annotations
@@ -33,5 +33,5 @@ def priority_from_a_variable(x: DataRef, o: DataRef, sem: SemRef) -> None:
 def handle_of_a_half_configured_copy(x: DataRef, o: DataRef, send: SemRef, recv: SemRef) -> None:
     # S4 (D3): both report the start() of a copy with no target device; pyright strict also
     # reports every later use of its result (Unknown), mypy types the result as RemoteHandle.
-    handle = RemoteCopy(x, o, recv).with_send_sem(send).start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
+    handle = RemoteCopy(x, o, recv).with_send_sem(send).start()  # type: ignore[misc]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     handle.wait()  # pyright: ignore[reportUnknownMemberType]

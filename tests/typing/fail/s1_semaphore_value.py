@@ -22,7 +22,7 @@ def seed_send_sem_from_pl_read(
     # S1 (the seed): the send (source) semaphore is the value pl.semaphore_read returned.
     sem_val = pl.semaphore_read(send_sem)  # pyright: ignore[reportUnknownMemberType]
     copy = safedma.RemoteCopy(x_ref, o_ref, recv_sem)
-    copy.with_send_sem(sem_val).to(safedma.neighbour("x")).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    copy.with_send_sem(sem_val).to(safedma.neighbour("x")).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def seed_send_sem_from_safedma_read(
@@ -31,7 +31,7 @@ def seed_send_sem_from_safedma_read(
     # S1 (the seed): the same, through safedma.read.
     sem_val = safedma.read(send_sem)
     copy = safedma.RemoteCopy(x_ref, o_ref, recv_sem)
-    copy.with_send_sem(sem_val).to(safedma.neighbour("x")).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    copy.with_send_sem(sem_val).to(safedma.neighbour("x")).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def recv_sem_is_a_value(
@@ -39,17 +39,17 @@ def recv_sem_is_a_value(
 ) -> None:
     # S1: the destination (receive) semaphore is a value.
     value = safedma.read(recv_sem)
-    safedma.RemoteCopy(x_ref, o_ref, value)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.RemoteCopy(x_ref, o_ref, value)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def local_sem_is_a_value(x_hbm: DataRef, buf: DataRef, sem: SemRef) -> None:
     # S1: a local copy's semaphore is a value.
-    safedma.LocalCopy(x_hbm, buf, pl.semaphore_read(sem))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType, reportUnknownMemberType]
+    safedma.LocalCopy(x_hbm, buf, pl.semaphore_read(sem))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     # S1: a jnp scalar where the semaphore belongs.
-    safedma.LocalCopy(x_hbm, buf, jnp.zeros((), jnp.int32))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType, reportUnknownMemberType]
+    safedma.LocalCopy(x_hbm, buf, jnp.zeros((), jnp.int32))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def indexed_sem(x_hbm: DataRef, buf: DataRef, sem: SemRef) -> None:
     # S1: sem[()] reads a value; a safedma semaphore cannot be indexed at all.
-    value = sem[()]  # type: ignore[index]  # pyright: ignore[reportIndexIssue, reportUnknownVariableType]
+    value = sem[()]  # type: ignore[index]  # pyright: ignore[reportIndexIssue, reportUnknownVariableType]  # pyrefly: ignore[bad-index]  # ty: ignore[not-subscriptable]
     del value

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from typing_extensions import assert_type
+from typing import assert_type
 
 import safedma
 from safedma import DataRef, SemRef

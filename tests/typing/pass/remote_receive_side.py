@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax
 from jax.experimental import pallas as pl
-from typing_extensions import assert_type
+from typing import assert_type
 
 import safedma
 from safedma import DataRef, SemRef

@@ -13,7 +13,7 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, PartitionSpec
-from typing_extensions import assert_type
+from typing import assert_type
 
 import safedma
 from safedma import DataRef, Given, Missing, RemoteCopy, SemRef

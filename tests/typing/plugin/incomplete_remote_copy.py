@@ -13,32 +13,32 @@ def send_sem_but_no_device(x: DataRef, o: DataRef, send: SemRef, recv: SemRef) -
     half = RemoteCopy(x, o, recv).with_send_sem(send)
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has a send semaphore but no target device: call .to(device) before .start()
-    half.start()
+    half.start()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has a send semaphore but no target device: call .to(device) before .started_elsewhere()
-    half.started_elsewhere()
+    half.started_elsewhere()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has a send semaphore but no target device: call .to(device) before .incoming()
-    half.incoming()
+    half.incoming()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def device_but_no_send_sem(x: DataRef, o: DataRef, recv: SemRef) -> None:
     half = RemoteCopy(x, o, recv).to(safedma.neighbour("x"))
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has a target device but no send semaphore: call .with_send_sem(sem) before .start()
-    half.start()
+    half.start()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has a target device but no send semaphore: call .with_send_sem(sem) before .incoming()
-    half.incoming()
+    half.incoming()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def neither(x: DataRef, o: DataRef, recv: SemRef) -> None:
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has no send semaphore and no target device: call .with_send_sem(sem).to(device) before .start() (for a copy on this device, use LocalCopy)
-    RemoteCopy(x, o, recv).start().wait()
+    RemoteCopy(x, o, recv).start().wait()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     # expect[misc]
     # expect[safedma-incomplete-copy]: RemoteCopy has no send semaphore and no target device: call .with_send_sem(sem).to(device) before .started_elsewhere() (for a copy on this device, use LocalCopy)
-    RemoteCopy(x, o, recv).started_elsewhere().wait_recv()
+    RemoteCopy(x, o, recv).started_elsewhere().wait_recv()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def complete(x: DataRef, o: DataRef, send: SemRef, recv: SemRef) -> None:

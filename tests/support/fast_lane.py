@@ -1,0 +1,84 @@
+"""The fast lane: which tests ``-m "not slow"`` (``./dev test --fast``) leaves out.
+
+A pytest plugin (tests/conftest.py loads it) that marks ``slow`` every collected test
+whose node id matches one of the patterns below, on top of the tests marked
+``@pytest.mark.slow`` in their modules. Keeping the list here, by node id, lets a
+test move out of the fast lane without editing its module. A pattern is a node id in
+which ``*`` matches anything (brackets are literal).
+
+What stays fast: every module's own checks, each kernel on its smallest mesh, the
+type-test corpora under pyrefly and ty (about a second each). CI runs everything.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+
+SLOW_NODE_IDS = (
+    # Type checkers that take seconds to tens of seconds per session (cold caches):
+    # the corpora run under pyrefly and ty in the fast lane.
+    "tests/typing/test_corpus.py::*[mypy*",
+    "tests/typing/test_corpus.py::*[pyright*",
+    "tests/typing/test_corpus.py::*[basedpyright*",
+    "tests/typing/test_stubs.py::*[mypy*",
+    "tests/typing/test_stubs.py::*[pyright*",
+    "tests/typing/test_stubs.py::*[basedpyright*",
+    "tests/typing/test_stubs.py::test_stubtest_against_installed_jax",
+    "tests/typing/test_mypy_plugin.py::test_run_is_understood",
+    "tests/typing/test_mypy_plugin.py::test_plugin_messages*",
+    "tests/typing/test_mypy_plugin.py::test_corpus_and_library_unchanged_under_the_plugin",
+    # Property tests (hypothesis) and whole-matrix agreement: 10-30 s each.
+    "tests/kernels/test_*.py::test_any_mesh_dtype_shape_and_*",
+    "tests/kernels/test_pipeline.py::test_any_shape_chunking_and_dtype",
+    "tests/kernels/test_all_reduce.py::test_fused_and_composed_agree_bit_for_bit",
+    "tests/kernels/test_identity.py::test_overhead_benchmark_pairs_lower_alike",
+    # Each collective against jax's own on the 4-, 8- and 2x4-device meshes; the
+    # 2-device cases stay in the fast lane.
+    "tests/kernels/test_all_reduce.py::test_matches_psum[4-*",
+    "tests/kernels/test_all_reduce.py::test_matches_psum[8-*",
+    "tests/kernels/test_all_reduce.py::test_matches_psum[2x4-*",
+    "tests/kernels/test_reduce_scatter.py::test_matches_psum_scatter[4-*",
+    "tests/kernels/test_reduce_scatter.py::test_matches_psum_scatter[8-*",
+    "tests/kernels/test_reduce_scatter.py::test_matches_psum_scatter[2x4-*",
+    "tests/kernels/test_ppermute.py::test_matches_lax_ppermute[4-*",
+    "tests/kernels/test_ppermute.py::test_matches_lax_ppermute[8-*",
+    "tests/kernels/test_ppermute.py::test_matches_lax_ppermute[2x4-*",
+    "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-4-*",
+    "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-8-*",
+    "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-2x4-*",
+    # Larger-mesh and compile-only variants whose smaller siblings stay fast (5-12 s each
+    # on the loaded machine): every axis pair of the all-gather, 8-device 16x256 blocks,
+    # the v6e compile of each kernel (test_identity compiles them for v6e too).
+    "tests/kernels/test_all_gather.py::test_any_concat_and_split_axis*",
+    "tests/kernels/test_all_gather.py::test_float32_16x256_on_8_devices*",
+    "tests/kernels/test_all_gather.py::test_both_kernels_back_to_back_share_a_collective_id",
+    "tests/kernels/test_*.py::test_compiles_for_v6e*",
+    # Watchdog tests that wait out a timeout on purpose (about 5 s each).
+    "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
+    "tests/testing/test_simulate.py::test_r3_receiver_waits_for_a_send_that_never_comes",
+)
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
+
+
+_PATTERNS = [(pattern, _compile(pattern)) for pattern in SLOW_NODE_IDS]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    used: set[str] = set()
+    for item in items:
+        for pattern, regex in _PATTERNS:
+            if regex.fullmatch(item.nodeid):
+                item.add_marker(pytest.mark.slow)
+                used.add(pattern)
+    # A whole-suite collection that misses a pattern means a test was renamed or moved.
+    if config.args_source is pytest.Config.ArgsSource.TESTPATHS:
+        stale = [p for p, _ in _PATTERNS if p not in used]
+        if stale:
+            warnings.warn(f"fast_lane.py: patterns that match no test: {stale}", stacklevel=1)
