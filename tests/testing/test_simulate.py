@@ -561,14 +561,14 @@ def test_hard_upper_bound_when_the_watchdog_cannot_stop_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Disable the watchdog's means of stopping a run: simulate must still return.
-    from safedma.testing import _private, _simulate
+    from safedma.testing import _interpret_probes, _runner
 
-    held: list[tuple[_private.InterpretRun, Exception]] = []
-    real_fail = _private.InterpretRun.fail
-    monkeypatch.setattr(_private.InterpretRun, "fail",
+    held: list[tuple[_interpret_probes.InterpretRun, Exception]] = []
+    real_fail = _interpret_probes.InterpretRun.fail
+    monkeypatch.setattr(_interpret_probes.InterpretRun, "fail",
                         lambda run, error: held.append((run, error)))
-    monkeypatch.setattr(_private.InterpretRun, "abort_barriers", lambda run: None)
-    monkeypatch.setattr(_simulate, "_GRACE_S", 0.5)
+    monkeypatch.setattr(_interpret_probes.InterpretRun, "abort_barriers", lambda run: None)
+    monkeypatch.setattr(_runner, "_GRACE_S", 0.5)
 
     def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
         copy = pltpu.make_async_copy(x_ref, o_ref, sem)
