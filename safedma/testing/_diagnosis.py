@@ -171,11 +171,11 @@ def failure_error(failure: Failure, devices: DeviceNames) -> KernelFailedError:
     location = probes.exception_location(error)
     on = f" on {device}" if device else ""
     at = f" at {location}" if location else ""
-    text = str(error).strip() or "(no message)"
+    text = str(error).strip().rstrip(".") or "(no message)"
     others = ("" if devices.count == 1 else
-              " The other devices were stopped because of it; their waits are not "
-              "reported.")
-    message = (f"the kernel failed in interpret mode{on}{at}: {type(error).__name__}: {text}.{others}")
+              " The other devices were stopped because of it.")
+    message = (f"the kernel failed in interpret mode{on}{at}: "
+               f"{type(error).__name__}: {text}.{others}")
     result = KernelFailedError(message, device=device, location=location)
     result.__cause__ = error
     return result

@@ -12,10 +12,13 @@ clean and the process can exit normally.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
+from types import FrameType
 from typing import Literal, TypeVar, cast
 
 import jax
@@ -125,6 +128,41 @@ def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -
 
 _busy = threading.Lock()
 
+#: Signals whose handlers commonly interrupt a test: Ctrl-C and notebook
+#: interrupts (SIGINT), pytest-timeout's signal method and signal.alarm (SIGALRM).
+_INTERRUPTS = (signal.SIGINT, signal.SIGALRM)
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Generator[None, None, None]:
+    """Hold SIGINT/SIGALRM handlers back for a block that must not be cut in half.
+
+    A deferred signal is handed to its own handler right after the block, so
+    the interrupt still happens, just not inside it.  Only the main thread can
+    set handlers; elsewhere the block simply runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, FrameType | None]] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        pending.append((signum, frame))
+
+    saved = {int(s): signal.getsignal(s) for s in _INTERRUPTS}
+    installed = [s for s, handler in saved.items() if callable(handler)]
+    for s in installed:
+        signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s in installed:
+            signal.signal(s, saved[s])
+        for signum, frame in pending[:1]:
+            handler = saved[signum]
+            if callable(handler):
+                handler(signum, frame)
+
 
 def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
                    config: SimulationConfig) -> T:
@@ -135,6 +173,8 @@ def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
             "global state, so simulations must run one at a time"
         )
     try:
+        with _deferred_interrupts():
+            probes.warm_up()
         return _run(fn, args, config)
     finally:
         _busy.release()
