@@ -36,6 +36,7 @@ from jax.experimental.pallas import tpu as _pltpu
 
 import safedma
 from safedma.testing._errors import ConcurrentInterpretError
+from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
 
 __all__ = [
@@ -100,6 +101,11 @@ class InterpretRun:
     @property
     def cores_per_device(self) -> int:
         return int(getattr(self._memory, "num_cores_per_device", 1) or 1)
+
+    @property
+    def failed(self) -> bool:
+        """True once the run has failed (jax keeps the first failure in ``_failure``)."""
+        return getattr(self._memory, "_failure", None) is not None
 
     def fail(self, error: Exception) -> None:
         """Make every device of this run raise ``error`` at its next interpreter step.
@@ -314,16 +320,13 @@ def current_interpret_run() -> InterpretRun | None:
 
 
 def interpret_mode_busy() -> bool:
-    """True while some thread is inside the interpreter (another kernel is running)."""
-    me = threading.get_ident()
-    marker = os.path.join("pallas", "mosaic", "interpret")
-    for ident, frame in sys._current_frames().items():  # pyright: ignore[reportPrivateUsage]
-        f = frame if ident != me else None
-        while f is not None:
-            if marker in f.f_code.co_filename:
-                return True
-            f = f.f_back
-    return False
+    """True while an interpreted kernel is running (its state exists and has not failed).
+
+    A kernel that finished cleared the state; one that failed left it with its
+    failure recorded, for debugging, until the next reset.
+    """
+    run = current_interpret_run()
+    return run is not None and not run.failed
 
 
 # Modules jax imports lazily the first time it lowers an interpret-mode
@@ -687,18 +690,20 @@ def interpret_probes(observer: InterpretObserver) -> Generator[Installed, None, 
         _installed = installed
     done: list[tuple[_Probe, object, Any]] = []
     try:
-        for probe, holder, original in targets:
-            setattr(holder, probe.name, probe.make(original, installed))
-            done.append((probe, holder, original))
+        with deferred_interrupts():
+            for probe, holder, original in targets:
+                setattr(holder, probe.name, probe.make(original, installed))
+                done.append((probe, holder, original))
         yield installed
     finally:
-        for probe, holder, original in reversed(done):
-            if original is _MISSING:
-                delattr(holder, probe.name)
-            else:
-                setattr(holder, probe.name, original)
-        with _lock:
-            _installed = None
+        with deferred_interrupts():  # half-restored jax would break every later run
+            for probe, holder, original in reversed(done):
+                if original is _MISSING:
+                    delattr(holder, probe.name)
+                else:
+                    setattr(holder, probe.name, original)
+            with _lock:
+                _installed = None
 
 
 @contextlib.contextmanager

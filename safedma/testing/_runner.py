@@ -12,13 +12,10 @@ clean and the process can exit normally.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from types import FrameType
+from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar, cast
 
 import jax
@@ -37,6 +34,7 @@ from safedma.testing._errors import (
     SimulationTimeoutError,
     SimulationUnsupportedError,
 )
+from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._recorder import Blocked, Recorder
 
 __all__ = ["SimulationConfig", "run_simulation"]
@@ -128,40 +126,6 @@ def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -
 
 _busy = threading.Lock()
 
-#: Signals whose handlers commonly interrupt a test: Ctrl-C and notebook
-#: interrupts (SIGINT), pytest-timeout's signal method and signal.alarm (SIGALRM).
-_INTERRUPTS = (signal.SIGINT, signal.SIGALRM)
-
-
-@contextlib.contextmanager
-def _deferred_interrupts() -> Generator[None, None, None]:
-    """Hold SIGINT/SIGALRM handlers back for a block that must not be cut in half.
-
-    A deferred signal is handed to its own handler right after the block, so
-    the interrupt still happens, just not inside it.  Only the main thread can
-    set handlers; elsewhere the block simply runs.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[tuple[int, FrameType | None]] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        pending.append((signum, frame))
-
-    saved = {int(s): signal.getsignal(s) for s in _INTERRUPTS}
-    installed = [s for s, handler in saved.items() if callable(handler)]
-    for s in installed:
-        signal.signal(s, hold)
-    try:
-        yield
-    finally:
-        for s in installed:
-            signal.signal(s, saved[s])
-        for signum, frame in pending[:1]:
-            handler = saved[signum]
-            if callable(handler):
-                handler(signum, frame)
 
 
 def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
@@ -173,7 +137,7 @@ def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
             "global state, so simulations must run one at a time"
         )
     try:
-        with _deferred_interrupts():
+        with deferred_interrupts():
             probes.warm_up()
         return _run(fn, args, config)
     finally:
@@ -198,13 +162,13 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
     program, placed = _program(fn, args, config)
     params = probes.strict_interpret_params(config.uninitialized_memory)
     recorder = Recorder(devices)
+    if probes.interpret_mode_busy():
+        raise ConcurrentInterpretError(
+            "another thread is running an interpret-mode kernel; interpret mode "
+            "keeps one simulated TPU per process, so simulate cannot start until it "
+            "returns (starting now would wipe that kernel's state)"
+        )
     with probes.interpret_probes(recorder) as installed:
-        if probes.current_interpret_run() is not None and probes.interpret_mode_busy():
-            raise ConcurrentInterpretError(
-                "another thread is running an interpret-mode kernel; interpret mode "
-                "keeps one simulated TPU per process, so simulate cannot start until it "
-                "returns (starting now would wipe that kernel's state)"
-            )
         # Leftovers of an earlier failed interpret run outside simulate() would
         # make this one fail.
         pltpu.reset_tpu_interpret_mode_state()
@@ -243,8 +207,9 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 except BaseException:
                     # Interrupted (KeyboardInterrupt, a signal handler's exception):
                     # stop the run on every device before letting it through.
-                    _stop(recorder, outcome, installed, "simulate was interrupted")
-                    worker.join(_GRACE_S)
+                    with deferred_interrupts():  # a second Ctrl-C waits for the stop
+                        _stop(recorder, outcome, installed, "simulate was interrupted")
+                        worker.join(_GRACE_S)
                     raise
                 if outcome.done.is_set():
                     worker.join(_GRACE_S)
@@ -255,7 +220,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 clean = True
             finally:
                 if not clean:
-                    pltpu.reset_tpu_interpret_mode_state()
+                    with deferred_interrupts():
+                        pltpu.reset_tpu_interpret_mode_state()
     return cast(T, outcome.value)
 
 

@@ -57,6 +57,11 @@ def simulate(
     propagates unchanged), the run is stopped on every device and interpret
     mode is reset, so the next run starts clean.  Errors raised while tracing
     (safedma's own checks) propagate unchanged.
+
+    Cost: jax's race detector compares every access to a buffer with every
+    earlier access to it in the kernel (it keeps them all), so a kernel whose
+    loop touches one buffer n times costs time quadratic in n; keep simulated
+    loops to hundreds of iterations and give ``timeout_s`` room to match.
     """
     config = SimulationConfig(mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                               timeout_s=timeout_s,

@@ -28,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 
 from safedma.testing import (
+    ConcurrentInterpretError,
     KernelFailedError,
     SimulationTimeoutError,
     SimulationUnsupportedError,
@@ -47,6 +48,7 @@ from tests.support.simulation import (
     ring_kernel,
     slow_scratch,
     slow_sender,
+    spin,
 )
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
@@ -324,3 +326,32 @@ def test_plain_interpret_kernel_in_another_thread_is_refused_and_the_simulation_
     assert "refused" in str(error)
     # Afterwards the plain kernel runs again.
     np.testing.assert_array_equal(np.asarray(plain(y)), np.asarray(y))
+
+
+def test_simulate_refuses_to_start_while_another_thread_runs_an_interpret_kernel() -> None:
+    # Starting would reset interpret mode under the other kernel's feet.
+    def long_kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        spin(buf, 400)
+        copy = pltpu.make_async_copy(x_ref, o_ref, sem)
+        copy.start()
+        copy.wait()
+
+    lenient = pltpu.InterpretParams(uninitialized_memory="zero")
+    other = jax.jit(hbm_call(long_kernel, [pltpu.VMEM(BLOCK, F32), *dma()],
+                             interpret=lenient))
+    y = example(BLOCK)
+    np.testing.assert_array_equal(np.asarray(other(y)), np.asarray(y))  # compiled, works
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(jax.block_until_ready(other(y))))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while _interpret_probes.current_interpret_run() is None:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.01)
+        with pytest.raises(ConcurrentInterpretError, match="another thread is running"):
+            simulate(_plain_call(), example(BLOCK))
+    finally:
+        thread.join(60.0)
+    [out] = results
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(y))  # the other kernel unharmed

@@ -8,10 +8,9 @@ may leave a thread inside the interpreter.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
