@@ -25,6 +25,21 @@ from safedma.testing._recorder import CopyCounts, Failure, Recorder
 __all__ = ["failure_error", "leftover_error", "timeout_error", "unsatisfiable_error"]
 
 
+def _signallers(recorder: Recorder, run: int, sem: int, device: int,
+                devices: DeviceNames) -> str:
+    """ " (signalled by device 7 at file.py:12)" for every distinct sender and line."""
+    sent = recorder.copies(run, sem, "signal", device)
+    if not sent:
+        return ""
+    parts: list[str] = []
+    for (sender, location), times in sorted(sent.items(),
+                                            key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        at = f" at {location}" if location else ""
+        count = f" ({times} times)" if times > 1 else ""
+        parts.append(f"{devices.label(sender)}{at}{count}")
+    return f" (signalled by {'; '.join(parts)})"
+
+
 def _kind(recorder: Recorder, run: int, sem: int, device: int, is_barrier: bool,
           is_dma: bool) -> SemaphoreKind:
     if is_barrier:
@@ -49,11 +64,12 @@ def _sites(copies: CopyCounts, devices: DeviceNames, device: int) -> list[str]:
 
 def _leftover_hint(recorder: Recorder, run: int, item: probes.LeftoverCount,
                    kind: SemaphoreKind, devices: DeviceNames) -> str:
+    by = _signallers(recorder, run, item.semaphore_id, item.device_id, devices)
     if kind == "BARRIER":
-        return ("the barrier semaphore was signalled more often than waited: a "
+        return (f"the barrier semaphore was signalled more often than waited{by}: a "
                 "barrier signal never waited, or over-signalled")
     if kind == "REGULAR":
-        return ("signalled more than waited: a semaphore_signal never waited, or "
+        return (f"signalled more than waited{by}: a semaphore_signal never waited, or "
                 "over-signalled; every signal needs a matching semaphore_wait")
     recv = recorder.copies(run, item.semaphore_id, "recv", item.device_id)
     send = recorder.copies(run, item.semaphore_id, "send", item.device_id)
@@ -142,7 +158,7 @@ def timeout_error(recorder: Recorder, devices: DeviceNames, timeout_s: float,
     waits = {w.device_id: w for w in recorder.waiting()}
     seen = recorder.last_seen()
     lines: list[str] = []
-    for device in range(devices.count):
+    for device in sorted({*range(devices.count), *recorder.devices_seen()}):
         label = devices.label(device)
         if device in waits:
             w = waits[device]

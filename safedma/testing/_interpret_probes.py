@@ -46,6 +46,7 @@ __all__ = [
     "InterpretRun",
     "LeftoverCount",
     "RaceReport",
+    "SignalSent",
     "StopRun",
     "StrictInterpretParams",
     "WaitStart",
@@ -177,6 +178,17 @@ class DmaStart:
 
 
 @dataclasses.dataclass(frozen=True)
+class SignalSent:
+    """A ``semaphore_signal`` reached a semaphore (DMA completions are DmaStart)."""
+
+    run: InterpretRun
+    semaphore_id: int
+    device_id: int
+    sender_device_id: int
+    location: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class LeftoverCount:
     """A semaphore with a non-zero count on one core when every device had finished."""
 
@@ -204,6 +216,7 @@ class InterpretObserver(Protocol):
     def wait_started(self, token: int, wait: WaitStart) -> None: ...
     def wait_finished(self, token: int) -> None: ...
     def dma_started(self, dma: DmaStart) -> None: ...
+    def semaphore_signalled(self, signal: SignalSent) -> None: ...
     def device_thread(self, run: InterpretRun, device_id: int) -> None: ...
     def kernel_exited(self, run: InterpretRun, device_id: int) -> None: ...
     def kernel_ended(self, run: InterpretRun, counts: Sequence[LeftoverCount]) -> None: ...
@@ -368,6 +381,20 @@ class Installed:
 
     observer: InterpretObserver
     stopping: str | None = None
+    # The user's line per source_info: a kernel equation keeps one source_info
+    # object, so a loop pays for the traceback walk once, not every iteration.
+    _locations: dict[int, tuple[object, str | None]] = dataclasses.field(
+        default_factory=lambda: {})
+
+    def location(self, source_info: object) -> str | None:
+        if source_info is None:
+            return None
+        hit = self._locations.get(id(source_info))
+        if hit is not None and hit[0] is source_info:
+            return hit[1]
+        where = user_location(source_info)
+        self._locations[id(source_info)] = (source_info, where)
+        return where
 
 
 def _args(fn: Callable[..., object], *args: object, **kwargs: object) -> dict[str, Any]:
@@ -394,7 +421,8 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
                 core_id=gci % per_device, global_core_id=gci, value=int(value),
                 is_dma=bool(kwargs.get("has_tasks", False)),
                 is_barrier=run.is_barrier_semaphore(self),
-                location=user_location(getattr(kwargs.get("logging_info"), "source_info", None)),
+                location=probes.location(
+                    getattr(kwargs.get("logging_info"), "source_info", None)),
                 read_count=read_count,
             ))
             return orig(self, value, global_core_id, *args, **kwargs)
@@ -402,6 +430,23 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
             probes.observer.wait_finished(token)
 
     return wait
+
+
+def _probe_signal(orig: Any, probes: Installed) -> object:
+    def signal(self: Any, inc: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(self, inc, global_core_id, *args, **kwargs)
+        info = kwargs.get("logging_info")
+        source = getattr(info, "source_info", None)
+        sender = getattr(info, "device_id", None)
+        if source is not None and isinstance(sender, int):  # semaphore_signal, not a DMA
+            run = InterpretRun(self.shared_memory)
+            probes.observer.semaphore_signalled(SignalSent(
+                run=run, semaphore_id=int(self.id),
+                device_id=int(global_core_id) // run.cores_per_device,
+                sender_device_id=sender, location=probes.location(source)))
+        return result
+
+    return signal
 
 
 def _probe_dma_init(orig: Any, probes: Installed) -> object:
@@ -414,7 +459,7 @@ def _probe_dma_init(orig: Any, probes: Installed) -> object:
             dst_device_id=int(self.dst_device_id),
             send_semaphore_id=None if src_sem is None else int(src_sem.id),
             recv_semaphore_id=int(self.dst_sem.id),
-            location=user_location(self.source_info),
+            location=probes.location(self.source_info),
         ))
 
     return dma_init
@@ -580,6 +625,10 @@ _PROBES: tuple[_Probe, ...] = (
     _Probe(_SHM, "Semaphore", "wait", _probe_wait, why=(
         "who waits on which semaphore for what: interpret mode polls a wait that "
         "nothing can satisfy forever, with no hook to see it (R3, deadlock check)")),
+    _Probe(_SHM, "Semaphore", "signal", _probe_signal, why=(
+        "which device signalled which semaphore from which line (semaphore_signal "
+        "passes its source_info only to jax's optional logging): the hints of a "
+        "leftover REGULAR or BARRIER count (R2)")),
     _Probe(_IPC, "DMA", "__init__", _probe_dma_init, why=(
         "which copy signals which semaphore on which device, started at which "
         "line: the hints of R2/R3 (no public record of started copies)")),
@@ -601,7 +650,7 @@ _PROBES: tuple[_Probe, ...] = (
     _Probe(_RDS, "RaceDetectionState", "check_read", _probe_race_check("read"), why=(
         "who raced on which buffer: jax only formats it into its message (R1)")),
     _Probe(_RDS, "RaceDetectionState", "check_write", _probe_race_check("write"), why=(
-        "as check_read")),
+        "who raced on which buffer, for a write: jax only formats it into its message (R1)")),
     _Probe(_RDS, None, "print", _probe_race_print,
            only_if=lambda: not races_raise_natively(), absent_ok=True, why=(
                "jax 0.10 only prints a race and sets a flag (no on_race parameter "
@@ -621,20 +670,25 @@ _PROBES: tuple[_Probe, ...] = (
 _MISSING = object()
 
 
-def _target(probe: _Probe) -> tuple[object, Any]:
-    """The object that holds the probed name, and the original value (checked)."""
+def _target(probe: _Probe) -> tuple[object, Any, Any]:
+    """The object that holds the probed name, the value to wrap, and what to put back.
+
+    What to put back is the holder's own entry, or ``_MISSING`` when the name
+    is inherited (jax 0.12 defines some SharedMemory methods on a base class)
+    or normally absent, so restoring deletes the wrapper instead.
+    """
     module = _interpret_module(probe.module)
     holder: object = module
     if probe.owner is not None:
         holder = getattr(module, probe.owner, None)
         if not isinstance(holder, type):
             raise moved(f"{probe.module}.{probe.owner}", "class missing")
-    original = (vars(holder).get(probe.name, _MISSING) if isinstance(holder, ModuleType)
-                else getattr(holder, probe.name, _MISSING))
-    if original is _MISSING and not probe.absent_ok:
+    own = vars(holder).get(probe.name, _MISSING)
+    current = own if isinstance(holder, ModuleType) else getattr(holder, probe.name, _MISSING)
+    if current is _MISSING and not probe.absent_ok:
         where = f"{probe.module}.{probe.owner + '.' if probe.owner else ''}{probe.name}"
         raise moved(where, "name missing")
-    return holder, original
+    return holder, current, own
 
 
 def _check_signatures() -> None:
@@ -691,9 +745,9 @@ def interpret_probes(observer: InterpretObserver) -> Generator[Installed, None, 
     done: list[tuple[_Probe, object, Any]] = []
     try:
         with deferred_interrupts():
-            for probe, holder, original in targets:
-                setattr(holder, probe.name, probe.make(original, installed))
-                done.append((probe, holder, original))
+            for probe, holder, current, own in targets:
+                setattr(holder, probe.name, probe.make(current, installed))
+                done.append((probe, holder, own))
         yield installed
     finally:
         with deferred_interrupts():  # half-restored jax would break every later run

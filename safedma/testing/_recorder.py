@@ -16,7 +16,7 @@ from safedma.testing import _interpret_probes as probes
 from safedma.testing._errors import ConcurrentInterpretError, Race
 from safedma.testing._meshes import DeviceNames
 
-__all__ = ["Blocked", "Failure", "Recorder"]
+__all__ = ["Blocked", "CopyCounts", "Failure", "Recorder"]
 
 #: (peer device, the user's line) -> how many copies
 CopyCounts = Counter[tuple[int, "str | None"]]
@@ -98,6 +98,14 @@ class Recorder:
                 self._last_seen[device] = dma.location
             self._sequence += 1
 
+    def semaphore_signalled(self, signal: probes.SignalSent) -> None:
+        with self._lock:
+            run = self._run_index(signal.run)
+            key = (run, signal.semaphore_id, "signal", signal.device_id)
+            self._dmas.setdefault(key, Counter())[(signal.sender_device_id,
+                                                   signal.location)] += 1
+            self._sequence += 1
+
     def device_thread(self, run: probes.InterpretRun, device_id: int) -> None:
         with self._lock:
             self._run_index(run)
@@ -169,6 +177,12 @@ class Recorder:
     def copies(self, run: int, sem: int, role: str, device: int) -> CopyCounts:
         with self._lock:
             return Counter(self._dmas.get((run, sem, role, device), Counter()))
+
+    def devices_seen(self) -> set[int]:
+        """Every device a probe heard from (a program may bring its own shard_map)."""
+        with self._lock:
+            return {*self._threads.values(), *self._last_seen,
+                    *(w.device_id for w in self._waits.values())}
 
     def last_seen(self) -> dict[int, str]:
         with self._lock:

@@ -168,3 +168,8 @@ def test_leftover_on_4_devices_is_complete() -> None:
     with pytest.raises(LeftoverSemaphoreError) as info:
         simulate(call, example((32, 128)), mesh=simulated_mesh(4, "x"))
     assert [x.device_id for x in info.value.leftovers] == [0, 1, 2, 3]
+    # Each names who signalled it, from which line of the user's kernel.
+    signal_line = _line_of("# never waited")
+    for item in info.value.leftovers:
+        sender = f"device {(item.device_id - 1) % 4} (x={(item.device_id - 1) % 4})"
+        assert f"signalled by {sender} at {__file__}:{signal_line} " in item.hint, item.hint

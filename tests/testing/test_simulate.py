@@ -43,7 +43,6 @@ import safedma as sd
 from safedma.testing import (
     KernelFailedError,
     LeftoverSemaphoreError,
-    NotEnoughDevicesError,
     RaceDetectedError,
     SimulationError,
     SimulationTimeoutError,
@@ -53,28 +52,6 @@ from safedma.testing import (
 )
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
-
-
-# ---------------------------------------------------------------- meshes
-
-
-def test_simulated_mesh_shapes() -> None:
-    assert simulated_mesh(8, "x").devices.shape == (8,)
-    mesh = simulated_mesh((2, 4), ("x", "y"))
-    assert mesh.devices.shape == (2, 4)
-    assert tuple(mesh.axis_names) == ("x", "y")
-    assert all(d.platform == "cpu" for d in mesh.devices.flat)
-
-
-def test_simulated_mesh_with_too_few_devices_says_how_to_get_more() -> None:
-    with pytest.raises(NotEnoughDevicesError,
-                       match=r"XLA_FLAGS=--xla_force_host_platform_device_count=16.*before"):
-        simulated_mesh((4, 4), ("x", "y"))
-
-
-def test_simulated_mesh_rejects_mismatched_names() -> None:
-    with pytest.raises(ValueError, match="differ in length"):
-        simulated_mesh((2, 4), ("x",))
 
 
 def test_specs_without_a_mesh_are_rejected() -> None:
