@@ -96,27 +96,40 @@ def _jax_before(major: int, minor: int) -> bool:
 
 
 #: jax 0.10's io_callback copies every argument onto the first CPU device
-#: before calling the interpreter; with 8 or more simulated devices and a
-#: buffer of about 100 KiB or more, that copy waits behind the devices' own
-#: blocked computations and the run never finishes.  jax 0.12 hands callbacks
+#: (``device_put`` in ``io_callback_impl``) before calling the interpreter;
+#: with 8 or more simulated devices and a buffer of 100 KiB or more, the
+#: devices' threads hang in that copy (measured: 8 devices at 99 KiB run, at
+#: 100 KiB never finish; 7 devices at 128 KiB run).  jax 0.12 hands callbacks
 #: NumPy arrays and runs these fine.
 _LARGE_BUFFER_BYTES = 100 * 1024
 _MANY_DEVICES = 8
 
 
+def _device_count(devices: meshes.DeviceNames, values: Sequence[object]) -> int:
+    # A program that brings its own shard_map (mesh=None) shows its devices
+    # in its arguments' shardings.
+    counts = [devices.count]
+    for value in values:
+        device_set = getattr(getattr(value, "sharding", None), "device_set", None)
+        if isinstance(device_set, (set, frozenset)):
+            counts.append(len(cast("set[object]", device_set)))
+    return max(counts)
+
+
 def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -> None:
-    if not _jax_before(0, 11) or devices.count < _MANY_DEVICES:
+    count = _device_count(devices, values)
+    if not _jax_before(0, 11) or count < _MANY_DEVICES:
         return
     largest = max((meshes.bytes_per_device(v) for v in values), default=0)
     if largest >= _LARGE_BUFFER_BYTES:
         raise SimulationUnsupportedError(
-            f"jax {jax.__version__} cannot simulate {devices.count} devices with "
+            f"jax {jax.__version__} cannot simulate {count} devices with "
             f"{largest // 1024} KiB per device: its io_callback copies each "
             "interpreter argument onto the first CPU device, and with 8 or more "
-            "devices and buffers of about 100 KiB or more that copy waits behind "
-            "the devices' own computations, so the run never finishes. Use jax "
-            "0.12 or newer (where callbacks get NumPy arrays), fewer than 8 "
-            "devices, or blocks under 100 KiB per device."
+            "devices and a buffer of 100 KiB or more per device the devices hang in "
+            "that copy, so the run never finishes. Use jax 0.12 or newer (where "
+            "callbacks get NumPy arrays), fewer than 8 devices, or blocks under "
+            "100 KiB per device."
         )
 
 
@@ -183,6 +196,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             outputs = cast("list[object]", jax.tree.leaves(
                 cast(object, lowered.out_info)))  # pyright: ignore[reportUnknownMemberType]
             _refuse_unsupported(devices, [*placed, *outputs])
+            many = _jax_before(0, 11) and _device_count(
+                devices, [*placed, *outputs]) >= _MANY_DEVICES
             compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
 
         outcome = _Outcome()
@@ -203,7 +218,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             worker.start()
             try:
                 try:
-                    verdict = _watch(recorder, outcome, installed, devices, config)
+                    verdict = _watch(recorder, outcome, installed, devices, config,
+                                     many_devices_on_old_jax=many)
                 except BaseException:
                     # Interrupted (KeyboardInterrupt, a signal handler's exception):
                     # stop the run on every device before letting it through.
@@ -226,7 +242,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
 
 
 def _watch(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
-           devices: meshes.DeviceNames, config: SimulationConfig) -> SimulationError | None:
+           devices: meshes.DeviceNames, config: SimulationConfig, *,
+           many_devices_on_old_jax: bool = False) -> SimulationError | None:
     """Wait for the run, stopping it as soon as its outcome is known; the verdict, if any."""
     start = time.monotonic()
     deadline = start + config.timeout_s
@@ -252,6 +269,12 @@ def _watch(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
         if now >= deadline:
             running = diagnosis.timeout_error(recorder, devices, config.timeout_s,
                                               stopped=True)
+            if many_devices_on_old_jax and not recorder.waiting():
+                running = SimulationTimeoutError(
+                    f"{running}\n\nOn jax {jax.__version__} with 8 or more devices, a "
+                    "buffer of 100 KiB or more per device (a VMEM or SMEM scratch, too) "
+                    "makes interpret mode hang before the kernel starts; jax 0.12 "
+                    "does not.", stopped=True)
             return _stopped(running, _stop(recorder, outcome, installed, str(running)))
     return None
 
