@@ -140,7 +140,6 @@ def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -
 _busy = threading.Lock()
 
 
-
 def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
                    config: SimulationConfig) -> T:
     """Run ``fn(*args)`` as ``config`` says; the outputs, or the error that explains the run."""
@@ -257,6 +256,9 @@ def _watch(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
             # know, so the others are stopped here and the barriers broken.
             if not failure.inside:
                 _stop(recorder, outcome, installed, "a device failed", abort_now=True)
+                return None
+            if now >= deadline:  # the others never noticed: stop them too
+                _stop(recorder, outcome, installed, "a device failed")
                 return None
             continue
         blocked = recorder.blocked()

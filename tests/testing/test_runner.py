@@ -91,7 +91,7 @@ def test_interrupt_during_4_device_simulate_leaves_the_process_usable(
     with pytest.raises(KeyboardInterrupt):
         simulate(call, example((32, 128)), mesh=mesh4, timeout_s=120,
                  uninitialized_memory="zero")
-    assert time.monotonic() - start < after_s + 8.0
+    assert time.monotonic() - start < after_s + 20.0  # bounded, with room for a loaded machine
     assert _interpret_probes.current_interpret_run() is None  # interpreter state reset
     assert_clean_afterwards()  # and the next simulate works
 
@@ -141,7 +141,7 @@ def test_slow_sender_outliving_timeout_is_a_timeout_saying_it_was_still_running(
         simulate(hbm_call(slow_sender(10**9), slow_scratch()), example((32, 128)),
                  mesh=mesh4, timeout_s=2.0, uninitialized_memory="zero")
     assert not isinstance(info.value, UnsatisfiableWaitError)
-    assert time.monotonic() - start < 2.0 + 10.0
+    assert time.monotonic() - start < 2.0 + 25.0  # compilation included
     text = str(info.value)
     assert "device 0 (x=0) was running" in text
     assert "device 1 (x=1) was waiting at" in text and "simulation.py" in text
@@ -200,7 +200,7 @@ def test_exception_in_a_callback_on_one_device_is_reported_at_once_as_itself(
     start = time.monotonic()
     with pytest.raises(KernelFailedError) as info:
         simulate(hbm_call(kernel, dma(2)), example((32, 128)), mesh=mesh4, timeout_s=60.0)
-    assert time.monotonic() - start < 15.0
+    assert time.monotonic() - start < 20.0  # not the 60 s timeout
     text = str(info.value)
     assert "ValueError: device two refuses on purpose" in text
     assert "on device 2 (x=2)" in text
@@ -305,7 +305,11 @@ def test_plain_interpret_kernel_in_another_thread_is_refused_and_the_simulation_
     results: list[object] = []
 
     def other_thread() -> None:
-        time.sleep(1.5)  # the simulated kernel below is running by now
+        deadline = time.monotonic() + 60.0
+        while _interpret_probes.current_interpret_run() is None:  # the simulation runs
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
         try:
             results.append(jax.block_until_ready(plain(y)))
         except Exception as err:
