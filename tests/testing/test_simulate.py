@@ -456,17 +456,21 @@ def test_hard_upper_bound_when_the_watchdog_cannot_stop_the_run(
         copy.wait()
 
     start = time.monotonic()
-    with pytest.raises(SimulationTimeoutError, match="could not stop the run") as info:
-        simulate(hbm_call(kernel, dma()), example(BLOCK), timeout_s=1.0)
-    assert time.monotonic() - start < 1.0 + 2 * 0.5 + 1.0
+    try:
+        with pytest.raises(SimulationTimeoutError, match="could not stop the run") as info:
+            simulate(hbm_call(kernel, dma()), example(BLOCK), timeout_s=1.0)
+        elapsed = time.monotonic() - start
+    finally:
+        # Clean up what the disabled watchdog left spinning, whatever happened.
+        for run, error in held:
+            real_fail(run, error)
+        for worker in [t for t in threading.enumerate() if t.name == "safedma-simulate"]:
+            worker.join(5.0)
+        pltpu.reset_tpu_interpret_mode_state()
+    # timeout_s, two grace periods, and compilation (a few seconds on a loaded machine).
+    assert elapsed < 1.0 + 2 * 0.5 + 5.0
     assert not info.value.stopped
     assert isinstance(info.value.__cause__, UnsatisfiableWaitError)
-    # Clean up what the disabled watchdog left spinning.
-    for run, error in held:
-        real_fail(run, error)
-    for worker in [t for t in threading.enumerate() if t.name == "safedma-simulate"]:
-        worker.join(5.0)
-    pltpu.reset_tpu_interpret_mode_state()
     assert_clean_afterwards()
 
 
