@@ -30,8 +30,8 @@ from safedma.testing._mosaic import (
     mosaic_kernels,
     mosaic_text,
 )
-from safedma.testing._private import PrivateJaxApiError
-from safedma.testing._simulate import (
+from safedma.testing._errors import (
+    ConcurrentInterpretError,
     KernelFailedError,
     LeftoverSemaphore,
     LeftoverSemaphoreError,
@@ -40,14 +40,17 @@ from safedma.testing._simulate import (
     RaceDetectedError,
     SimulationError,
     SimulationTimeoutError,
+    SimulationUnsupportedError,
     StuckWait,
     UnsatisfiableWaitError,
-    simulate,
-    simulated_mesh,
 )
+from safedma.testing._meshes import simulated_mesh
+from safedma.testing._private import PrivateJaxApiError
+from safedma.testing._simulate import simulate
 
 __all__ = [
     "KERNEL_PLACEHOLDER",
+    "ConcurrentInterpretError",
     "KernelFailedError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",
@@ -59,6 +62,7 @@ __all__ = [
     "RaceDetectedError",
     "SimulationError",
     "SimulationTimeoutError",
+    "SimulationUnsupportedError",
     "StuckWait",
     "TpuCompileError",
     "TpuCompileReport",

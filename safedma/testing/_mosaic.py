@@ -14,14 +14,14 @@ import contextlib
 import dataclasses
 import difflib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, cast
 
 import jax
 from jax.extend.mlir import ir
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
-from safedma.testing._private import mosaic_ir_context
+from safedma.testing._private import moved, private_callable, private_module
 
 __all__ = [
     "KERNEL_PLACEHOLDER",
@@ -41,6 +41,47 @@ _TARGET = "tpu_custom_call"
 # printed separately and debug_locations only carries source positions.
 _CONFIG_SKIP = frozenset({"body", "debug_locations"})
 _MAX_DIFF_LINES = 400
+
+
+# Private JAX names used here (and only here in _mosaic): the MLIR context
+# factory of jax._src.interpreters.mlir and the TPU dialect registration of
+# jax._src.lib.tpu, because jax has no public way to parse exported StableHLO
+# that holds Mosaic bytecode.
+@contextlib.contextmanager
+def mosaic_ir_context() -> Generator[ir.Context, None, None]:
+    """Enter an MLIR context that parses exported StableHLO and Mosaic bytecode.
+
+    It has JAX's dialects (for the StableHLO), the Mosaic TPU dialect (the
+    kernel bytecode uses its types) and accepts unregistered ops (serialised
+    Mosaic ops are ``stable_mosaic.*``, which no dialect registers).  Since
+    jax 0.12 ``make_ir_context`` hands out a cached per-thread context that JAX
+    reuses for its own lowering, so we take the uncached ``_create_ir_context``
+    where it exists; otherwise (jax 0.10, where ``make_ir_context`` is
+    uncached, or a release that renamed it) we put the unregistered-dialects
+    flag back on exit in case the context is shared.  Registering the TPU
+    dialect is idempotent and what JAX's own Pallas lowering does.
+    """
+    jmlir = private_module("jax._src.interpreters.mlir")
+    jtpu = private_module("jax._src.lib.tpu")
+    if hasattr(jmlir, "_create_ir_context"):
+        factory = private_callable(jmlir, "_create_ir_context")
+    else:
+        factory = private_callable(jmlir, "make_ir_context")
+    register_tpu = private_callable(jtpu, "register_dialect")
+    ctx = factory()
+    if not isinstance(ctx, ir.Context):
+        raise moved(
+            f"{jmlir.__name__}.{factory.__name__}",
+            f"returned {type(ctx).__name__}, not an MLIR Context",
+        )
+    register_tpu(ctx)
+    allowed = ctx.allow_unregistered_dialects
+    ctx.allow_unregistered_dialects = True
+    try:
+        with ctx:
+            yield ctx
+    finally:
+        ctx.allow_unregistered_dialects = allowed
 
 
 @dataclasses.dataclass(frozen=True)

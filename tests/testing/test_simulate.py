@@ -8,10 +8,9 @@ may leave a thread inside the interpreter.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,11 +25,24 @@ from jax.sharding import PartitionSpec as P
 from tests.support import calls
 from tests.support import kernels_pltpu
 from tests.support import kernels_safedma as sdk
+from tests.support.simulation import (
+    BLOCK,
+    BLOCK_BYTES,
+    F32,
+    HBM,
+    SHORT,
+    Kernel,
+    assert_clean_afterwards,
+    dma,
+    example,
+    hbm_call,
+    ring_kernel,
+    run_ring,
+)
 import safedma as sd
 from safedma.testing import (
     KernelFailedError,
     LeftoverSemaphoreError,
-    NotEnoughDevicesError,
     RaceDetectedError,
     SimulationError,
     SimulationTimeoutError,
@@ -39,140 +51,7 @@ from safedma.testing import (
     simulated_mesh,
 )
 
-HBM = pl.BlockSpec(memory_space=pl.ANY)
-F32 = jnp.float32
-BLOCK = (8, 128)  # per-device block: 4096 bytes of f32
-BLOCK_BYTES = 8 * 128 * 4
-SHORT = 2.0  # timeout_s of the tests that must time out
-Kernel = Callable[..., None]
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def hbm_call(
-    kernel: Kernel,
-    scratch: Sequence[Any],
-    *,
-    interpret: object = None,
-    collective_id: int | None = None,
-) -> Callable[[jax.Array], jax.Array]:
-    """``kernel(x_ref, o_ref, *scratch)`` with x and o in HBM, as a function of x."""
-    extra: dict[str, Any] = {}
-    if interpret is not None:
-        extra["interpret"] = interpret
-    if collective_id is not None:
-        extra["compiler_params"] = pltpu.CompilerParams(collective_id=collective_id)
-
-    def call(x: jax.Array) -> jax.Array:
-        out: jax.Array = pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM], out_specs=HBM, scratch_shapes=list(scratch), **extra,
-        )(x)
-        return out
-
-    return call
-
-
-def dma(n: int = 1) -> list[object]:
-    return [pltpu.SemaphoreType.DMA(()) for _ in range(n)]
-
-
-def example(shape: tuple[int, ...]) -> jax.Array:
-    return jnp.arange(int(np.prod(shape)), dtype=F32).reshape(shape)
-
-
-def ring_kernel(axis: str = "x", names: Sequence[str] = ("x",)) -> Kernel:
-    """Send this device's block to the next device along ``axis`` (dict device id)."""
-
-    def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
-        target: Any = {
-            n: (jax.lax.axis_index(n) + 1) % jax.lax.axis_size(n) if n == axis
-            else jax.lax.axis_index(n)
-            for n in names
-        }
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=target)
-        copy.start()
-        copy.wait()
-
-    return kernel
-
-
-def run_ring(mesh: Mesh, axis: str = "x") -> None:
-    """A clean ring permute along ``axis``; checks the result."""
-    shape = tuple(b * s for b, s in zip(BLOCK, mesh.devices.shape)) if mesh.devices.ndim == 2 \
-        else (BLOCK[0] * mesh.devices.size, BLOCK[1])
-    x = example(shape)
-    spec = P(*mesh.axis_names)
-    kernel = ring_kernel(axis, tuple(str(n) for n in mesh.axis_names))
-    out = simulate(hbm_call(kernel, dma(2)), x, mesh=mesh, in_specs=spec,
-                   out_specs=spec)
-    dim = list(mesh.axis_names).index(axis)
-    np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), BLOCK[dim], axis=dim))
-
-
-def assert_clean_afterwards() -> None:
-    """A clean kernel runs fine right after a failing one: the state was reset."""
-    run_ring(simulated_mesh(4, "x"))
-
-
-def _interpreter_frames() -> list[str]:
-    busy = []
-    me = threading.get_ident()
-    for ident, frame in sys._current_frames().items():
-        if ident == me:
-            continue
-        f: Any = frame
-        while f is not None:
-            if "pallas/mosaic/interpret" in f.f_code.co_filename.replace("\\", "/"):
-                busy.append(f"thread {ident}: {f.f_code.co_name}")
-                break
-            f = f.f_back
-    return busy
-
-
-@pytest.fixture(autouse=True)
-def _no_threads_left_behind() -> Iterator[None]:
-    """No test may leave a thread in the interpreter or a simulate worker alive."""
-    before = {t for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
-    yield
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        busy = _interpreter_frames()
-        workers = [t for t in threading.enumerate() if t.name == "safedma-simulate"]
-        new = {t for t in threading.enumerate()
-               if not isinstance(t, threading._DummyThread)} - before
-        if not busy and not workers and not new:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"threads left behind: interpreter {busy}, workers {workers}, new {new}")
-
-
-@pytest.fixture
-def mesh4() -> Mesh:
-    return simulated_mesh(4, "x")
-
-
-# ---------------------------------------------------------------- meshes
-
-
-def test_simulated_mesh_shapes() -> None:
-    assert simulated_mesh(8, "x").devices.shape == (8,)
-    mesh = simulated_mesh((2, 4), ("x", "y"))
-    assert mesh.devices.shape == (2, 4)
-    assert tuple(mesh.axis_names) == ("x", "y")
-    assert all(d.platform == "cpu" for d in mesh.devices.flat)
-
-
-def test_simulated_mesh_with_too_few_devices_says_how_to_get_more() -> None:
-    with pytest.raises(NotEnoughDevicesError,
-                       match=r"XLA_FLAGS=--xla_force_host_platform_device_count=16.*before"):
-        simulated_mesh((4, 4), ("x", "y"))
-
-
-def test_simulated_mesh_rejects_mismatched_names() -> None:
-    with pytest.raises(ValueError, match="differ in length"):
-        simulated_mesh((2, 4), ("x",))
+pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
 
 def test_specs_without_a_mesh_are_rejected() -> None:
@@ -561,14 +440,14 @@ def test_hard_upper_bound_when_the_watchdog_cannot_stop_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Disable the watchdog's means of stopping a run: simulate must still return.
-    from safedma.testing import _private, _simulate
+    from safedma.testing import _interpret_probes, _runner
 
-    held: list[tuple[_private.InterpretRun, Exception]] = []
-    real_fail = _private.InterpretRun.fail
-    monkeypatch.setattr(_private.InterpretRun, "fail",
+    held: list[tuple[_interpret_probes.InterpretRun, Exception]] = []
+    real_fail = _interpret_probes.InterpretRun.fail
+    monkeypatch.setattr(_interpret_probes.InterpretRun, "fail",
                         lambda run, error: held.append((run, error)))
-    monkeypatch.setattr(_private.InterpretRun, "abort_barriers", lambda run: None)
-    monkeypatch.setattr(_simulate, "_GRACE_S", 0.5)
+    monkeypatch.setattr(_interpret_probes.InterpretRun, "abort_barriers", lambda run: None)
+    monkeypatch.setattr(_runner, "_GRACE_S", 0.5)
 
     def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
         copy = pltpu.make_async_copy(x_ref, o_ref, sem)
@@ -577,17 +456,21 @@ def test_hard_upper_bound_when_the_watchdog_cannot_stop_the_run(
         copy.wait()
 
     start = time.monotonic()
-    with pytest.raises(SimulationTimeoutError, match="could not stop the run") as info:
-        simulate(hbm_call(kernel, dma()), example(BLOCK), timeout_s=1.0)
-    assert time.monotonic() - start < 1.0 + 2 * 0.5 + 1.0
+    try:
+        with pytest.raises(SimulationTimeoutError, match="could not stop the run") as info:
+            simulate(hbm_call(kernel, dma()), example(BLOCK), timeout_s=1.0)
+        elapsed = time.monotonic() - start
+    finally:
+        # Clean up what the disabled watchdog left spinning, whatever happened.
+        for run, error in held:
+            real_fail(run, error)
+        for worker in [t for t in threading.enumerate() if t.name == "safedma-simulate"]:
+            worker.join(5.0)
+        pltpu.reset_tpu_interpret_mode_state()
+    # timeout_s, two grace periods, and compilation (a few seconds on a loaded machine).
+    assert elapsed < 1.0 + 2 * 0.5 + 5.0
     assert not info.value.stopped
     assert isinstance(info.value.__cause__, UnsatisfiableWaitError)
-    # Clean up what the disabled watchdog left spinning.
-    for run, error in held:
-        real_fail(run, error)
-    for worker in [t for t in threading.enumerate() if t.name == "safedma-simulate"]:
-        worker.join(5.0)
-    pltpu.reset_tpu_interpret_mode_state()
     assert_clean_afterwards()
 
 

@@ -1,0 +1,829 @@
+"""Probes into TPU interpret mode: the one module of safedma.testing that patches private JAX.
+
+Interpret mode prints a leftover semaphore instead of failing, hangs on a wait
+nothing can satisfy, sometimes reports a secondary ``BrokenBarrierError``
+instead of the error that stopped the kernel, and keeps its whole simulated
+TPU in module globals of ``jax._src.pallas.mosaic.interpret``.  None of that
+has a public hook, so :func:`interpret_probes` wraps the few names listed in
+:data:`_PROBES` (one entry each, saying why) for the duration of one
+``simulate``, and reports what they see to an :class:`InterpretObserver`.
+Every name is checked before anything is patched; a JAX release that moved
+one fails with :class:`~safedma.testing._private.PrivateJaxApiError`.
+
+Only names the interpreter looks up *at run time* are wrapped (methods,
+module globals), never functions an ``io_callback`` captured at trace time,
+so jit caching cannot bypass a probe.  One lock guards the one global: the
+installed probes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import itertools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from types import ModuleType, TracebackType
+from typing import Any, Literal, Protocol, cast
+
+from jax.experimental.pallas import tpu as _pltpu
+
+import safedma
+from safedma.testing._errors import ConcurrentInterpretError
+from safedma.testing._interrupts import deferred_interrupts
+from safedma.testing._private import moved, private_callable, private_module
+
+__all__ = [
+    "DmaStart",
+    "Installed",
+    "InterpretObserver",
+    "InterpretRun",
+    "LeftoverCount",
+    "RaceReport",
+    "SignalSent",
+    "StopRun",
+    "StrictInterpretParams",
+    "WaitStart",
+    "callback_failures",
+    "current_interpret_run",
+    "exception_location",
+    "force_interpret_params",
+    "interpret_mode_busy",
+    "interpret_probes",
+    "races_raise_natively",
+    "strict_interpret_params",
+    "user_location",
+    "warm_up",
+]
+
+_INTERPRET = "jax._src.pallas.mosaic.interpret"
+_IPC = f"{_INTERPRET}.interpret_pallas_call"
+_SHM = f"{_INTERPRET}.shared_memory"
+_RDS = f"{_INTERPRET}.race_detection_state"
+
+
+class StrictInterpretParams(_pltpu.InterpretParams):
+    """simulate's interpret parameters; the subclass marks a kernel as simulate's own.
+
+    jax accepts any ``InterpretParams`` instance (``isinstance`` checks), and
+    dataclass equality compares classes, so no kernel built elsewhere compares
+    equal to one of these.
+    """
+
+
+class StopRun(RuntimeError):
+    """What the watchdog makes every device of a run raise to stop it."""
+
+
+# --------------------------------------------------------------------------
+# What the probes report
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InterpretRun:
+    """The simulated TPU of one interpreted kernel (jax's ``SharedMemory``), kept opaque."""
+
+    _memory: Any
+
+    @property
+    def key(self) -> int:
+        return id(self._memory)
+
+    @property
+    def cores(self) -> int:
+        return int(getattr(self._memory, "num_cores", 1) or 1)
+
+    @property
+    def cores_per_device(self) -> int:
+        return int(getattr(self._memory, "num_cores_per_device", 1) or 1)
+
+    @property
+    def failed(self) -> bool:
+        """True once the run has failed (jax keeps the first failure in ``_failure``)."""
+        return getattr(self._memory, "_failure", None) is not None
+
+    def fail(self, error: Exception) -> None:
+        """Make every device of this run raise ``error`` at its next interpreter step.
+
+        ``top_level=False``: the caller is not one of the device threads, so it
+        must not take a place in the clean-up barrier.
+        """
+        self._memory.set_failed(error, top_level=False)
+
+    def abort_barriers(self) -> None:
+        """Break the interpreter's start and clean-up barriers.
+
+        For a run where a device will never reach them (it died outside the
+        interpreter, or the watchdog could not stop it otherwise).
+        """
+        for name in ("barrier", "clean_up_barrier"):
+            barrier = getattr(self._memory, name, None)
+            if isinstance(barrier, threading.Barrier):
+                barrier.abort()
+
+    def is_barrier_semaphore(self, semaphore: object) -> bool:
+        fixed: Mapping[object, object] = getattr(self._memory, "fixed_id_sem", None) or {}
+        return any(value is semaphore for value in fixed.values())
+
+    def nonzero_counts(self) -> list[LeftoverCount]:
+        """Every semaphore count that is not zero, on every core."""
+        with self._memory.lock:
+            sems = [*dict(self._memory.sem).values(), *dict(self._memory.fixed_id_sem).values()]
+        per_device = self.cores_per_device
+        counts: list[LeftoverCount] = []
+        for sem in sems:
+            with sem.cv:
+                values = [int(v) for v in sem.count_by_core]
+            counts.extend(
+                LeftoverCount(semaphore_id=int(sem.id), device_id=gci // per_device,
+                              core_id=gci % per_device, count=value,
+                              is_barrier=self.is_barrier_semaphore(sem))
+                for gci, value in enumerate(values) if value != 0
+            )
+        return counts
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitStart:
+    """A device began waiting on a semaphore (``dma_wait`` or ``semaphore_wait``)."""
+
+    run: InterpretRun
+    semaphore_id: int
+    device_id: int
+    core_id: int
+    global_core_id: int
+    value: int
+    is_dma: bool
+    is_barrier: bool
+    location: str | None
+    read_count: Callable[[], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaStart:
+    """A copy was started (in eager mode it has also run by the time it is reported)."""
+
+    run: InterpretRun
+    src_device_id: int
+    dst_device_id: int
+    send_semaphore_id: int | None
+    recv_semaphore_id: int
+    location: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalSent:
+    """A ``semaphore_signal`` reached a semaphore (DMA completions are DmaStart)."""
+
+    run: InterpretRun
+    semaphore_id: int
+    device_id: int
+    sender_device_id: int
+    location: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeftoverCount:
+    """A semaphore with a non-zero count on one core when every device had finished."""
+
+    semaphore_id: int
+    device_id: int
+    core_id: int
+    count: int
+    is_barrier: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RaceReport:
+    """A race found by interpret mode's happens-before detector."""
+
+    access: Literal["read", "write"]
+    accessor: tuple[int, int]
+    buffer: tuple[object, ...]
+    location: str | None
+    message: str
+
+
+class InterpretObserver(Protocol):
+    """Receives probe events; called from the interpreter's device threads."""
+
+    def wait_started(self, token: int, wait: WaitStart) -> None: ...
+    def wait_finished(self, token: int) -> None: ...
+    def dma_started(self, dma: DmaStart) -> None: ...
+    def semaphore_signalled(self, signal: SignalSent) -> None: ...
+    def device_thread(self, run: InterpretRun, device_id: int) -> None: ...
+    def kernel_exited(self, run: InterpretRun, device_id: int) -> None: ...
+    def kernel_ended(self, run: InterpretRun, counts: Sequence[LeftoverCount]) -> None: ...
+    def race_detected(self, race: RaceReport) -> None: ...
+    def run_failed(self, run: InterpretRun, error: BaseException,
+                   device_id: int | None) -> None: ...
+    def callback_failed(self, error: BaseException) -> bool: ...
+
+
+# --------------------------------------------------------------------------
+# The user's line
+
+
+_SAFEDMA_DIR = os.path.dirname(os.path.abspath(safedma.__file__)) + os.sep
+_KERNELS_DIR = os.path.join(_SAFEDMA_DIR, "kernels") + os.sep
+
+
+def _is_library_file(path: str) -> bool:
+    """A file of safedma's library (not its ``kernels``, which are code like the user's)."""
+    full = os.path.abspath(path)
+    return full.startswith(_SAFEDMA_DIR) and not full.startswith(_KERNELS_DIR)
+
+
+def _source_info_util() -> ModuleType:
+    return private_module("jax._src.source_info_util")
+
+
+def user_location(source_info: object) -> str | None:
+    """``file:line (function)`` of the first frame outside jax and safedma's library.
+
+    jax's own ``summarize`` stops at the first frame outside jax, which for a
+    copy built with safedma is safedma's wrapper; we skip those frames here,
+    in one place, rather than register safedma's directory with jax
+    (``source_info_util.register_exclusion``), which would also drop safedma's
+    frames from every traceback jax filters in the process.
+    """
+    if source_info is None:
+        return None
+    try:
+        user_frames = private_callable(_source_info_util(), "user_frames")
+        frames = cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None)))
+        for frame in frames:
+            if not _is_library_file(str(frame.file_name)):
+                return f"{frame.file_name}:{int(frame.start_line)} ({frame.function_name})"
+    except Exception:  # only for messages; never let it break a run
+        return None
+    return None
+
+
+def exception_location(error: BaseException) -> str | None:
+    """The user's line an exception raised in a kernel came from, if it can be told.
+
+    An interpreter step that raised (an out-of-bounds ``get``, a copy) was
+    handed the kernel equation's ``source_info``; an exception raised by the
+    user's own code (a ``jax.debug.callback``) has the user's frame in its
+    traceback.  The innermost of either wins.
+    """
+    frames: list[tuple[str, int, str, Mapping[str, object]]] = []
+    tb: TracebackType | None = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((code.co_filename, tb.tb_lineno, code.co_name, tb.tb_frame.f_locals))
+        tb = tb.tb_next
+    try:
+        is_user = private_callable(_source_info_util(), "is_user_filename")
+    except Exception:
+        return None
+    for filename, line, name, local in reversed(frames):
+        info = local.get("source_info")
+        if info is None and "self" in local:
+            info = getattr(local["self"], "source_info", None)
+        if info is not None:
+            where = user_location(info)
+            if where is not None:
+                return where
+        if bool(is_user(filename)) and not _is_library_file(filename):
+            return f"{filename}:{line} ({name})"
+    return None
+
+
+# --------------------------------------------------------------------------
+# Parameters and status
+
+
+def _interpret_module(name: str) -> ModuleType:
+    return private_module(name)
+
+
+def races_raise_natively() -> bool:
+    """True where interpret mode raises on a race itself (jax >= 0.11: ``on_race``)."""
+    state = getattr(_interpret_module(_RDS), "RaceDetectionState", None)
+    return "on_race" in getattr(state, "__dataclass_fields__", {})
+
+
+def strict_interpret_params(
+    uninitialized_memory: Literal["nan", "zero"] = "nan",
+) -> StrictInterpretParams:
+    """Interpret mode with race detection, races fatal and DMAs run when started."""
+    extra: dict[str, Any] = {}
+    if "on_race" in getattr(_pltpu.InterpretParams, "__dataclass_fields__", {}):
+        extra["on_race"] = "raise"
+    return StrictInterpretParams(
+        detect_races=True,
+        dma_execution_mode="eager",
+        uninitialized_memory=uninitialized_memory,
+        **extra,
+    )
+
+
+def current_interpret_run() -> InterpretRun | None:
+    """The simulated state of the kernel being interpreted now, if any."""
+    memory = getattr(_interpret_module(_IPC), "_shared_memory", None)
+    return None if memory is None else InterpretRun(memory)
+
+
+def interpret_mode_busy() -> bool:
+    """True while an interpreted kernel is running (its state exists and has not failed).
+
+    A kernel that finished cleared the state; one that failed left it with its
+    failure recorded, for debugging, until the next reset.
+    """
+    run = current_interpret_run()
+    return run is not None and not run.failed
+
+
+# Modules jax imports lazily the first time it lowers an interpret-mode
+# pallas_call (pallas_call._pallas_call_lowering tries the GPU interpreter for
+# every interpret= value).  An interrupt landing inside that first import
+# leaves jaxlib's MLIR dialect registry half-filled ("Dialect namespace 'llvm'
+# is already registered") and every later lowering fails; importing them once,
+# up front and uninterrupted, closes that window.
+_LAZY_IMPORTS = (
+    "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+    "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",
+)
+_warmed = False
+
+
+def warm_up() -> None:
+    """Import what jax would import lazily while lowering the first interpreted kernel."""
+    global _warmed
+    if _warmed:
+        return
+    for name in _LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # jax skips it too (no GPU support installed, say)
+            pass
+    _warmed = True
+
+
+# --------------------------------------------------------------------------
+# The probes: one entry per patched name
+
+
+_wait_tokens = itertools.count(1)
+
+
+@dataclasses.dataclass
+class Installed:
+    """The probes of one simulate: its observer, and whether it is stopping."""
+
+    observer: InterpretObserver
+    stopping: str | None = None
+    # The user's line per source_info: a kernel equation keeps one source_info
+    # object, so a loop pays for the traceback walk once, not every iteration.
+    _locations: dict[int, tuple[object, str | None]] = dataclasses.field(
+        default_factory=lambda: {})
+
+    def location(self, source_info: object) -> str | None:
+        if source_info is None:
+            return None
+        hit = self._locations.get(id(source_info))
+        if hit is not None and hit[0] is source_info:
+            return hit[1]
+        where = user_location(source_info)
+        self._locations[id(source_info)] = (source_info, where)
+        return where
+
+
+def _args(fn: Callable[..., object], *args: object, **kwargs: object) -> dict[str, Any]:
+    try:
+        return dict(inspect.signature(fn).bind(*args, **kwargs).arguments)
+    except TypeError:
+        return {}
+
+
+def _probe_wait(orig: Any, probes: Installed) -> object:
+    def wait(self: Any, value: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
+        token = next(_wait_tokens)
+        gci = int(global_core_id)
+        run = InterpretRun(self.shared_memory)
+        per_device = run.cores_per_device
+
+        def read_count() -> int:
+            with self.cv:
+                return int(self.count_by_core[gci])
+
+        try:
+            probes.observer.wait_started(token, WaitStart(
+                run=run, semaphore_id=int(self.id), device_id=gci // per_device,
+                core_id=gci % per_device, global_core_id=gci, value=int(value),
+                is_dma=bool(kwargs.get("has_tasks", False)),
+                is_barrier=run.is_barrier_semaphore(self),
+                location=probes.location(
+                    getattr(kwargs.get("logging_info"), "source_info", None)),
+                read_count=read_count,
+            ))
+            return orig(self, value, global_core_id, *args, **kwargs)
+        finally:
+            probes.observer.wait_finished(token)
+
+    return wait
+
+
+def _probe_signal(orig: Any, probes: Installed) -> object:
+    def signal(self: Any, inc: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(self, inc, global_core_id, *args, **kwargs)
+        info = kwargs.get("logging_info")
+        source = getattr(info, "source_info", None)
+        sender = getattr(info, "device_id", None)
+        if source is not None and isinstance(sender, int):  # semaphore_signal, not a DMA
+            run = InterpretRun(self.shared_memory)
+            probes.observer.semaphore_signalled(SignalSent(
+                run=run, semaphore_id=int(self.id),
+                device_id=int(global_core_id) // run.cores_per_device,
+                sender_device_id=sender, location=probes.location(source)))
+        return result
+
+    return signal
+
+
+def _probe_dma_init(orig: Any, probes: Installed) -> object:
+    def dma_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        src_sem = self.src_sem
+        probes.observer.dma_started(DmaStart(
+            run=InterpretRun(self.dst_sem.shared_memory),
+            src_device_id=int(self.src_device_id),
+            dst_device_id=int(self.dst_device_id),
+            send_semaphore_id=None if src_sem is None else int(src_sem.id),
+            recv_semaphore_id=int(self.dst_sem.id),
+            location=probes.location(self.source_info),
+        ))
+
+    return dma_init
+
+
+def _probe_exit(orig: Any, probes: Installed) -> object:
+    def nonzero(self: Any, device_id: Any) -> Any:
+        probes.observer.kernel_exited(InterpretRun(self), int(device_id))
+        return orig(self, device_id)
+
+    return nonzero
+
+
+def _probe_clear(orig: Any, probes: Installed) -> object:
+    ipc = _interpret_module(_IPC)
+
+    def clear() -> Any:
+        memory = getattr(ipc, "_shared_memory", None)
+        if memory is not None:
+            run = InterpretRun(memory)
+            probes.observer.kernel_ended(run, run.nonzero_counts())
+        return orig()
+
+    return clear
+
+
+def _probe_set_failed(orig: Any, probes: Installed) -> object:
+    def set_failed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = _args(orig, self, *args, **kwargs)
+        error = bound.get("exception")
+        device = bound.get("device_id")
+        thread = bound.get("failed_thread")
+        if device is None and isinstance(thread, tuple) and thread:
+            device = cast("tuple[object, ...]", thread)[0]
+        if isinstance(error, BaseException):
+            probes.observer.run_failed(InterpretRun(self), error,
+                                       None if device is None else int(cast(int, device)))
+        return orig(self, *args, **kwargs)
+
+    return set_failed
+
+
+def _probe_allocate(orig: Any, probes: Installed) -> object:
+    def allocate_buffer(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
+        parts = cast("tuple[object, ...]", key) if isinstance(key, tuple) else ()
+        if len(parts) > 2:
+            probes.observer.device_thread(InterpretRun(self), int(cast(int, parts[2])))
+        return orig(self, key, *args, **kwargs)
+
+    return allocate_buffer
+
+
+def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Installed], object]:
+    def make(orig: Any, probes: Installed) -> object:
+        def check(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return orig(self, *args, **kwargs)
+            except RuntimeError as err:
+                message = str(err)
+                if not message.startswith("RACE DETECTED"):
+                    raise
+                bound = _args(orig, self, *args, **kwargs)
+                try:
+                    if "thread" in bound:
+                        who = tuple(int(v) for v in bound["thread"])
+                    else:
+                        who = (int(bound["device_id"]), int(bound["local_core_id"]))
+                    accessor = (who[0], who[1] if len(who) > 1 else 0)
+                    buffer = tuple(bound.get("buffer_key", ()))
+                except Exception:  # only for messages
+                    accessor, buffer = (-1, -1), ()
+                probes.observer.race_detected(RaceReport(
+                    access=access, accessor=accessor, buffer=buffer,
+                    location=user_location(bound.get("source_info")), message=message,
+                ))
+                raise
+
+        return check
+
+    return make
+
+
+def _race_print(*args: object, **kwargs: Any) -> None:
+    text = " ".join(str(a) for a in args)
+    if text.startswith("RACE DETECTED"):
+        raise RuntimeError(text)
+    builtins.print(*args, **kwargs)
+
+
+def _probe_race_print(orig: Any, probes: Installed) -> object:
+    return _race_print
+
+
+def _exit_print(*args: object, **kwargs: Any) -> None:
+    text = " ".join(str(a) for a in args)
+    if text.startswith("Semaphore ") and "at kernel exit" in text:
+        return  # simulate reports every one of them itself, as an error
+    builtins.print(*args, **kwargs)
+
+
+def _probe_exit_print(orig: Any, probes: Installed) -> object:
+    return _exit_print
+
+
+class _InitGuard:
+    """Stands in for the interpreter's state lock, to keep other kernels out of a simulation.
+
+    ``_initialize_shared_memory`` takes this lock first thing in every
+    interpreted kernel, on every device, before it joins or creates the one
+    global simulated TPU; a kernel that is not simulate's own (another thread's
+    plain interpret-mode ``pallas_call``) is refused there, before it can touch
+    the simulation's state.
+    """
+
+    def __init__(self, lock: Any, probes: Installed) -> None:
+        self._lock = lock
+        self._probes = probes
+
+    def __enter__(self) -> bool:
+        caller = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+        if caller.f_code.co_name == "_initialize_shared_memory":
+            params = caller.f_locals.get("interpret_params")
+            if self._probes.stopping is not None:
+                raise StopRun(self._probes.stopping)
+            if params is not None and not isinstance(params, StrictInterpretParams):
+                raise ConcurrentInterpretError(
+                    "an interpret-mode kernel started in another thread while "
+                    "safedma.testing.simulate was running; interpret mode keeps one "
+                    "simulated TPU per process, so this kernel was refused to keep "
+                    "both runs correct. Run it after simulate returns (or inside the "
+                    "function given to simulate)."
+                )
+        return bool(self._lock.__enter__())
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(*exc)
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(self._lock.acquire(*args, **kwargs))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+def _probe_init_lock(orig: Any, probes: Installed) -> object:
+    return _InitGuard(orig, probes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Probe:
+    """One patched name: where it lives, why it is patched, and what replaces it."""
+
+    module: str
+    owner: str | None  # a class of the module, or None for a module global
+    name: str
+    make: Callable[[Any, Installed], object]
+    why: str
+    only_if: Callable[[], bool] = lambda: True
+    absent_ok: bool = False  # a module global that normally does not exist
+
+
+_PROBES: tuple[_Probe, ...] = (
+    _Probe(_SHM, "Semaphore", "wait", _probe_wait, why=(
+        "who waits on which semaphore for what: interpret mode polls a wait that "
+        "nothing can satisfy forever, with no hook to see it (R3, deadlock check)")),
+    _Probe(_SHM, "Semaphore", "signal", _probe_signal, why=(
+        "which device signalled which semaphore from which line (semaphore_signal "
+        "passes its source_info only to jax's optional logging): the hints of a "
+        "leftover REGULAR or BARRIER count (R2)")),
+    _Probe(_IPC, "DMA", "__init__", _probe_dma_init, why=(
+        "which copy signals which semaphore on which device, started at which "
+        "line: the hints of R2/R3 (no public record of started copies)")),
+    _Probe(_SHM, "SharedMemory", "get_sempahores_with_nonzero_count", _probe_exit, why=(
+        "(sic) called once per device by _validate when its kernel body returns: "
+        "a device that exited cannot signal any more (deadlock check)")),
+    _Probe(_IPC, None, "_clear_shared_memory", _probe_clear, why=(
+        "the clean-up barrier's action, run once every device has finished: the "
+        "one moment every count is final. _validate reads each device as it exits "
+        "(a peer may still signal it) and prints only the first leftover (R2)")),
+    _Probe(_SHM, "SharedMemory", "set_failed", _probe_set_failed, why=(
+        "the first failure of a run is its root cause; the error XLA hands back "
+        "is whichever device failed first in XLA, often a secondary "
+        "BrokenBarrierError (jax's own TODO in SharedMemory.check_failed)")),
+    _Probe(_SHM, "SharedMemory", "allocate_buffer", _probe_allocate, why=(
+        "every device allocates its buffers on its own thread at kernel start: "
+        "names the device of an error raised outside the interpreter "
+        "(a jax.debug.callback), which jax does not record")),
+    _Probe(_RDS, "RaceDetectionState", "check_read", _probe_race_check("read"), why=(
+        "who raced on which buffer: jax only formats it into its message (R1)")),
+    _Probe(_RDS, "RaceDetectionState", "check_write", _probe_race_check("write"), why=(
+        "who raced on which buffer, for a write: jax only formats it into its message (R1)")),
+    _Probe(_RDS, None, "print", _probe_race_print,
+           only_if=lambda: not races_raise_natively(), absent_ok=True, why=(
+               "jax 0.10 only prints a race and sets a flag (no on_race parameter "
+               "before 0.11); a module-level print that raises stops at the first race "
+               "as 0.12 does (R1)")),
+    _Probe(_IPC, None, "print", _probe_exit_print, absent_ok=True, why=(
+        "_validate prints the first leftover semaphore of each device to stdout; "
+        "simulate raises LeftoverSemaphoreError listing all of them, so the print "
+        "is only noise (module-level print shadowed, other prints pass through)")),
+    _Probe(_IPC, None, "_shared_memory_init_lock", _probe_init_lock, why=(
+        "interpret mode has one global simulated TPU (jax's TODO at "
+        "_shared_memory: 'support multiple instances'); a plain interpret-mode "
+        "kernel started in another thread would join or clear simulate's state "
+        "(seen as AssertionError in _get_shared_memory); refused at its first step")),
+)
+
+_MISSING = object()
+
+
+def _target(probe: _Probe) -> tuple[object, Any, Any]:
+    """The object that holds the probed name, the value to wrap, and what to put back.
+
+    What to put back is the holder's own entry, or ``_MISSING`` when the name
+    is inherited (jax 0.12 defines some SharedMemory methods on a base class)
+    or normally absent, so restoring deletes the wrapper instead.
+    """
+    module = _interpret_module(probe.module)
+    holder: object = module
+    if probe.owner is not None:
+        holder = getattr(module, probe.owner, None)
+        if not isinstance(holder, type):
+            raise moved(f"{probe.module}.{probe.owner}", "class missing")
+    own = vars(holder).get(probe.name, _MISSING)
+    current = own if isinstance(holder, ModuleType) else getattr(holder, probe.name, _MISSING)
+    if current is _MISSING and not probe.absent_ok:
+        where = f"{probe.module}.{probe.owner + '.' if probe.owner else ''}{probe.name}"
+        raise moved(where, "name missing")
+    return holder, current, own
+
+
+def _check_signatures() -> None:
+    """Parameters the probes read by name; checked once, before anything is patched."""
+    shm, ipc, rds = (_interpret_module(m) for m in (_SHM, _IPC, _RDS))
+    needs: list[tuple[str, object, tuple[str, ...]]] = [
+        (f"{_SHM}.Semaphore.wait", getattr(shm.Semaphore, "wait", None),
+         ("value", "global_core_id", "has_tasks", "logging_info")),
+        (f"{_SHM}.SharedMemory.set_failed", getattr(shm.SharedMemory, "set_failed", None),
+         ("exception", "top_level")),
+    ]
+    for where, fn, names in needs:
+        try:
+            have = tuple(inspect.signature(cast("Callable[..., object]", fn)).parameters)
+        except (TypeError, ValueError):
+            have = ()
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise moved(where, f"parameters {missing} missing; it takes {list(have)}")
+    for field in ("id", "src_device_id", "dst_device_id", "src_sem", "dst_sem", "source_info"):
+        if field not in getattr(ipc.DMA, "__dataclass_fields__", {}):
+            raise moved(f"{_IPC}.DMA.{field}", "field missing")
+    for method in ("check_read", "check_write"):
+        params = set(inspect.signature(getattr(rds.RaceDetectionState, method)).parameters)
+        if "buffer_key" not in params or not ({"thread"} <= params
+                                              or {"device_id", "local_core_id"} <= params):
+            raise moved(f"{_RDS}.RaceDetectionState.{method}",
+                        f"unexpected parameters {sorted(params)}")
+
+
+_lock = threading.Lock()
+_installed: Installed | None = None
+
+
+@contextlib.contextmanager
+def interpret_probes(observer: InterpretObserver) -> Generator[Installed, None, None]:
+    """Report interpret-mode events to ``observer`` for the ``with`` block.
+
+    One simulation at a time; the yielded handle's ``stopping`` refuses any
+    kernel that starts after the watchdog began stopping the run.  Raises
+    :class:`PrivateJaxApiError` if the interpreter internals moved.
+    """
+    global _installed
+    _check_signatures()
+    targets = [(p, *_target(p)) for p in _PROBES if p.only_if()]
+    with _lock:
+        if _installed is not None:
+            raise RuntimeError(
+                "safedma.testing.simulate is already running; interpret mode has one "
+                "global state per process, so simulations cannot run concurrently"
+            )
+        installed = Installed(observer)
+        _installed = installed
+    done: list[tuple[_Probe, object, Any]] = []
+    try:
+        with deferred_interrupts():
+            for probe, holder, current, own in targets:
+                setattr(holder, probe.name, probe.make(current, installed))
+                done.append((probe, holder, own))
+        yield installed
+    finally:
+        with deferred_interrupts():  # half-restored jax would break every later run
+            for probe, holder, original in reversed(done):
+                if original is _MISSING:
+                    delattr(holder, probe.name)
+                else:
+                    setattr(holder, probe.name, original)
+            with _lock:
+                _installed = None
+
+
+@contextlib.contextmanager
+def force_interpret_params(params: _pltpu.InterpretParams) -> Generator[None, None, None]:
+    """Trace every ``pallas_call`` in the block with ``interpret=params``.
+
+    Also pallas_calls built before the block, whatever ``interpret=`` they were
+    built with: ``pl.pallas_call(...)`` reads the forced mode
+    (``pltpu.force_tpu_interpret_mode``) when it is *built*, so the strict
+    parameters are substituted where ``pallas_call_p`` is bound (trace time,
+    before effects are computed), the one place every call passes.
+    """
+    module = private_module("jax._src.pallas.pallas_call")
+    primitive = getattr(module, "pallas_call_p", None)
+    if primitive is None or not callable(getattr(primitive, "bind", None)):
+        raise moved(f"{module.__name__}.pallas_call_p.bind", "primitive missing")
+    shadowed = "bind" in vars(primitive)
+    orig = primitive.bind
+
+    def bind(*args: Any, **kwargs: Any) -> Any:
+        if "interpret" in kwargs:
+            kwargs["interpret"] = params
+        return orig(*args, **kwargs)
+
+    primitive.bind = bind
+    try:
+        with _pltpu.force_tpu_interpret_mode(params):
+            yield
+    finally:
+        if shadowed:
+            primitive.bind = orig
+        else:
+            del primitive.bind
+
+
+# Loggers jax reports a failing host callback on ("jax.io_callback failed",
+# "jax.debug.callback failed"), with the exception attached.  Public logging,
+# but the logger names are jax's module paths.
+_CALLBACK_LOGGERS = ("jax._src.callback", "jax._src.debugging")
+
+
+@contextlib.contextmanager
+def callback_failures(observer: InterpretObserver) -> Generator[None, None, None]:
+    """Tell ``observer`` about every failing host callback, at once, on its thread.
+
+    A kernel whose ``jax.debug.callback`` raises on one device stops only that
+    device; the others wait for it forever.  jax logs the failure on the
+    failing thread before anything else happens, which is the earliest point
+    to see it.  Records the observer claims (failures of the simulated run,
+    which simulate reports itself) are dropped from the log.
+    """
+
+    class _Seen(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            error = record.exc_info[1] if record.exc_info else None
+            if error is None:
+                return True
+            return not observer.callback_failed(error)
+
+    seen = _Seen()
+    loggers = [logging.getLogger(name) for name in _CALLBACK_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(seen)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(seen)
+

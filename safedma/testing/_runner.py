@@ -1,0 +1,360 @@
+"""Running one strict simulation: compile, run on a worker thread, watch it, stop it, report.
+
+The simulating thread compiles the program, starts it on a worker thread and
+watches the probes' record.  It stops the run as soon as the outcome is
+known: a device raised (reported as itself), every device is blocked for
+good (an unsatisfiable wait), ``timeout_s`` ran out while the kernel was
+still running, or the caller was interrupted (``KeyboardInterrupt``, a
+signal handler's exception).  Stopping fails the run on every device, waits
+for the worker, and resets interpret mode, so the next simulation starts
+clean and the process can exit normally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal, TypeVar, cast
+
+import jax
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import Mesh, PartitionSpec
+from jax.typing import ArrayLike
+
+from safedma.testing import _diagnosis as diagnosis
+from safedma.testing import _interpret_probes as probes
+from safedma.testing import _meshes as meshes
+from safedma.testing._errors import (
+    ConcurrentInterpretError,
+    KernelFailedError,
+    RaceDetectedError,
+    SimulationError,
+    SimulationTimeoutError,
+    SimulationUnsupportedError,
+)
+from safedma.testing._interrupts import deferred_interrupts
+from safedma.testing._recorder import Blocked, Recorder
+
+__all__ = ["SimulationConfig", "run_simulation"]
+
+T = TypeVar("T")
+
+#: After the run is told to stop, how long the devices get to notice (they
+#: poll every 0.1 s) before the interpreter's barriers are broken, and again
+#: before the runner gives up on the run.
+_GRACE_S = 5.0
+
+#: How often the simulating thread looks at the run.
+_POLL_S = 0.05
+
+#: How long every device must stay blocked, with no event in between, before
+#: a wait is called unsatisfiable: longer than the 0.1 s an interpreter wait
+#: sleeps between looks at its count, so a signal that just landed is seen.
+_CONFIRM_S = 0.3
+
+# jaxlib's exception class is untyped for pyright.
+_JaxRuntimeError = cast(
+    "type[Exception]", jax.errors.JaxRuntimeError  # pyright: ignore[reportUnknownMemberType]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationConfig:
+    """Everything about one simulation except the function and its arguments."""
+
+    mesh: Mesh | None = None
+    in_specs: PartitionSpec | Sequence[PartitionSpec] | None = None
+    out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None
+    timeout_s: float = 60.0
+    uninitialized_memory: Literal["nan", "zero"] = "nan"
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.mesh is None and (self.in_specs is not None or self.out_specs is not None):
+            raise ValueError("in_specs/out_specs need a mesh: pass mesh=simulated_mesh(...)")
+
+
+class _Outcome:
+    """What the worker thread produced: the outputs or the exception."""
+
+    def __init__(self) -> None:
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+# ---------------------------------------------------------------------------
+# Refused up front
+
+
+def _jax_before(major: int, minor: int) -> bool:
+    parts = [int(p) if p.isdigit() else 0 for p in str(jax.__version__).split(".")[:2]]
+    return tuple(parts) < (major, minor)
+
+
+#: jax 0.10's io_callback copies every argument onto the first CPU device
+#: (``device_put`` in ``io_callback_impl``) before calling the interpreter;
+#: with 8 or more simulated devices and a buffer of 100 KiB or more, the
+#: devices' threads hang in that copy (measured: 8 devices at 99 KiB run, at
+#: 100 KiB never finish; 7 devices at 128 KiB run).  jax 0.12 hands callbacks
+#: NumPy arrays and runs these fine.
+_LARGE_BUFFER_BYTES = 100 * 1024
+_MANY_DEVICES = 8
+
+
+def _device_count(devices: meshes.DeviceNames, values: Sequence[object]) -> int:
+    # A program that brings its own shard_map (mesh=None) shows its devices
+    # in its arguments' shardings.
+    counts = [devices.count]
+    for value in values:
+        device_set = getattr(getattr(value, "sharding", None), "device_set", None)
+        if isinstance(device_set, (set, frozenset)):
+            counts.append(len(cast("set[object]", device_set)))
+    return max(counts)
+
+
+def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -> None:
+    count = _device_count(devices, values)
+    if not _jax_before(0, 11) or count < _MANY_DEVICES:
+        return
+    largest = max((meshes.bytes_per_device(v) for v in values), default=0)
+    if largest >= _LARGE_BUFFER_BYTES:
+        raise SimulationUnsupportedError(
+            f"jax {jax.__version__} cannot simulate {count} devices with "
+            f"{largest // 1024} KiB per device: its io_callback copies each "
+            "interpreter argument onto the first CPU device, and with 8 or more "
+            "devices and a buffer of 100 KiB or more per device the devices hang in "
+            "that copy, so the run never finishes. Use jax 0.12 or newer (where "
+            "callbacks get NumPy arrays), fewer than 8 devices, or blocks under "
+            "100 KiB per device."
+        )
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+_busy = threading.Lock()
+
+
+def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
+                   config: SimulationConfig) -> T:
+    """Run ``fn(*args)`` as ``config`` says; the outputs, or the error that explains the run."""
+    if not _busy.acquire(blocking=False):
+        raise RuntimeError(
+            "simulate() is already running in this process; interpret mode keeps one "
+            "global state, so simulations must run one at a time"
+        )
+    try:
+        with deferred_interrupts():
+            probes.warm_up()
+        return _run(fn, args, config)
+    finally:
+        _busy.release()
+
+
+def _program(fn: Callable[..., T], args: Sequence[ArrayLike],
+             config: SimulationConfig) -> tuple[Callable[..., T], tuple[object, ...]]:
+    if config.mesh is None:
+        return fn, tuple(args)
+    default = meshes.default_spec(config.mesh)
+    ins = meshes.specs(config.in_specs, default, arguments=True)
+    outs = meshes.specs(config.out_specs, default, arguments=False)
+    placed = meshes.place(args, ins, config.mesh)
+    program = jax.shard_map(fn, mesh=config.mesh, in_specs=ins, out_specs=outs,
+                            check_vma=False)
+    return program, placed
+
+
+def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:
+    devices = meshes.DeviceNames(config.mesh)
+    program, placed = _program(fn, args, config)
+    params = probes.strict_interpret_params(config.uninitialized_memory)
+    recorder = Recorder(devices)
+    if probes.interpret_mode_busy():
+        raise ConcurrentInterpretError(
+            "another thread is running an interpret-mode kernel; interpret mode "
+            "keeps one simulated TPU per process, so simulate cannot start until it "
+            "returns (starting now would wipe that kernel's state)"
+        )
+    with probes.interpret_probes(recorder) as installed:
+        # Leftovers of an earlier failed interpret run outside simulate() would
+        # make this one fail.
+        pltpu.reset_tpu_interpret_mode_state()
+
+        def fresh(*flat: object) -> T:
+            # A new function each time: no jit cache entry traced elsewhere is reused.
+            return program(*flat)
+
+        with probes.force_interpret_params(params):
+            lowered = jax.jit(fresh).lower(*placed)  # pyright: ignore[reportUnknownMemberType]
+            # Output infos carry their global shape and (under a mesh) sharding.
+            outputs = cast("list[object]", jax.tree.leaves(
+                cast(object, lowered.out_info)))  # pyright: ignore[reportUnknownMemberType]
+            _refuse_unsupported(devices, [*placed, *outputs])
+            many = _jax_before(0, 11) and _device_count(
+                devices, [*placed, *outputs]) >= _MANY_DEVICES
+            compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
+
+        outcome = _Outcome()
+
+        def work() -> None:
+            try:
+                outcome.value = jax.block_until_ready(  # pyright: ignore[reportUnknownMemberType]
+                    compiled(*placed)
+                )
+            except BaseException as err:  # handed to the simulating thread
+                outcome.error = err
+            finally:
+                outcome.done.set()
+
+        clean = False
+        with probes.callback_failures(recorder):
+            worker = threading.Thread(target=work, name="safedma-simulate", daemon=True)
+            worker.start()
+            try:
+                try:
+                    verdict = _watch(recorder, outcome, installed, devices, config,
+                                     many_devices_on_old_jax=many)
+                except BaseException:
+                    # Interrupted (KeyboardInterrupt, a signal handler's exception):
+                    # stop the run on every device before letting it through.
+                    with deferred_interrupts():  # a second Ctrl-C waits for the stop
+                        _stop(recorder, outcome, installed, "simulate was interrupted")
+                        worker.join(_GRACE_S)
+                    raise
+                if outcome.done.is_set():
+                    worker.join(_GRACE_S)
+                    _drain(recorder, _GRACE_S)
+                error = _classify(recorder, devices, verdict, outcome)
+                if error is not None:
+                    raise error
+                clean = True
+            finally:
+                if not clean:
+                    with deferred_interrupts():
+                        pltpu.reset_tpu_interpret_mode_state()
+    return cast(T, outcome.value)
+
+
+def _watch(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
+           devices: meshes.DeviceNames, config: SimulationConfig, *,
+           many_devices_on_old_jax: bool = False) -> SimulationError | None:
+    """Wait for the run, stopping it as soon as its outcome is known; the verdict, if any."""
+    start = time.monotonic()
+    deadline = start + config.timeout_s
+    since: tuple[float, Blocked] | None = None
+    while not outcome.done.wait(_POLL_S):
+        now = time.monotonic()
+        failure = recorder.failure
+        if failure is not None:
+            # A device raised.  Inside the interpreter, jax stops the others
+            # itself; outside it (a failing jax.debug.callback), it does not
+            # know, so the others are stopped here and the barriers broken.
+            if not failure.inside:
+                _stop(recorder, outcome, installed, "a device failed", abort_now=True)
+                return None
+            if now >= deadline:  # the others never noticed: stop them too
+                _stop(recorder, outcome, installed, "a device failed")
+                return None
+            continue
+        blocked = recorder.blocked()
+        if blocked is None or since is None or since[1].sequence != blocked.sequence:
+            since = None if blocked is None else (now, blocked)
+        elif now - since[0] >= _CONFIRM_S:
+            verdict: SimulationError = diagnosis.unsatisfiable_error(
+                recorder, blocked.waits, devices, config.timeout_s, now - start)
+            return _stopped(verdict, _stop(recorder, outcome, installed, str(verdict)))
+        if now >= deadline:
+            running = diagnosis.timeout_error(recorder, devices, config.timeout_s,
+                                              stopped=True)
+            if many_devices_on_old_jax and not recorder.waiting():
+                running = SimulationTimeoutError(
+                    f"{running}\n\nOn jax {jax.__version__} with 8 or more devices, a "
+                    "buffer of 100 KiB or more per device (a VMEM or SMEM scratch, too) "
+                    "makes interpret mode hang before the kernel starts; jax 0.12 "
+                    "does not.", stopped=True)
+            return _stopped(running, _stop(recorder, outcome, installed, str(running)))
+    return None
+
+
+def _stopped(verdict: SimulationError, stopped: bool) -> SimulationError:
+    if stopped:
+        return verdict
+    error = SimulationTimeoutError(
+        f"{verdict}\n\nThe watchdog could not stop the run within {2 * _GRACE_S:g} s; "
+        "its thread is left behind and interpret mode in this process is unusable.",
+        stopped=False,
+    )
+    error.__cause__ = verdict
+    return error
+
+
+def _stop(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
+          reason: str, *, abort_now: bool = False) -> bool:
+    """Fail the run on every device and wait for it to end; False if it would not."""
+    installed.stopping = f"stopped by safedma.testing.simulate: {reason}"
+    stop = probes.StopRun(installed.stopping)
+
+    def runs() -> list[probes.InterpretRun]:
+        found = {r.key: r for r in recorder.runs_in_flight()}
+        current = probes.current_interpret_run()
+        if current is not None:
+            found[current.key] = current
+        return list(found.values())
+
+    for run in runs():
+        run.fail(stop)
+        if abort_now:
+            run.abort_barriers()
+    deadline = time.monotonic() + _GRACE_S
+    while not outcome.done.wait(_POLL_S):
+        if time.monotonic() >= deadline:
+            break
+        for run in runs():  # a kernel that started meanwhile is refused, but be sure
+            run.fail(stop)
+    else:
+        return True
+    for run in runs():
+        run.abort_barriers()
+    pltpu.reset_tpu_interpret_mode_state()
+    return outcome.done.wait(_GRACE_S)
+
+
+def _drain(recorder: Recorder, deadline_s: float) -> None:
+    # After a failure XLA may return while device threads are still leaving
+    # their waits; let them go before the state is reset.
+    end = time.monotonic() + deadline_s
+    while recorder.waiting() and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def _classify(recorder: Recorder, devices: meshes.DeviceNames,
+              verdict: SimulationError | None, outcome: _Outcome) -> BaseException | None:
+    """The error to raise for this run, root cause first, or None if it was clean."""
+    if recorder.races:
+        return _chain(RaceDetectedError(recorder.races), outcome.error)
+    if recorder.failure is not None:
+        return diagnosis.failure_error(recorder.failure, devices)
+    if verdict is not None:
+        return verdict if verdict.__cause__ is not None else _chain(verdict, outcome.error)
+    if outcome.error is not None:
+        err = outcome.error
+        if isinstance(err, _JaxRuntimeError):
+            return _chain(KernelFailedError(
+                f"the kernel failed in interpret mode: {_last_line(str(err))}"), err)
+        return err
+    return diagnosis.leftover_error(recorder, devices)
+
+
+def _chain(error: SimulationError, cause: BaseException | None) -> SimulationError:
+    error.__cause__ = cause
+    return error
