@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import jax.numpy as jnp
 import numpy as np
 
 # Why: Var/Literal/Jaxpr/ClosedJaxpr are the program representation itself.
@@ -47,15 +48,21 @@ def literal_value(atom: Any) -> object:
     return atom.val
 
 
+# Why: jax 0.10 wraps jaxprs with constants in ClosedJaxpr; 0.12 removed the class
+# and keeps the constants on the Jaxpr itself (``consts`` for its ``constvars``).
+_CLOSED: Any = getattr(_core, "ClosedJaxpr", None)
+_JAXPR_TYPES: tuple[type, ...] = tuple(t for t in (_core.Jaxpr, _CLOSED) if t is not None)
+
+
 def jaxpr_of(obj: Any) -> tuple[Any, list[object]]:
-    """(open jaxpr, its consts) of a Jaxpr or ClosedJaxpr parameter."""
-    if isinstance(obj, _core.ClosedJaxpr):
+    """(jaxpr, values of its constvars) of a Jaxpr or ClosedJaxpr parameter."""
+    if _CLOSED is not None and isinstance(obj, _CLOSED):
         return obj.jaxpr, list(obj.consts)
-    return obj, []
+    return obj, list(getattr(obj, "consts", None) or [])
 
 
 def consts_of(obj: Any) -> list[object]:
-    return list(obj.consts) if isinstance(obj, _core.ClosedJaxpr) else []
+    return jaxpr_of(obj)[1]
 
 
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
@@ -63,7 +70,7 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
     for value in params.values():
         items: Sequence[Any] = value if isinstance(value, (tuple, list)) else (value,)
         for item in items:
-            if isinstance(item, (_core.Jaxpr, _core.ClosedJaxpr)):
+            if isinstance(item, _JAXPR_TYPES):
                 yield item
 
 
@@ -125,11 +132,11 @@ def semaphore_kind(aval: Any) -> str | None:
     if dtype is None:
         return None
     try:
-        if np.issubdtype(dtype, _mosaic_core.dma_semaphore):
+        if jnp.issubdtype(dtype, _mosaic_core.dma_semaphore):
             return "DMA"
-        if np.issubdtype(dtype, _pallas_core.barrier_semaphore):
+        if jnp.issubdtype(dtype, _pallas_core.barrier_semaphore):
             return "BARRIER"
-        if np.issubdtype(dtype, _pallas_core.semaphore):
+        if jnp.issubdtype(dtype, _pallas_core.semaphore):
             return "REGULAR"
     except TypeError:
         return None
