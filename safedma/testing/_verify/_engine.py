@@ -17,7 +17,8 @@ from safedma.testing._verify._semantics import Blocked, Machine, SemState
 
 __all__ = ["Engine"]
 
-_MAX_KNOWN = 1 << 16  # elements of a concrete operand kept as known scalars
+_MAX_KNOWN = 1 << 16
+_IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
 
 
 class Engine:
@@ -36,8 +37,8 @@ class Engine:
         self.machine.sem_names = self.sem_name
         self._registry: dict[tuple[int, object], Buffer] = {}
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
-        self._ids = itertools.count(1)
         self._barriers: dict[int, dict[str, Any]] = {}
+        self.sem_cache: dict[tuple[int, object, int], SemState] = {}
 
     def _label(self, p: int) -> str:
         device, core = divmod(p, self.cores)
@@ -65,7 +66,7 @@ class Engine:
 
     def new_buffer(self, owner: int, name: str, shape: tuple[int, ...], itemsize: int,
                    space: str, sem_kind: str | None, kernel_scoped: bool = True) -> Buffer:
-        return Buffer(next(self._ids), owner, name, shape, itemsize, space, sem_kind,
+        return Buffer(next(_IDS), owner, name, shape, itemsize, space, sem_kind,
                       kernel_scoped=kernel_scoped)
 
     def buffer(self, owner: int, role: object, aval: Any, name: str,

@@ -108,7 +108,9 @@ class _History:
 
     def __init__(self, buf: Buffer) -> None:
         shape = buf.shape or (1,)
-        self.dim = max(range(len(shape)), key=lambda d: shape[d]) if buf.shape else -1
+        # Copies slice leading dimensions far more often than lanes: bucket along
+        # the first dimension with more than one element.
+        self.dim = next((d for d, n in enumerate(shape) if n > 1), 0) if buf.shape else -1
         extent = shape[self.dim] if self.dim >= 0 else 1
         n = max(1, min(extent, 64))
         self.scale = (extent + n - 1) // n
@@ -170,12 +172,15 @@ class Machine:
         h = self._history(view.buffer)
         box = view.box
         row = self.clocks.rows[p]
+        span = h.span(box)
+        single = len(span) == 1
         seen: set[int] = set()
-        for b in h.span(box):
+        for b in span:
             for r in h.buckets[b]:
-                if id(r) in seen:
-                    continue
-                seen.add(id(r))
+                if not single:
+                    if id(r) in seen:
+                        continue
+                    seen.add(id(r))
                 if not (write or r.write) or not overlaps(r.box, box):
                     continue
                 if r.part < 0 or r.clock > row[r.part]:
@@ -184,13 +189,14 @@ class Machine:
             rec = Record(box, write, -1, 0, dma, what, where)
         else:
             rec = Record(box, write, p, int(row[p]), None, what, where)
-        for b in h.span(box):
+        for b in span:
             bucket = h.buckets[b]
-            keep = [r for r in bucket
-                    if not (r.part >= 0 and (write or not r.write) and contains(box, r.box)
-                            and r.clock <= row[r.part] and dma is None)]
-            keep.append(rec)
-            h.buckets[b] = keep
+            if dma is None:
+                bucket = [r for r in bucket
+                          if not (r.part >= 0 and (write or not r.write)
+                                  and contains(box, r.box) and r.clock <= row[r.part])]
+            bucket.append(rec)
+            h.buckets[b] = bucket
         if write:
             h.coverage.add(box)
         return rec
