@@ -150,7 +150,7 @@ def _device_getter(c: _Compiler, dev: Any) -> Callable[[list[Any]], Any]:
 
 def _wait_gen(ctx: Ctx, sem: SemState, amount: int, where: str, decrement: bool) -> Gen:
     m = ctx.machine
-    while not m.try_wait(ctx.p, sem, amount, decrement):
+    while not m.try_wait(ctx.p, sem, amount, decrement, where):
         sem.waiters.append(ctx.p)
         yield Blocked(ctx.p, sem, amount, where, "")
     return None
