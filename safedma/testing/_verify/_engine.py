@@ -226,8 +226,8 @@ class Engine:
         if barriers:
             # The barrier semaphore persists across calls: it must be back to zero
             # once every call is over.
-            for b in barriers:
-                m.leave_scope(b.owner, [b], self._describe_barrier, "finished its last call")
+            for buf in barriers:
+                m.leave_scope(buf.owner, [buf], self._describe_barrier, "finished its last call")
         err = m.leftover_error()
         if err is not None:
             raise err

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import Buffer, RegionError, UnsupportedView, View, resolve
@@ -20,7 +20,10 @@ from safedma.testing._verify._report import (
     VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
-from safedma.testing._verify._semantics import Blocked
+from safedma.testing._verify._semantics import Blocked, Machine
+
+if TYPE_CHECKING:
+    from safedma.testing._verify._engine import Engine
 
 __all__ = ["RefVal", "Compiled", "compile_jaxpr", "run", "Ctx"]
 
@@ -40,10 +43,10 @@ class RefVal:
 class Ctx:
     """What one participant's program sees: its position, the machine, the current kernel."""
 
-    def __init__(self, p: int, engine: Any, axis_index: dict[str, int]) -> None:
+    def __init__(self, p: int, engine: Engine, axis_index: dict[str, int]) -> None:
         self.p = p
         self.engine = engine
-        self.machine = engine.machine
+        self.machine: Machine = engine.machine
         self.axis_index = axis_index
         self.grid_point: tuple[int, ...] = ()
         self.grid: tuple[int, ...] = ()
