@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from safedma.testing._verify import _jax, _kernels, _ops  # noqa: F401  (register ops)
+from safedma.testing._verify import _jax
+from safedma.testing._verify import _kernels as _kernels  # registers pallas_call
+from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
 from safedma.testing._verify._engine import Engine
-from safedma.testing._verify._program import Ctx, compile_jaxpr, run
+from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
+from safedma.testing._verify._semantics import Blocked
 from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
 
 __all__ = ["verify"]
@@ -25,7 +28,8 @@ def _specs(specs: Any, default: PartitionSpec, arguments: bool) -> Any:
         return default
     if isinstance(specs, PartitionSpec):
         return specs
-    return list(specs) if isinstance(specs, list) and not arguments else tuple(specs)
+    seq = cast("Sequence[PartitionSpec]", specs)
+    return list(seq) if isinstance(specs, list) and not arguments else tuple(seq)
 
 
 def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
@@ -133,12 +137,12 @@ def verify(
     compiled = compile_jaxpr(body, consts, outer=True)
     local_specs = (_local_specs(in_specs, names, len(args)) if mesh is not None
                    else _inner_specs(top, found))
-    programs = []
+    programs: list[Generator[Blocked, None, None]] = []
     for p in range(engine.participants):
         coords = engine.coords(p)
         ctx = Ctx(p, engine, coords)
-        inputs = []
-        for k, var in enumerate(body.invars):
+        inputs: list[object] = []
+        for k, var in enumerate(cast("list[Any]", body.invars)):
             idx = arg_index[k] if k < len(arg_index) else -1
             value = values[idx] if 0 <= idx < len(values) else None
             if value is not None and local_specs is not None:
@@ -159,7 +163,8 @@ def verify(
     )
 
 
-def _repeat(compiled: Any, inputs: list[Any], ctx: Ctx, times: int) -> Any:
+def _repeat(compiled: Compiled, inputs: list[Any], ctx: Ctx,
+            times: int) -> Generator[Blocked, None, None]:
     for _ in range(times):
         yield from run(compiled, inputs, ctx)
 
@@ -205,7 +210,8 @@ def _local_shard(value: np.ndarray[Any, Any], spec: Any, coords: dict[str, int],
         if entry is None or d >= value.ndim:
             index.append(slice(None))
             continue
-        axes = entry if isinstance(entry, tuple) else (entry,)
+        axes: tuple[str, ...] = (tuple(str(a) for a in cast("tuple[object, ...]", entry))
+                                 if isinstance(entry, tuple) else (str(entry),))
         parts, pos = 1, 0
         for a in axes:
             pos = pos * sizes[a] + coords[a]

@@ -21,6 +21,15 @@ _MAX_KNOWN = 1 << 16
 _IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
 
 
+class _Barrier:
+    """Mosaic's default device barrier of one kernel call: who arrived, who waits."""
+
+    def __init__(self) -> None:
+        self.arrived: set[int] = set()
+        self.waiters: list[int] = []
+        self.done = False
+
+
 class Engine:
     """Mesh geometry, the buffer registry and the scheduler of one ``verify`` run."""
 
@@ -37,7 +46,7 @@ class Engine:
         self.machine.sem_names = self.sem_name
         self._registry: dict[tuple[int, object], Buffer] = {}
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
-        self._barriers: dict[int, dict[str, Any]] = {}
+        self._barriers: dict[int, _Barrier] = {}
         self.sem_cache: dict[tuple[int, object, int], SemState] = {}
 
     def _label(self, p: int) -> str:
@@ -113,8 +122,9 @@ class Engine:
         role = ("k", instance, pos)
         if src is not None and not isinstance(src, RefVal):
             # An array computed outside the kernels (known values when small).
-            known = np.asarray(src) if isinstance(src, (np.ndarray, np.generic, int, float,
-                                                         bool)) else None
+            known: np.ndarray[Any, Any] | None = (
+                np.asarray(cast(object, src))
+                if isinstance(src, (np.ndarray, np.generic, int, float, bool)) else None)
             src = self.input_value(ctx.p, aval, known, name)
         if isinstance(src, RefVal) and not block and not smem:
             if src.buffer.name.startswith("argument ") and not name.startswith("operand "):
@@ -128,12 +138,13 @@ class Engine:
         if smem or buf.space == "SMEM":
             values = src.buffer.values if isinstance(src, RefVal) else None
             if values is not None and len(values) == math.prod(buf.shape):
-                buf.values = list(values)
+                buf.values = list[object](values)
             else:
                 from safedma.testing._verify._scalars import Unknown
                 why = (f"the contents of operand {name} (pass it as a concrete array, "
                        "not a ShapeDtypeStruct)")
-                buf.values = [Unknown(why)] * math.prod(buf.shape)
+                unknown: list[object] = [Unknown(why)] * math.prod(buf.shape)
+                buf.values = unknown
         return buf
 
     def barrier_buffer(self, p: int, collective_id: Any) -> Buffer:
@@ -179,17 +190,18 @@ class Engine:
     # ------------------------------------------------------------ barriers
 
     def entry_barrier(self, ctx: Ctx, instance: int, where: str) -> Gen:
-        st = self._barriers.setdefault(instance, {"arrived": set(), "waiters": [],
-                                                  "done": False})
-        st["arrived"].add(ctx.p)
-        if len(st["arrived"]) == self.participants:
+        st = self._barriers.get(instance)
+        if st is None:
+            st = self._barriers[instance] = _Barrier()
+        st.arrived.add(ctx.p)
+        if len(st.arrived) == self.participants:
             self.machine.clocks.barrier(list(range(self.participants)))
-            st["done"] = True
-            for w in st["waiters"]:
+            st.done = True
+            for w in st.waiters:
                 self.machine.wake(w)
-            st["waiters"] = []
-        while not st["done"]:
-            st["waiters"].append(ctx.p)
+            st.waiters = []
+        while not st.done:
+            st.waiters.append(ctx.p)
             yield Blocked(ctx.p, None, 0, where,
                           "the other devices at Mosaic's default device barrier before the "
                           "kernel (collective_id unset)")
@@ -221,7 +233,7 @@ class Engine:
             blocked[p] = b
         if blocked:
             raise m.deadlock(list(blocked.values()), sorted(done))
-        barriers = [b for (owner, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
+        barriers = [b for (_, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
                     if isinstance(role, tuple) and role and role[0] == "b"]
         if barriers:
             # The barrier semaphore persists across calls: it must be back to zero

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -14,8 +14,8 @@ from safedma.testing._verify._program import (
     Gen,
     Op,
     RefVal,
-    _Compiler,
-    _loc,
+    Compiler,
+    location,
     compile_jaxpr,
     register,
     run,
@@ -38,12 +38,12 @@ class KernelDesc:
         jaxpr, consts = _jax.jaxpr_of(kp["jaxpr"])
         self.jaxpr = jaxpr
         self.body = compile_jaxpr(jaxpr, consts)
-        self.where = _loc(eqn)
+        self.where = location(eqn)
         names = _jax.kernel_param_names(jaxpr)
-        self.param_names = [names[i] if i < len(names) else f"operand {i}"
+        self.param_names: list[str] = [names[i] if i < len(names) else f"operand {i}"
                             for i in range(len(jaxpr.invars))]
         self.name = kp["name"] or "kernel"
-        self.avals = [v.aval for v in jaxpr.invars]
+        self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         self.n_index = kp["num_index_operands"]
         self.n_in = kp["num_inputs"]
         self.n_out = kp["num_outputs"]
@@ -114,7 +114,7 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     return f"{label}: {s.kind} semaphore {eng.sem_name(s)} holds {total}{unit}: {fix}"
 
 
-def _pallas_call(c: _Compiler, eqn: Any) -> Op:
+def _pallas_call(c: Compiler, eqn: Any) -> Op:
     desc = KernelDesc(eqn)
     ins = [c.reader(a) for a in eqn.invars]
     outs = c.outs(eqn)
@@ -160,13 +160,14 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
                 outer_out.append(buf)
         else:
             buf = eng.operand_buffer(ctx, instance, pos, desc, src,
-                                     smem=block["space"] == "SMEM", output=is_out,
+                                     smem=bool(block["space"] == "SMEM"), output=is_out,
                                      block=True)
             args.append(RefVal(buf))
             blocked.append((j, buf, is_out))
             if is_out:
                 res = eng.buffer(p, ("r", instance, pos), desc.avals[pos],
-                                 desc.param_names[pos], shape=block["array_shape"])
+                                 str(desc.param_names[pos]),
+                                 shape=_ints(block["array_shape"]))
                 m.mark_written(res)  # the pipeline copies every output block into it
                 outer_out.append(res)
         del whole
@@ -206,6 +207,10 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
     return None
+
+
+def _ints(shape: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in cast("tuple[Any, ...]", shape))
 
 
 def _block_changes(desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...],
