@@ -44,11 +44,11 @@ class KernelDesc:
                             for i in range(len(jaxpr.invars))]
         self.name = kp["name"] or "kernel"
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
-        self.n_index = kp["num_index_operands"]
-        self.n_in = kp["num_inputs"]
-        self.n_out = kp["num_outputs"]
-        self.n_scratch = kp["num_scratch"]
-        self.grid = kp["grid"]
+        self.n_index = int(kp["num_index_operands"])
+        self.n_in = int(kp["num_inputs"])
+        self.n_out = int(kp["num_outputs"])
+        self.n_scratch = int(kp["num_scratch"])
+        self.grid: tuple[int, ...] = tuple(int(g) for g in kp["grid"])
         if any(g < 0 for g in self.grid):
             raise VerificationUnsupportedError(
                 f"kernel {self.name} at {self.where} has a dynamic grid; the verifier needs "
@@ -58,7 +58,7 @@ class KernelDesc:
         self.aliases = {int(o): int(i) for i, o in kp["aliases"]}
         self.barrier = kp["collective_id"] is None and not kp["skip_device_barrier"]
         self.collective_id = kp["collective_id"]
-        self.n_dynamic = kp["num_dynamic_grid_bounds"]
+        self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
         self.core_axes = _jax.core_mesh_axes(kp["mesh"])
 
 
@@ -150,9 +150,6 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
             src = operands[desc.n_index + alias] if alias is not None else None
         else:
             src = operands[pos]
-        whole = block["space"] in ("ANY", "HBM", "HOST") or (
-            not desc.grid and block["block_shape"] == block["array_shape"]
-            and block["space"] != "VMEM" and block["space"] != "SMEM")
         if block["space"] in ("ANY", "HBM", "HOST"):
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
             args.append(RefVal(buf))
@@ -166,11 +163,10 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
             blocked.append((j, buf, is_out))
             if is_out:
                 res = eng.buffer(p, ("r", instance, pos), desc.avals[pos],
-                                 str(desc.param_names[pos]),
+                                 desc.param_names[pos],
                                  shape=_ints(block["array_shape"]))
                 m.mark_written(res)  # the pipeline copies every output block into it
                 outer_out.append(res)
-        del whole
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
