@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safedma.testing._verify import _jax
 from safedma.testing._verify import _kernels as _kernels  # registers pallas_call
 from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
+from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
 from safedma.testing._verify._semantics import Blocked
@@ -133,12 +134,16 @@ def verify(
             # fn runs its own shard_map: verify on that mesh, arguments unsplit.
             names = tuple(str(n) for n in inner_mesh.axis_names)
             sizes = tuple(int(inner_mesh.shape[n]) for n in names)
-    engine = Engine(names, sizes)
+    core_axis, cores = _cores_in(body)
+    engine = Engine(names, sizes, cores, core_axis)
     compiled = compile_jaxpr(body, consts, outer=True)
     local_specs = (_local_specs(in_specs, names, len(args)) if mesh is not None
                    else _inner_specs(top, found))
     programs: list[Generator[Blocked, None, None]] = []
     for p in range(engine.participants):
+        if p % engine.cores:
+            programs.append(engine.helper(p))
+            continue
         coords = engine.coords(p)
         ctx = Ctx(p, engine, coords)
         inputs: list[object] = []
@@ -148,7 +153,7 @@ def verify(
             if value is not None and local_specs is not None:
                 value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
             inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
-        programs.append(_repeat(compiled, inputs, ctx, invocations))
+        programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
     engine.schedule(programs)
     m = engine.machine
     peaks: dict[str, int] = {}
@@ -169,11 +174,26 @@ def _repeat(compiled: Compiled, inputs: list[Any], ctx: Ctx,
         yield from run(compiled, inputs, ctx)
 
 
+def _cores_in(jaxpr: Any) -> tuple[str, int]:
+    """The core axis and count of the program's pl.kernel (mpmd_map) meshes, if any."""
+    found: tuple[str, int] = ("core", 1)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "mpmd_map":
+            for mesh in eqn.params["meshes"]:
+                found = max(found, mesh_cores(mesh), key=lambda f: f[1])
+        for sub in _jax.sub_jaxprs(eqn.params):
+            inner = _cores_in(_jax.jaxpr_of(sub)[0])
+            found = max(found, inner, key=lambda f: f[1])
+    return found
+
+
 def _kernel_names(jaxpr: Any) -> list[str]:
     out: list[str] = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
             out.append(str(_jax.kernel_params(eqn)["name"] or "kernel"))
+        if eqn.primitive.name == "mpmd_map":
+            out.append(str(eqn.params.get("name") or "pl.kernel"))
         for sub in _jax.sub_jaxprs(eqn.params):
             out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out

@@ -34,12 +34,15 @@ class Engine:
     """Mesh geometry, the buffer registry and the scheduler of one ``verify`` run."""
 
     def __init__(self, axis_names: tuple[str, ...], axis_sizes: tuple[int, ...],
-                 cores: int = 1) -> None:
+                 cores: int = 1, core_axis: str = "core") -> None:
         self.axis_names = axis_names
         self.axis_sizes = dict(zip(axis_names, axis_sizes))
         self.shape = axis_sizes
         self.devices = math.prod(axis_sizes) if axis_sizes else 1
         self.cores = cores
+        self.core_axis = core_axis
+        self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
+        self._finished: set[int] = set()
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
@@ -95,6 +98,9 @@ class Engine:
         """The buffer playing ``buf``'s role on participant ``owner``."""
         if buf.owner == owner:
             return buf
+        if (buf.owner // self.cores == owner // self.cores
+                and buf.space in ("HBM", "ANY", "HOST")):
+            return buf  # the cores of a device share its HBM
         role = self._roles.get(buf.ident)
         if role is None:
             from safedma.testing._verify._report import VerificationUnsupportedError
@@ -207,6 +213,38 @@ class Engine:
                           "kernel (collective_id unset)")
         return None
 
+    # ------------------------------------------------------------ cores
+
+    def core_ctx(self, q: int, axis: str, core: int) -> Ctx:
+        coords = self.coords(q)
+        coords[axis] = core
+        return Ctx(q, self, coords)
+
+    def launch(self, q: int, job: Generator[Blocked, None, Any]) -> None:
+        self._jobs[q] = job
+        self.machine.wake(q)
+
+    def helper(self, q: int) -> Generator[Blocked, None, None]:
+        """Core ``q`` (not core 0): runs the kernel bodies core 0 launches on it."""
+        device = q // self.cores
+        while True:
+            job = self._jobs.get(q)
+            if job is None:
+                if device in self._finished:
+                    return
+                yield Blocked(q, None, 0, "", "idle")
+                continue
+            self._jobs[q] = None
+            yield from job
+
+    def main(self, p: int, program: Generator[Blocked, None, None]) -> Generator[Blocked, None, None]:
+        """Core 0's program; when it ends, the device's other cores stop."""
+        yield from program
+        device = p // self.cores
+        self._finished.add(device)
+        for k in range(1, self.cores):
+            self.machine.wake(device * self.cores + k)
+
     # ------------------------------------------------------------ scheduling
 
     def schedule(self, programs: list[Generator[Blocked, None, Any]]) -> None:
@@ -231,8 +269,9 @@ class Engine:
                 done.append(p)
                 continue
             blocked[p] = b
-        if blocked:
-            raise m.deadlock(list(blocked.values()), sorted(done))
+        stuck = [b for b in blocked.values() if b.what != "idle"]
+        if stuck:
+            raise m.deadlock(stuck, sorted(done))
         barriers = [b for (_, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
                     if isinstance(role, tuple) and role and role[0] == "b"]
         if barriers:

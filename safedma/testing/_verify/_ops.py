@@ -46,11 +46,18 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
     names = eng.axis_names
     coords = dict(ctx.axis_index)
     logical = "LOGICAL" in str(id_type)
+    core = ctx.p % eng.cores
     if isinstance(device_id, dict):
         for k, raw in cast("dict[object, object]", device_id).items():
             keys = (tuple(str(a) for a in cast("tuple[object, ...]", k))
                     if isinstance(k, tuple) else (str(k),))
             v = need_int(raw, "a device id")
+            if keys == (eng.core_axis,) and eng.cores > 1:
+                if not 0 <= v < eng.cores:
+                    raise VerifyKernelError(
+                        f"core index {v} at {where} is outside the {eng.cores} cores")
+                core = v
+                continue
             for name in reversed(keys):
                 if name not in eng.axis_sizes:
                     raise VerifyKernelError(f"device id at {where} names unknown axis {name!r}")
@@ -76,7 +83,7 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
             raise VerifyKernelError(
                 f"device id at {where}: {name}={coords[name]} is outside the mesh "
                 f"({name} has {eng.axis_sizes[name]} devices)")
-    return eng.participant(coords, ctx.p % eng.cores)
+    return eng.participant(coords, core)
 
 
 def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:

@@ -65,20 +65,23 @@ class Compiled:
         self.consts: list[object] = []
 
 
-_CACHE: dict[tuple[int, bool], tuple[Any, Compiled]] = {}
+_CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 
 
-def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False) -> Compiled:
+def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False,
+                  consts_are_args: bool = False) -> Compiled:
     """``jaxpr`` as closures; ``outer`` for the program around the kernels, where small
-    arrays built from known values (page tables, flags) are computed concretely."""
-    key = (id(jaxpr), outer)
+    arrays built from known values (page tables, flags) are computed concretely.
+    ``consts_are_args``: the constvars are fed by the equation's operands (run_scoped
+    in jax 0.12), not by constants."""
+    key = (id(jaxpr), outer, consts_are_args)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
     c = Compiler(jaxpr, outer).compiled
     values = [_const(v, outer) for v in consts]
-    nconst = len(jaxpr.constvars)
+    nconst = 0 if consts_are_args else len(jaxpr.constvars)
     c.consts = (values + [VECTOR] * nconst)[:nconst]
     _CACHE[key] = (jaxpr, c)
     return c
@@ -190,6 +193,16 @@ class Compiler:
                     f"the verifier does not model the primitive {name!r} on a ref (at "
                     f"{where}); check this kernel with safedma.testing.simulate instead")
             return unsupported
+        if any(_jax.is_ref_aval(v.aval) for sub in _jax.sub_jaxprs(eqn.params)
+               for v in _jax.jaxpr_of(sub)[0].invars):
+            where = location(eqn)
+
+            def kernel_like(env: list[Any], ctx: Ctx) -> None:
+                raise VerificationUnsupportedError(
+                    f"{name!r} at {where} runs a kernel body the verifier does not model "
+                    "(it knows pallas_call and pl.kernel over a TensorCoreMesh); check it "
+                    "with safedma.testing.simulate")
+            return kernel_like
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
         if not scalar_out or not outs:
@@ -351,11 +364,12 @@ class Compiler:
         return gen
 
     def run_scoped(self, eqn: Any) -> Op:
-        jaxpr, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
-        body = compile_jaxpr(jaxpr, consts)
+        jaxpr, _ = _jax.jaxpr_of(eqn.params["jaxpr"])
+        body = compile_jaxpr(jaxpr, consts_are_args=True)
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
-        avals = [v.aval for v in jaxpr.invars[len(eqn.invars):]]
+        every = [*jaxpr.constvars, *jaxpr.invars]
+        avals = [v.aval for v in every[len(eqn.invars):]]
         key = id(eqn)
         where = location(eqn)
 
@@ -387,7 +401,8 @@ class Compiler:
                 return
             value = 0
             for n in names:
-                value = value * ctx.engine.axis_sizes[n] + ctx.axis_index[n]
+                size = ctx.engine.axis_sizes.get(n, ctx.engine.cores)
+                value = value * size + ctx.axis_index[n]
             env[out] = value
         return op
 
