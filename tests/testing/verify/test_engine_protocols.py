@@ -451,3 +451,24 @@ def test_jax_all_gather_without_flow_control_is_reported() -> None:
     with pytest.raises(RaceDetectedError, match="all_gather.py"):
         verify(functools.partial(fn, mesh=mesh, axis_name="x"),
                jax.ShapeDtypeStruct((32, 128), jnp.float32))
+
+
+def test_emit_pipeline_under_a_tpu_abstract_mesh() -> None:
+    """emit_pipeline asks for the TPU generation while tracing: trace under a TPU mesh."""
+    from safedma.testing import tpu_mesh
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        def body(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] + 1
+
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        pltpu.emit_pipeline(body, grid=(4,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+    try:
+        mesh = tpu_mesh("v5e:1x1")
+    except Exception as err:  # no libtpu topology on this machine
+        pytest.skip(f"no TPU topology for tracing: {err}")
+    call = pl.pallas_call(kernel, out_shape=X, in_specs=[HBM], out_specs=HBM)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        report = verify(call, X)
+    assert report.dmas == 8 and report.waits == 8
