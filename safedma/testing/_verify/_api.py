@@ -1,0 +1,245 @@
+"""``verify``: trace once, then run every device's program through the protocol model."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, cast
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify import _kernels as _kernels  # registers pallas_call
+from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
+from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
+from safedma.testing._verify._engine import Engine
+from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
+from safedma.testing._verify._semantics import Blocked
+from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
+
+__all__ = ["verify"]
+
+_partition_spec: Callable[..., PartitionSpec] = PartitionSpec
+
+
+def _specs(specs: Any, default: PartitionSpec, arguments: bool) -> Any:
+    if specs is None:
+        return default
+    if isinstance(specs, PartitionSpec):
+        return specs
+    seq = cast("Sequence[PartitionSpec]", specs)
+    return list(seq) if isinstance(specs, list) and not arguments else tuple(seq)
+
+
+def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
+    if mesh is None:
+        return contextlib.nullcontext()
+    if isinstance(mesh, Mesh):
+        return contextlib.nullcontext()
+    return cast("contextlib.AbstractContextManager[object]",
+                jax.sharding.use_abstract_mesh(mesh))
+
+
+def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | None:
+    """(per-device jaxpr, its consts, mesh, top-level arg index per operand) of the shard_map."""
+    top = {v: i for i, v in enumerate(jaxpr.invars)}
+
+    def walk(j: Any, mapping: dict[Any, int]) -> tuple[Any, list[Any], Any, list[int]] | None:
+        for eqn in j.eqns:
+            name = eqn.primitive.name
+            if name == "shard_map":
+                body, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
+                args = [mapping.get(v, -1) if not _jax.is_literal(v) else -1
+                        for v in eqn.invars]
+                return body, consts, eqn.params["mesh"], args
+            for sub in _jax.sub_jaxprs(eqn.params):
+                inner, _ = _jax.jaxpr_of(sub)
+                inner_map = {iv: mapping[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                             if not _jax.is_literal(ov) and ov in mapping}
+                found = walk(inner, inner_map)
+                if found is not None:
+                    return found
+        return None
+    return walk(jaxpr, top)
+
+
+def verify(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Any = None,
+    in_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
+    out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
+    invocations: int = 1,
+) -> VerifyReport:
+    """Prove the DMA/semaphore protocol of every Pallas TPU kernel ``fn`` runs, on every device.
+
+    Same calling convention as :func:`safedma.testing.simulate`; ``mesh`` may be
+    a real mesh or a device-free ``abstract_mesh``; ``args`` are arrays or
+    ``jax.ShapeDtypeStruct``. Nothing is compiled or executed: ``fn`` is traced
+    once and each device's kernel program is walked with exact scalars and no
+    vector data. ``invocations=k`` runs the program k times back to back.
+    Raises a :class:`~safedma.testing.SimulationError` subclass naming the
+    device, the semaphore or buffer, the kernel line and the fix.
+    """
+    if invocations < 1:
+        raise ValueError(f"invocations must be at least 1, got {invocations}")
+    if mesh is None and (in_specs is not None or out_specs is not None):
+        raise ValueError("in_specs/out_specs need a mesh")
+    structs: list[Any] = []
+    values: list[np.ndarray[Any, Any] | None] = []
+    for a in args:
+        # A NamedSharding the argument already has (an array split over a real mesh
+        # that fn's own shard_map expects) is kept for tracing.
+        sharding = getattr(a, "sharding", None)
+        keep = sharding if isinstance(sharding, NamedSharding) else None
+        if isinstance(a, jax.ShapeDtypeStruct):
+            structs.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=keep))
+            values.append(None)
+        else:
+            arr = np.asarray(a)
+            structs.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype, sharding=keep))
+            values.append(arr)
+    program: Callable[..., Any] = fn
+    names: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    if mesh is not None:
+        names = tuple(str(n) for n in mesh.axis_names)
+        sizes = tuple(int(s) for s in (mesh.axis_sizes if hasattr(mesh, "axis_sizes")
+                                       else mesh.devices.shape))
+        default = _partition_spec(names[0] if len(names) == 1 else names)
+        ins = _specs(in_specs, default, True)
+        outs = _specs(out_specs, default, False)
+        program = jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=outs,
+                                check_vma=False)
+        if isinstance(mesh, Mesh):
+            # jax 0.12 checks the specs against the arguments' shardings.
+            per_arg = _local_specs(in_specs, names, len(structs))
+            structs = [jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                            sharding=NamedSharding(mesh, spec))
+                       for s, spec in zip(structs, per_arg)]
+
+    def fresh(*xs: Any) -> Any:
+        return program(*xs)
+
+    with _mesh_context(mesh):
+        traced = jax.jit(fresh).trace(*structs)  # pyright: ignore[reportUnknownMemberType]
+    closed = traced.jaxpr
+    top = closed.jaxpr
+    found = _find_device_program(top)
+    if mesh is not None and found is None:
+        raise VerificationUnsupportedError("no shard_map found in the traced program")
+    if found is None:
+        body, consts, arg_index = top, list(_jax.consts_of(closed)), list(range(len(top.invars)))
+    else:
+        body, consts, inner_mesh, arg_index = found
+        if mesh is None:
+            # fn runs its own shard_map: verify on that mesh, arguments unsplit.
+            names = tuple(str(n) for n in inner_mesh.axis_names)
+            sizes = tuple(int(inner_mesh.shape[n]) for n in names)
+    core_axis, cores = _cores_in(body)
+    engine = Engine(names, sizes, cores, core_axis)
+    compiled = compile_jaxpr(body, consts, outer=True)
+    local_specs = (_local_specs(in_specs, names, len(args)) if mesh is not None
+                   else _inner_specs(top, found))
+    programs: list[Generator[Blocked, None, None]] = []
+    for p in range(engine.participants):
+        if p % engine.cores:
+            programs.append(engine.helper(p))
+            continue
+        coords = engine.coords(p)
+        ctx = Ctx(p, engine, coords)
+        inputs: list[object] = []
+        for k, var in enumerate(cast("list[Any]", body.invars)):
+            idx = arg_index[k] if k < len(arg_index) else -1
+            value = values[idx] if 0 <= idx < len(values) else None
+            if value is not None and local_specs is not None:
+                value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
+            inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
+        programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
+    engine.schedule(programs)
+    m = engine.machine
+    peaks: dict[str, int] = {}
+    for s in m.sems.values():
+        key = s.buffer.name
+        peaks[key] = max(peaks.get(key, 0), s.peak)
+    kernels = tuple(sorted({k for k in _kernel_names(body)}))
+    return VerifyReport(
+        devices=engine.devices, kernels=kernels, invocations=invocations, dmas=m.dmas,
+        remote_dmas=m.remote_dmas, waits=m.waits, signals=m.signals,
+        max_bytes_in_flight=peaks,
+    )
+
+
+def _repeat(compiled: Compiled, inputs: list[Any], ctx: Ctx,
+            times: int) -> Generator[Blocked, None, None]:
+    for _ in range(times):
+        yield from run(compiled, inputs, ctx)
+
+
+def _cores_in(jaxpr: Any) -> tuple[str, int]:
+    """The core axis and count of the program's pl.kernel (mpmd_map) meshes, if any."""
+    found: tuple[str, int] = ("core", 1)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "mpmd_map":
+            for mesh in eqn.params["meshes"]:
+                found = max(found, mesh_cores(mesh), key=lambda f: f[1])
+        for sub in _jax.sub_jaxprs(eqn.params):
+            inner = _cores_in(_jax.jaxpr_of(sub)[0])
+            found = max(found, inner, key=lambda f: f[1])
+    return found
+
+
+def _kernel_names(jaxpr: Any) -> list[str]:
+    out: list[str] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            out.append(str(_jax.kernel_params(eqn)["name"] or "kernel"))
+        if eqn.primitive.name == "mpmd_map":
+            out.append(str(eqn.params.get("name") or "pl.kernel"))
+        for sub in _jax.sub_jaxprs(eqn.params):
+            out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
+    return out
+
+
+def _inner_specs(top: Any, found: Any) -> list[Any] | None:
+    """The in_specs of a shard_map that ``fn`` runs itself, per top-level argument."""
+    if found is None:
+        return None
+    for eqn in top.eqns:
+        if eqn.primitive.name == "shard_map":
+            specs = list(eqn.params["in_specs"])
+            out: list[Any] = [PartitionSpec()] * len(top.invars)
+            for v, spec in zip(eqn.invars, specs):
+                if v in top.invars:
+                    out[top.invars.index(v)] = spec
+            return out
+    return None
+
+
+def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:
+    default = _partition_spec(names[0] if len(names) == 1 else names)
+    if in_specs is None:
+        return [default] * n
+    if isinstance(in_specs, PartitionSpec):
+        return [in_specs] * n
+    return list(in_specs)
+
+
+def _local_shard(value: np.ndarray[Any, Any], spec: Any, coords: dict[str, int],
+                 sizes: dict[str, int]) -> np.ndarray[Any, Any]:
+    index: list[slice] = []
+    for d, entry in enumerate(tuple(spec)):
+        if entry is None or d >= value.ndim:
+            index.append(slice(None))
+            continue
+        axes: tuple[str, ...] = (tuple(str(a) for a in cast("tuple[object, ...]", entry))
+                                 if isinstance(entry, tuple) else (str(entry),))
+        parts, pos = 1, 0
+        for a in axes:
+            pos = pos * sizes[a] + coords[a]
+            parts *= sizes[a]
+        size = value.shape[d] // parts
+        index.append(slice(pos * size, (pos + 1) * size))
+    return value[tuple(index)]

@@ -1,0 +1,297 @@
+"""The participants of one verification: buffers, counterparts on other devices, barriers."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Generator
+from typing import Any, cast
+
+import numpy as np
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify._program import Ctx, Gen, RefVal
+from safedma.testing._verify._regions import Buffer
+from safedma.testing._verify._semantics import Blocked, Machine, SemState
+
+__all__ = ["Engine"]
+
+_MAX_KNOWN = 1 << 16
+_IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
+
+
+class _Barrier:
+    """Mosaic's default device barrier of one kernel call: who arrived, who waits."""
+
+    def __init__(self) -> None:
+        self.arrived: set[int] = set()
+        self.waiters: list[int] = []
+        self.done = False
+
+
+class Engine:
+    """Mesh geometry, the buffer registry and the scheduler of one ``verify`` run."""
+
+    def __init__(self, axis_names: tuple[str, ...], axis_sizes: tuple[int, ...],
+                 cores: int = 1, core_axis: str = "core") -> None:
+        self.axis_names = axis_names
+        self.axis_sizes = dict(zip(axis_names, axis_sizes))
+        self.shape = axis_sizes
+        self.devices = math.prod(axis_sizes) if axis_sizes else 1
+        self.cores = cores
+        self.core_axis = core_axis
+        self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
+        self._finished: set[int] = set()
+        self.futures: list[Buffer] = []
+        self.participants = self.devices * cores
+        self.labels = [self._label(p) for p in range(self.participants)]
+        self.machine = Machine(self.labels)
+        self.machine.sem_names = self.sem_name
+        self._registry: dict[tuple[int, object], Buffer] = {}
+        self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
+        self._barriers: dict[int, _Barrier] = {}
+        self.sem_cache: dict[tuple[int, object, int], SemState] = {}
+
+    def _label(self, p: int) -> str:
+        device, core = divmod(p, self.cores)
+        if not self.axis_names:
+            where = "device 0"
+        else:
+            coords = np.unravel_index(device, self.shape)
+            inner = ", ".join(f"{n}={int(c)}" for n, c in zip(self.axis_names, coords))
+            where = f"device {device} ({inner})"
+        return f"{where} core {core}" if self.cores > 1 else where
+
+    def coords(self, p: int) -> dict[str, int]:
+        device = p // self.cores
+        if not self.axis_names:
+            return {}
+        return {n: int(c) for n, c in zip(self.axis_names, np.unravel_index(device, self.shape))}
+
+    def participant(self, coords: dict[str, int], core: int) -> int:
+        flat = 0
+        for n in self.axis_names:
+            flat = flat * self.axis_sizes[n] + coords[n]
+        return flat * self.cores + core
+
+    # ------------------------------------------------------------ buffers
+
+    def new_buffer(self, owner: int, name: str, shape: tuple[int, ...], itemsize: int,
+                   space: str, sem_kind: str | None, kernel_scoped: bool = True) -> Buffer:
+        return Buffer(next(_IDS), owner, name, shape, itemsize, space, sem_kind,
+                      kernel_scoped=kernel_scoped)
+
+    def buffer(self, owner: int, role: object, aval: Any, name: str,
+               shape: tuple[int, ...] | None = None) -> Buffer:
+        key = (owner, role)
+        buf = self._registry.get(key)
+        if buf is None:
+            kind = _jax.semaphore_kind(aval)
+            space = "SEMAPHORE" if kind is not None else _jax.memory_space(aval)
+            buf = self.new_buffer(owner, name, shape or _jax.aval_shape(aval),
+                                  _jax.aval_itemsize(aval), space, kind)
+            self._registry[key] = buf
+            self._roles[buf.ident] = (role, aval, name, shape)
+        return buf
+
+    def counterpart(self, buf: Buffer, owner: int) -> Buffer:
+        """The buffer playing ``buf``'s role on participant ``owner``."""
+        if buf.owner == owner:
+            return buf
+        if (buf.owner // self.cores == owner // self.cores
+                and buf.space in ("HBM", "ANY", "HOST")):
+            return buf  # the cores of a device share its HBM
+        role = self._roles.get(buf.ident)
+        if role is None:
+            from safedma.testing._verify._report import VerificationUnsupportedError
+            raise VerificationUnsupportedError(
+                f"a remote copy or signal addresses {buf.name}, which is not a kernel operand, "
+                "scratch buffer or semaphore; the verifier cannot find it on the other device")
+        r, aval, name, shape = role
+        if buf.sem_kind == "BARRIER" and aval is None:
+            return self.barrier_buffer(owner, cast(tuple[str, Any], r)[1])
+        return self.buffer(owner, r, aval, name, shape)
+
+    def adopt(self, owner: int, role: object, buf: Buffer, aval: Any, name: str) -> Buffer:
+        key = (owner, role)
+        existing = self._registry.get(key)
+        if existing is not None:
+            return existing
+        self._registry[key] = buf
+        self._roles[buf.ident] = (role, aval, name, None)
+        return buf
+
+    def operand_buffer(self, ctx: Ctx, instance: int, pos: int, desc: Any, src: Any,
+                       smem: bool, output: bool = False, block: bool = False) -> Buffer:
+        aval = desc.avals[pos]
+        name = desc.param_names[pos]
+        role = ("k", instance, pos)
+        if src is not None and not isinstance(src, RefVal):
+            # An array computed outside the kernels (known values when small).
+            known: np.ndarray[Any, Any] | None = (
+                np.asarray(cast(object, src))
+                if isinstance(src, (np.ndarray, np.generic, int, float, bool)) else None)
+            src = self.input_value(ctx.p, aval, known, name)
+        if isinstance(src, RefVal) and not block and not smem:
+            if src.buffer.name.startswith("argument ") and not name.startswith("operand "):
+                src.buffer.name = name  # messages name the kernel's own parameter
+            return self.adopt(ctx.p, role, src.buffer, aval, name)
+        buf = self.buffer(ctx.p, role, aval, name)
+        if src is not None and not output:
+            self.machine.mark_written(buf)
+        elif isinstance(src, RefVal):
+            self.machine.mark_written(buf)
+        if smem or buf.space == "SMEM":
+            values = src.buffer.values if isinstance(src, RefVal) else None
+            if values is not None and len(values) == math.prod(buf.shape):
+                buf.values = list[object](values)
+            else:
+                from safedma.testing._verify._scalars import Unknown
+                why = (f"the contents of operand {name} (pass it as a concrete array, "
+                       "not a ShapeDtypeStruct)")
+                unknown: list[object] = [Unknown(why)] * math.prod(buf.shape)
+                buf.values = unknown
+        return buf
+
+    def barrier_buffer(self, p: int, collective_id: Any) -> Buffer:
+        key = (p, ("b", collective_id))
+        buf = self._registry.get(key)
+        if buf is None:
+            buf = self.new_buffer(p, f"the barrier semaphore (collective_id={collective_id})",
+                                  (), 4, "SEMAPHORE", "BARRIER", kernel_scoped=False)
+            self._registry[key] = buf
+            self._roles[buf.ident] = (("b", collective_id), None, buf.name, None)
+        return buf
+
+    def _describe_future(self, s: SemState) -> str:
+        unit = " bytes" if s.kind == "DMA" else ""
+        return (f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
+                f"passed between kernels, holds {s.total()}{unit} at the end of the "
+                "program: a copy started by one pallas_call (a DMA future) was never "
+                "waited by a later one")
+
+    def _describe_barrier(self, s: SemState) -> str:
+        unit = ""
+        return (f"{self.labels[s.buffer.owner]}: BARRIER semaphore {self.sem_name(s)} holds "
+                f"{s.total()}{unit} after the last call: every barrier signal needs a wait "
+                "(the barrier semaphore is shared by every call with this collective_id)")
+
+    def sem_name(self, s: SemState) -> str:
+        buf = s.buffer
+        if not buf.shape:
+            return buf.name
+        idx = np.unravel_index(s.index, buf.shape)
+        return f"{buf.name}[{', '.join(str(int(i)) for i in idx)}]"
+
+    def outer_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
+                    name: str) -> object:
+        """An argument of the per-device program: its values when small and known."""
+        if value is not None and value.size <= _MAX_KNOWN:
+            return value
+        return self.input_value(p, aval, None, name)
+
+    def input_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
+                    name: str) -> RefVal:
+        shape = _jax.aval_shape(aval)
+        buf = self.new_buffer(p, name, shape, _jax.aval_itemsize(aval), "HBM", None,
+                              kernel_scoped=False)
+        self.machine.mark_written(buf)
+        if value is not None and value.size <= _MAX_KNOWN:
+            buf.values = [v.item() for v in value.reshape(-1)]
+        return RefVal(buf)
+
+    # ------------------------------------------------------------ barriers
+
+    def entry_barrier(self, ctx: Ctx, instance: int, where: str) -> Gen:
+        st = self._barriers.get(instance)
+        if st is None:
+            st = self._barriers[instance] = _Barrier()
+        st.arrived.add(ctx.p)
+        if len(st.arrived) == self.participants:
+            self.machine.clocks.barrier(list(range(self.participants)))
+            st.done = True
+            for w in st.waiters:
+                self.machine.wake(w)
+            st.waiters = []
+        while not st.done:
+            st.waiters.append(ctx.p)
+            yield Blocked(ctx.p, None, 0, where,
+                          "the other devices at Mosaic's default device barrier before the "
+                          "kernel (collective_id unset)")
+        return None
+
+    # ------------------------------------------------------------ cores
+
+    def core_ctx(self, q: int, axis: str, core: int) -> Ctx:
+        coords = self.coords(q)
+        coords[axis] = core
+        return Ctx(q, self, coords)
+
+    def launch(self, q: int, job: Generator[Blocked, None, Any]) -> None:
+        self._jobs[q] = job
+        self.machine.wake(q)
+
+    def helper(self, q: int) -> Generator[Blocked, None, None]:
+        """Core ``q`` (not core 0): runs the kernel bodies core 0 launches on it."""
+        device = q // self.cores
+        while True:
+            job = self._jobs.get(q)
+            if job is None:
+                if device in self._finished:
+                    return
+                yield Blocked(q, None, 0, "", "idle")
+                continue
+            self._jobs[q] = None
+            yield from job
+
+    def main(self, p: int, program: Generator[Blocked, None, None]) -> Generator[Blocked, None, None]:
+        """Core 0's program; when it ends, the device's other cores stop."""
+        yield from program
+        device = p // self.cores
+        self._finished.add(device)
+        for k in range(1, self.cores):
+            self.machine.wake(device * self.cores + k)
+
+    # ------------------------------------------------------------ scheduling
+
+    def schedule(self, programs: list[Generator[Blocked, None, Any]]) -> None:
+        m = self.machine
+        runnable: deque[int] = deque(range(len(programs)))
+        queued = [True] * len(programs)
+        blocked: dict[int, Blocked] = {}
+        done: list[int] = []
+
+        def wake(p: int) -> None:
+            if not queued[p]:
+                queued[p] = True
+                blocked.pop(p, None)
+                runnable.append(p)
+        m.wake = wake
+        while runnable:
+            p = runnable.popleft()
+            queued[p] = False
+            try:
+                b = next(programs[p])
+            except StopIteration:
+                done.append(p)
+                continue
+            blocked[p] = b
+        stuck = [b for b in blocked.values() if b.what != "idle"]
+        if stuck:
+            raise m.deadlock(stuck, sorted(done))
+        barriers = [b for (_, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
+                    if isinstance(role, tuple) and role and role[0] == "b"]
+        if barriers:
+            # The barrier semaphore persists across calls: it must be back to zero
+            # once every call is over.
+            for buf in barriers:
+                m.leave_scope(buf.owner, [buf], self._describe_barrier, "finished its last call")
+        seen: set[int] = set()
+        for buf in self.futures:
+            if buf.ident not in seen:
+                seen.add(buf.ident)
+                m.leave_scope(buf.owner, [buf], self._describe_future, "finished")
+        err = m.leftover_error()
+        if err is not None:
+            raise err
