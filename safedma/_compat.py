@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +36,14 @@ __all__ = [
     "is_ref",
     "root_of",
     "axes_in_scope",
+    "AsyncCopyDescriptor",
+    "FlowKind",
+    "current_frame",
+    "frame_parent",
+    "frame_kind",
+    "static_positions",
+    "barrier_tags_supported",
+    "auto_collective_ids",
     "make_local_descriptor",
     "make_remote_descriptor",
     "semaphore_signal",
@@ -156,19 +166,137 @@ def axes_in_scope() -> Mapping[str, int]:
     return {str(name): int(size) for name, size in sizes.items()}
 
 
+# Control flow. safedma's kernel-scope checks run while Python traces the
+# body, so they see both branches of a lax.cond and one iteration of a loop.
+# jax traces each branch, loop body and run_scoped body into a jaxpr of its
+# own: the current trace object (core.trace_ctx.trace, a DynamicJaxprTrace)
+# changes on entry, links to the enclosing one (parent_trace), and records
+# what it is tracing for (frame.debug_info.traced_for: "cond", "fori_loop",
+# ...). No public API exposes this; tests/core/test_control_flow.py pins it
+# on both supported jax versions.
+
+
+class FlowKind(enum.Enum):
+    """What a traced block of the kernel body is, as far as DMA bookkeeping cares."""
+
+    BRANCH = "branch"  # runs on some paths only: lax.cond / switch / pl.when
+    LOOP = "loop"  # runs any number of times: fori_loop, while_loop, scan
+    ONCE = "once"  # runs exactly once where it appears: run_scoped
+    OTHER = "other"  # anything else (the kernel body itself, jax internals)
+
+
+_KINDS = {
+    "cond": FlowKind.BRANCH,
+    "switch": FlowKind.BRANCH,
+    "fori_loop": FlowKind.LOOP,
+    "while_body": FlowKind.LOOP,
+    "while_cond": FlowKind.LOOP,
+    "scan": FlowKind.LOOP,
+    "pallas run_scoped": FlowKind.ONCE,
+}
+
+
+def current_frame() -> object:
+    """The jax trace the current code is being traced into (its identity is the block)."""
+    return _jax_core.trace_ctx.trace
+
+
+def frame_parent(frame: object) -> object | None:
+    """The trace enclosing ``frame`` (None at the top)."""
+    parent: object | None = getattr(frame, "parent_trace", None)
+    return parent
+
+
+def frame_kind(frame: object) -> FlowKind:
+    """Whether ``frame`` is a branch, a loop body, a run-once body or something else."""
+    debug_info = getattr(getattr(frame, "frame", None), "debug_info", None)
+    return _KINDS.get(str(getattr(debug_info, "traced_for", "")), FlowKind.OTHER)
+
+
+def _static_int(value: object) -> int | None:
+    # Python ints become constant tracers inside a kernel; their value is kept.
+    if isinstance(value, _jax_core.Tracer):
+        get_const = getattr(value, "get_const", None)
+        value = get_const() if get_const is not None else None
+        if value is None:
+            return None
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+def static_positions(ref: object) -> frozenset[int] | None:
+    """The flat positions of its root array a view covers, or None if any index is traced.
+
+    ``sems.at[1]`` of a 4-semaphore array covers {1}; ``sems.at[pl.ds(2, 2)].at[1]``
+    covers {3}; ``sems.at[i]`` with a traced ``i`` is None (any of them).
+    """
+    root = root_of(ref)
+    shape = tuple(int(d) for d in getattr(root, "shape", ()))
+    positions = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    if ref is root:
+        return frozenset(int(p) for p in positions.ravel())
+    for transform in getattr(ref, "transforms", ()):
+        if not isinstance(transform, _state_indexing.NDIndexer):
+            return None
+        index: list[object] = []
+        for item in transform.indices:
+            if isinstance(item, _indexing.Slice):
+                start, size, stride = _static_int(item.start), _static_int(item.size), item.stride
+                if start is None or size is None:
+                    return None
+                index.append(slice(start, start + size * stride, stride))
+            else:
+                position = _static_int(item)
+                if position is None:
+                    return None
+                index.append(position)
+        positions = np.asarray(positions[tuple(index)])
+    return frozenset(int(p) for p in positions.ravel())
+
+
+# Barriers. jax 0.12 names a barrier by a tag (get_barrier_semaphore(tag=...))
+# and can assign collective ids itself (config jax_pallas_auto_assign_collective_ids,
+# "yes" or "override"); jax 0.10.2 has neither.
+
+
+def barrier_tags_supported() -> bool:
+    return JAX_VERSION >= (0, 12)
+
+
+def auto_collective_ids() -> bool:
+    """True when jax assigns collective ids to kernels that name none."""
+    mode = getattr(jax.config, "jax_pallas_auto_assign_collective_ids", "no")
+    return str(mode) in ("yes", "override")
+
+
+class AsyncCopyDescriptor(Protocol):
+    """What safedma uses of pltpu's async-copy descriptor (make_async_copy's result)."""
+
+    def start(self, priority: int = 0) -> None: ...
+    def wait(self) -> None: ...
+    def wait_send(self) -> None: ...
+    def wait_recv(self) -> None: ...
+
+
 # Lowering. These are the calls a careful author writes by hand; nothing else
 # is emitted. device_id_type is never passed: MESH is the default everywhere.
 # jax leaves their ref and semaphore parameters unannotated, which pyright strict
 # reports at each use (reportUnknownMemberType); safedma's own signatures are typed.
 
-def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
-    return pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
+def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDescriptor:
+    descriptor: AsyncCopyDescriptor = pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
+    return descriptor
 
 
 def make_remote_descriptor(
-    src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
-) -> Any:
-    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
+    src: object, dst: object, send_sem: object, recv_sem: object, device_id: object
+) -> AsyncCopyDescriptor:
+    descriptor: AsyncCopyDescriptor = pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+        src, dst, send_sem, recv_sem, device_id=device_id
+    )
+    return descriptor
 
 
 def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
@@ -187,9 +315,11 @@ def semaphore_read(sem: object) -> jax.Array:
     return result
 
 
-# Typed as a plain callable: jax 0.10.2 leaves it unannotated, 0.12 does not.
-_get_barrier_semaphore: Callable[[], object] = pltpu.get_barrier_semaphore
+# Typed as a plain callable: jax 0.10.2 leaves it unannotated (and has no tag), 0.12 does not.
+_get_barrier_semaphore: Callable[..., object] = pltpu.get_barrier_semaphore
 
 
-def barrier_semaphore() -> object:
-    return _get_barrier_semaphore()
+def barrier_semaphore(tag: object = None) -> object:
+    if tag is None:
+        return _get_barrier_semaphore()
+    return _get_barrier_semaphore(tag=tag)

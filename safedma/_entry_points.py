@@ -18,7 +18,8 @@ from typing import Any, ParamSpec, cast, overload
 import jax
 from jax.experimental import pallas as pl
 
-from safedma._tracker import KernelConfig, kernel_config, kernel_scope
+from safedma._ledger import ledger_scope
+from safedma._scope import KernelConfig, kernel_config, kernel_scope
 
 __all__ = ["checked", "pallas_call"]
 
@@ -64,9 +65,10 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
-        with kernel_scope(name, _named_arguments(signature, args, kwargs)) as scope:
+        with kernel_scope(name, _named_arguments(signature, args, kwargs)), \
+                ledger_scope() as ledger:
             body(*args, **kwargs)
-            scope.check_all_waited()
+            ledger.check_all_waited(name)
 
     # jax names a kernel after its function, looking through functools.partial;
     # a partial has no __name__ for wraps() to copy, so give the wrapper the

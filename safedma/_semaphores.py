@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from safedma import _compat
 from safedma._checks import check_semaphore
 from safedma._compat import SemaphoreKind
-from safedma._tracker import current_config
+from safedma._scope import current_config
 from safedma._devices import Device
 from safedma._errors import DeviceIdError, InvalidAmountError, MissingCollectiveIdError
 from safedma._refs import BarrierSem, Index, RegularSem, SemRef
