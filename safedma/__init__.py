@@ -10,6 +10,7 @@ code lowers to exactly the pltpu calls written by hand.
 
 from safedma._copies import (
     Given,
+    Handle,
     IncomingHandle,
     LocalCopy,
     LocalHandle,
@@ -24,6 +25,7 @@ from safedma._errors import (
     CopyNeverWaitedError,
     CopyShapeMismatchError,
     DeviceIdError,
+    HandleEscapedError,
     HandleWaitedTwiceError,
     IncompleteCopyError,
     InvalidAmountError,
@@ -34,6 +36,7 @@ from safedma._errors import (
     SafeDmaError,
     SemaphoreKindError,
     SemaphoreShapeError,
+    UnsupportedByJaxError,
     UnsupportedDmaError,
     WrongOperationError,
 )
@@ -72,6 +75,8 @@ __all__ = [
     "Device",
     "DeviceIdError",
     "Given",
+    "Handle",
+    "HandleEscapedError",
     "HandleWaitedTwiceError",
     "IncomingHandle",
     "IncompleteCopyError",
@@ -94,6 +99,7 @@ __all__ = [
     "SemRef",
     "SemaphoreKindError",
     "SemaphoreShapeError",
+    "UnsupportedByJaxError",
     "UnsupportedDmaError",
     "WrongOperationError",
     "axis_size",

@@ -82,8 +82,8 @@ def gather_pages_kernel(
 
     fori_loop(0, k, start_page, None)
     # One wait for all k page copies: buf's size is the sum of theirs.
-    sd.wait_all_into(buf, sem)
-    sd.LocalCopy(buf, o_hbm, sem).start().wait()
+    pages = sd.wait_all_into(buf, sem)  # buf, every page landed
+    sd.LocalCopy(pages, o_hbm, sem).start().wait()
 
 
 def _check_static_indices(indices: jax.Array, num_pages: int) -> None:

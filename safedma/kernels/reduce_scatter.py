@@ -160,22 +160,22 @@ def reduce_scatter_ring(
 
     fetch(0, 0).start()
     fetch(1, 1).start()  # n >= 2, so step 1 exists
-    fetch(0, 0).started_elsewhere().wait()
-    send_bufs[0] = x_bufs[0].astype(_ACC)
+    first = fetch(0, 0).started_elsewhere().wait()  # x_bufs[0], landed
+    send_bufs[0] = first[...].astype(_ACC)
     sd.wait(capacity)
     message(0).start()
 
     def step_body(step: jax.Array, carry: None) -> None:
         slot = step % 2
         prev = 1 - slot
-        fetch(step, slot).started_elsewhere().wait()
+        mine = fetch(step, slot).started_elsewhere().wait()  # x_bufs[slot], landed
 
         @pl.when(step + 1 < n)
         def _prefetch_next() -> None:
             fetch(step + 1, prev).start()
 
-        message(prev).started_elsewhere().wait_recv()
-        total = recv_bufs[prev] + x_bufs[slot].astype(_ACC)
+        partial = message(prev).started_elsewhere().wait_recv()  # recv_bufs[prev], landed
+        total = partial[...] + mine[...].astype(_ACC)
 
         @pl.when(step + 2 < n)
         def _free_receive_slot() -> None:
