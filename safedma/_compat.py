@@ -13,8 +13,9 @@ jax release moves any of it.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -198,7 +199,11 @@ _KINDS = {
 
 def current_frame() -> object:
     """The jax trace the current code is being traced into (its identity is the block)."""
-    return _jax_core.trace_ctx.trace
+    return _trace_context.trace
+
+
+# Unannotated in jax; typed here so the lookup costs nothing per call.
+_trace_context: Any = _jax_core.trace_ctx
 
 
 def frame_parent(frame: object) -> object | None:
@@ -216,12 +221,12 @@ def frame_kind(frame: object) -> FlowKind:
 def _static_int(value: object) -> int | None:
     # Python ints become constant tracers inside a kernel; their value is kept.
     if isinstance(value, _jax_core.Tracer):
-        get_const = getattr(value, "get_const", None)
+        get_const: Callable[[], object] | None = getattr(value, "get_const", None)  # pyright: ignore[reportUnknownArgumentType]
         value = get_const() if get_const is not None else None
         if value is None:
             return None
     try:
-        return int(value)  # type: ignore[call-overload]
+        return operator.index(cast(Any, value))  # ints and int-like arrays; others raise
     except (TypeError, ValueError):
         return None
 
@@ -240,7 +245,7 @@ def static_positions(ref: object) -> frozenset[int] | None:
     for transform in getattr(ref, "transforms", ()):
         if not isinstance(transform, _state_indexing.NDIndexer):
             return None
-        index: list[object] = []
+        index: list[int | slice] = []
         for item in transform.indices:
             if isinstance(item, _indexing.Slice):
                 start, size, stride = _static_int(item.start), _static_int(item.size), item.stride
@@ -291,7 +296,7 @@ def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDes
 
 
 def make_remote_descriptor(
-    src: object, dst: object, send_sem: object, recv_sem: object, device_id: object
+    src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
 ) -> AsyncCopyDescriptor:
     descriptor: AsyncCopyDescriptor = pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
         src, dst, send_sem, recv_sem, device_id=device_id

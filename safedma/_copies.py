@@ -301,7 +301,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
 
     def _replace(self, send_sem: SemRef | None, device: Device | None) -> RemoteCopy[Given, Given]:
         # The one place a state is asserted; callers narrow it to what they gave.
-        new: RemoteCopy[Given, Given] = object.__new__(RemoteCopy)
+        new = cast("RemoteCopy[Given, Given]", object.__new__(RemoteCopy))
         _freeze(new, src=self.src, dst=self.dst, recv_sem=self.recv_sem, _send_sem=send_sem,
                 _device=device)
         return new
