@@ -40,7 +40,13 @@ from safedma._errors import (
     UnsupportedDmaError,
     WrongOperationError,
 )
-from safedma._entry_points import checked, pallas_call
+from safedma._entry_points import (
+    CoreKernelOptions,
+    PallasCallOptions,
+    checked,
+    core_kernel,
+    pallas_call,
+)
 from safedma._refs import (
     BarrierSem,
     DataIndex,
@@ -68,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BarrierSem",
     "CopyDtypeMismatchError",
+    "CoreKernelOptions",
     "CopyNeverWaitedError",
     "CopyShapeMismatchError",
     "DataIndex",
@@ -88,6 +95,7 @@ __all__ = [
     "MissingCollectiveIdError",
     "MissingSemaphoreError",
     "NotARefError",
+    "PallasCallOptions",
     "PriorityError",
     "RegularSem",
     "RegularSemArray",
@@ -108,6 +116,7 @@ __all__ = [
     "dma_semaphore",
     "dma_semaphores",
     "checked",
+    "core_kernel",
     "mesh_coords",
     "my_index",
     "neighbour",

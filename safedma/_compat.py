@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeAlias, cast
 
 import numpy as np
 
@@ -37,7 +37,9 @@ __all__ = [
     "is_ref",
     "root_of",
     "axes_in_scope",
+    "ArrayAval",
     "AsyncCopyDescriptor",
+    "RefAval",
     "FlowKind",
     "current_frame",
     "frame_parent",
@@ -274,6 +276,13 @@ def auto_collective_ids() -> bool:
     """True when jax assigns collective ids to kernels that name none."""
     mode = getattr(jax.config, "jax_pallas_auto_assign_collective_ids", "no")
     return str(mode) in ("yes", "override")
+
+
+# The two avals jax's ScratchShape protocol asks a scratch declaration for:
+# safedma.Scratch declares them (for type checkers only) so grid specs typed
+# with ScratchShapeTree (PrefetchScalarGridSpec) accept typed scratch.
+ArrayAval: TypeAlias = _jax_core.AbstractValue
+RefAval: TypeAlias = "_state_types.AbstractRef | _state_types.TransformedRef"
 
 
 class AsyncCopyDescriptor(Protocol):

@@ -137,14 +137,12 @@ def gather_pages(
     _check(pages, indices)
     k = indices.shape[0]
     page = pages.shape[1:]
-    # pltpu's own declarations: PrefetchScalarGridSpec's typed scratch_shapes do not
-    # accept safedma's Scratch[...] (the kernel parameters are branded all the same).
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(),
         in_specs=[_HBM],
         out_specs=_HBM,
-        scratch_shapes=[pltpu.VMEM((k, *page), pages.dtype), pltpu.SemaphoreType.DMA(())],
+        scratch_shapes=[sd.vmem((k, *page), pages.dtype), sd.dma_semaphore()],
     )
     call = sd.pallas_call(
         gather_pages_kernel,
