@@ -233,6 +233,23 @@ def _static_int(value: object) -> int | None:
         return None
 
 
+def _indexers(ref: object) -> list[Any] | None:
+    """The ``.at[...]`` indexers of a view, outermost first; None if it has other transforms."""
+    transforms: tuple[Any, ...] = tuple(getattr(ref, "transforms", ()))
+    if not all(isinstance(t, _state_indexing.NDIndexer) for t in transforms):
+        return None
+    return list(transforms)
+
+
+def _static_index(item: Any) -> int | slice | None:
+    if isinstance(item, _indexing.Slice):
+        start, size = _static_int(item.start), _static_int(item.size)
+        if start is None or size is None:
+            return None
+        return slice(start, start + size * item.stride, item.stride)
+    return _static_int(item)
+
+
 def static_positions(ref: object) -> frozenset[int] | None:
     """The flat positions of its root array a view covers, or None if any index is traced.
 
@@ -241,25 +258,25 @@ def static_positions(ref: object) -> frozenset[int] | None:
     """
     root = root_of(ref)
     shape = tuple(int(d) for d in getattr(root, "shape", ()))
-    positions = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
-    if ref is root:
-        return frozenset(int(p) for p in positions.ravel())
-    for transform in getattr(ref, "transforms", ()):
-        if not isinstance(transform, _state_indexing.NDIndexer):
+    indexers = _indexers(ref) if ref is not root else []
+    if indexers is None:
+        return None
+    # The common case, sems.at[i] of a 1-D array, without numpy.
+    if len(shape) == 1 and len(indexers) == 1 and len(indexers[0].indices) == 1:
+        index = _static_index(indexers[0].indices[0])
+        if index is None:
             return None
-        index: list[int | slice] = []
-        for item in transform.indices:
-            if isinstance(item, _indexing.Slice):
-                start, size, stride = _static_int(item.start), _static_int(item.size), item.stride
-                if start is None or size is None:
-                    return None
-                index.append(slice(start, start + size * stride, stride))
-            else:
-                position = _static_int(item)
-                if position is None:
-                    return None
-                index.append(position)
-        positions = np.asarray(positions[tuple(index)])
+        if isinstance(index, int):
+            return frozenset({index % shape[0]})
+    positions = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    for indexer in indexers:
+        index_tuple: list[int | slice] = []
+        for item in indexer.indices:
+            index = _static_index(item)
+            if index is None:
+                return None
+            index_tuple.append(index)
+        positions = np.asarray(positions[tuple(index_tuple)])
     return frozenset(int(p) for p in positions.ravel())
 
 

@@ -73,12 +73,19 @@ class _ElsewhereWait:
     sem: object
 
 
-def _slots_meet(a: object, b: object) -> bool:
-    """Could semaphore views ``a`` and ``b`` be the same semaphore? (Unknown: yes.)"""
-    if _compat.root_of(a) is not _compat.root_of(b):
+_Slot = tuple[int, frozenset[int] | None]
+"""A semaphore view as (id of its root array, the positions it covers; None: unknown)."""
+
+
+def _slot(sem: object) -> _Slot:
+    return id(_compat.root_of(sem)), _compat.static_positions(sem)
+
+
+def _slots_meet(a: _Slot, b: _Slot) -> bool:
+    """Could two semaphore views be the same semaphore? (Unknown positions: yes.)"""
+    if a[0] != b[0]:
         return False
-    pa, pb = _compat.static_positions(a), _compat.static_positions(b)
-    return pa is None or pb is None or not pa.isdisjoint(pb)
+    return a[1] is None or b[1] is None or not a[1].isdisjoint(b[1])
 
 
 @dataclasses.dataclass(eq=False)
@@ -93,13 +100,17 @@ class Ledger:
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
         left: list[str] = []
+        elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
         for ob in self.obligations:
-            missing = [
-                side
-                for side, sem in ob.sems.items()
-                if not ob.waited[side]
-                and not any(_slots_meet(sem, w.sem) for w in self.elsewhere)
-            ]
+            missing: list[Side] = []
+            for side, sem in ob.sems.items():
+                if ob.waited[side]:
+                    continue
+                if elsewhere is None:
+                    elsewhere = [_slot(w.sem) for w in self.elsewhere]
+                slot = _slot(sem)
+                if not any(_slots_meet(slot, other) for other in elsewhere):
+                    missing.append(side)
             if missing:
                 calls = " and ".join(side.value for side in missing)
                 left.append(f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called")
