@@ -10,6 +10,7 @@ code lowers to exactly the pltpu calls written by hand.
 
 from safedma._copies import (
     Given,
+    Handle,
     IncomingHandle,
     LocalCopy,
     LocalHandle,
@@ -24,6 +25,7 @@ from safedma._errors import (
     CopyNeverWaitedError,
     CopyShapeMismatchError,
     DeviceIdError,
+    HandleEscapedError,
     HandleWaitedTwiceError,
     IncompleteCopyError,
     InvalidAmountError,
@@ -34,10 +36,17 @@ from safedma._errors import (
     SafeDmaError,
     SemaphoreKindError,
     SemaphoreShapeError,
+    UnsupportedByJaxError,
     UnsupportedDmaError,
     WrongOperationError,
 )
-from safedma._entry_points import checked, pallas_call
+from safedma._entry_points import (
+    CoreKernelOptions,
+    PallasCallOptions,
+    checked,
+    core_kernel,
+    pallas_call,
+)
 from safedma._refs import (
     BarrierSem,
     DataIndex,
@@ -65,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BarrierSem",
     "CopyDtypeMismatchError",
+    "CoreKernelOptions",
     "CopyNeverWaitedError",
     "CopyShapeMismatchError",
     "DataIndex",
@@ -72,6 +82,8 @@ __all__ = [
     "Device",
     "DeviceIdError",
     "Given",
+    "Handle",
+    "HandleEscapedError",
     "HandleWaitedTwiceError",
     "IncomingHandle",
     "IncompleteCopyError",
@@ -83,6 +95,7 @@ __all__ = [
     "MissingCollectiveIdError",
     "MissingSemaphoreError",
     "NotARefError",
+    "PallasCallOptions",
     "PriorityError",
     "RegularSem",
     "RegularSemArray",
@@ -94,6 +107,7 @@ __all__ = [
     "SemRef",
     "SemaphoreKindError",
     "SemaphoreShapeError",
+    "UnsupportedByJaxError",
     "UnsupportedDmaError",
     "WrongOperationError",
     "axis_size",
@@ -102,6 +116,7 @@ __all__ = [
     "dma_semaphore",
     "dma_semaphores",
     "checked",
+    "core_kernel",
     "mesh_coords",
     "my_index",
     "neighbour",

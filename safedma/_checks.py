@@ -12,7 +12,7 @@ import jax
 
 from safedma import _compat
 from safedma._compat import SemaphoreKind
-from safedma._tracker import describe_ref
+from safedma._describe import describe_ref
 from safedma._errors import (
     CopyDtypeMismatchError,
     CopyShapeMismatchError,

@@ -13,8 +13,11 @@ jax release moves any of it.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeAlias, cast
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +37,16 @@ __all__ = [
     "is_ref",
     "root_of",
     "axes_in_scope",
+    "ArrayAval",
+    "AsyncCopyDescriptor",
+    "RefAval",
+    "FlowKind",
+    "current_frame",
+    "frame_parent",
+    "frame_kind",
+    "static_positions",
+    "barrier_tags_supported",
+    "auto_collective_ids",
     "make_local_descriptor",
     "make_remote_descriptor",
     "semaphore_signal",
@@ -156,19 +169,165 @@ def axes_in_scope() -> Mapping[str, int]:
     return {str(name): int(size) for name, size in sizes.items()}
 
 
+# Control flow. safedma's kernel-scope checks run while Python traces the
+# body, so they see both branches of a lax.cond and one iteration of a loop.
+# jax traces each branch, loop body and run_scoped body into a jaxpr of its
+# own: the current trace object (core.trace_ctx.trace, a DynamicJaxprTrace)
+# changes on entry, links to the enclosing one (parent_trace), and records
+# what it is tracing for (frame.debug_info.traced_for: "cond", "fori_loop",
+# ...). No public API exposes this; tests/core/test_control_flow.py pins it
+# on both supported jax versions.
+
+
+class FlowKind(enum.Enum):
+    """What a traced block of the kernel body is, as far as DMA bookkeeping cares."""
+
+    BRANCH = "branch"  # runs on some paths only: lax.cond / switch / pl.when
+    LOOP = "loop"  # runs any number of times: fori_loop, while_loop, scan
+    ONCE = "once"  # runs exactly once where it appears: run_scoped
+    OTHER = "other"  # anything else (the kernel body itself, jax internals)
+
+
+_KINDS = {
+    "cond": FlowKind.BRANCH,
+    "switch": FlowKind.BRANCH,
+    "fori_loop": FlowKind.LOOP,
+    "while_body": FlowKind.LOOP,
+    "while_cond": FlowKind.LOOP,
+    "scan": FlowKind.LOOP,
+    "pallas run_scoped": FlowKind.ONCE,
+}
+
+
+def current_frame() -> object:
+    """The jax trace the current code is being traced into (its identity is the block)."""
+    return _trace_context.trace
+
+
+# Unannotated in jax; typed here so the lookup costs nothing per call.
+_trace_context: Any = _jax_core.trace_ctx
+
+
+def frame_parent(frame: object) -> object | None:
+    """The trace enclosing ``frame`` (None at the top)."""
+    parent: object | None = getattr(frame, "parent_trace", None)
+    return parent
+
+
+def frame_kind(frame: object) -> FlowKind:
+    """Whether ``frame`` is a branch, a loop body, a run-once body or something else."""
+    debug_info = getattr(getattr(frame, "frame", None), "debug_info", None)
+    return _KINDS.get(str(getattr(debug_info, "traced_for", "")), FlowKind.OTHER)
+
+
+def _static_int(value: object) -> int | None:
+    # Python ints become constant tracers inside a kernel; their value is kept.
+    if isinstance(value, _jax_core.Tracer):
+        get_const: Callable[[], object] | None = getattr(value, "get_const", None)  # pyright: ignore[reportUnknownArgumentType]
+        value = get_const() if get_const is not None else None
+        if value is None:
+            return None
+    try:
+        return operator.index(cast(Any, value))  # ints and int-like arrays; others raise
+    except (TypeError, ValueError):
+        return None
+
+
+def _indexers(ref: object) -> list[Any] | None:
+    """The ``.at[...]`` indexers of a view, outermost first; None if it has other transforms."""
+    transforms: tuple[Any, ...] = tuple(getattr(ref, "transforms", ()))
+    if not all(isinstance(t, _state_indexing.NDIndexer) for t in transforms):
+        return None
+    return list(transforms)
+
+
+def _static_index(item: Any) -> int | slice | None:
+    if isinstance(item, _indexing.Slice):
+        start, size = _static_int(item.start), _static_int(item.size)
+        if start is None or size is None:
+            return None
+        return slice(start, start + size * item.stride, item.stride)
+    return _static_int(item)
+
+
+def static_positions(ref: object) -> frozenset[int] | None:
+    """The flat positions of its root array a view covers, or None if any index is traced.
+
+    ``sems.at[1]`` of a 4-semaphore array covers {1}; ``sems.at[pl.ds(2, 2)].at[1]``
+    covers {3}; ``sems.at[i]`` with a traced ``i`` is None (any of them).
+    """
+    root = root_of(ref)
+    shape = tuple(int(d) for d in getattr(root, "shape", ()))
+    indexers = _indexers(ref) if ref is not root else []
+    if indexers is None:
+        return None
+    # The common case, sems.at[i] of a 1-D array, without numpy.
+    if len(shape) == 1 and len(indexers) == 1 and len(indexers[0].indices) == 1:
+        index = _static_index(indexers[0].indices[0])
+        if index is None:
+            return None
+        if isinstance(index, int):
+            return frozenset({index % shape[0]})
+    positions = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    for indexer in indexers:
+        index_tuple: list[int | slice] = []
+        for item in indexer.indices:
+            index = _static_index(item)
+            if index is None:
+                return None
+            index_tuple.append(index)
+        positions = np.asarray(positions[tuple(index_tuple)])
+    return frozenset(int(p) for p in positions.ravel())
+
+
+# Barriers. jax 0.12 names a barrier by a tag (get_barrier_semaphore(tag=...))
+# and can assign collective ids itself (config jax_pallas_auto_assign_collective_ids,
+# "yes" or "override"); jax 0.10.2 has neither.
+
+
+def barrier_tags_supported() -> bool:
+    return JAX_VERSION >= (0, 12)
+
+
+def auto_collective_ids() -> bool:
+    """True when jax assigns collective ids to kernels that name none."""
+    mode = getattr(jax.config, "jax_pallas_auto_assign_collective_ids", "no")
+    return str(mode) in ("yes", "override")
+
+
+# The two avals jax's ScratchShape protocol asks a scratch declaration for:
+# safedma.Scratch declares them (for type checkers only) so grid specs typed
+# with ScratchShapeTree (PrefetchScalarGridSpec) accept typed scratch.
+ArrayAval: TypeAlias = _jax_core.AbstractValue
+RefAval: TypeAlias = "_state_types.AbstractRef | _state_types.TransformedRef"
+
+
+class AsyncCopyDescriptor(Protocol):
+    """What safedma uses of pltpu's async-copy descriptor (make_async_copy's result)."""
+
+    def start(self, priority: int = 0) -> None: ...
+    def wait(self) -> None: ...
+    def wait_send(self) -> None: ...
+    def wait_recv(self) -> None: ...
+
+
 # Lowering. These are the calls a careful author writes by hand; nothing else
 # is emitted. device_id_type is never passed: MESH is the default everywhere.
 # jax leaves their ref and semaphore parameters unannotated, which pyright strict
 # reports at each use (reportUnknownMemberType); safedma's own signatures are typed.
 
-def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
-    return pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
+def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDescriptor:
+    descriptor: AsyncCopyDescriptor = pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
+    return descriptor
 
 
 def make_remote_descriptor(
     src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
-) -> Any:
-    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
+) -> AsyncCopyDescriptor:
+    descriptor: AsyncCopyDescriptor = pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+        src, dst, send_sem, recv_sem, device_id=device_id
+    )
+    return descriptor
 
 
 def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
@@ -187,9 +346,11 @@ def semaphore_read(sem: object) -> jax.Array:
     return result
 
 
-# Typed as a plain callable: jax 0.10.2 leaves it unannotated, 0.12 does not.
-_get_barrier_semaphore: Callable[[], object] = pltpu.get_barrier_semaphore
+# Typed as a plain callable: jax 0.10.2 leaves it unannotated (and has no tag), 0.12 does not.
+_get_barrier_semaphore: Callable[..., object] = pltpu.get_barrier_semaphore
 
 
-def barrier_semaphore() -> object:
-    return _get_barrier_semaphore()
+def barrier_semaphore(tag: object = None) -> object:
+    if tag is None:
+        return _get_barrier_semaphore()
+    return _get_barrier_semaphore(tag=tag)

@@ -15,14 +15,23 @@ one aggregate wait for many copies on one semaphore) goes through
 ``started_elsewhere()`` or ``incoming()``, never through a rebuilt
 descriptor.
 
-Everything lowers to ``pltpu.make_async_copy`` / ``make_async_remote_copy``
-and the descriptor's ``start`` / ``wait*`` calls, exactly as written by hand.
+A wait gives back what it protected, as the stm32 HAL's ``release()`` hands
+the buffer back: ``wait()`` and ``wait_recv()`` return the destination (now
+safe to read), ``wait_send()`` the source (now safe to overwrite). Reading
+the returned ref instead of the one the copy was built from keeps "read only
+after the wait" visible in the code.
+
+Copies are frozen dataclasses, checked when built; every handle shares one
+base. Everything lowers to ``pltpu.make_async_copy`` /
+``make_async_remote_copy`` and the descriptor's ``start`` / ``wait*`` calls,
+exactly as written by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, cast, final
+from typing import TYPE_CHECKING, ClassVar, Generic, Literal, NoReturn, cast, final
 
 from typing_extensions import TypeVar
 
@@ -34,8 +43,9 @@ from safedma._checks import (
     check_same_layout,
     check_semaphore,
 )
-from safedma._compat import SemaphoreKind
-from safedma._tracker import HandleState, Side, describe_ref
+from safedma._compat import AsyncCopyDescriptor, SemaphoreKind
+from safedma._describe import describe_ref
+from safedma._ledger import HandleState, Side
 from safedma._devices import Device
 from safedma._errors import DeviceIdError, IncompleteCopyError, WrongOperationError
 from safedma._refs import DataRef, SemRef
@@ -45,6 +55,7 @@ __all__ = [
     "Missing",
     "LocalCopy",
     "RemoteCopy",
+    "Handle",
     "LocalHandle",
     "RemoteHandle",
     "IncomingHandle",
@@ -106,68 +117,121 @@ def _check_copy_refs(src: object, dst: object, what: str) -> None:
     check_same_layout(src, dst, what)
 
 
-@final
-class LocalHandle:
-    """A started (or started-elsewhere) local copy; ``wait()`` once."""
+class Handle:
+    """A started (or started-elsewhere) copy: the only thing that can be waited.
 
-    __slots__ = ("_descriptor", "_state")
+    Each wait is recorded by the kernel scope (see :mod:`safedma._ledger`)
+    and returns the ref it made safe to use.
+    """
+
+    __slots__ = ("_descriptor", "_state", "_src", "_dst")
+    _HINTS: ClassVar[Mapping[str, str]] = {}
 
     if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
 
         def __getattr__(self, name: str) -> NoReturn:
-            _no_such_operation(self, name, _LOCAL_HANDLE_HINTS)
+            _no_such_operation(self, name, self._HINTS)
 
-    def __init__(self, descriptor: Any, state: HandleState) -> None:
+    def __init__(
+        self, descriptor: AsyncCopyDescriptor, state: HandleState, src: DataRef, dst: DataRef
+    ) -> None:
         self._descriptor = descriptor
         self._state = state
-
-    def wait(self) -> None:
-        """Block until the copy's bytes have landed in the destination."""
-        self._state.record_wait(Side.LOCAL)
-        self._descriptor.wait()
+        self._src = src
+        self._dst = dst
 
 
 @final
+class LocalHandle(Handle):
+    """A started (or started-elsewhere) local copy; ``wait()`` once."""
+
+    __slots__ = ()
+    _HINTS = _LOCAL_HANDLE_HINTS
+
+    def wait(self) -> DataRef:
+        """Block until the copy's bytes have landed; return the destination, now readable."""
+        self._state.record_wait(Side.LOCAL)
+        self._descriptor.wait()
+        return self._dst
+
+
+@final
+class RemoteHandle(Handle):
+    """A started remote copy: ``wait_send()`` on the sending side, ``wait_recv()`` on
+    the receiving side, or ``wait()`` for both (the symmetric case, where every
+    device sends and receives)."""
+
+    __slots__ = ()
+
+    def wait_send(self) -> DataRef:
+        """Block until the source has been read; return the source, now free to overwrite."""
+        self._state.record_wait(Side.SEND)
+        self._descriptor.wait_send()
+        return self._src
+
+    def wait_recv(self) -> DataRef:
+        """Block until the incoming copy has landed; return this device's destination."""
+        self._state.record_wait(Side.RECV)
+        self._descriptor.wait_recv()
+        return self._dst
+
+    def wait(self) -> DataRef:
+        """``wait_send()`` then ``wait_recv()``; return the destination, now readable."""
+        self.wait_send()
+        return self.wait_recv()
+
+
+@final
+class IncomingHandle(Handle):
+    """The receive side of a copy another device sends to this one: ``wait_recv()``."""
+
+    __slots__ = ()
+    _HINTS = _INCOMING_HINTS
+
+    def wait_recv(self) -> DataRef:
+        """Block until the incoming copy has landed; return this device's destination."""
+        self._state.record_wait(Side.RECV)
+        self._descriptor.wait_recv()
+        return self._dst
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class LocalCopy:
     """A copy between two refs on this device, tracked by one DMA semaphore.
 
     ``LocalCopy(x_hbm.at[pl.ds(i, n)], buf, sem).start()`` returns a
-    :class:`LocalHandle`; ``handle.wait()`` blocks until the copy has landed.
+    :class:`LocalHandle`; ``handle.wait()`` blocks until the copy has landed
+    and returns ``buf``. The refs are checked when the copy is built.
     """
 
-    __slots__ = ("_src", "_dst", "_sem")
+    __slots__ = ("src", "dst", "sem")
+
+    src: DataRef
+    dst: DataRef
+    sem: SemRef
 
     if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
 
         def __getattr__(self, name: str) -> NoReturn:
             _no_such_operation(self, name, _LOCAL_COPY_HINTS)
 
-    def __init__(self, src: DataRef, dst: DataRef, sem: SemRef) -> None:
-        _check_copy_refs(src, dst, "LocalCopy")
-        check_semaphore(sem, "LocalCopy semaphore", _DMA, what_for="a local copy")
-        self._src = src
-        self._dst = dst
-        self._sem = sem
+    def __post_init__(self) -> None:
+        _check_copy_refs(self.src, self.dst, "LocalCopy")
+        check_semaphore(self.sem, "LocalCopy semaphore", _DMA, what_for="a local copy")
 
-    @property
-    def src(self) -> DataRef:
-        return self._src
-
-    @property
-    def dst(self) -> DataRef:
-        return self._dst
-
-    @property
-    def sem(self) -> SemRef:
-        return self._sem
+    def __repr__(self) -> str:
+        return self._describe()
 
     def _describe(self) -> str:
-        return f"LocalCopy {describe_ref(self._src)} -> {describe_ref(self._dst)}"
+        return f"LocalCopy {describe_ref(self.src)} -> {describe_ref(self.dst)}"
 
-    def _handle(self, descriptor: Any, *, started_elsewhere: bool) -> LocalHandle:
-        sides: dict[Side, object] = {Side.LOCAL: _compat.root_of(self._sem)}
-        state = HandleState(self._describe, sides, started_elsewhere=started_elsewhere)
-        return LocalHandle(descriptor, state)
+    def _handle(
+        self, descriptor: AsyncCopyDescriptor, *, started_elsewhere: bool
+    ) -> LocalHandle:
+        state = HandleState(self._describe, {Side.LOCAL: self.sem},
+                            started_elsewhere=started_elsewhere)
+        return LocalHandle(descriptor, state, self.src, self.dst)
 
     def start(self, *, priority: Literal[0, 1] = 0, add: Literal[False] = False) -> LocalHandle:
         """Start the copy; wait for it through the returned handle.
@@ -177,7 +241,7 @@ class LocalCopy:
         """
         check_priority(priority, remote=False)
         check_no_add(add)
-        descriptor = _compat.make_local_descriptor(self._src, self._dst, self._sem)
+        descriptor = _compat.make_local_descriptor(self.src, self.dst, self.sem)
         handle = self._handle(descriptor, started_elsewhere=False)
         descriptor.start(priority)
         return handle
@@ -185,65 +249,17 @@ class LocalCopy:
     def started_elsewhere(self) -> LocalHandle:
         """A handle for this copy, started where this code cannot see it.
 
-        Use it to wait for a copy started in an earlier loop iteration (double
-        buffering), or for several copies on this semaphore whose sizes add up
-        to this one (one aggregate wait). Its wait discharges every copy
-        started on this semaphore in the kernel.
+        Use it to wait for a copy started in an earlier loop iteration or grid
+        step (double buffering), or for several copies on this semaphore whose
+        sizes add up to this one (one aggregate wait). For the kernel-scope
+        check it may stand for any copy started on the same semaphore slot.
         """
-        descriptor = _compat.make_local_descriptor(self._src, self._dst, self._sem)
+        descriptor = _compat.make_local_descriptor(self.src, self.dst, self.sem)
         return self._handle(descriptor, started_elsewhere=True)
 
 
 @final
-class RemoteHandle:
-    """A started remote copy: ``wait_send()`` on the sending side, ``wait_recv()`` on
-    the receiving side, or ``wait()`` for both (the symmetric case, where every
-    device sends and receives)."""
-
-    __slots__ = ("_descriptor", "_state")
-
-    def __init__(self, descriptor: Any, state: HandleState) -> None:
-        self._descriptor = descriptor
-        self._state = state
-
-    def wait_send(self) -> None:
-        """Block until the source has been read (it may then be overwritten)."""
-        self._state.record_wait(Side.SEND)
-        self._descriptor.wait_send()
-
-    def wait_recv(self) -> None:
-        """Block until the incoming copy into this device's destination has landed."""
-        self._state.record_wait(Side.RECV)
-        self._descriptor.wait_recv()
-
-    def wait(self) -> None:
-        """``wait_send()`` then ``wait_recv()``."""
-        self.wait_send()
-        self.wait_recv()
-
-
-@final
-class IncomingHandle:
-    """The receive side of a copy another device sends to this one: ``wait_recv()``."""
-
-    __slots__ = ("_descriptor", "_state")
-
-    if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
-
-        def __getattr__(self, name: str) -> NoReturn:
-            _no_such_operation(self, name, _INCOMING_HINTS)
-
-    def __init__(self, descriptor: Any, state: HandleState) -> None:
-        self._descriptor = descriptor
-        self._state = state
-
-    def wait_recv(self) -> None:
-        """Block until the incoming copy into this device's destination has landed."""
-        self._state.record_wait(Side.RECV)
-        self._descriptor.wait_recv()
-
-
-@final
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
 class RemoteCopy(Generic[SendSemState, TargetState]):
     """A copy from a ref on this device to a ref on another device.
 
@@ -251,7 +267,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
 
         copy = RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem).to(dev)
         handle = copy.start()
-        handle.wait()
+        received = handle.wait()   # o_ref, now readable
 
     ``recv_sem`` is signalled on the target device as bytes land there;
     ``send_sem`` on this device as the source is read. ``start()``,
@@ -259,15 +275,18 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
     and the target device.
     """
 
-    __slots__ = ("_src", "_dst", "_recv_sem", "_send_sem", "_device")
+    __slots__ = ("src", "dst", "recv_sem", "_send_sem", "_device")
+
+    src: DataRef
+    dst: DataRef
+    recv_sem: SemRef
+    _send_sem: SemRef | None
+    _device: Device | None
 
     if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
 
         def __getattr__(self, name: str) -> NoReturn:
             _no_such_operation(self, name, _REMOTE_COPY_HINTS)
-
-    _send_sem: SemRef | None
-    _device: Device | None
 
     def __init__(
         self: RemoteCopy[Missing, Missing], src: DataRef, dst: DataRef, recv_sem: SemRef
@@ -278,37 +297,24 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         check_semaphore(
             recv_sem, "RemoteCopy receive semaphore", _DMA, what_for="a remote copy"
         )
-        self._src = src
-        self._dst = dst
-        self._recv_sem = recv_sem
-        self._send_sem = None
-        self._device = None
+        _freeze(self, src=src, dst=dst, recv_sem=recv_sem, _send_sem=None, _device=None)
 
-    def _replace(self, send_sem: SemRef | None, device: Device | None) -> Any:
-        new = object.__new__(RemoteCopy)
-        new._src, new._dst, new._recv_sem = self._src, self._dst, self._recv_sem
-        new._send_sem, new._device = send_sem, device
+    def _replace(self, send_sem: SemRef | None, device: Device | None) -> RemoteCopy[Given, Given]:
+        # The one place a state is asserted; callers narrow it to what they gave.
+        new = cast("RemoteCopy[Given, Given]", object.__new__(RemoteCopy))
+        _freeze(new, src=self.src, dst=self.dst, recv_sem=self.recv_sem, _send_sem=send_sem,
+                _device=device)
         return new
 
-    @property
-    def src(self) -> DataRef:
-        return self._src
-
-    @property
-    def dst(self) -> DataRef:
-        return self._dst
-
-    @property
-    def recv_sem(self) -> SemRef:
-        return self._recv_sem
+    def __repr__(self) -> str:
+        return self._describe()
 
     def with_send_sem(self, send_sem: SemRef) -> RemoteCopy[Given, TargetState]:
         """The DMA semaphore signalled on this device once the source has been read."""
         check_semaphore(
             send_sem, "RemoteCopy send semaphore", _DMA, what_for="a remote copy"
         )
-        result: RemoteCopy[Given, TargetState] = self._replace(send_sem, self._device)
-        return result
+        return cast("RemoteCopy[Given, TargetState]", self._replace(send_sem, self._device))
 
     def to(self, device: Device) -> RemoteCopy[SendSemState, Given]:
         """The device whose ``dst`` receives the copy."""
@@ -319,16 +325,15 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
                 f"{device!r}. Build one with safedma.device(x=i), safedma.mesh_coords(...) "
                 "or safedma.neighbour('x')."
             )
-        result: RemoteCopy[SendSemState, Given] = self._replace(self._send_sem, device)
-        return result
+        return cast("RemoteCopy[SendSemState, Given]", self._replace(self._send_sem, device))
 
     def _describe(self) -> str:
         return (
-            f"RemoteCopy {describe_ref(self._src)} -> {describe_ref(self._dst)} "
+            f"RemoteCopy {describe_ref(self.src)} -> {describe_ref(self.dst)} "
             f"{'to ' + repr(self._device) if self._device is not None else 'to no device yet'}"
         )
 
-    def _descriptor(self, action: str) -> Any:
+    def _descriptor(self, action: str) -> AsyncCopyDescriptor:
         if self._send_sem is None or self._device is None:
             missing: list[str] = []
             if self._send_sem is None:
@@ -340,18 +345,16 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
                 "A remote copy needs both; for a copy on this device use LocalCopy."
             )
         return _compat.make_remote_descriptor(
-            self._src,
-            self._dst,
+            self.src,
+            self.dst,
             self._send_sem,
-            self._recv_sem,
+            self.recv_sem,
             self._device.pltpu_device_id,
         )
 
-    def _sides(self) -> dict[Side, object]:
-        return {
-            Side.SEND: _compat.root_of(self._send_sem),
-            Side.RECV: _compat.root_of(self._recv_sem),
-        }
+    def _state(self, *, started_elsewhere: bool) -> HandleState:
+        sems: dict[Side, object] = {Side.SEND: self._send_sem, Side.RECV: self.recv_sem}
+        return HandleState(self._describe, sems, started_elsewhere=started_elsewhere)
 
     def start(
         self: RemoteCopy[Given, Given],
@@ -363,42 +366,47 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         check_priority(priority, remote=True)
         check_no_add(add)
         descriptor = self._descriptor("start")
-        state = HandleState(self._describe, self._sides(), started_elsewhere=False)
+        state = self._state(started_elsewhere=False)
         descriptor.start(priority)
-        return RemoteHandle(descriptor, state)
+        return RemoteHandle(descriptor, state, self.src, self.dst)
 
     def started_elsewhere(self: RemoteCopy[Given, Given]) -> RemoteHandle:
-        """A handle for this copy, started in an earlier loop iteration.
+        """A handle for this copy, started in an earlier loop iteration or grid step.
 
-        Its waits discharge every copy started on the same send (or receive)
-        semaphore in the kernel.
+        For the kernel-scope check its waits may stand for any copy started
+        on the same send (or receive) semaphore slot.
         """
         descriptor = self._descriptor("be waited")
-        state = HandleState(self._describe, self._sides(), started_elsewhere=True)
-        return RemoteHandle(descriptor, state)
+        return RemoteHandle(descriptor, self._state(started_elsewhere=True), self.src, self.dst)
 
     def incoming(self: RemoteCopy[Given, Given]) -> IncomingHandle:
         """The receive side of this copy as sent *to* this device by another device.
 
         Use it when this device only receives (the sender runs a different
-        branch); its ``wait_recv()`` discharges every copy received on the
-        same semaphore in the kernel.
+        branch); its ``wait_recv()`` returns ``dst``, and may stand for any
+        copy received on the same semaphore slot.
         """
         descriptor = self._descriptor("be waited")
-        state = HandleState(self._describe, self._sides(), started_elsewhere=True)
-        return IncomingHandle(descriptor, state)
+        return IncomingHandle(descriptor, self._state(started_elsewhere=True), self.src,
+                              self.dst)
 
 
-def wait_all_into(dst: DataRef, sem: SemRef) -> None:
+def _freeze(copy: object, **fields: object) -> None:
+    """Set the fields of a frozen copy (its own __init__ and the builder steps only)."""
+    for name, value in fields.items():
+        object.__setattr__(copy, name, value)
+
+
+def wait_all_into(dst: DataRef, sem: SemRef) -> DataRef:
     """One wait for all the local copies into ``dst`` tracked by ``sem``: the aggregate wait.
 
     For several copies started on one semaphore into parts of ``dst`` (the
     pages of a paged-attention block, say), whose sizes add up to ``dst``'s.
     A DMA wait decrements the semaphore by its descriptor's size, so one wait
     sized like ``dst`` stands for all of them. It discharges every copy
-    started on ``sem`` in the kernel (like ``started_elsewhere()``), and
-    lowers to ``pltpu.make_async_copy(dst, dst, sem).wait()``. Sizes that do
-    not add up hang on a TPU; the strict simulation in ``safedma.testing``
-    reports them.
+    started on ``sem`` in the kernel (like ``started_elsewhere()``), returns
+    ``dst`` (now readable) and lowers to
+    ``pltpu.make_async_copy(dst, dst, sem).wait()``. Sizes that do not add up
+    hang on a TPU; ``safedma.testing.verify`` and ``simulate`` report them.
     """
-    LocalCopy(dst, dst, sem).started_elsewhere().wait()
+    return LocalCopy(dst, dst, sem).started_elsewhere().wait()

@@ -1,11 +1,12 @@
 """The kernel scope: where safedma checks what a body leaves in flight.
 
-:func:`kernel` wraps a kernel body so that, each time it is traced, safedma
+:func:`checked` wraps a kernel body so that, each time it is traced, safedma
 knows its parameter names (for error messages) and checks, when the body
 returns, that every started copy was waited (T7). :func:`pallas_call` is
 ``pl.pallas_call`` with that wrapper applied and with the compiler parameters
 made visible to the body, so that using the barrier semaphore without a
-``collective_id`` fails at trace time (T9).
+``collective_id`` fails at trace time (T9). :func:`core_kernel` does the
+same for ``pl.kernel`` over a mesh of TensorCores.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, cast, overload
+from typing import Any, ParamSpec, TypedDict, cast, overload
+
+from typing_extensions import Unpack
 
 import jax
 from jax.experimental import pallas as pl
 
-from safedma._tracker import KernelConfig, kernel_config, kernel_scope
+from safedma._ledger import ledger_scope
+from safedma._scope import KernelConfig, kernel_config, kernel_scope
 
-__all__ = ["checked", "pallas_call"]
+__all__ = ["CoreKernelOptions", "PallasCallOptions", "checked", "core_kernel", "pallas_call"]
 
 P = ParamSpec("P")
 _MARK = "__safedma_kernel__"
@@ -64,9 +68,10 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
-        with kernel_scope(name, _named_arguments(signature, args, kwargs)) as scope:
+        with kernel_scope(name, _named_arguments(signature, args, kwargs)), \
+                ledger_scope() as ledger:
             body(*args, **kwargs)
-            scope.check_all_waited()
+            ledger.check_all_waited(name)
 
     # jax names a kernel after its function, looking through functools.partial;
     # a partial has no __name__ for wraps() to copy, so give the wrapper the
@@ -93,87 +98,99 @@ def _body_name(body: object) -> str:
     return name if isinstance(name, str) else type(inner).__name__
 
 
-class _Unset:
-    """Marks a pallas_call option the caller did not give (so jax's default applies)."""
+class PallasCallOptions(TypedDict, total=False):
+    """The options of ``pl.pallas_call`` safedma passes on, declared once.
 
-
-_UNSET: Any = _Unset()
-
-
-@overload
-def pallas_call(
-    body: Callable[..., None],
-    out_shape: jax.ShapeDtypeStruct,
-    *,
-    grid_spec: object = ...,
-    grid: int | tuple[int, ...] = ...,
-    in_specs: object = ...,
-    out_specs: object = ...,
-    scratch_shapes: Sequence[object] = ...,
-    input_output_aliases: Mapping[int, int] = ...,
-    compiler_params: object = ...,
-    interpret: object = ...,
-    name: str | None = ...,
-    cost_estimate: object = ...,
-) -> Callable[..., jax.Array]: ...
-@overload
-def pallas_call(
-    body: Callable[..., None],
-    out_shape: tuple[jax.ShapeDtypeStruct, ...] | list[jax.ShapeDtypeStruct],
-    *,
-    grid_spec: object = ...,
-    grid: int | tuple[int, ...] = ...,
-    in_specs: object = ...,
-    out_specs: object = ...,
-    scratch_shapes: Sequence[object] = ...,
-    input_output_aliases: Mapping[int, int] = ...,
-    compiler_params: object = ...,
-    interpret: object = ...,
-    name: str | None = ...,
-    cost_estimate: object = ...,
-) -> Callable[..., tuple[jax.Array, ...]]: ...
-def pallas_call(
-    body: Callable[..., None],
-    out_shape: object,
-    *,
-    grid_spec: object = _UNSET,
-    grid: int | tuple[int, ...] = _UNSET,
-    in_specs: object = _UNSET,
-    out_specs: object = _UNSET,
-    scratch_shapes: Sequence[object] = _UNSET,
-    input_output_aliases: Mapping[int, int] = _UNSET,
-    compiler_params: object = _UNSET,
-    interpret: object = _UNSET,
-    name: str | None = _UNSET,
-    cost_estimate: object = _UNSET,
-) -> Callable[..., Any]:
-    """``pl.pallas_call`` with safedma's kernel-scope checks.
-
-    Takes the same arguments; only those given are passed on, so jax's own
-    defaults apply to the rest. The result is called like pl.pallas_call's.
+    Only the options given are passed on, so jax's own defaults apply to the
+    rest; values are jax's (safedma's typed scratch is accepted where jax
+    takes scratch shapes).
     """
-    given: dict[str, Any] = {
-        key: value
-        for key, value in {
-            "grid_spec": grid_spec,
-            "grid": grid,
-            "in_specs": in_specs,
-            "out_specs": out_specs,
-            "scratch_shapes": scratch_shapes,
-            "input_output_aliases": input_output_aliases,
-            "compiler_params": compiler_params,
-            "interpret": interpret,
-            "name": name,
-            "cost_estimate": cost_estimate,
-        }.items()
-        if value is not _UNSET
-    }
-    config = KernelConfig(collective_id=getattr(compiler_params, "collective_id", None))
-    call = pl.pallas_call(checked(body), out_shape=out_shape, **given)
 
+    grid_spec: object
+    grid: int | tuple[int, ...]
+    in_specs: object
+    out_specs: object
+    scratch_shapes: Sequence[object]
+    input_output_aliases: Mapping[int, int]
+    compiler_params: object
+    interpret: object
+    name: str | None
+    cost_estimate: object
+
+
+class CoreKernelOptions(TypedDict, total=False):
+    """The options of ``pl.kernel`` safedma passes on (besides ``mesh``)."""
+
+    scratch_types: Sequence[object]
+    compiler_params: object
+    interpret: object
+    cost_estimate: object
+    name: str | None
+
+
+def _config_of(compiler_params: object) -> KernelConfig:
+    return KernelConfig(collective_id=getattr(compiler_params, "collective_id", None))
+
+
+def _with_config(call: Callable[..., Any], config: KernelConfig) -> Callable[..., Any]:
     @functools.wraps(call)
     def run(*args: object) -> Any:
         with kernel_config(config):
             return call(*args)
 
     return run
+
+
+@overload
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: jax.ShapeDtypeStruct,
+    **options: Unpack[PallasCallOptions],
+) -> Callable[..., jax.Array]: ...
+@overload
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: tuple[jax.ShapeDtypeStruct, ...] | list[jax.ShapeDtypeStruct],
+    **options: Unpack[PallasCallOptions],
+) -> Callable[..., tuple[jax.Array, ...]]: ...
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: object,
+    **options: Unpack[PallasCallOptions],
+) -> Callable[..., Any]:
+    """``pl.pallas_call`` with safedma's kernel-scope checks.
+
+    Takes the same arguments; only those given are passed on, so jax's own
+    defaults apply to the rest. The result is called like pl.pallas_call's.
+    """
+    config = _config_of(options.get("compiler_params"))
+    call = pl.pallas_call(checked(body), out_shape=out_shape, **cast("dict[str, Any]", options))
+    return _with_config(call, config)
+
+
+def core_kernel(
+    body: Callable[..., None],
+    out_type: object,
+    *,
+    mesh: object,
+    **options: Unpack[CoreKernelOptions],
+) -> Callable[..., Any]:
+    """``pl.kernel`` over a mesh of TensorCores, with the checks of :func:`pallas_call`.
+
+    ``mesh`` is ``pltpu.TensorCoreMesh(axis_name="core", num_cores=n)`` (jax
+    0.12; ``pltpu.create_tensorcore_mesh("core", num_cores=n)`` on 0.10.2).
+    Inside ``body``, the core axis is a mesh axis like any other:
+    ``safedma.my_index("core")``, ``safedma.device(core=j)`` and
+    ``safedma.neighbour("core")`` name cores. ``body`` receives the inputs,
+    the outputs, then the ``scratch_types``, as with ``pl.kernel``. Named
+    ``core_kernel`` so it cannot be mistaken for jax's ``pl.kernel``.
+    """
+    config = _config_of(options.get("compiler_params"))
+    given = cast("dict[str, Any]", options)
+    call = _pl_kernel(checked(body), out_type, mesh=mesh, **given)
+    return _with_config(call, config)
+
+
+# pl.kernel's mesh parameter is typed with jax's private Mesh class (the public
+# TensorCoreMesh is 0.12-only); safedma passes the caller's mesh through as is.
+_pl_kernel: Callable[..., Callable[..., Any]] = pl.kernel  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]

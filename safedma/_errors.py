@@ -23,6 +23,8 @@ __all__ = [
     "IncompleteCopyError",
     "CopyNeverWaitedError",
     "HandleWaitedTwiceError",
+    "HandleEscapedError",
+    "UnsupportedByJaxError",
     "MissingCollectiveIdError",
     "InvalidAmountError",
     "WrongOperationError",
@@ -78,7 +80,19 @@ class CopyNeverWaitedError(SafeDmaError, RuntimeError):
 
 
 class HandleWaitedTwiceError(SafeDmaError, RuntimeError):
-    """A handle waited twice, or more waited than started: the kernel would hang (T8)."""
+    """A handle waited twice in one straight-line block: the kernel would hang (T8)."""
+
+
+class HandleEscapedError(SafeDmaError, ValueError):
+    """A handle waited outside the loop iteration or branch that started it.
+
+    Derives from ``ValueError``, which jax raises for the same code ("captures
+    constants"), so existing ``except`` clauses keep working.
+    """
+
+
+class UnsupportedByJaxError(SafeDmaError, NotImplementedError):
+    """A feature the installed jax version does not have (the message names the version)."""
 
 
 class MissingCollectiveIdError(SafeDmaError, ValueError):

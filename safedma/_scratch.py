@@ -8,13 +8,14 @@ where ``T`` is the brand the kernel receives for it, so that
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import numpy as np
 from jax.typing import DTypeLike
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from safedma._compat import ArrayAval, RefAval
 from safedma._refs import DataRef, RegularSem, RegularSemArray, SemArray, SemRef
 
 __all__ = [
@@ -40,6 +41,16 @@ class Scratch(Generic[T]):
     """
 
     __slots__ = ()
+
+    if TYPE_CHECKING:
+        # What jax's ScratchShape protocol asks for, which every pltpu declaration
+        # has: grid specs typed with it (pltpu.PrefetchScalarGridSpec(scratch_shapes=...))
+        # then accept a Scratch under mypy and pyright.
+        def get_array_aval(self) -> ArrayAval:
+            raise NotImplementedError
+
+        def get_ref_aval(self) -> RefAval:
+            raise NotImplementedError
 
 
 def _count(n: int) -> int:

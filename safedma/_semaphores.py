@@ -9,6 +9,7 @@ trace-time :class:`~safedma._errors.SemaphoreKindError` for unchecked code.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import cast
 
 import jax
@@ -17,9 +18,14 @@ import jax.numpy as jnp
 from safedma import _compat
 from safedma._checks import check_semaphore
 from safedma._compat import SemaphoreKind
-from safedma._tracker import current_config
+from safedma._scope import current_config
 from safedma._devices import Device
-from safedma._errors import DeviceIdError, InvalidAmountError, MissingCollectiveIdError
+from safedma._errors import (
+    DeviceIdError,
+    InvalidAmountError,
+    MissingCollectiveIdError,
+    UnsupportedByJaxError,
+)
 from safedma._refs import BarrierSem, Index, RegularSem, SemRef
 
 __all__ = ["signal", "wait", "read", "barrier_semaphore"]
@@ -67,25 +73,50 @@ def wait(sem: RegularSem | BarrierSem, value: Index = 1) -> None:
     _compat.semaphore_wait(sem, value)
 
 
-def read(sem: RegularSem | SemRef) -> jax.Array:
+def read(sem: RegularSem | SemRef | BarrierSem) -> jax.Array:
     """The current count of ``sem``, as a value (never usable as a semaphore)."""
     check_semaphore(
-        sem, "read() semaphore", (SemaphoreKind.REGULAR, SemaphoreKind.DMA), what_for="read()"
+        sem,
+        "read() semaphore",
+        (SemaphoreKind.REGULAR, SemaphoreKind.DMA, SemaphoreKind.BARRIER),
+        what_for="read()",
     )
     return _compat.semaphore_read(sem)
 
 
-def barrier_semaphore() -> BarrierSem:
+def barrier_semaphore(tag: Hashable | None = None) -> BarrierSem:
     """The kernel's barrier semaphore, shared by the devices of one collective.
 
-    The kernel must be compiled with a ``collective_id``; under
-    :func:`safedma.pallas_call` that is checked here, at trace time.
+    jax must know which barrier: from the kernel's ``collective_id``, from
+    ``tag`` (jax 0.12+: kernels with the same tag share one barrier, and jax
+    assigns its id), or from jax's auto-assigned ids (jax 0.12+, config
+    ``jax_pallas_auto_assign_collective_ids``). Under
+    :func:`safedma.pallas_call` a kernel with none of these fails here, at
+    trace time.
     """
+    if tag is not None and not _compat.barrier_tags_supported():
+        raise UnsupportedByJaxError(
+            f"barrier_semaphore(tag={tag!r}) needs jax 0.12 or later (jax "
+            f"{'.'.join(map(str, _compat.JAX_VERSION))} is installed, and its "
+            "get_barrier_semaphore takes no tag). Drop the tag and pass "
+            "compiler_params=pltpu.CompilerParams(collective_id=...) instead."
+        )
     config = current_config()
-    if config is not None and config.collective_id is None:
+    if (
+        config is not None
+        and config.collective_id is None
+        and tag is None
+        and not _compat.auto_collective_ids()
+    ):
+        later = (
+            ", name the barrier with barrier_semaphore(tag=...), or let jax assign ids "
+            "(jax.config.update('jax_pallas_auto_assign_collective_ids', 'yes'))"
+            if _compat.barrier_tags_supported()
+            else ""
+        )
         raise MissingCollectiveIdError(
             "barrier_semaphore() is used, but the kernel has no collective_id: pass "
             "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique among "
-            "the collectives running at once) to safedma.pallas_call."
+            f"the collectives running at once) to safedma.pallas_call{later}."
         )
-    return cast(BarrierSem, _compat.barrier_semaphore())
+    return cast(BarrierSem, _compat.barrier_semaphore(tag))

@@ -56,16 +56,23 @@ buffer needs double-buffering. Slot ``i - s`` is sent at step ``s`` only
 after its receive at step ``s - 1`` was waited. The own slot is written by
 the local copy while the ring runs (step 0 sends from ``x``, not from the
 slot), and no other copy touches it. What is reused is the receive
-semaphores: a device's progress is gated only by its left neighbour, so
-without flow control it could run up to ``n - 2`` steps ahead of its right
-neighbour, and two of its copies in flight on one semaphore would mix their
-byte counts (a wait could return before its own copy landed). The capacity
-handshake bounds the run-ahead to ``R`` steps: a receive semaphore is
-reused only after the receiver has waited its previous copy and said so.
-Every capacity signal is matched by a wait (``n - 1 - R`` of each per device
-and direction), so all semaphores end at zero. The semaphore count does not
-grow with ``n`` (``n - 1`` receive semaphores, as in the JAX guide's
-example, exceed the TPU's semaphore memory on a 256-device ring).
+semaphores, under the credit-based flow control of
+:mod:`safedma.kernels._ring` (shared with the reduce-scatter and the fused
+all-reduce): a receive semaphore is reused only after the receiver has
+waited its previous copy and said so, which bounds a device's run-ahead to
+``R`` steps. Every capacity signal is matched by a wait (``n - 1 - R`` of
+each per device and direction), so all semaphores end at zero.
+
+Why not one receive semaphore per step (``n - 1``, as in the JAX guide's
+example, with no handshake)? Not for lack of semaphore memory at 256 chips:
+compiled with ``safedma.testing.compile_for_tpu``, that design builds for a
+256-device ring on ``v6e:16x16`` and ``v5p:8x8x4``. The TPU's semaphore
+memory (``sflag``) is 2 KiB per kernel on v6e and v5p, 4 bytes a semaphore
+shared with the compiler's own: an array of 430 scratch DMA semaphores still
+compiles there, one of 450 does not (``RESOURCE_EXHAUSTED``, "Ran out of
+memory in memory space sflag"; measured with libtpu 0.0.50). So ``n - 1``
+semaphores cap the ring somewhere between 430 and 450 devices, while this design's count does not
+grow with ``n`` and needs no second design for long rings.
 
 Entry synchronisation: with ``collective_id=None`` (the default) Mosaic's
 default device barrier before the kernel makes sure every peer has entered
@@ -80,7 +87,6 @@ from a neighbour's next call can arrive early.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import TypeAlias
@@ -99,6 +105,7 @@ from safedma.kernels._preconditions import (
     check_collective_id,
     check_int,
 )
+from safedma.kernels._ring import RECV_SLOTS, RingDirection
 from safedma.kernels._typed_jax import fori_loop
 
 __all__ = [
@@ -108,9 +115,6 @@ __all__ = [
     "all_gather_bidirectional_kernel",
     "all_gather_kernel",
 ]
-
-RECV_SLOTS = 2
-"""Receive semaphores per ring direction: how many steps a device may run ahead of the next."""
 
 _HBM = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -122,42 +126,6 @@ _Span: TypeAlias = slice | pl.Slice
 def _window(ref: sd.DataRef, windows: Mapping[int, _Span]) -> sd.DataRef:
     """``ref`` restricted to ``windows`` (dimension -> slice); other dimensions whole."""
     return ref.at[tuple(windows.get(d, slice(None)) for d in range(len(ref.shape)))]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Direction:
-    """One direction of a ring: where its copies go, on which semaphores.
-
-    ``capacity`` counts the receive semaphores the downstream device has
-    freed for this device's copies; ``upstream`` is where this device's own
-    "freed" signals go (the device that sends to it in this direction).
-    """
-
-    downstream: sd.Device
-    upstream: sd.Device
-    send_sem: sd.SemRef
-    recv_sems: sd.SemArray
-    capacity: sd.RegularSem
-
-    def send(self, src: sd.DataRef, dst: sd.DataRef, step: int | jax.Array) -> sd.RemoteHandle:
-        """Start this step's copy, once the downstream device can take it."""
-
-        @pl.when(step >= RECV_SLOTS)
-        def _wait_for_a_free_receive_semaphore() -> None:
-            sd.wait(self.capacity, 1)
-
-        copy = sd.RemoteCopy(src, dst, self.recv_sems.at[step % RECV_SLOTS])
-        return copy.with_send_sem(self.send_sem).to(self.downstream).start()
-
-    def received(self, step: int | jax.Array, steps: int) -> None:
-        """This step's incoming copy was waited: free its receive semaphore upstream.
-
-        Only when a later step reuses it, so every signal is waited.
-        """
-
-        @pl.when(step + RECV_SLOTS < steps)
-        def _free_the_receive_semaphore() -> None:
-            sd.signal(self.capacity, 1, device=self.upstream)
 
 
 def all_gather_kernel(
@@ -189,8 +157,8 @@ def all_gather_kernel(
     own = sd.LocalCopy(x_ref, slot(me), local_sem).start()
     if n > 1:
         steps = n - 1
-        ring = _Direction(sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem, recv_sems,
-                          capacity)
+        ring = RingDirection(sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem,
+                             recv_sems, capacity)
         if barrier:
             meet(sd.barrier_semaphore(), ring.upstream, ring.downstream)
 
@@ -249,10 +217,10 @@ def all_gather_bidirectional_kernel(
     if n > 1:
         steps = n - 1
         right, left = sd.neighbour(axis, 1), sd.neighbour(axis, -1)
-        rightward = _Direction(right, left, send_sems.at[0],
-                               recv_sems.at[pl.ds(0, RECV_SLOTS)], capacity.at[0])
-        leftward = _Direction(left, right, send_sems.at[1],
-                              recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)], capacity.at[1])
+        rightward = RingDirection(right, left, send_sems.at[0],
+                                  recv_sems.at[pl.ds(0, RECV_SLOTS)], capacity.at[0])
+        leftward = RingDirection(left, right, send_sems.at[1],
+                                 recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)], capacity.at[1])
         if barrier:
             meet(sd.barrier_semaphore(), left, right)
 

@@ -31,28 +31,33 @@ float32 send buffers) plus one output chunk.
 
 Semaphores of the fused kernel: the reduce-scatter's (2 DMA for the local
 fetches, 2 + 2 DMA for the double-buffered messages, 1 REGULAR capacity, the
-barrier), plus 1 DMA for the local store of the reduced chunk, 1 DMA for the
-send side of the all-gather phase and ``n - 1`` DMA for its receive side,
-one per step. The all-gather phase must not share the reduce-scatter's
-receive semaphores: a neighbour that finishes its reduce-scatter first
-already sends gather chunks while this device still waits for its last
-partial sum, and that wait could be satisfied by the gather chunk's bytes.
-It needs one receive semaphore per step because a device's progress in the
-all-gather phase is gated only by its left neighbour: it may run several
-steps ahead of its right neighbour, so several of its chunks can be in
-flight to that neighbour at once, and DMAs need not land in the order they
-were started; with one semaphore per step, the wait of step ``s`` counts
-only the bytes of step ``s``'s chunk.
+barrier), plus 1 DMA for the local store of the reduced chunk, and for the
+all-gather phase 1 DMA for the send side, ``RECV_SLOTS`` (2) DMA for the
+receive side and 1 REGULAR capacity: the ring helper of
+:mod:`safedma.kernels._ring`, as in :mod:`safedma.kernels.all_gather`. The
+all-gather phase must not share the reduce-scatter's receive semaphores: a
+neighbour that finishes its reduce-scatter first already sends gather chunks
+while this device still waits for its last partial sum, and that wait could
+be satisfied by the gather chunk's bytes. Within the phase a device's
+progress is gated only by its left neighbour, so it could run several steps
+ahead of its right neighbour; the capacity handshake bounds that to two
+steps, so a receive semaphore never counts the bytes of two chunks at once.
+The semaphore count does not depend on the ring: an earlier version used one
+receive semaphore per step (``n - 1``), which compiles for a 256-device ring
+on v6e and v5p but not far beyond (2 KiB of semaphore memory, see
+:mod:`safedma.kernels.all_gather`).
 
 Message flow of the all-gather phase on device ``i``, after the
 reduce-scatter phase has stored chunk ``i`` of the sum into ``o[i]``::
 
-    step s = 0 .. n - 2:  send o[i - s] -> right.o[i - s]    (recv_sems[s] there)
-                          wait_send; wait_recv recv_sems[s]  (o[i - s - 1] from left)
+    step s = 0 .. n - 2:  [s >= 2: wait capacity: right has freed recv_sems[s % 2]]
+                          send o[i - s] -> right.o[i - s]    (recv_sems[s % 2] there)
+                          wait_send; wait_recv recv_sems[s % 2]  (o[i - s - 1] from left)
+                          [s + 2 < n - 1: signal capacity on left]
 
 Each chunk region of each device's output is written exactly once, by the
-left neighbour, and read (to forward it) only after its ``wait_recv``, so the
-all-gather needs no capacity handshake. The copies are symmetric, so the
+left neighbour, and read (to forward it) only after its ``wait_recv``; the
+capacity handshake is there for the receive semaphores, not the data. The copies are symmetric, so the
 ``wait_recv`` of this device's own send at step ``s`` is the wait for the
 chunk the left neighbour sent here at its step ``s`` (same size, same
 semaphore). No device leaves the kernel while a neighbour can still write to
@@ -82,6 +87,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma as sd
 from safedma.kernels._barrier import neighbour_barrier
 from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._ring import RECV_SLOTS, RingDirection
 from safedma.kernels._typed_jax import fori_loop
 from safedma.kernels.all_gather import all_gather
 from safedma.kernels.reduce_scatter import (
@@ -96,27 +102,37 @@ _HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 def all_gather_ring(
-    o_hbm: sd.DataRef, send_sem: sd.SemRef, recv_sems: sd.SemArray, *, axis: str
+    o_hbm: sd.DataRef,
+    send_sem: sd.SemRef,
+    recv_sems: sd.SemArray,
+    capacity: sd.RegularSem,
+    *,
+    axis: str,
 ) -> None:
     """Pass the chunks of ``o_hbm`` around the ring until every device has all of them.
 
     ``o_hbm`` is this device's ``(n*m, cols)`` output in HBM, with chunk
     ``i`` (this device's index) already in place; the other chunks arrive
     from the left neighbour, one per step (the flow of the module
-    docstring). ``recv_sems`` holds ``n - 1`` DMA semaphores, one per step.
-    Call it after a neighbour barrier, inside a kernel body.
+    docstring). ``recv_sems`` holds :data:`~safedma.kernels._ring.RECV_SLOTS`
+    DMA semaphores and ``capacity`` is a REGULAR semaphore: the ring's flow
+    control, as in :mod:`safedma.kernels.all_gather`. Call it after a
+    neighbour barrier, inside a kernel body.
     """
     n = sd.axis_size(axis)
     m = o_hbm.shape[0] // n
     me = sd.my_index(axis)
+    steps = n - 1
+    ring = RingDirection(sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem, recv_sems,
+                         capacity)
 
     def forward(step: jax.Array, carry: None) -> None:
         chunk = o_hbm.at[pl.ds((me - step + n) % n * m, m)]
-        copy = sd.RemoteCopy(chunk, chunk, recv_sems.at[step]).with_send_sem(send_sem)
-        copy.to(sd.neighbour(axis, 1)).start().wait()
+        ring.send(chunk, chunk, step).wait()
+        ring.received(step, steps)
         return carry
 
-    fori_loop(0, n - 1, forward, None)
+    fori_loop(0, steps, forward, None)
 
 
 def all_reduce_kernel(
@@ -133,6 +149,7 @@ def all_reduce_kernel(
     out_sem: sd.SemRef,
     gather_send_sem: sd.SemRef,
     gather_recv_sems: sd.SemArray,
+    gather_capacity: sd.RegularSem,
     *,
     axis: str,
 ) -> None:
@@ -141,8 +158,9 @@ def all_reduce_kernel(
     The first nine parameters are the reduce-scatter's (see
     :func:`~safedma.kernels.reduce_scatter.reduce_scatter_kernel`, with
     ``o_hbm`` in place of its VMEM output); ``out_buf`` is a VMEM ``(m,
-    cols)`` buffer of the output dtype; ``gather_recv_sems`` holds ``n - 1``
-    DMA semaphores. Bind ``axis`` with ``functools.partial``.
+    cols)`` buffer of the output dtype; the gather phase's ``gather_recv_sems``
+    holds ``RECV_SLOTS`` DMA semaphores and ``gather_capacity`` is REGULAR.
+    Bind ``axis`` with ``functools.partial``.
     """
     m = out_buf.shape[0]
     mine = o_hbm.at[pl.ds(sd.my_index(axis) * m, m)]
@@ -156,7 +174,7 @@ def all_reduce_kernel(
         x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
         axis=axis, finish=store,
     )
-    all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, axis=axis)
+    all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, gather_capacity, axis=axis)
 
 
 def all_reduce(
@@ -199,7 +217,8 @@ def all_reduce(
             sd.vmem((m, cols), x.dtype),
             sd.dma_semaphore(),
             sd.dma_semaphore(),
-            sd.dma_semaphores(n - 1),
+            sd.dma_semaphores(RECV_SLOTS),
+            sd.regular_semaphore(),
         ],
         compiler_params=pltpu.CompilerParams(collective_id=collective_id),
         interpret=interpret,

@@ -82,8 +82,8 @@ def gather_pages_kernel(
 
     fori_loop(0, k, start_page, None)
     # One wait for all k page copies: buf's size is the sum of theirs.
-    sd.wait_all_into(buf, sem)
-    sd.LocalCopy(buf, o_hbm, sem).start().wait()
+    pages = sd.wait_all_into(buf, sem)  # buf, every page landed
+    sd.LocalCopy(pages, o_hbm, sem).start().wait()
 
 
 def _check_static_indices(indices: jax.Array, num_pages: int) -> None:
@@ -137,14 +137,12 @@ def gather_pages(
     _check(pages, indices)
     k = indices.shape[0]
     page = pages.shape[1:]
-    # pltpu's own declarations: PrefetchScalarGridSpec's typed scratch_shapes do not
-    # accept safedma's Scratch[...] (the kernel parameters are branded all the same).
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(),
         in_specs=[_HBM],
         out_specs=_HBM,
-        scratch_shapes=[pltpu.VMEM((k, *page), pages.dtype), pltpu.SemaphoreType.DMA(())],
+        scratch_shapes=[sd.vmem((k, *page), pages.dtype), sd.dma_semaphore()],
     )
     call = sd.pallas_call(
         gather_pages_kernel,

@@ -100,13 +100,13 @@ def pipeline_kernel(
         def _prefetch_next() -> None:
             fetch(step + 1, 1 - slot).start()
 
-        fetch(step, slot).started_elsewhere().wait()
+        chunk = fetch(step, slot).started_elsewhere().wait()  # in_bufs[slot], landed
 
         @pl.when(step >= 2)
         def _free_output_buffer() -> None:
             write_back(step - 2, slot).started_elsewhere().wait()
 
-        out_bufs[slot] = fn(in_bufs[slot])
+        out_bufs[slot] = fn(chunk[...])
         write_back(step, slot).start()
         return carry
 

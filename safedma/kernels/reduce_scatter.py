@@ -37,9 +37,10 @@ Semaphores:
 * ``send_sems`` / ``recv_sems``: 2 DMA each, one per communication slot;
   message ``t`` (sent at step ``t``) goes from ``send_bufs[t % 2]`` to the
   right neighbour's ``recv_bufs[t % 2]``;
-* ``capacity``: 1 REGULAR, the handshake: a device signals its left
-  neighbour's ``capacity`` each time one of its receive slots is free, and a
-  device waits on its own ``capacity`` before every send;
+* ``capacity``: 1 REGULAR, the credit-based flow control of
+  :mod:`safedma.kernels._ring` (the all-gather's): message ``t >= 2`` is
+  sent only after the right neighbour signalled that the slot of message
+  ``t - 2`` is free again;
 * the barrier semaphore (``collective_id``): at the start, each device
   signals both neighbours and waits for both, so nobody signals or writes
   into a device that has not entered the kernel.
@@ -47,32 +48,32 @@ Semaphores:
 Message flow on device ``i`` (left ``i - 1``, right ``i + 1``, modulo ``n``)::
 
     barrier:     signal barrier on left and right; wait barrier 2
-    free slots:  signal capacity on left, by min(2, n - 1)  (both receive slots)
     step 0:      fetch x chunk i - 1; send_bufs[0] = it;
-                 wait capacity; send message 0 -> right.recv_bufs[0]
+                 send message 0 -> right.recv_bufs[0]
     step s = 1 .. n - 1 (slot = s % 2, the previous message is in 1 - slot):
                  wait the fetch of x chunk i - s - 1; prefetch the next chunk
                  wait_recv message s - 1  (from left, in recv_bufs[1 - slot])
                  total = recv_bufs[1 - slot] + x chunk
                  signal capacity on left  (if message s + 1 will use that slot)
                  if s < n - 1: wait_send message s - 2 (frees send_bufs[slot]);
-                      send_bufs[slot] = total; wait capacity;
+                      send_bufs[slot] = total; wait capacity (if s >= 2);
                       send message s -> right.recv_bufs[slot]
                  else: output = total  (chunk i, complete)
     end:         wait_send the last (up to two) messages
 
-Every device sends ``n - 1`` messages and receives ``n - 1``; the left
-neighbour signals ``capacity`` ``n - 1`` times and this device waits it
-``n - 1`` times, so every semaphore is back to zero at exit. Each wait in the
+Every device sends ``n - 1`` messages and receives ``n - 1``; the right
+neighbour signals this device's ``capacity`` ``max(n - 3, 0)`` times and this
+device waits it as often, so every semaphore is back to zero at exit. Each wait in the
 loop is for a copy started in an earlier step, so it goes through
 ``RemoteCopy(...).started_elsewhere()``; the copies are symmetric (every
 device sends the same description to its right neighbour), so the
 ``wait_recv`` of this device's own message ``t`` is the wait for the message
 ``t`` its left neighbour sent here. One barrier suffices even when the same
 ``collective_id`` is reused by the next call: a device can only finish after
-both neighbours have passed their barrier wait (it needs the left's messages
-and the right's capacity signals, both sent after it), so an early signal
-from the next call always counts towards the next call's barrier.
+both neighbours have passed their barrier wait (it needs the left's messages,
+and its own chunk's partial sum, which the right neighbour started, at its
+step 0, after its barrier), so an early signal from the next call always
+counts towards the next call's barrier.
 
 Why the barrier stays on 2-D meshes (jax 0.12 interpret mode): with a
 ``collective_id`` the interpreter drops the global barrier it otherwise
@@ -102,6 +103,7 @@ from jax.typing import DTypeLike
 import safedma as sd
 from safedma.kernels._barrier import neighbour_barrier
 from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._ring import Credits
 from safedma.kernels._typed_jax import fori_loop
 
 __all__ = [
@@ -155,31 +157,29 @@ def reduce_scatter_ring(
             .to(sd.neighbour(axis, 1))
         )
 
-    # Both receive slots are free: the left neighbour may send its first two messages.
-    sd.signal(capacity, min(2, n - 1), device=sd.neighbour(axis, -1))
+    messages = n - 1  # message t is sent at step t, into slot t % 2 downstream
+    credits = Credits(capacity, sd.neighbour(axis, -1))
 
     fetch(0, 0).start()
     fetch(1, 1).start()  # n >= 2, so step 1 exists
-    fetch(0, 0).started_elsewhere().wait()
-    send_bufs[0] = x_bufs[0].astype(_ACC)
-    sd.wait(capacity)
+    first = fetch(0, 0).started_elsewhere().wait()  # x_bufs[0], landed
+    send_bufs[0] = first[...].astype(_ACC)
+    credits.acquire(0)
     message(0).start()
 
     def step_body(step: jax.Array, carry: None) -> None:
         slot = step % 2
         prev = 1 - slot
-        fetch(step, slot).started_elsewhere().wait()
+        mine = fetch(step, slot).started_elsewhere().wait()  # x_bufs[slot], landed
 
         @pl.when(step + 1 < n)
         def _prefetch_next() -> None:
             fetch(step + 1, prev).start()
 
-        message(prev).started_elsewhere().wait_recv()
-        total = recv_bufs[prev] + x_bufs[slot].astype(_ACC)
+        partial = message(prev).started_elsewhere().wait_recv()  # recv_bufs[prev], landed
+        total = partial[...] + mine[...].astype(_ACC)
 
-        @pl.when(step + 2 < n)
-        def _free_receive_slot() -> None:
-            sd.signal(capacity, device=sd.neighbour(axis, -1))
+        credits.release(step - 1, messages)  # message step - 1 is consumed
 
         @pl.when(step + 1 < n)
         def _pass_on() -> None:
@@ -188,7 +188,7 @@ def reduce_scatter_ring(
                 message(slot).started_elsewhere().wait_send()
 
             send_bufs[slot] = total
-            sd.wait(capacity)
+            credits.acquire(step)
             message(slot).start()
 
         @pl.when(step + 1 == n)

@@ -11,7 +11,13 @@ trace without a safedma error:
   (``fori_loop`` and grid steps, local and remote);
 * the receive-side wait for a send started by another device under ``pl.when``;
 * remote copies into VMEM as well as HBM;
-* dict device ids ``{axis: index}`` (and ``mesh_coords``) on a 2-D mesh.
+* dict device ids ``{axis: index}`` (and ``mesh_coords``) on a 2-D mesh;
+* waits split over control flow, which the trace sees all of at once: a
+  handle waited once in each branch of a ``lax.cond`` or of complementary
+  ``pl.when``s; a write-back pipeline (grid steps or ``fori_loop``) that
+  waits step i-1 through ``started_elsewhere()`` and its own handle at the
+  last step; starts in one ``fori_loop`` and waits in a later one; per-slot
+  waits on static semaphore slots; handles kept in lists and dicts.
 
 Each test traces the kernel (``jax.eval_shape``), then runs it in interpret
 mode with race detection and eager DMAs and checks the output numerically.
@@ -435,3 +441,180 @@ def test_static_dict_device_id_on_a_2d_mesh_traces() -> None:
     f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec,
                               check_vma=False))
     assert jax.eval_shape(f, x).shape == (2 * N, 32, 128)
+
+
+# ------------------------------------------- waits split over control flow
+# Before: each of these raised HandleWaitedTwiceError at trace time (the trace
+# sees both branches, and paired waits by semaphore array).
+
+
+def test_handle_waited_once_in_each_branch_of_a_cond() -> None:
+    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
+        handle = safedma.LocalCopy(x_ref, o_ref, sem).start()
+
+        def scale() -> None:
+            handle.wait()
+            buf[...] = jnp.ones(CHUNK, F32)
+
+        def keep() -> None:
+            handle.wait()
+
+        jax.lax.cond(pl.program_id(0) == 0, scale, keep)
+
+    x, y = run_local(kernel, [safedma.vmem(CHUNK, F32), safedma.dma_semaphore()], grid=(2,))
+    np.testing.assert_array_equal(y, x)
+
+
+def test_handle_waited_under_complementary_pl_whens() -> None:
+    def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
+        first = pl.program_id(0) == 0
+        handle = safedma.LocalCopy(x_ref, o_ref, sem).start()
+
+        @pl.when(first)
+        def _() -> None:
+            handle.wait()
+
+        @pl.when(jnp.logical_not(first))
+        def _() -> None:
+            handle.wait()
+
+    x, y = run_local(kernel, [safedma.dma_semaphore()], grid=(2,))
+    np.testing.assert_array_equal(y, x)
+
+
+def test_handle_waited_under_pl_when_c_and_pl_when_not_c() -> None:
+    def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
+        first = pl.program_id(0) == 0
+        handle = safedma.LocalCopy(x_ref, o_ref, sem).start()
+        # A def, not a lambda: wait() returns the destination ref, and a
+        # pl.when / cond body must return nothing.
+        def wait() -> None:
+            handle.wait()
+
+        pl.when(first)(wait)
+        pl.when(~first)(wait)
+
+    x, y = run_local(kernel, [safedma.dma_semaphore()], grid=(3,))
+    np.testing.assert_array_equal(y, x)
+
+
+def _write_back(o_ref, out_bufs, sems, step):  # type: ignore[no-untyped-def]
+    slot = step % 2
+    return safedma.LocalCopy(out_bufs.at[slot], o_ref.at[step], sems.at[slot])
+
+
+def test_write_back_pipeline_over_grid_steps() -> None:
+    # Step i writes chunk i back and waits step i-1's write-back; the last step
+    # also waits its own handle, so nothing is left in flight.
+    def kernel(x_ref, o_ref, in_buf, out_bufs, in_sem, sems):  # type: ignore[no-untyped-def]
+        i = pl.program_id(0)
+        chunk = safedma.LocalCopy(x_ref.at[i], in_buf, in_sem).start().wait()
+        out_bufs[i % 2] = chunk[...] * 2.0
+        handle = _write_back(o_ref, out_bufs, sems, i).start()
+
+        @pl.when(i > 0)
+        def _() -> None:
+            _write_back(o_ref, out_bufs, sems, i - 1).started_elsewhere().wait()
+
+        @pl.when(i == N - 1)
+        def _() -> None:
+            handle.wait()
+
+    x, y = run_local(
+        kernel,
+        [safedma.vmem(CHUNK, F32), safedma.vmem((2, *CHUNK), F32), safedma.dma_semaphore(),
+         safedma.dma_semaphores(2)],
+        grid=(N,),
+    )
+    np.testing.assert_array_equal(y, x * 2.0)
+
+
+def test_write_back_pipeline_in_a_fori_loop() -> None:
+    def kernel(x_ref, o_ref, in_buf, out_bufs, in_sem, sems):  # type: ignore[no-untyped-def]
+        def body(i, carry):  # type: ignore[no-untyped-def]
+            chunk = safedma.LocalCopy(x_ref.at[i], in_buf, in_sem).start().wait()
+            out_bufs[i % 2] = chunk[...] + 3.0
+            handle = _write_back(o_ref, out_bufs, sems, i).start()
+
+            @pl.when(i > 0)
+            def _() -> None:
+                _write_back(o_ref, out_bufs, sems, i - 1).started_elsewhere().wait()
+
+            @pl.when(i == N - 1)
+            def _() -> None:
+                handle.wait()
+
+            return carry
+
+        jax.lax.fori_loop(0, N, body, 0)
+
+    x, y = run_local(
+        kernel,
+        [safedma.vmem(CHUNK, F32), safedma.vmem((2, *CHUNK), F32), safedma.dma_semaphore(),
+         safedma.dma_semaphores(2)],
+    )
+    np.testing.assert_array_equal(y, x + 3.0)
+
+
+def test_starts_in_one_fori_loop_waits_in_a_later_one() -> None:
+    def kernel(x_ref, o_ref, sems):  # type: ignore[no-untyped-def]
+        def copy(i):  # type: ignore[no-untyped-def]
+            return safedma.LocalCopy(x_ref.at[i], o_ref.at[i], sems.at[i])
+
+        def start(i, carry):  # type: ignore[no-untyped-def]
+            copy(i).start()
+            return carry
+
+        def wait(i, carry):  # type: ignore[no-untyped-def]
+            copy(i).started_elsewhere().wait()
+            return carry
+
+        jax.lax.fori_loop(0, N, start, 0)
+        jax.lax.fori_loop(0, N, wait, 0)
+
+    x, y = run_local(kernel, [safedma.dma_semaphores(N)])
+    np.testing.assert_array_equal(y, x)
+
+
+def test_static_slots_waited_through_started_elsewhere() -> None:
+    def kernel(x_ref, o_ref, sems):  # type: ignore[no-untyped-def]
+        for i in range(N):
+            safedma.LocalCopy(x_ref.at[i], o_ref.at[i], sems.at[i]).start()
+        for i in reversed(range(N)):
+            safedma.LocalCopy(x_ref.at[i], o_ref.at[i], sems.at[i]).started_elsewhere().wait()
+
+    x, y = run_local(kernel, [safedma.dma_semaphores(N)])
+    np.testing.assert_array_equal(y, x)
+
+
+def test_handles_in_a_list_and_a_dict() -> None:
+    def kernel(x_ref, o_ref, sems):  # type: ignore[no-untyped-def]
+        handles = [safedma.LocalCopy(x_ref.at[i], o_ref.at[i], sems.at[i]).start()
+                   for i in range(N - 1)]
+        by_name = {"last": safedma.LocalCopy(x_ref.at[N - 1], o_ref.at[N - 1],
+                                             sems.at[N - 1]).start()}
+        for handle in handles:
+            handle.wait()
+        by_name["last"].wait()
+
+    x, y = run_local(kernel, [safedma.dma_semaphores(N)])
+    np.testing.assert_array_equal(y, x)
+
+
+def test_remote_handle_waited_in_each_branch() -> None:
+    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
+        handle = (safedma.RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem)
+                  .to(safedma.neighbour("x")).start())
+        even = safedma.my_index("x") % 2 == 0
+
+        @pl.when(even)
+        def _() -> None:
+            handle.wait_send()
+            handle.wait_recv()
+
+        @pl.when(jnp.logical_not(even))
+        def _() -> None:
+            handle.wait()
+
+    x, y = run_on_mesh(kernel, [safedma.dma_semaphore()] * 2)
+    np.testing.assert_array_equal(blocks_1d(y), np.roll(blocks_1d(x), 1, axis=0))

@@ -1,4 +1,7 @@
-"""Trace-time errors: the T-rows of MISUSE.md, and trace-time backups of the S-rows.
+"""Trace-time errors on copy and semaphore arguments (T1-T6, T9), and backups of the S-rows.
+
+The kernel-scope checks on starts and waits (T7, T8, escaping handles) are in
+``test_ledger.py`` and ``test_control_flow.py``.
 
 Every test traces a misusing kernel (``jax.eval_shape``: the kernel body runs,
 nothing is lowered or executed) and checks the safedma exception type and the
@@ -16,9 +19,8 @@ today. When safedma is fixed they XPASS, which fails the run: drop the marker.
 
 from __future__ import annotations
 
-import functools
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,115 +28,21 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import safedma
-
-ANY = pl.BlockSpec(memory_space=pl.ANY)
-F32 = jnp.float32
-SHAPE = (2, 8, 128)  # the shape of x_ref / o_ref seen by each kernel instance
-THIS_FILE = "test_trace_errors.py"
-
-Kernel = Callable[..., None]
+from tests.support.tracing import (
+    DMA,
+    F32,
+    SHAPE,
+    TWO_DMA,
+    VMEM,
+    assert_mentions,
+    ring,
+    trace,
+    trace_on_mesh,
+)
 # A known gap must fail only because the error is missing, not for another reason.
 DID_NOT_RAISE = pytest.fail.Exception
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _call(
-    kernel: Kernel,
-    out: jax.ShapeDtypeStruct,
-    scratch: Sequence[object],
-    *,
-    entry: str,
-    compiler_params: object | None,
-    grid: tuple[int, ...] | None = None,
-) -> Callable[..., Any]:
-    kwargs: dict[str, Any] = {}
-    if compiler_params is not None:
-        kwargs["compiler_params"] = compiler_params
-    if grid is not None:
-        kwargs["grid"] = grid
-    if entry == "safedma.pallas_call":
-        return safedma.pallas_call(
-            kernel, out, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch, **kwargs
-        )
-    body = safedma.checked(kernel) if entry == "pl.pallas_call(safedma.checked)" else kernel
-    return pl.pallas_call(
-        body, out_shape=out, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch, **kwargs
-    )
-
-
-def trace(
-    kernel: Kernel,
-    scratch: Sequence[object] = (),
-    *,
-    entry: str = "safedma.pallas_call",
-    compiler_params: object | None = None,
-    grid: tuple[int, ...] | None = None,
-) -> None:
-    """Trace ``kernel`` on one device: x_ref, o_ref are f32[2,8,128] in HBM."""
-    x = jax.ShapeDtypeStruct(SHAPE, F32)
-    call = _call(kernel, x, scratch, entry=entry, compiler_params=compiler_params, grid=grid)
-    jax.eval_shape(call, x)
-
-
-_MESHES: dict[tuple[int, ...], Mesh] = {}
-
-
-def mesh_of(shape: tuple[int, ...]) -> Mesh:
-    if shape not in _MESHES:
-        names = ("x",) if len(shape) == 1 else ("x", "y")
-        _MESHES[shape] = jax.make_mesh(shape, names)
-    return _MESHES[shape]
-
-
-def trace_on_mesh(
-    kernel: Kernel,
-    scratch: Sequence[object] = (),
-    *,
-    mesh_shape: tuple[int, ...] = (4,),
-    entry: str = "safedma.pallas_call",
-    collective_id: int | None = 0,
-) -> None:
-    """Trace ``kernel`` inside ``jax.shard_map`` over a 4-device ("x",) or 2x4 ("x", "y") mesh."""
-    mesh = mesh_of(mesh_shape)
-    spec = P(*mesh.axis_names)
-    params = pltpu.CompilerParams(collective_id=collective_id)
-
-    def per_device(x: jax.Array) -> Any:
-        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        return _call(kernel, out, scratch, entry=entry, compiler_params=params)(x)
-
-    global_shape = tuple(n * s for n, s in zip(SHAPE, mesh_shape)) + SHAPE[len(mesh_shape):]
-    x = jax.ShapeDtypeStruct(global_shape, F32, sharding=NamedSharding(mesh, spec))
-    f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
-    jax.eval_shape(f, x)
-
-
-def assert_mentions(error: pytest.ExceptionInfo[BaseException], *words: str) -> str:
-    message = str(error.value)
-    missing = [w for w in words if w not in message]
-    assert not missing, f"message lacks {missing!r}:\n{message}"
-    return message
-
-
-VMEM = safedma.vmem(SHAPE, F32)
-DMA = safedma.dma_semaphore()
-TWO_DMA = [safedma.dma_semaphore(), safedma.dma_semaphore()]
-ENTRIES = ["safedma.pallas_call", "pl.pallas_call(safedma.checked)"]
-
-
-def ring(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> Any:
-    """An unstarted remote copy of x_ref into the right neighbour's o_ref."""
-    return (
-        safedma.RemoteCopy(x_ref, o_ref, recv_sem)
-        .with_send_sem(send_sem)
-        .to(safedma.neighbour("x"))
-    )
 
 
 # ------------------------------------------------------------- T1: shapes differ
@@ -407,276 +315,6 @@ def test_t6_remote_copy_with_none_send_semaphore() -> None:
     with pytest.raises(safedma.MissingSemaphoreError) as err:
         trace_on_mesh(kernel, TWO_DMA)
     assert_mentions(err, "RemoteCopy send semaphore is missing", "safedma.dma_semaphore()")
-
-
-# ------------------------------------------------- T7: copy started and never waited
-
-_T7_FIX = ("handle.wait()", "copy.started_elsewhere()", "copy.incoming()")
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_t7_local_copy_never_waited(entry: str) -> None:
-    def leaky_kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        safedma.LocalCopy(x_ref, buf, sem).start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(leaky_kernel, [VMEM, DMA], entry=entry)
-    assert_mentions(
-        err, "kernel 'leaky_kernel'", "1 copy was started and never waited",
-        "LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128]",
-        "started at ", THIS_FILE, "wait() never called", *_T7_FIX,
-    )
-    assert isinstance(err.value, RuntimeError)
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_t7_names_a_partial_body_after_its_function(entry: str) -> None:
-    # Kernels with static options are passed as functools.partial; the message
-    # names the function, as jax names the kernel.
-    def leaky_kernel(x_ref, o_ref, buf, sem, *, times):  # type: ignore[no-untyped-def]
-        for _ in range(times):
-            safedma.LocalCopy(x_ref, buf, sem).start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(functools.partial(leaky_kernel, times=2), [VMEM, DMA], entry=entry)
-    assert_mentions(err, "kernel 'leaky_kernel'", "2 copies were started and never waited")
-
-
-def test_t7_names_the_line_of_the_start() -> None:
-    line = 0
-
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        nonlocal line
-        copy = safedma.LocalCopy(x_ref, buf, sem)
-        line = _lineno() + 1
-        copy.start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel, [VMEM, DMA])
-    assert_mentions(err, f"{THIS_FILE}:{line}")
-
-
-def _lineno() -> int:
-    import sys
-
-    return sys._getframe(1).f_lineno
-
-
-def test_t7_one_of_two_copies_never_waited() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        safedma.LocalCopy(x_ref.at[0], buf.at[0], sem).start().wait()
-        safedma.LocalCopy(x_ref.at[1], buf.at[1], sem).start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel, [VMEM, DMA])
-    message = assert_mentions(err, "1 copy was", "x_ref.at[...] float32[8,128] -> buf.at[...]")
-    assert message.count("never called") == 1
-
-
-def test_t7_several_copies_never_waited_are_all_listed() -> None:
-    def kernel(x_ref, o_ref, buf, sem_a, sem_b):  # type: ignore[no-untyped-def]
-        safedma.LocalCopy(x_ref, buf, sem_a).start()
-        safedma.LocalCopy(buf, o_ref, sem_b).start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel, [VMEM, *TWO_DMA])
-    message = assert_mentions(err, "2 copies were", "x_ref float32[2,8,128] -> buf",
-                              "buf float32[2,8,128] -> o_ref")
-    assert message.count("never called") == 2
-
-
-def test_t7_copy_started_under_pl_when_never_waited() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        @pl.when(pl.program_id(0) == 0)
-        def _() -> None:
-            safedma.LocalCopy(x_ref, buf, sem).start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel, [VMEM, DMA], grid=(2,))
-    assert_mentions(err, "x_ref float32[2,8,128] -> buf", "wait() never called")
-
-
-def test_t7_copy_started_in_a_loop_never_waited() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        def body(i, carry):  # type: ignore[no-untyped-def]
-            safedma.LocalCopy(x_ref.at[i], buf.at[i], sem).start()
-            return carry
-
-        jax.lax.fori_loop(0, 2, body, 0)
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "x_ref.at[...] float32[8,128] -> buf.at[...] float32[8,128]")
-
-
-def test_t7_copy_started_in_run_scoped_never_waited() -> None:
-    def kernel(x_ref, o_ref):  # type: ignore[no-untyped-def]
-        def body(buf, sem):  # type: ignore[no-untyped-def]
-            safedma.LocalCopy(x_ref, buf, sem).start()
-
-        safedma.run_scoped(body, VMEM, DMA)
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel)
-    assert_mentions(err, "LocalCopy x_ref float32[2,8,128] -> float32[2,8,128]",
-                    "wait() never called")
-
-
-def test_t7_wait_on_another_semaphore_does_not_discharge() -> None:
-    def kernel(x_ref, o_ref, buf, sem_a, sem_b):  # type: ignore[no-untyped-def]
-        safedma.LocalCopy(x_ref, buf, sem_a).start()
-        safedma.LocalCopy(x_ref, buf, sem_b).started_elsewhere().wait()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace(kernel, [VMEM, *TWO_DMA])
-    assert_mentions(err, "1 copy was", "wait() never called")
-
-
-def test_t7_remote_copy_receive_side_never_waited() -> None:
-    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        ring(x_ref, o_ref, send_sem, recv_sem).start().wait_send()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace_on_mesh(kernel, TWO_DMA)
-    message = assert_mentions(
-        err, "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
-        "wait_recv() never called", *_T7_FIX,
-    )
-    assert "wait_send() never called" not in message
-
-
-def test_t7_remote_copy_send_side_never_waited() -> None:
-    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        ring(x_ref, o_ref, send_sem, recv_sem).start().wait_recv()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "wait_send() never called")
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_t7_remote_copy_never_waited(entry: str) -> None:
-    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        ring(x_ref, o_ref, send_sem, recv_sem).start()
-
-    with pytest.raises(safedma.CopyNeverWaitedError) as err:
-        trace_on_mesh(kernel, TWO_DMA, entry=entry)
-    assert_mentions(err, "wait_send() and wait_recv() never called")
-
-
-# ------------------------------------------------ T8: waited twice / more than started
-
-
-def _wait_twice(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-    handle = safedma.LocalCopy(x_ref, buf, sem).start()
-    handle.wait()
-    handle.wait()
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_t8_local_handle_waited_twice(entry: str) -> None:
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace(_wait_twice, [VMEM, DMA], entry=entry)
-    message = assert_mentions(
-        err, "wait() on the handle of LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128]",
-        "called twice", "first at", "again at", "hangs", "Wait each handle once",
-    )
-    assert message.count(THIS_FILE) == 3  # where it was started, first and second wait
-    assert isinstance(err.value, RuntimeError)
-
-
-def test_t8_handle_waited_twice_is_caught_without_the_kernel_scope() -> None:
-    # Checked per handle, so it holds in a plain pl.pallas_call too (without the
-    # scope, the refs' parameter names and the start site are unknown).
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace(_wait_twice, [VMEM, DMA], entry="pl.pallas_call")
-    message = assert_mentions(err, "LocalCopy float32[2,8,128] -> float32[2,8,128]",
-                              "called twice", "Wait each handle once")
-    assert message.count(THIS_FILE) == 2
-
-
-def test_t8_started_elsewhere_handle_waited_twice() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        handle = safedma.LocalCopy(x_ref, buf, sem).started_elsewhere()
-        handle.wait()
-        handle.wait()
-
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "(started elsewhere)", "called twice", "Wait each handle once")
-
-
-def test_t8_remote_wait_then_wait_recv() -> None:
-    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        handle = ring(x_ref, o_ref, send_sem, recv_sem).start()
-        handle.wait()  # both sides
-        handle.wait_recv()
-
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "wait_recv() on the handle of RemoteCopy x_ref float32[2,8,128]",
-                    "called twice", "Wait each handle once")
-
-
-def test_t8_remote_wait_send_twice() -> None:
-    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        handle = ring(x_ref, o_ref, send_sem, recv_sem).start()
-        handle.wait_send()
-        handle.wait_send()
-        handle.wait_recv()
-
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "wait_send() on the handle of RemoteCopy", "called twice")
-
-
-def test_t8_incoming_handle_waited_twice() -> None:
-    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        handle = ring(x_ref, o_ref, send_sem, recv_sem).incoming()
-        handle.wait_recv()
-        handle.wait_recv()
-
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "wait_recv() on the handle of RemoteCopy", "(started elsewhere)")
-
-
-def test_t8_handle_wait_plus_started_elsewhere_wait() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        copy = safedma.LocalCopy(x_ref, buf, sem)
-        copy.start().wait()
-        copy.started_elsewhere().wait()  # waits a second time for one start: hangs
-
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "wait() of a started_elsewhere() or incoming() handle",
-                    "already waited through its own handle", "More would be waited than started")
-
-
-def test_t8_started_elsewhere_wait_without_any_start() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        safedma.LocalCopy(x_ref, buf, sem).started_elsewhere().wait()  # nothing signals sem
-
-    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
-        trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "no copy in this kernel is started on that semaphore",
-                    "Drop the extra wait")
-
-
-@pytest.mark.xfail(strict=True, raises=DID_NOT_RAISE, reason="safedma gap: a handle started once and waited in "
-                   "every iteration of a loop is waited more often than started")
-def test_t8_gap_handle_started_once_waited_in_a_loop() -> None:
-    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        handle = safedma.LocalCopy(x_ref, buf, sem).start()
-
-        def body(i, carry):  # type: ignore[no-untyped-def]
-            handle.wait()
-            return carry
-
-        jax.lax.fori_loop(0, 2, body, 0)
-
-    with pytest.raises(safedma.SafeDmaError):
-        trace(kernel, [VMEM, DMA])
 
 
 # ------------------------------------------------- T9: barrier without collective_id

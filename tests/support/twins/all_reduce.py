@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma.kernels.all_gather import all_gather
+from tests.support.twins.all_gather import RECV_SLOTS, _received, _send
 from tests.support.twins.reduce_scatter import (
     HBM,
     neighbour_barrier,
@@ -25,28 +26,29 @@ from tests.support.twins.reduce_scatter import (
 )
 
 
-def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, *, axis: str) -> None:
+def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *,
+                    axis: str) -> None:
     n = jax.lax.axis_size(axis)
     m = o_hbm.shape[0] // n
     me = jax.lax.axis_index(axis)
+    steps = n - 1
+    right = neighbour_id(axis, 1)
+    left = neighbour_id(axis, -1)
 
     def forward(step: Any, carry: None) -> None:
         chunk = o_hbm.at[pl.ds((me - step + n) % n * m, m)]
-        copy = pltpu.make_async_remote_copy(
-            chunk, chunk, send_sem, recv_sems.at[step], device_id=neighbour_id(axis, 1)
-        )
-        copy.start()
-        copy.wait_send()
-        copy.wait_recv()
+        _send(chunk, chunk, step, downstream=right, send_sem=send_sem, recv_sems=recv_sems,
+              capacity=capacity).wait()
+        _received(step, steps, upstream=left, capacity=capacity)
         return carry
 
-    jax.lax.fori_loop(0, n - 1, forward, None)
+    jax.lax.fori_loop(0, steps, forward, None)
 
 
 def all_reduce_kernel(
     x_hbm: Any, o_hbm: Any, x_bufs: Any, recv_bufs: Any, send_bufs: Any, x_sems: Any,
     send_sems: Any, recv_sems: Any, capacity: Any, out_buf: Any, out_sem: Any,
-    gather_send_sem: Any, gather_recv_sems: Any, *, axis: str,
+    gather_send_sem: Any, gather_recv_sems: Any, gather_capacity: Any, *, axis: str,
 ) -> None:
     m = out_buf.shape[0]
     mine = o_hbm.at[pl.ds(jax.lax.axis_index(axis) * m, m)]
@@ -62,7 +64,7 @@ def all_reduce_kernel(
         x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
         axis=axis, finish=store,
     )
-    all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, axis=axis)
+    all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, gather_capacity, axis=axis)
 
 
 def all_reduce(x: jax.Array, *, axis: str, fused: bool = True, collective_id: int = 0,
@@ -86,7 +88,8 @@ def all_reduce(x: jax.Array, *, axis: str, fused: bool = True, collective_id: in
             pltpu.VMEM((m, cols), x.dtype),
             pltpu.SemaphoreType.DMA(()),
             pltpu.SemaphoreType.DMA(()),
-            pltpu.SemaphoreType.DMA((n - 1,)),
+            pltpu.SemaphoreType.DMA((RECV_SLOTS,)),
+            pltpu.SemaphoreType.REGULAR(()),
         ],
         compiler_params=pltpu.CompilerParams(collective_id=collective_id),
         interpret=interpret,

@@ -46,12 +46,11 @@ def reduce_scatter_ring(
             device_id=neighbour_id(axis, 1),
         )
 
-    pl.semaphore_signal(capacity, min(2, n - 1), device_id=neighbour_id(axis, -1))
+    left = neighbour_id(axis, -1)
     fetch(0, 0).start()
     fetch(1, 1).start()
     fetch(0, 0).wait()
     send_bufs[0] = x_bufs[0].astype(jnp.float32)
-    pl.semaphore_wait(capacity, 1)
     message(0).start()
 
     def body(step: Any, carry: None) -> None:
@@ -66,9 +65,9 @@ def reduce_scatter_ring(
         message(prev).wait_recv()
         total = recv_bufs[prev] + x_bufs[slot].astype(jnp.float32)
 
-        @pl.when(step + 2 < n)
+        @pl.when(step - 1 + 2 < n - 1)
         def _() -> None:
-            pl.semaphore_signal(capacity, 1, device_id=neighbour_id(axis, -1))
+            pl.semaphore_signal(capacity, 1, device_id=left)
 
         @pl.when(step + 1 < n)
         def _() -> None:
@@ -77,7 +76,11 @@ def reduce_scatter_ring(
                 message(slot).wait_send()
 
             send_bufs[slot] = total
-            pl.semaphore_wait(capacity, 1)
+
+            @pl.when(step >= 2)
+            def _() -> None:
+                pl.semaphore_wait(capacity, 1)
+
             message(slot).start()
 
         @pl.when(step + 1 == n)

@@ -35,8 +35,8 @@ def handles_are_not_descriptions(x_hbm: DataRef, buf: DataRef, sem: SemRef) -> N
     # S9: a handle cannot be started again ...
     handle.start()  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
     handle.wait()
-    # ... and wait() returns nothing that could be waited again.
-    LocalCopy(x_hbm, buf, sem).start().wait().wait()  # type: ignore[func-returns-value, attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
+    # ... and wait() returns the destination, a data ref, which cannot be waited again.
+    LocalCopy(x_hbm, buf, sem).start().wait().wait()  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
 
 
 def started_elsewhere_is_a_handle_not_a_copy(x_hbm: DataRef, buf: DataRef, sem: SemRef) -> None:

@@ -55,5 +55,5 @@ def gather_with_named_wait(
 ) -> None:
     for p in range(PAGES):
         safedma.LocalCopy(pages_hbm.at[table_smem[p]], buf.at[pl.ds(p * PAGE, PAGE)], sem).start()
-    assert_type(safedma.wait_all_into(buf, sem), None)
+    assert_type(safedma.wait_all_into(buf, sem), DataRef)
     safedma.LocalCopy(buf, o_hbm, sem).start().wait()

@@ -1,0 +1,271 @@
+"""The obligations ledger: which copies a kernel body starts, and where it waits them.
+
+The checks here run while Python traces the body, so they see every branch
+of a ``lax.cond`` / ``pl.when`` and one iteration of each loop, not the paths
+a device takes. They therefore reject only what is wrong on *every* path:
+
+* a copy started and waited nowhere in the body: not through its handle (in
+  any branch or loop), and not through any ``started_elsewhere()``,
+  ``incoming()`` or aggregate wait whose semaphore slot could be its own
+  (:class:`~safedma.CopyNeverWaitedError`, T7);
+* one handle waited twice in the same straight-line block, so whenever that
+  block runs the second wait hangs (:class:`~safedma.HandleWaitedTwiceError`, T8);
+* a handle waited outside the loop iteration or branch that started it,
+  which jax cannot trace either (:class:`~safedma.HandleEscapedError`).
+
+What depends on the path or on counts (a wait in one branch only, a wait the
+other path repeats, waits that add up to more than was started) is left to
+``safedma.testing.verify``, which follows each device's real path.
+
+Semaphores are compared per *slot*: a wait on ``sems.at[0]`` never stands for
+a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
+the wait may stand for any copy on that array (no error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import enum
+from collections.abc import Generator
+
+from safedma import _compat
+from safedma._compat import FlowKind
+from safedma._describe import Describe, SourceLine, call_site
+from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
+
+__all__ = ["Side", "Ledger", "HandleState", "current_ledger", "ledger_scope"]
+
+VERIFY_HINT = (
+    "run safedma.testing.verify(...) to check the waits on every path a device takes"
+)
+
+
+class Side(enum.Enum):
+    """Which semaphore a wait decrements."""
+
+    LOCAL = "wait()"
+    SEND = "wait_send()"
+    RECV = "wait_recv()"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wait:
+    where: SourceLine
+    block: object  # the jax trace of the straight-line block the wait is in
+
+
+@dataclasses.dataclass(eq=False)
+class _Obligation:
+    """One started copy: its semaphore per side, and where each side was waited."""
+
+    describe: Describe
+    started_at: SourceLine
+    sems: dict[Side, object]
+    waited: dict[Side, list[_Wait]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ElsewhereWait:
+    """A wait through started_elsewhere() / incoming() / wait_all_into(): any copy on ``sem``."""
+
+    sem: object
+
+
+_Slot = tuple[int, frozenset[int] | None]
+"""A semaphore view as (id of its root array, the positions it covers; None: unknown)."""
+
+
+def _slot(sem: object) -> _Slot:
+    return id(_compat.root_of(sem)), _compat.static_positions(sem)
+
+
+def _slots_meet(a: _Slot, b: _Slot) -> bool:
+    """Could two semaphore views be the same semaphore? (Unknown positions: yes.)"""
+    if a[0] != b[0]:
+        return False
+    return a[1] is None or b[1] is None or not a[1].isdisjoint(b[1])
+
+
+@dataclasses.dataclass(eq=False)
+class Ledger:
+    """The copies started and the waits seen while one kernel body is traced."""
+
+    obligations: list[_Obligation] = dataclasses.field(default_factory=list[_Obligation])
+    elsewhere: list[_ElsewhereWait] = dataclasses.field(default_factory=list[_ElsewhereWait])
+    # Refs and traces are compared by identity: keep them alive for the whole trace.
+    keep_alive: list[object] = dataclasses.field(default_factory=list[object])
+
+    def check_all_waited(self, kernel_name: str) -> None:
+        """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
+        left: list[str] = []
+        elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
+        for ob in self.obligations:
+            missing: list[Side] = []
+            for side, sem in ob.sems.items():
+                if ob.waited[side]:
+                    continue
+                if elsewhere is None:
+                    elsewhere = [_slot(w.sem) for w in self.elsewhere]
+                slot = _slot(sem)
+                if not any(_slots_meet(slot, other) for other in elsewhere):
+                    missing.append(side)
+            if missing:
+                calls = " and ".join(side.value for side in missing)
+                left.append(f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called")
+        if left:
+            count = len(left)
+            raise CopyNeverWaitedError(
+                f"kernel {kernel_name!r}: {count} cop{'y was' if count == 1 else 'ies were'} "
+                "started and never waited anywhere in the kernel body (in no branch, no loop, "
+                "and by no started_elsewhere() wait on the same semaphore slot):\n"
+                + "\n".join(left)
+                + "\nOn a TPU this crashes the program; in interpret mode the copy never "
+                "lands. Wait each handle that start() returned (handle.wait()). For a copy "
+                "waited in a later loop iteration or grid step, or by the receiving device, "
+                "wait it there through copy.started_elsewhere() or copy.incoming(), on the "
+                f"semaphore the copy was started on. Then {VERIFY_HINT}."
+            )
+
+
+_current: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar(
+    "safedma_ledger", default=None
+)
+
+
+def current_ledger() -> Ledger | None:
+    return _current.get()
+
+
+@contextlib.contextmanager
+def ledger_scope() -> Generator[Ledger, None, None]:
+    """Record the copies and waits of the kernel body traced inside this block."""
+    ledger = Ledger()
+    token = _current.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _current.reset(token)
+
+
+# ------------------------------------------------------------------ control flow
+
+
+def _block_of(frame: object) -> object:
+    """The straight-line block ``frame`` belongs to: run-once bodies (run_scoped) are see-through."""
+    while _compat.frame_kind(frame) is FlowKind.ONCE:
+        parent = _compat.frame_parent(frame)
+        if parent is None:
+            break
+        frame = parent
+    return frame
+
+
+def _chain(frame: object) -> list[object]:
+    chain: list[object] = []
+    current: object | None = frame
+    while current is not None:
+        chain.append(current)
+        current = _compat.frame_parent(current)
+    return chain
+
+
+def _left_behind(start: object, here: object) -> list[FlowKind]:
+    """The kinds of the blocks that enclose ``start`` but not ``here`` (empty: not escaped)."""
+    around_here = {id(f) for f in _chain(here)}
+    kinds: list[FlowKind] = []
+    for frame in _chain(start):
+        if id(frame) in around_here:
+            break
+        kinds.append(_compat.frame_kind(frame))
+    return kinds
+
+
+# ------------------------------------------------------------------ handles
+
+
+class HandleState:
+    """Per-handle wait bookkeeping; works with or without a kernel scope."""
+
+    __slots__ = ("_obligation", "_waited", "_describe", "_elsewhere", "_sems", "_frame")
+
+    def __init__(
+        self, describe: Describe, sems: dict[Side, object], *, started_elsewhere: bool
+    ) -> None:
+        self._describe = describe
+        self._sems = sems
+        self._waited: dict[Side, list[_Wait]] = {side: [] for side in sems}
+        self._elsewhere = started_elsewhere
+        self._frame = _compat.current_frame()
+        self._obligation: _Obligation | None = None
+        ledger = _current.get()
+        if ledger is not None:
+            ledger.keep_alive.append(self._frame)
+            ledger.keep_alive.extend(sems.values())
+            if not started_elsewhere:
+                self._obligation = _Obligation(describe, call_site(), sems, self._waited)
+                ledger.obligations.append(self._obligation)
+
+    def _origin(self) -> str:
+        if self._elsewhere:
+            return "started elsewhere"
+        if self._obligation is not None:
+            return f"started at {self._obligation.started_at}"
+        return "started"
+
+    def record_wait(self, side: Side) -> None:
+        """Note a wait of ``side``; raise if it escapes its block or repeats one in the same block."""
+        here = call_site()
+        frame = _compat.current_frame()
+        left = _left_behind(self._frame, frame)
+        if left:
+            raise HandleEscapedError(_escape_message(self._describe(), side, here, left,
+                                                     elsewhere=self._elsewhere))
+        block = _block_of(frame)
+        earlier = next((w for w in self._waited[side] if w.block is block), None)
+        if earlier is not None:
+            raise HandleWaitedTwiceError(
+                f"{side.value} on the handle of {self._describe()} ({self._origin()}) was "
+                f"called twice in the same block: first at {earlier.where}, again at {here}. "
+                "Both waits run on every path that reaches them, and each decrements the "
+                "semaphore by the copy's size, so the second can never be satisfied and the "
+                "kernel hangs. Keep one of these two waits. (Waits in different branches "
+                f"or loop iterations are not checked here: {VERIFY_HINT}.)"
+            )
+        self._waited[side].append(_Wait(here, block))
+        if self._elsewhere:
+            ledger = _current.get()
+            if ledger is not None:
+                ledger.elsewhere.append(_ElsewhereWait(self._sems[side]))
+
+
+def _escape_message(
+    description: str, side: Side, here: SourceLine, left: list[FlowKind], *, elsewhere: bool
+) -> str:
+    made = "created" if elsewhere else "started"
+    if FlowKind.LOOP in left:
+        return (
+            f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+            "a loop body (fori_loop / while_loop / scan) that this wait is outside of. A handle "
+            "is tied to the loop iteration that started it: after the loop there is no one "
+            "iteration's copy to wait, and jax cannot carry the handle out of the loop "
+            "(it would fail with 'captures constants'). Either wait the handle inside the "
+            "loop body, or, after the loop, wait the copies the loop left in flight through "
+            "copy.started_elsewhere().wait() (one per copy still in flight), describing the "
+            f"copy again outside the loop. Then {VERIFY_HINT}."
+        )
+    if FlowKind.BRANCH in left:
+        return (
+            f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+            "a branch (pl.when / lax.cond) that this wait is outside of. A handle is tied to "
+            "the branch that started it, and jax cannot carry it out of the branch (it would "
+            "fail with 'captures constants'). Wait it inside the same branch, or wait the copy "
+            "elsewhere through copy.started_elsewhere().wait(), describing it again there."
+        )
+    return (
+        f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+        "a traced block (a run_scoped body or other jax-traced function) that has already "
+        "ended; jax cannot carry the handle out of it. Wait it inside that block, or "
+        "through copy.started_elsewhere().wait() after it."
+    )
