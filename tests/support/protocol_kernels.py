@@ -337,7 +337,7 @@ EXPECT: dict[str, Expect] = {
     "early_wait": Expect("R9", _RACE, r"(?i)race|not ordered|before", ("x=0",),
                          ("bufs", "sem"), "early_wait",
                          r"(?i)wait_all_into|separate|own semaphore|total|all"),
-    "r10_one_round": Expect("R10", r"Race|Barrier|Entry|Entered|Unsatisfiable|Leftover",
+    "r10_one_round": Expect("R10", r"Race|Barrier|Entry|Entered|AfterExit|Unsatisfiable|Leftover",
                             r"(?i)barrier|collective_id|invocation|entered|second round",
                             ("x=",), ("o_ref", "recv", "barrier"), "r10",
                             r"(?i)second (barrier )?round|barrier"),
