@@ -385,3 +385,35 @@ def local_ring(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
     c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=_ring(1))
     c.start()
     c.wait()
+
+
+# ------------------------------------------------------------------ property tests
+
+
+def chunked_ring(x_ref: Any, o_ref: Any, buf: Any, send_sems: Any, recv_sems: Any,
+                 out_sem: Any, *, shift: int, chunks: int, slots: int, drop: int | None = None,
+                 shifted: int | None = None) -> None:
+    """Send ``x`` in ``chunks`` row chunks to the device ``shift`` along the ring into
+    ``buf``, chunk c on semaphore slot ``c % slots``; wait every chunk, then copy ``buf``
+    out. Seeded bugs: ``drop`` leaves chunk ``drop``'s waits out; ``shifted`` waits chunk
+    ``shifted``'s receive on the next slot."""
+    rows = x_ref.shape[0] // chunks
+    copies = []
+    for c in range(chunks):
+        slot = c % slots
+        copy = pltpu.make_async_remote_copy(
+            x_ref.at[pl.ds(c * rows, rows)], buf.at[pl.ds(c * rows, rows)],
+            send_sems.at[slot], recv_sems.at[slot], device_id=_ring(shift))
+        copy.start()
+        copies.append(copy)
+    for c, copy in enumerate(copies):
+        if c == drop:
+            continue
+        copy.wait_send()
+        if c == shifted:
+            wrong = (c + 1) % slots
+            pltpu.make_async_copy(buf.at[pl.ds(c * rows, rows)], buf.at[pl.ds(c * rows, rows)],
+                                  recv_sems.at[wrong]).wait()
+        else:
+            copy.wait_recv()
+    _write_out(buf, o_ref, out_sem)
