@@ -1,0 +1,189 @@
+"""``verify``: trace once, then run every device's program through the protocol model."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from safedma.testing._verify import _jax, _kernels, _ops  # noqa: F401  (register ops)
+from safedma.testing._verify._engine import Engine
+from safedma.testing._verify._program import Ctx, compile_jaxpr, run
+from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
+
+__all__ = ["verify"]
+
+_partition_spec: Callable[..., PartitionSpec] = PartitionSpec
+
+
+def _specs(specs: Any, default: PartitionSpec, arguments: bool) -> Any:
+    if specs is None:
+        return default
+    if isinstance(specs, PartitionSpec):
+        return specs
+    return list(specs) if isinstance(specs, list) and not arguments else tuple(specs)
+
+
+def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
+    if mesh is None:
+        return contextlib.nullcontext()
+    if isinstance(mesh, Mesh):
+        return contextlib.nullcontext()
+    return cast("contextlib.AbstractContextManager[object]",
+                jax.sharding.use_abstract_mesh(mesh))
+
+
+def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | None:
+    """(per-device jaxpr, its consts, mesh, top-level arg index per operand) of the shard_map."""
+    top = {v: i for i, v in enumerate(jaxpr.invars)}
+
+    def walk(j: Any, mapping: dict[Any, int]) -> tuple[Any, list[Any], Any, list[int]] | None:
+        for eqn in j.eqns:
+            name = eqn.primitive.name
+            if name == "shard_map":
+                body, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
+                args = [mapping.get(v, -1) if not _jax.is_literal(v) else -1
+                        for v in eqn.invars]
+                return body, consts, eqn.params["mesh"], args
+            for sub in _jax.sub_jaxprs(eqn.params):
+                inner, _ = _jax.jaxpr_of(sub)
+                inner_map = {iv: mapping[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                             if not _jax.is_literal(ov) and ov in mapping}
+                found = walk(inner, inner_map)
+                if found is not None:
+                    return found
+        return None
+    return walk(jaxpr, top)
+
+
+def verify(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Any = None,
+    in_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
+    out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
+    invocations: int = 1,
+) -> VerifyReport:
+    """Prove the DMA/semaphore protocol of every Pallas TPU kernel ``fn`` runs, on every device.
+
+    Same calling convention as :func:`safedma.testing.simulate`; ``mesh`` may be
+    a real mesh or a device-free ``abstract_mesh``; ``args`` are arrays or
+    ``jax.ShapeDtypeStruct``. Nothing is compiled or executed: ``fn`` is traced
+    once and each device's kernel program is walked with exact scalars and no
+    vector data. ``invocations=k`` runs the program k times back to back.
+    Raises a :class:`~safedma.testing.SimulationError` subclass naming the
+    device, the semaphore or buffer, the kernel line and the fix.
+    """
+    if invocations < 1:
+        raise ValueError(f"invocations must be at least 1, got {invocations}")
+    if mesh is None and (in_specs is not None or out_specs is not None):
+        raise ValueError("in_specs/out_specs need a mesh")
+    structs: list[Any] = []
+    values: list[np.ndarray[Any, Any] | None] = []
+    for a in args:
+        if isinstance(a, jax.ShapeDtypeStruct):
+            structs.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+            values.append(None)
+        else:
+            arr = np.asarray(a)
+            structs.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype))
+            values.append(arr)
+    program: Callable[..., Any] = fn
+    names: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    if mesh is not None:
+        names = tuple(str(n) for n in mesh.axis_names)
+        sizes = tuple(int(s) for s in (mesh.axis_sizes if hasattr(mesh, "axis_sizes")
+                                       else mesh.devices.shape))
+        default = _partition_spec(names[0] if len(names) == 1 else names)
+        ins = _specs(in_specs, default, True)
+        outs = _specs(out_specs, default, False)
+        program = jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=outs,
+                                check_vma=False)
+
+    def fresh(*xs: Any) -> Any:
+        return program(*xs)
+
+    with _mesh_context(mesh):
+        traced = jax.jit(fresh).trace(*structs)  # pyright: ignore[reportUnknownMemberType]
+    closed = traced.jaxpr
+    top = closed.jaxpr
+    engine = Engine(names, sizes)
+    found = _find_device_program(top) if mesh is not None else None
+    if mesh is not None and found is None:
+        raise VerificationUnsupportedError("no shard_map found in the traced program")
+    if found is None:
+        body, consts, arg_index = top, list(closed.consts), list(range(len(top.invars)))
+    else:
+        body, consts, _, arg_index = found
+    compiled = compile_jaxpr(body, consts)
+    local_specs = _local_specs(in_specs, names, len(args)) if mesh is not None else None
+    programs = []
+    for p in range(engine.participants):
+        coords = engine.coords(p)
+        ctx = Ctx(p, engine, coords)
+        inputs = []
+        for k, var in enumerate(body.invars):
+            idx = arg_index[k] if k < len(arg_index) else -1
+            value = values[idx] if 0 <= idx < len(values) else None
+            if value is not None and local_specs is not None:
+                value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
+            inputs.append(engine.input_value(p, var.aval, value, f"argument {idx}"))
+        programs.append(_repeat(compiled, inputs, ctx, invocations))
+    engine.schedule(programs)
+    m = engine.machine
+    peaks: dict[str, int] = {}
+    for s in m.sems.values():
+        key = s.buffer.name
+        peaks[key] = max(peaks.get(key, 0), s.peak)
+    kernels = tuple(sorted({k for k in _kernel_names(body)}))
+    return VerifyReport(
+        devices=engine.devices, kernels=kernels, invocations=invocations, dmas=m.dmas,
+        remote_dmas=m.remote_dmas, waits=m.waits, signals=m.signals,
+        max_bytes_in_flight=peaks,
+    )
+
+
+def _repeat(compiled: Any, inputs: list[Any], ctx: Ctx, times: int) -> Any:
+    for _ in range(times):
+        yield from run(compiled, inputs, ctx)
+
+
+def _kernel_names(jaxpr: Any) -> list[str]:
+    out: list[str] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            out.append(str(_jax.kernel_params(eqn)["name"] or "kernel"))
+        for sub in _jax.sub_jaxprs(eqn.params):
+            out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
+    return out
+
+
+def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:
+    default = _partition_spec(names[0] if len(names) == 1 else names)
+    if in_specs is None:
+        return [default] * n
+    if isinstance(in_specs, PartitionSpec):
+        return [in_specs] * n
+    return list(in_specs)
+
+
+def _local_shard(value: np.ndarray[Any, Any], spec: Any, coords: dict[str, int],
+                 sizes: dict[str, int]) -> np.ndarray[Any, Any]:
+    index: list[slice] = []
+    for d, entry in enumerate(tuple(spec)):
+        if entry is None or d >= value.ndim:
+            index.append(slice(None))
+            continue
+        axes = entry if isinstance(entry, tuple) else (entry,)
+        parts, pos = 1, 0
+        for a in axes:
+            pos = pos * sizes[a] + coords[a]
+            parts *= sizes[a]
+        size = value.shape[d] // parts
+        index.append(slice(pos * size, (pos + 1) * size))
+    return value[tuple(index)]

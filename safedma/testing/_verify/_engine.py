@@ -1,0 +1,206 @@
+"""The participants of one verification: buffers, counterparts on other devices, barriers."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify._program import Ctx, Gen, RefVal
+from safedma.testing._verify._regions import Buffer
+from safedma.testing._verify._semantics import Blocked, Machine, SemState
+
+__all__ = ["Engine"]
+
+_MAX_KNOWN = 1 << 16  # elements of a concrete operand kept as known scalars
+
+
+class Engine:
+    """Mesh geometry, the buffer registry and the scheduler of one ``verify`` run."""
+
+    def __init__(self, axis_names: tuple[str, ...], axis_sizes: tuple[int, ...],
+                 cores: int = 1) -> None:
+        self.axis_names = axis_names
+        self.axis_sizes = dict(zip(axis_names, axis_sizes))
+        self.shape = axis_sizes
+        self.devices = math.prod(axis_sizes) if axis_sizes else 1
+        self.cores = cores
+        self.participants = self.devices * cores
+        self.labels = [self._label(p) for p in range(self.participants)]
+        self.machine = Machine(self.labels)
+        self.machine.sem_names = self.sem_name
+        self._registry: dict[tuple[int, object], Buffer] = {}
+        self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
+        self._ids = itertools.count(1)
+        self._barriers: dict[int, dict[str, Any]] = {}
+
+    def _label(self, p: int) -> str:
+        device, core = divmod(p, self.cores)
+        if not self.axis_names:
+            where = "device 0"
+        else:
+            coords = np.unravel_index(device, self.shape)
+            inner = ", ".join(f"{n}={int(c)}" for n, c in zip(self.axis_names, coords))
+            where = f"device {device} ({inner})"
+        return f"{where} core {core}" if self.cores > 1 else where
+
+    def coords(self, p: int) -> dict[str, int]:
+        device = p // self.cores
+        if not self.axis_names:
+            return {}
+        return {n: int(c) for n, c in zip(self.axis_names, np.unravel_index(device, self.shape))}
+
+    def participant(self, coords: dict[str, int], core: int) -> int:
+        flat = 0
+        for n in self.axis_names:
+            flat = flat * self.axis_sizes[n] + coords[n]
+        return flat * self.cores + core
+
+    # ------------------------------------------------------------ buffers
+
+    def new_buffer(self, owner: int, name: str, shape: tuple[int, ...], itemsize: int,
+                   space: str, sem_kind: str | None, kernel_scoped: bool = True) -> Buffer:
+        return Buffer(next(self._ids), owner, name, shape, itemsize, space, sem_kind,
+                      kernel_scoped=kernel_scoped)
+
+    def buffer(self, owner: int, role: object, aval: Any, name: str,
+               shape: tuple[int, ...] | None = None) -> Buffer:
+        key = (owner, role)
+        buf = self._registry.get(key)
+        if buf is None:
+            kind = _jax.semaphore_kind(aval)
+            space = "SEMAPHORE" if kind is not None else _jax.memory_space(aval)
+            buf = self.new_buffer(owner, name, shape or _jax.aval_shape(aval),
+                                  _jax.aval_itemsize(aval), space, kind)
+            self._registry[key] = buf
+            self._roles[buf.ident] = (role, aval, name, shape)
+        return buf
+
+    def counterpart(self, buf: Buffer, owner: int) -> Buffer:
+        """The buffer playing ``buf``'s role on participant ``owner``."""
+        if buf.owner == owner:
+            return buf
+        role = self._roles.get(buf.ident)
+        if role is None:
+            from safedma.testing._verify._report import VerificationUnsupportedError
+            raise VerificationUnsupportedError(
+                f"a remote copy or signal addresses {buf.name}, which is not a kernel operand, "
+                "scratch buffer or semaphore; the verifier cannot find it on the other device")
+        r, aval, name, shape = role
+        other = self.buffer(owner, r, aval, name, shape)
+        if buf.sem_kind == "BARRIER":
+            other.sem_kind = "BARRIER"
+        return other
+
+    def adopt(self, owner: int, role: object, buf: Buffer, aval: Any, name: str) -> Buffer:
+        key = (owner, role)
+        existing = self._registry.get(key)
+        if existing is not None:
+            return existing
+        self._registry[key] = buf
+        self._roles[buf.ident] = (role, aval, name, None)
+        return buf
+
+    def operand_buffer(self, ctx: Ctx, instance: int, pos: int, desc: Any, src: Any,
+                       smem: bool, output: bool = False, block: bool = False) -> Buffer:
+        aval = desc.avals[pos]
+        name = desc.param_names[pos]
+        role = ("k", instance, pos)
+        if isinstance(src, RefVal) and not block and not smem:
+            return self.adopt(ctx.p, role, src.buffer, aval, name)
+        buf = self.buffer(ctx.p, role, aval, name)
+        if src is not None and not output:
+            self.machine.mark_written(buf)
+        elif isinstance(src, RefVal):
+            self.machine.mark_written(buf)
+        if smem or buf.space == "SMEM":
+            values = src.buffer.values if isinstance(src, RefVal) else None
+            if values is not None and len(values) == math.prod(buf.shape):
+                buf.values = list(values)
+            else:
+                from safedma.testing._verify._scalars import Unknown
+                why = (f"the contents of operand {name} (pass it as a concrete array, "
+                       "not a ShapeDtypeStruct)")
+                buf.values = [Unknown(why)] * math.prod(buf.shape)
+        return buf
+
+    def barrier_buffer(self, p: int, collective_id: Any) -> Buffer:
+        key = (p, ("b", collective_id))
+        buf = self._registry.get(key)
+        if buf is None:
+            buf = self.new_buffer(p, f"the barrier semaphore (collective_id={collective_id})",
+                                  (), 4, "SEMAPHORE", "BARRIER", kernel_scoped=False)
+            self._registry[key] = buf
+            self._roles[buf.ident] = (("b", collective_id), None, buf.name, None)
+        return buf
+
+    def sem_name(self, s: SemState) -> str:
+        buf = s.buffer
+        if not buf.shape:
+            return buf.name
+        idx = np.unravel_index(s.index, buf.shape)
+        return f"{buf.name}[{', '.join(str(int(i)) for i in idx)}]"
+
+    def input_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
+                    name: str) -> RefVal:
+        shape = _jax.aval_shape(aval)
+        buf = self.new_buffer(p, name, shape, int(np.dtype(aval.dtype).itemsize), "HBM", None,
+                              kernel_scoped=False)
+        self.machine.mark_written(buf)
+        if value is not None and value.size <= _MAX_KNOWN:
+            buf.values = [v.item() for v in value.reshape(-1)]
+        return RefVal(buf)
+
+    # ------------------------------------------------------------ barriers
+
+    def entry_barrier(self, ctx: Ctx, instance: int, where: str) -> Gen:
+        st = self._barriers.setdefault(instance, {"arrived": set(), "waiters": [],
+                                                  "done": False})
+        st["arrived"].add(ctx.p)
+        if len(st["arrived"]) == self.participants:
+            self.machine.clocks.barrier(list(range(self.participants)))
+            st["done"] = True
+            for w in st["waiters"]:
+                self.machine.wake(w)
+            st["waiters"] = []
+        while not st["done"]:
+            st["waiters"].append(ctx.p)
+            yield Blocked(ctx.p, None, 0, where,
+                          "the other devices at Mosaic's default device barrier before the "
+                          "kernel (collective_id unset)")
+        return None
+
+    # ------------------------------------------------------------ scheduling
+
+    def schedule(self, programs: list[Generator[Blocked, None, Any]]) -> None:
+        m = self.machine
+        runnable: deque[int] = deque(range(len(programs)))
+        queued = [True] * len(programs)
+        blocked: dict[int, Blocked] = {}
+        done: list[int] = []
+
+        def wake(p: int) -> None:
+            if not queued[p]:
+                queued[p] = True
+                blocked.pop(p, None)
+                runnable.append(p)
+        m.wake = wake
+        while runnable:
+            p = runnable.popleft()
+            queued[p] = False
+            try:
+                b = next(programs[p])
+            except StopIteration:
+                done.append(p)
+                continue
+            blocked[p] = b
+        if blocked:
+            raise m.deadlock(list(blocked.values()), sorted(done))
+        err = m.leftover_error()
+        if err is not None:
+            raise err

@@ -1,0 +1,325 @@
+"""Every use of jax internals by the verifier, in one place, each with the reason.
+
+The verifier reads the program jax traced (jaxprs, the ``pallas_call``
+parameters, the ref transforms in DMA operands); jax has no public API for
+any of it. Everything below is read-only: nothing here binds a primitive or
+changes jax state, except :func:`bind_concrete`, which evaluates one scalar
+primitive on concrete numpy values.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import jax.numpy as jnp
+import numpy as np
+
+# Why: Var/Literal/Jaxpr/ClosedJaxpr are the program representation itself.
+from jax._src import core as _core
+# Why: the semaphore dtypes tell DMA, REGULAR and BARRIER semaphores apart.
+from jax._src.pallas import core as _pallas_core
+from jax._src.pallas.mosaic import core as _mosaic_core
+
+__all__ = [
+    "Jaxpr", "Var", "Literal", "is_literal", "literal_value", "jaxpr_of", "consts_of",
+    "sub_jaxprs", "unflatten", "split_transformed", "transform_parts",
+    "semaphore_kind", "memory_space", "aval_shape", "aval_itemsize", "is_ref_aval",
+    "scan_split", "kernel_params", "user_frame", "kernel_param_names", "bind_concrete",
+    "JaxprEqn",
+]
+
+Jaxpr = Any  # jax._src.core.Jaxpr: untyped for our purposes
+JaxprEqn = Any
+Var = Any
+Literal = Any
+
+
+def is_literal(atom: object) -> bool:
+    """True for a constant operand of an equation (``Literal``), False for a ``Var``."""
+    return isinstance(atom, _core.Literal)
+
+
+def literal_value(atom: Any) -> object:
+    return atom.val
+
+
+# Why: jax 0.10 wraps jaxprs with constants in ClosedJaxpr; 0.12 removed the class
+# and keeps the constants on the Jaxpr itself (``consts`` for its ``constvars``).
+_CLOSED: Any = getattr(_core, "ClosedJaxpr", None)
+_JAXPR_TYPES: tuple[type, ...] = tuple(t for t in (_core.Jaxpr, _CLOSED) if t is not None)
+
+
+def jaxpr_of(obj: Any) -> tuple[Any, list[object]]:
+    """(jaxpr, values of its constvars) of a Jaxpr or ClosedJaxpr parameter."""
+    if _CLOSED is not None and isinstance(obj, _CLOSED):
+        return obj.jaxpr, list(obj.consts)
+    return obj, list(getattr(obj, "consts", None) or [])
+
+
+def consts_of(obj: Any) -> list[object]:
+    return jaxpr_of(obj)[1]
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """Every jaxpr (open or closed) among an equation's parameters."""
+    for value in params.values():
+        items: Sequence[Any] = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            if isinstance(item, _JAXPR_TYPES):
+                yield item
+
+
+def unflatten(tree: Any, leaves: Sequence[object]) -> Any:
+    """Rebuild a DMA/semaphore operand tree (``params['tree']``/``args_tree``) from leaves.
+
+    Why: jax flattens (ref, transforms, semaphore, device id) into the
+    equation's operands and keeps the structure in a PyTreeDef (0.10) or a
+    flattree (0.12); both have ``unflatten``.
+    """
+    return tree.unflatten(list(leaves))
+
+
+def split_transformed(x: Any) -> tuple[Any, tuple[Any, ...]]:
+    """(ref, transforms) of a ``TransformedRef`` (``.ref``/``.transforms``), else (x, ())."""
+    if type(x).__name__ == "TransformedRef":
+        return x.ref, tuple(x.transforms)
+    return x, ()
+
+
+def transform_parts(t: Any) -> tuple[str, Any]:
+    """Classify one ref transform by its class (jax.state.types / state.indexing).
+
+    Returns ("index", (indices, int_indexer_shape)), ("reshape", shape),
+    ("bitcast", dtype), ("transpose", permutation) or ("other", name).
+    Slices in ``indices`` are ``Slice`` objects (``start``, ``size``, ``stride``).
+    """
+    name = type(t).__name__
+    if name == "NDIndexer":
+        return "index", (tuple(t.indices), tuple(t.int_indexer_shape))
+    if name in ("ReshapeTransform", "RefReshaper"):
+        return "reshape", tuple(t.shape)
+    if name in ("BitcastTransform", "RefBitcaster"):
+        return "bitcast", np.dtype(t.dtype)
+    if name == "TransposeTransform":
+        return "transpose", tuple(t.permutation)
+    return "other", name
+
+
+def is_slice(index: Any) -> bool:
+    return type(index).__name__ == "Slice"
+
+
+def slice_parts(index: Any) -> tuple[Any, Any, Any]:
+    return index.start, index.size, index.stride
+
+
+def _inner(aval: Any) -> Any:
+    return getattr(aval, "inner_aval", aval)
+
+
+def is_ref_aval(aval: Any) -> bool:
+    return type(aval).__name__ == "AbstractRef"
+
+
+def semaphore_kind(aval: Any) -> str | None:
+    """"DMA", "REGULAR", "BARRIER" for a semaphore ref aval, else None."""
+    dtype = getattr(_inner(aval), "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        if jnp.issubdtype(dtype, _mosaic_core.dma_semaphore):
+            return "DMA"
+        if jnp.issubdtype(dtype, _pallas_core.barrier_semaphore):
+            return "BARRIER"
+        if jnp.issubdtype(dtype, _pallas_core.semaphore):
+            return "REGULAR"
+    except TypeError:
+        return None
+    return None
+
+
+def memory_space(aval: Any) -> str:
+    """"HBM", "VMEM", "SMEM", "SEMAPHORE", "HOST" or "ANY" for a ref aval."""
+    space = getattr(aval, "memory_space", None)
+    text = str(space).lower() if space is not None else "any"
+    for key, name in (("semaphore", "SEMAPHORE"), ("smem", "SMEM"), ("vmem", "VMEM"),
+                      ("hbm", "HBM"), ("host", "HOST")):
+        if key in text:
+            return name
+    return "ANY"
+
+
+def aval_shape(aval: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in _inner(aval).shape)
+
+
+def aval_itemsize(aval: Any) -> int:
+    dtype = _inner(aval).dtype
+    if semaphore_kind(aval) is not None:
+        return 4
+    return int(np.dtype(dtype).itemsize)
+
+
+def aval_dtype(aval: Any) -> Any:
+    return _inner(aval).dtype
+
+
+def scan_split(params: dict[str, Any]) -> tuple[int, int]:
+    """(num_consts, num_carry) of a scan: explicit in 0.10, a flattree ``ft_in`` in 0.12."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))
+
+
+def kernel_params(eqn: Any) -> dict[str, Any]:
+    """The parts of a ``pallas_call`` equation the verifier reads.
+
+    Why: ``grid_mapping`` (grid, operand counts, block mappings) and
+    ``compiler_params`` (collective_id, skip_device_barrier; a dict keyed
+    by backend in some versions) are private structures.
+    """
+    p = eqn.params
+    gm = p["grid_mapping"]
+    cp = p.get("compiler_params")
+    if isinstance(cp, dict):
+        cp = cp.get("mosaic_tpu", cp.get("mosaic"))
+    collective_id = getattr(cp, "collective_id", None) if cp is not None else None
+    skip = bool(getattr(cp, "skip_device_barrier", False)) if cp is not None else False
+    blocks = []
+    for bm in gm.block_mappings:
+        aval = bm.transformed_block_aval
+        index_map = bm.index_map_jaxpr
+        blocks.append({
+            "space": memory_space(aval),
+            "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
+            "array_shape": tuple(int(d) for d in bm.array_aval.shape),
+            "index_map": index_map,
+            "origin": str(getattr(bm, "origin", "")),
+        })
+    mesh = p.get("mesh")
+    name = p.get("name")
+    if name is None:
+        nsi = p.get("name_and_src_info")
+        name = getattr(nsi, "name", None)
+    return {
+        "jaxpr": p["jaxpr"],
+        "grid": tuple(int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid),
+        "grid_names": tuple(gm.grid_names) if gm.grid_names else (),
+        "num_index_operands": int(gm.num_index_operands),
+        "num_inputs": int(gm.num_inputs),
+        "num_outputs": int(gm.num_outputs),
+        "num_scratch": int(gm.num_scratch_operands),
+        "num_dynamic_grid_bounds": int(getattr(gm, "num_dynamic_grid_bounds", 0)),
+        "blocks": blocks,
+        "aliases": tuple(tuple(a) for a in p.get("input_output_aliases", ())),
+        "collective_id": collective_id,
+        "skip_device_barrier": skip,
+        "name": name,
+        "mesh": mesh,
+        "out_avals": tuple(p.get("out_avals", ())),
+    }
+
+
+def _block_dim(b: Any) -> int | None:
+    size = getattr(b, "block_size", b)
+    if size is None:
+        return None
+    try:
+        return int(size)
+    except TypeError:
+        return None
+
+
+def core_mesh_axes(mesh: Any) -> tuple[tuple[str, int], ...]:
+    """Axis (name, size) pairs of a ``pl.kernel`` mesh (e.g. TensorCoreMesh), else ()."""
+    if mesh is None:
+        return ()
+    shape = getattr(mesh, "shape", None)
+    if shape is None:
+        return ()
+    return tuple((str(k), int(v)) for k, v in dict(shape).items())
+
+
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_USER_CODE = os.path.join(_LIBRARY, "kernels") + os.sep
+
+
+def _is_library(path: str) -> bool:
+    path = os.path.abspath(path)
+    if path.startswith(_USER_CODE):
+        return False
+    if path.startswith(_LIBRARY + os.sep):
+        return True
+    return f"{os.sep}jax{os.sep}" in path or f"{os.sep}jaxlib{os.sep}" in path
+
+
+def user_frame(source_info: Any) -> str | None:
+    """"file:line (function)" of the first frame outside jax and safedma's library.
+
+    Why: ``source_info.traceback.frames`` is jax's record of where the
+    equation was traced; safedma's wrappers bind primitives from
+    safedma/_compat.py, so jax's own user-frame filter would name safedma.
+    ``safedma/kernels/`` counts as user code.
+    """
+    tb = getattr(source_info, "traceback", None)
+    if tb is None:
+        return None
+    try:
+        frames = list(tb.frames)
+    except Exception:
+        return None
+    for frame in frames:
+        if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
+            return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _def_params(path: str, line: int) -> tuple[str, ...]:
+    source = "".join(linecache.getlines(path))
+    if not source:
+        return ()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == line:
+            return tuple(a.arg for a in (*node.args.posonlyargs, *node.args.args))
+    return ()
+
+
+def kernel_param_names(kernel_jaxpr: Any) -> tuple[str, ...]:
+    """The kernel function's positional parameter names, from its ``def`` line.
+
+    Why: the kernel jaxpr's ``debug_info.arg_names`` are ``args[i]`` once a
+    wrapper forwards ``*args``, but ``func_src_info`` still names the file
+    and line of the kernel's ``def``.
+    """
+    info = getattr(kernel_jaxpr, "debug_info", None)
+    names = tuple(getattr(info, "arg_names", None) or ())
+    if names and all(n and not n.startswith("args[") for n in names):
+        return tuple(str(n) for n in names)
+    src = str(getattr(info, "func_src_info", "") or "")
+    if " at " in src and ":" in src:
+        location = src.rsplit(" at ", 1)[1]
+        path, _, line = location.rpartition(":")
+        if line.isdigit():
+            return _def_params(path, int(line))
+    return ()
+
+
+def bind_concrete(eqn: Any, values: Sequence[object]) -> list[object]:
+    """Evaluate one primitive on concrete scalars, through jax itself (the slow fallback)."""
+    params = eqn.primitive.get_bind_params(eqn.params) if hasattr(
+        eqn.primitive, "get_bind_params") else ((), eqn.params)
+    subfuns, bind_params = params
+    out = eqn.primitive.bind(*subfuns, *[np.asarray(v) for v in values], **bind_params)
+    outs = out if eqn.primitive.multiple_results else [out]
+    return [cast(object, np.asarray(o).item()) for o in outs]

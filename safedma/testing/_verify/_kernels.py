@@ -1,0 +1,235 @@
+"""One ``pallas_call`` on one participant: operands, grid steps, entry barrier, exit checks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify._program import (
+    Ctx,
+    Gen,
+    Op,
+    RefVal,
+    _Compiler,
+    _loc,
+    compile_jaxpr,
+    register,
+    run,
+    run_plain,
+)
+from safedma.testing._verify._regions import Buffer
+from safedma.testing._verify._report import VerificationUnsupportedError
+from safedma.testing._verify._scalars import Unknown
+from safedma.testing._verify._semantics import Blocked, SemState
+
+__all__ = ["KernelRun", "describe_leftover"]
+
+
+class KernelDesc:
+    """What every participant needs to know about one ``pallas_call`` equation."""
+
+    def __init__(self, eqn: Any) -> None:
+        kp = _jax.kernel_params(eqn)
+        self.params = kp
+        jaxpr, consts = _jax.jaxpr_of(kp["jaxpr"])
+        self.jaxpr = jaxpr
+        self.body = compile_jaxpr(jaxpr, consts)
+        self.where = _loc(eqn)
+        names = _jax.kernel_param_names(jaxpr)
+        self.param_names = [names[i] if i < len(names) else f"operand {i}"
+                            for i in range(len(jaxpr.invars))]
+        self.name = kp["name"] or "kernel"
+        self.avals = [v.aval for v in jaxpr.invars]
+        self.n_index = kp["num_index_operands"]
+        self.n_in = kp["num_inputs"]
+        self.n_out = kp["num_outputs"]
+        self.n_scratch = kp["num_scratch"]
+        self.grid = kp["grid"]
+        if any(g < 0 for g in self.grid):
+            raise VerificationUnsupportedError(
+                f"kernel {self.name} at {self.where} has a dynamic grid; the verifier needs "
+                "static grid sizes")
+        self.index_maps = [compile_jaxpr(*_jax.jaxpr_of(b["index_map"])) for b in kp["blocks"]]
+        self.blocks = kp["blocks"]
+        self.aliases = {int(o): int(i) for i, o in kp["aliases"]}
+        self.barrier = kp["collective_id"] is None and not kp["skip_device_barrier"]
+        self.collective_id = kp["collective_id"]
+        self.n_dynamic = kp["num_dynamic_grid_bounds"]
+        self.core_axes = _jax.core_mesh_axes(kp["mesh"])
+
+
+class KernelRun:
+    """One call of a kernel on one participant."""
+
+    def __init__(self, desc: KernelDesc, instance: int) -> None:
+        self.desc = desc
+        self.instance = instance
+        self.name = desc.name
+        self.sems: list[Buffer] = []
+        self.barrier_buf: Buffer | None = None
+
+    def scoped_buffer(self, ctx: Ctx, key: object, aval: Any, where: str) -> Buffer:
+        name = f"a run_scoped buffer at {where}"
+        buf = ctx.engine.buffer(ctx.p, ("s", self.instance, key), aval, name)
+        return buf
+
+    def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
+        ctx.machine.leave_scope(ctx.p, sems, lambda s: describe_leftover(ctx, s))
+
+    def barrier_semaphore(self, ctx: Ctx, where: str) -> Buffer:
+        buf = ctx.engine.barrier_buffer(ctx.p, self.desc.collective_id)
+        self.barrier_buf = buf
+        return buf
+
+
+def describe_leftover(ctx: Ctx, s: SemState) -> str:
+    eng = ctx.engine
+    label = eng.labels[s.buffer.owner]
+    unit = " bytes" if s.kind == "DMA" else ""
+    total = s.total()
+    hints: list[str] = []
+    for c in s.pending[:3]:
+        if c.dma is not None:
+            d = c.dma
+            side = "send side of the copy" if c.side == "read" else "copy"
+            frm = "" if d.issuer == s.buffer.owner else f" from {eng.labels[d.issuer]}"
+            hints.append(f"the {side}{frm} started at {d.where} was never waited "
+                         f"({c.amount}{unit})")
+        else:
+            frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
+            hints.append(f"a signal{frm} at {c.where} was never waited")
+    if len(s.pending) > 3:
+        hints.append(f"and {len(s.pending) - 3} more")
+    fix = ("; ".join(hints) if hints else
+           "more was waited than it received")
+    if s.kind == "DMA":
+        fix += (". Wait for every copy before the kernel returns (in a loop, the last "
+                "iteration's copy too: R4)")
+    else:
+        fix += ". Every signal needs a matching wait"
+    return f"{label}: {s.kind} semaphore {eng.sem_name(s)} holds {total}{unit}: {fix}"
+
+
+def _pallas_call(c: _Compiler, eqn: Any) -> Op:
+    desc = KernelDesc(eqn)
+    ins = [c.reader(a) for a in eqn.invars]
+    outs = c.outs(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> Gen:
+        return _run_kernel(ctx, desc, [r(env) for r in ins], outs, env)
+    return op
+
+
+def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int],
+                env: list[Any]) -> Gen:
+    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    instance = m.enter(p)
+    run_ = KernelRun(desc, instance)
+    saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
+    ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
+        run_, desc.grid, tuple(desc.params["grid_names"]), {})
+    if desc.barrier and eng.participants > 1:
+        yield from eng.entry_barrier(ctx, instance, desc.where)
+    operands = operands[desc.n_dynamic:]
+    args: list[Any] = []
+    # scalar prefetch operands: SMEM with known values
+    for i in range(desc.n_index):
+        args.append(RefVal(eng.operand_buffer(ctx, instance, i, desc, operands[i], smem=True)))
+    blocked: list[tuple[int, Buffer, bool]] = []
+    outer_out: list[Buffer] = []
+    for j in range(desc.n_in + desc.n_out):
+        pos = desc.n_index + j
+        block = desc.blocks[j]
+        is_out = j >= desc.n_in
+        if is_out:
+            alias = desc.aliases.get(j - desc.n_in)
+            src = operands[desc.n_index + alias] if alias is not None else None
+        else:
+            src = operands[pos]
+        whole = block["space"] in ("ANY", "HBM", "HOST") or (
+            not desc.grid and block["block_shape"] == block["array_shape"]
+            and block["space"] != "VMEM" and block["space"] != "SMEM")
+        if block["space"] in ("ANY", "HBM", "HOST"):
+            buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
+            args.append(RefVal(buf))
+            if is_out:
+                outer_out.append(buf)
+        else:
+            buf = eng.operand_buffer(ctx, instance, pos, desc, src,
+                                     smem=block["space"] == "SMEM", output=is_out,
+                                     block=True)
+            args.append(RefVal(buf))
+            blocked.append((j, buf, is_out))
+            if is_out:
+                res = eng.buffer(p, ("r", instance, pos), desc.avals[pos],
+                                 desc.param_names[pos], shape=block["array_shape"])
+                outer_out.append(res)
+        del whole
+    for k in range(desc.n_scratch):
+        pos = desc.n_index + desc.n_in + desc.n_out + k
+        buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
+        args.append(RefVal(buf))
+        if buf.sem_kind is not None:
+            run_.sems.append(buf)
+    points = list(itertools.product(*[range(g) for g in desc.grid])) or [()]
+    for n, point in enumerate(points):
+        ctx.grid_point = point
+        for j, buf, is_out in blocked:
+            if not is_out:
+                view = _full(buf)
+                m.access(p, view, True, "copies the next input block into", desc.where)
+        yield from run(desc.body, args, ctx)
+        last = n == len(points) - 1
+        for j, buf, is_out in blocked:
+            if is_out and (last or _block_changes(desc, ctx, j, points[n], points[n + 1])):
+                view = _full(buf)
+                m.check_written(p, view, "the pipeline copies out", desc.where,
+                                "Write every output block before the grid step ends.")
+                m.access(p, view, False, "copies the output block out of", desc.where)
+    sems = list(run_.sems)
+    if run_.barrier_buf is not None:
+        sems.append(run_.barrier_buf)
+    m.leave(p, sems, lambda s: describe_leftover(ctx, s))
+    for buf in outer_out:
+        if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:
+            view = _full(buf)
+            m.check_written(p, view, "the kernel returns output", desc.where,
+                            "Write (or copy into) every part of each output before the "
+                            "kernel returns, or alias it to an input.")
+            m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
+    for s, buf in zip(outs, outer_out):
+        env[s] = RefVal(buf)
+    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
+    return None
+
+
+def _block_changes(desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...],
+                   nxt: tuple[int, ...]) -> bool:
+    try:
+        a = run_plain(desc.index_maps[j], list(now), ctx)
+        b = run_plain(desc.index_maps[j], list(nxt), ctx)
+    except Exception:
+        return True
+    if any(isinstance(v, Unknown) for v in (*a, *b)):
+        return True
+    return list(a) != list(b)
+
+
+def _full(buf: Buffer) -> Any:
+    from safedma.testing._verify._regions import View
+    return View(buf, buf.full_box(), buf.shape, buf.itemsize)
+
+
+def aval_buffer_args(aval: Any) -> tuple[tuple[int, ...], int, str, str | None]:
+    shape = _jax.aval_shape(aval)
+    kind = _jax.semaphore_kind(aval)
+    space = "SEMAPHORE" if kind is not None else _jax.memory_space(aval)
+    return shape, _jax.aval_itemsize(aval), space, kind
+
+
+register("pallas_call", _pallas_call)
+_ = (math, np, Blocked)

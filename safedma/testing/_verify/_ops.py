@@ -1,0 +1,371 @@
+"""Ops that touch memory and semaphores: ref loads/stores, DMAs, signals, waits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify._program import (
+    Ctx,
+    Gen,
+    Op,
+    RefVal,
+    _Compiler,
+    _loc,
+    _need_int,
+    register,
+    view_of,
+)
+from safedma.testing._verify._regions import View
+from safedma.testing._verify._report import VerificationUnsupportedError, VerifyKernelError
+from safedma.testing._verify._scalars import VECTOR, Unknown
+from safedma.testing._verify._semantics import Blocked, SemState
+
+__all__: list[str] = []
+
+
+def _sem_index(view: View) -> int:
+    idx = 0
+    for (lo, _), n in zip(view.box, view.buffer.shape):
+        idx = idx * n + lo
+    return idx
+
+
+def _need_ref(r: Any, what: str, where: str) -> RefVal:
+    if not isinstance(r, RefVal):
+        raise VerificationUnsupportedError(f"{what} at {where} is not a ref the verifier tracks")
+    return r
+
+
+def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
+    """The participant a remote op addresses (mesh dict/tuple form, or logical id)."""
+    eng = ctx.engine
+    if device_id is None:
+        return ctx.p
+    names = eng.axis_names
+    coords = dict(ctx.axis_index)
+    logical = "LOGICAL" in str(id_type)
+    if isinstance(device_id, dict):
+        for k, v in device_id.items():
+            keys = k if isinstance(k, tuple) else (k,)
+            v = _need_int(v, "a device id")
+            for name in reversed(keys):
+                if name not in eng.axis_sizes:
+                    raise VerifyKernelError(f"device id at {where} names unknown axis {name!r}")
+                coords[name] = v % eng.axis_sizes[name]
+                v //= eng.axis_sizes[name]
+    else:
+        ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
+        vals = [_need_int(v, "a device id") for v in ids]
+        if logical or len(vals) == 1 and len(names) != 1:
+            flat = vals[0]
+            if not 0 <= flat < eng.devices:
+                raise VerifyKernelError(
+                    f"device id {flat} at {where} is outside the mesh of {eng.devices} devices")
+            return flat * eng.cores + ctx.p % eng.cores
+        if len(vals) != len(names):
+            raise VerifyKernelError(
+                f"device id {tuple(vals)} at {where} has {len(vals)} coordinates for a mesh "
+                f"with axes {names}")
+        coords = dict(zip(names, vals))
+    for name in names:
+        if not 0 <= coords[name] < eng.axis_sizes[name]:
+            raise VerifyKernelError(
+                f"device id at {where}: {name}={coords[name]} is outside the mesh "
+                f"({name} has {eng.axis_sizes[name]} devices)")
+    return eng.participant(coords, ctx.p % eng.cores)
+
+
+def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:
+    buf = ref.buffer
+    if owner != buf.owner:
+        buf = ctx.engine.counterpart(buf, owner)
+        ref = RefVal(buf, ref.steps)
+    view = view_of(ref, where, what, ctx.engine.labels[ctx.p])
+    if view.shape != ():
+        raise VerifyKernelError(f"{what} at {where} is a semaphore array of shape "
+                                f"{view.shape}; index one semaphore with .at[i]")
+    return ctx.machine.sem(buf, _sem_index(view))
+
+
+def _dma_start(c: _Compiler, eqn: Any) -> Op:
+    src, dst, dst_sem, src_sem, dev = _jax.unflatten(eqn.params["tree"], eqn.invars)
+    g_src, g_dst = c.ref_operand(src), c.ref_operand(dst)
+    g_dsem, g_ssem = c.ref_operand(dst_sem), c.ref_operand(src_sem)
+    g_dev = _device_getter(c, dev)
+    id_type = eqn.params.get("device_id_type")
+    where = _loc(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        eng = ctx.engine
+        label = eng.labels[ctx.p]
+        target = _target(ctx, g_dev(env), id_type, where)
+        s = _need_ref(g_src(env), "the copy source", where)
+        d = _need_ref(g_dst(env), "the copy destination", where)
+        sv = view_of(s, where, "the copy source", label)
+        if target != ctx.p:
+            d = RefVal(eng.counterpart(d.buffer, target), d.steps)
+        dv = view_of(d, where, "the copy destination", label)
+        dsem_ref = g_dsem(env)
+        if dsem_ref is None:
+            raise VerifyKernelError(f"copy at {where} has no semaphore")
+        ssem_ref = g_ssem(env)
+        kernel = ctx.kernel
+        if target != ctx.p:
+            ctx.machine.check_reach(ctx.p, target, kernel.instance, "a remote copy", where,
+                                    barrier=False)
+        dsem = _sem_state(ctx, dsem_ref, target, where, "the copy's semaphore")
+        ssem = (_sem_state(ctx, ssem_ref, ctx.p, where, "the copy's send semaphore")
+                if ssem_ref is not None else None)
+        if target == ctx.p and ssem is not None and ssem is dsem:
+            ssem = None
+        ctx.machine.dma_start(ctx.p, target, sv, dv, dsem, ssem, where, kernel.name)
+    return op
+
+
+def _device_getter(c: _Compiler, dev: Any) -> Callable[[list[Any]], Any]:
+    if dev is None:
+        return lambda env: None
+    if isinstance(dev, dict):
+        items = [(k, c.value_getter(v)) for k, v in dev.items()]
+        return lambda env: {k: g(env) for k, g in items}
+    if isinstance(dev, (tuple, list)):
+        gs = [c.value_getter(v) for v in dev]
+        return lambda env: tuple(g(env) for g in gs)
+    g = c.value_getter(dev)
+    return g
+
+
+def _wait_gen(ctx: Ctx, sem: SemState, amount: int, where: str, decrement: bool) -> Gen:
+    m = ctx.machine
+    while not m.try_wait(ctx.p, sem, amount, decrement):
+        sem.waiters.append(ctx.p)
+        yield Blocked(ctx.p, sem, amount, where, "")
+    return None
+
+
+def _dma_wait(c: _Compiler, eqn: Any) -> Op:
+    src, dst, sem, _other, _dev = _jax.unflatten(eqn.params["tree"], eqn.invars)
+    g_ref, g_sem = c.ref_operand(src), c.ref_operand(sem)
+    where = _loc(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> Gen:
+        label = ctx.engine.labels[ctx.p]
+        ref = _need_ref(g_ref(env), "the waited copy", where)
+        if ref.buffer.owner != ctx.p:
+            ref = RefVal(ctx.engine.counterpart(ref.buffer, ctx.p), ref.steps)
+        nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
+        sem_ref = _need_ref(g_sem(env), "the waited semaphore", where)
+        s = _sem_state(ctx, sem_ref, ctx.p, where, "the waited semaphore")
+        amount = nbytes if s.kind == "DMA" else 1
+        return _wait_gen(ctx, s, amount, where, True)
+    return op
+
+
+def _semaphore_signal(c: _Compiler, eqn: Any) -> Op:
+    sem, transforms, inc, dev, core = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
+    g_sem = _transformed(c, sem, transforms)
+    g_inc, g_dev = c.value_getter(inc), _device_getter(c, dev)
+    id_type = eqn.params.get("device_id_type")
+    where = _loc(eqn)
+    del core
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        target = _target(ctx, g_dev(env), id_type, where)
+        ref = _need_ref(g_sem(env), "the signalled semaphore", where)
+        barrier = ref.buffer.sem_kind == "BARRIER"
+        if target != ctx.p:
+            ctx.machine.check_reach(ctx.p, target, ctx.kernel.instance, "a semaphore signal",
+                                    where, barrier=barrier)
+        s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
+        ctx.machine.signal(ctx.p, s, _need_int(g_inc(env), "a signal increment"), where)
+    return op
+
+
+def _semaphore_wait(c: _Compiler, eqn: Any) -> Op:
+    parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
+    sem, transforms, value = parts[0], parts[1], parts[2]
+    decrement = parts[3] if len(parts) > 3 else True
+    g_sem, g_val = _transformed(c, sem, transforms), c.value_getter(value)
+    g_dec = c.value_getter(decrement) if decrement is not True else (lambda env: True)
+    where = _loc(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> Gen:
+        ref = _need_ref(g_sem(env), "the waited semaphore", where)
+        s = _sem_state(ctx, ref, ctx.p, where, "the waited semaphore")
+        dec = g_dec(env)
+        return _wait_gen(ctx, s, _need_int(g_val(env), "a wait value"), where,
+                         True if isinstance(dec, Unknown) else bool(dec))
+    return op
+
+
+def _semaphore_read(c: _Compiler, eqn: Any) -> Op:
+    (out,) = c.outs(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        env[out] = Unknown("a semaphore_read (its value depends on the schedule)")
+    return op
+
+
+def _transformed(c: _Compiler, ref: Any, transforms: Any) -> Callable[[list[Any]], Any]:
+    base = c.ref_operand(ref)
+    steps = [c.transform(t) for t in (transforms or ())]
+
+    def get(env: list[Any]) -> Any:
+        r = base(env)
+        if not isinstance(r, RefVal) or not steps:
+            return r
+        return RefVal(r.buffer, r.steps + tuple(s(env) for s in steps))
+    return get
+
+
+def _barrier_semaphore(c: _Compiler, eqn: Any) -> Op:
+    (out,) = c.outs(eqn)
+    where = _loc(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        env[out] = RefVal(ctx.kernel.barrier_semaphore(ctx, where))
+    return op
+
+
+def _access(c: _Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree: Any,
+            write: bool, read: bool, value_atom: Any = None) -> Op:
+    g_ref = c.reader(ref_atom)
+    transforms = _jax.unflatten(tree, index_atoms) if tree is not None else ()
+    steps = [c.transform(t) for t in transforms]
+    outs = c.outs(eqn)
+    scalar_out = bool(outs) and getattr(eqn.outvars[0].aval, "shape", None) == ()
+    g_val = c.reader(value_atom) if value_atom is not None else None
+    where = _loc(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        r = g_ref(env)
+        if not isinstance(r, RefVal):
+            for s in outs:
+                env[s] = VECTOR
+            return
+        ref = RefVal(r.buffer, r.steps + tuple(s(env) for s in steps)) if steps else r
+        m = ctx.machine
+        label = ctx.engine.labels[ctx.p]
+        view = view_of(ref, where, "the access to", label)
+        buf = view.buffer
+        old: Any = VECTOR
+        if read:
+            m.check_written(ctx.p, view, "reads", where,
+                            "Write it (or wait for the copy that fills it) before reading.")
+            m.access(ctx.p, view, False, "reads", where)
+            if scalar_out and buf.values is not None:
+                old = _smem_get(buf, view)
+            elif scalar_out:
+                old = Unknown(f"the contents of {buf.name} (not known to the verifier)")
+        if write:
+            m.access(ctx.p, view, True, "writes", where)
+            if buf.values is not None:
+                val = g_val(env) if g_val is not None else VECTOR
+                _smem_set(buf, view, val if not read or eqn.primitive.name != "addupdate"
+                          else VECTOR)
+        for s in outs:
+            env[s] = old
+    return op
+
+
+def _flat(view: View) -> int:
+    return _sem_index(view)
+
+
+def _smem_get(buf: Any, view: View) -> Any:
+    if view.shape != () and any(n != 1 for n in view.shape):
+        return VECTOR
+    v = buf.values[_flat(view)]
+    return v
+
+
+def _smem_set(buf: Any, view: View, val: Any) -> None:
+    if view.shape != () and any(n != 1 for n in view.shape):
+        n = 1
+        for (lo, hi) in view.box:
+            n *= hi - lo
+        # a vector store into SMEM: its elements become unknown
+        import itertools
+        for idx in itertools.product(*[range(lo, hi) for lo, hi in view.box]):
+            flat = 0
+            for i, size in zip(idx, buf.shape):
+                flat = flat * size + i
+            buf.values[flat] = Unknown(f"the contents of {buf.name}")
+        return
+    buf.values[_flat(view)] = val if not isinstance(val, type(None)) else VECTOR
+
+
+def _get(c: _Compiler, eqn: Any) -> Op:
+    return _access(c, eqn, eqn.invars[0], list(eqn.invars[1:]), eqn.params.get("tree"),
+                   write=False, read=True)
+
+
+def _swap(c: _Compiler, eqn: Any) -> Op:
+    return _access(c, eqn, eqn.invars[0], list(eqn.invars[2:]), eqn.params.get("tree"),
+                   write=True, read=False, value_atom=eqn.invars[1])
+
+
+def _addupdate(c: _Compiler, eqn: Any) -> Op:
+    return _access(c, eqn, eqn.invars[0], list(eqn.invars[2:]), eqn.params.get("tree"),
+                   write=True, read=True, value_atom=eqn.invars[1])
+
+
+def _masked_load(c: _Compiler, eqn: Any) -> Op:
+    parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
+    ref, transforms = parts[0], parts[1]
+    return _access_tr(c, eqn, ref, transforms, write=False, read=True)
+
+
+def _masked_swap(c: _Compiler, eqn: Any) -> Op:
+    parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
+    ref, transforms, val = parts[0], parts[1], parts[2]
+    return _access_tr(c, eqn, ref, transforms, write=True, read=False, value=val)
+
+
+def _access_tr(c: _Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, read: bool,
+               value: Any = None) -> Op:
+    g = _transformed(c, ref, transforms)
+    outs = c.outs(eqn)
+    g_val = c.value_getter(value) if value is not None else None
+    where = _loc(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        r = g(env)
+        if isinstance(r, RefVal):
+            view = view_of(r, where, "the access to", ctx.engine.labels[ctx.p])
+            if read:
+                ctx.machine.check_written(ctx.p, view, "reads", where,
+                                          "Write it before reading.")
+            ctx.machine.access(ctx.p, view, write, "writes" if write else "reads", where)
+            if write and view.buffer.values is not None and g_val is not None:
+                _smem_set(view.buffer, view, g_val(env))
+        for s in outs:
+            env[s] = VECTOR
+    return op
+
+
+def _nothing(c: _Compiler, eqn: Any) -> Op:
+    outs = c.outs(eqn)
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        for s in outs:
+            env[s] = VECTOR
+    return op
+
+
+register("dma_start", _dma_start)
+register("dma_wait", _dma_wait)
+register("semaphore_signal", _semaphore_signal)
+register("semaphore_wait", _semaphore_wait)
+register("semaphore_read", _semaphore_read)
+register("get_barrier_semaphore", _barrier_semaphore)
+register("get", _get)
+register("swap", _swap)
+register("addupdate", _addupdate)
+register("masked_load", _masked_load)
+register("masked_swap", _masked_swap)
+for _name in ("delay", "trace_value", "prng_seed", "add_dependency", "debug_print",
+              "debug_callback", "trace_start", "trace_stop"):
+    register(_name, _nothing)

@@ -1,0 +1,528 @@
+"""Jaxprs compiled once into lists of small closures, run per device as generators.
+
+An op is ``op(env, ctx)``; it returns None, or a generator when it may block
+(a wait) or runs a sub-program (cond, loops, calls). Only scalars are
+computed; vectors are :data:`VECTOR`; refs are :class:`RefVal`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify._regions import Buffer, RegionError, UnsupportedView, View, resolve
+from safedma.testing._verify._report import (
+    OutOfBoundsDmaError,
+    SemaphoreIndexError,
+    VerificationUnsupportedError,
+    VerifyKernelError,
+)
+from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
+from safedma.testing._verify._semantics import Blocked
+
+__all__ = ["RefVal", "Compiled", "compile_jaxpr", "run", "Ctx"]
+
+Gen = Generator[Blocked, None, Any]
+Op = Callable[[list[Any], "Ctx"], "Gen | None"]
+
+
+class RefVal:
+    """A ref in the program: a buffer and the concrete transforms applied so far."""
+
+    __slots__ = ("buffer", "steps")
+
+    def __init__(self, buffer: Buffer, steps: tuple[tuple[str, object], ...] = ()) -> None:
+        self.buffer, self.steps = buffer, steps
+
+
+class Ctx:
+    """What one participant's program sees: its position, the machine, the current kernel."""
+
+    def __init__(self, p: int, engine: Any, axis_index: dict[str, int]) -> None:
+        self.p = p
+        self.engine = engine
+        self.machine = engine.machine
+        self.axis_index = axis_index
+        self.grid_point: tuple[int, ...] = ()
+        self.grid: tuple[int, ...] = ()
+        self.grid_names: tuple[str, ...] = ()
+        self.kernel: Any = None
+        self.scoped_counts: dict[int, int] = {}
+
+
+class Compiled:
+    __slots__ = ("nslots", "invars", "outvars", "ops", "consts")
+
+    def __init__(self) -> None:
+        self.nslots = 0
+        self.invars: list[int] = []
+        self.outvars: list[tuple[bool, Any]] = []
+        self.ops: list[Op] = []
+        self.consts: list[object] = []
+
+
+_CACHE: dict[int, tuple[Any, Compiled]] = {}
+
+
+def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = ()) -> Compiled:
+    key = id(jaxpr)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    c = _Compiler(jaxpr).compiled
+    values = [_const(v) for v in consts]
+    nconst = len(jaxpr.constvars)
+    c.consts = (values + [VECTOR] * nconst)[:nconst]
+    _CACHE[key] = (jaxpr, c)
+    return c
+
+
+def _const(v: object) -> object:
+    try:
+        import numpy as np
+        a = np.asarray(v)
+        if a.shape == () and a.dtype.kind in "biuf":
+            return a.item()
+    except Exception:
+        pass
+    return VECTOR
+
+
+def run(c: Compiled, args: Sequence[object], ctx: Ctx) -> Gen:
+    env: list[Any] = [None] * c.nslots
+    slots = c.invars
+    nconst = len(c.consts)
+    for i, v in enumerate(c.consts):
+        env[slots[i]] = v
+    for s, v in zip(slots[nconst:], args):
+        env[s] = v
+    for op in c.ops:
+        g = op(env, ctx)
+        if g is not None:
+            yield from g
+    return [env[a] if is_var else a for is_var, a in c.outvars]
+
+
+def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
+    """Run a program that cannot block (index maps, scalar helpers)."""
+    g = run(c, args, ctx)
+    try:
+        next(g)
+    except StopIteration as stop:
+        return list(stop.value)
+    raise VerificationUnsupportedError("an index map or scalar helper waited on a semaphore")
+
+
+def _loc(eqn: Any) -> str:
+    return _jax.user_frame(eqn.source_info) or f"<{eqn.primitive.name}>"
+
+
+def _is_scalar(aval: Any) -> bool:
+    return getattr(aval, "shape", None) == () and not _jax.is_ref_aval(aval)
+
+
+class _Compiler:
+    def __init__(self, jaxpr: Any) -> None:
+        self.slots: dict[Any, int] = {}
+        self.compiled = c = Compiled()
+        for v in jaxpr.constvars:
+            c.invars.append(self.slot(v))
+        for v in jaxpr.invars:
+            c.invars.append(self.slot(v))
+        for eqn in jaxpr.eqns:
+            c.ops.append(self.op(eqn))
+        c.outvars = [self.atom(a) for a in jaxpr.outvars]
+        c.nslots = len(self.slots)
+
+    def slot(self, v: Any) -> int:
+        s = self.slots.get(v)
+        if s is None:
+            s = self.slots[v] = len(self.slots)
+        return s
+
+    def atom(self, a: Any) -> tuple[bool, Any]:
+        if _jax.is_literal(a):
+            val = _jax.literal_value(a)
+            return False, _const(val)
+        return True, self.slot(a)
+
+    def reader(self, a: Any) -> Callable[[list[Any]], Any]:
+        is_var, x = self.atom(a)
+        if is_var:
+            return lambda env: env[x]
+        return lambda env: x
+
+    # ------------------------------------------------------------------ ops
+
+    def op(self, eqn: Any) -> Op:
+        name = eqn.primitive.name
+        builder = _BUILDERS.get(name)
+        if builder is not None:
+            return builder(self, eqn)
+        return self.generic(eqn)
+
+    def outs(self, eqn: Any) -> list[int]:
+        return [self.slot(v) for v in eqn.outvars]
+
+    def generic(self, eqn: Any) -> Op:
+        name = eqn.primitive.name
+        ins = [self.atom(a) for a in eqn.invars]
+        outs = self.outs(eqn)
+        out_avals = [v.aval for v in eqn.outvars]
+        scalar_out = all(_is_scalar(a) for a in out_avals)
+        if any(_jax.is_ref_aval(getattr(a, "aval", None)) for a in eqn.invars if not _jax.is_literal(a)):
+            where = _loc(eqn)
+
+            def unsupported(env: list[Any], ctx: Ctx) -> None:
+                raise VerificationUnsupportedError(
+                    f"the verifier does not model the primitive {name!r} on a ref (at "
+                    f"{where}); check this kernel with safedma.testing.simulate instead")
+            return unsupported
+        if not scalar_out or not outs:
+            def vector(env: list[Any], ctx: Ctx) -> None:
+                for s in outs:
+                    env[s] = VECTOR
+            return vector
+        rule = scalar_rule(name, eqn.params)
+        kinds = [getattr(a, "dtype", None) for a in out_avals]
+
+        def cast(v: Any, dtype: Any) -> Any:
+            if dtype is None:
+                return v
+            k = dtype.kind if hasattr(dtype, "kind") else "f"
+            if k == "b":
+                return bool(v)
+            if k in "iu":
+                return int(v)
+            return float(v)
+
+        def scalar(env: list[Any], ctx: Ctx) -> None:
+            vals = [env[x] if is_var else x for is_var, x in ins]
+            for v in vals:
+                if isinstance(v, (Unknown, RefVal)) or v is None:
+                    why = v if isinstance(v, Unknown) else VECTOR
+                    for s in outs:
+                        env[s] = why
+                    return
+            if rule is not None and len(outs) == 1:
+                try:
+                    env[outs[0]] = cast(rule(*vals), kinds[0])
+                    return
+                except (TypeError, ValueError, ArithmeticError):
+                    pass
+            try:
+                res = _jax.bind_concrete(eqn, vals)
+            except Exception:
+                res = [VECTOR] * len(outs)
+            for s, v in zip(outs, res):
+                env[s] = v
+        return scalar
+
+    # --- calls and control flow
+
+    def call(self, eqn: Any, key: str = "jaxpr") -> Op:
+        jaxpr, consts = _jax.jaxpr_of(eqn.params[key])
+        body = compile_jaxpr(jaxpr, consts)
+        ins = [self.atom(a) for a in eqn.invars]
+        outs = self.outs(eqn)
+        pure = all(_is_scalar(v.aval) for v in eqn.outvars) and not _has_effects(jaxpr)
+        memo: dict[tuple[Any, ...], list[Any]] = {}
+
+        def op(env: list[Any], ctx: Ctx) -> Gen | None:
+            vals = [env[x] if is_var else x for is_var, x in ins]
+            if pure:
+                try:
+                    k = tuple(vals)
+                    hit = memo.get(k)
+                except TypeError:
+                    k, hit = None, None
+                if hit is not None:
+                    for s, v in zip(outs, hit):
+                        env[s] = v
+                    return None
+                res = run_plain(body, vals, ctx)
+                if k is not None and all(not isinstance(v, (Unknown, RefVal)) for v in vals):
+                    memo[k] = res
+                for s, v in zip(outs, res):
+                    env[s] = v
+                return None
+            return _call_gen(body, vals, outs, env, ctx)
+        return op
+
+    def cond(self, eqn: Any) -> Op:
+        branches = [compile_jaxpr(*_jax.jaxpr_of(b)) for b in eqn.params["branches"]]
+        index = self.reader(eqn.invars[0])
+        ins = [self.reader(a) for a in eqn.invars[1:]]
+        outs = self.outs(eqn)
+        where = _loc(eqn)
+
+        def op(env: list[Any], ctx: Ctx) -> Gen:
+            i = index(env)
+            if isinstance(i, Unknown) or i is None:
+                raise _data_dependent("a lax.cond / pl.when predicate", i, where)
+            i = max(0, min(int(i), len(branches) - 1))
+            return _call_gen(branches[i], [r(env) for r in ins], outs, env, ctx)
+        return op
+
+    def scan(self, eqn: Any) -> Op:
+        jaxpr, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
+        body = compile_jaxpr(jaxpr, consts)
+        nconsts, ncarry = _jax.scan_split(eqn.params)
+        length = int(eqn.params["length"])
+        reverse = bool(eqn.params.get("reverse", False))
+        ins = [self.reader(a) for a in eqn.invars]
+        outs = self.outs(eqn)
+        nys = len(outs) - ncarry
+
+        def gen(env: list[Any], ctx: Ctx) -> Gen:
+            vals = [r(env) for r in ins]
+            cs, carry, xs = vals[:nconsts], vals[nconsts:nconsts + ncarry], vals[nconsts + ncarry:]
+            xs_each = [VECTOR if not isinstance(x, RefVal) else x for x in xs]
+            for _ in range(length):
+                res = yield from run(body, [*cs, *carry, *xs_each], ctx)
+                carry = res[:ncarry]
+            for s, v in zip(outs, [*carry, *([VECTOR] * nys)]):
+                env[s] = v
+            return None
+        return gen
+
+    def while_(self, eqn: Any) -> Op:
+        p = eqn.params
+        cond = compile_jaxpr(*_jax.jaxpr_of(p["cond_jaxpr"]))
+        body = compile_jaxpr(*_jax.jaxpr_of(p["body_jaxpr"]))
+        nc, nb = int(p["cond_nconsts"]), int(p["body_nconsts"])
+        ins = [self.reader(a) for a in eqn.invars]
+        outs = self.outs(eqn)
+        where = _loc(eqn)
+
+        def gen(env: list[Any], ctx: Ctx) -> Gen:
+            vals = [r(env) for r in ins]
+            cc, bc, carry = vals[:nc], vals[nc:nc + nb], vals[nc + nb:]
+            while True:
+                (pred,) = yield from run(cond, [*cc, *carry], ctx)
+                if isinstance(pred, Unknown) or pred is None:
+                    raise _data_dependent("a while/fori_loop condition (trip count)", pred, where)
+                if not pred:
+                    break
+                carry = yield from run(body, [*bc, *carry], ctx)
+            for s, v in zip(outs, carry):
+                env[s] = v
+            return None
+        return gen
+
+    def run_scoped(self, eqn: Any) -> Op:
+        jaxpr, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
+        body = compile_jaxpr(jaxpr, consts)
+        ins = [self.reader(a) for a in eqn.invars]
+        outs = self.outs(eqn)
+        avals = [v.aval for v in jaxpr.invars[len(eqn.invars):]]
+        key = id(eqn)
+        where = _loc(eqn)
+
+        def gen(env: list[Any], ctx: Ctx) -> Gen:
+            n = ctx.scoped_counts.get(key, 0)
+            ctx.scoped_counts[key] = n + 1
+            allocs = [RefVal(ctx.kernel.scoped_buffer(ctx, (key, n, i), aval, where))
+                      for i, aval in enumerate(avals)]
+            res = yield from run(body, [*[r(env) for r in ins], *allocs], ctx)
+            sems = [a.buffer for a in allocs if a.buffer.sem_kind is not None]
+            if sems:
+                ctx.kernel.check_scoped_sems(ctx, sems)
+            for s, v in zip(outs, res):
+                env[s] = v
+            return None
+        return gen
+
+    # --- indices
+
+    def axis_index(self, eqn: Any) -> Op:
+        name = eqn.params["axis_name"]
+        (out,) = self.outs(eqn)
+        names = name if isinstance(name, tuple) else (name,)
+
+        def op(env: list[Any], ctx: Ctx) -> None:
+            if len(names) == 1 and names[0] in ctx.grid_names:
+                env[out] = ctx.grid_point[ctx.grid_names.index(names[0])]
+                return
+            value = 0
+            for n in names:
+                value = value * ctx.engine.axis_sizes[n] + ctx.axis_index[n]
+            env[out] = value
+        return op
+
+    def program_id(self, eqn: Any) -> Op:
+        axis = int(eqn.params["axis"])
+        (out,) = self.outs(eqn)
+
+        def op(env: list[Any], ctx: Ctx) -> None:
+            env[out] = ctx.grid_point[axis]
+        return op
+
+    def num_programs(self, eqn: Any) -> Op:
+        axis = int(eqn.params["axis"])
+        (out,) = self.outs(eqn)
+
+        def op(env: list[Any], ctx: Ctx) -> None:
+            env[out] = ctx.grid[axis]
+        return op
+
+    # --- refs
+
+    def ref_operand(self, x: Any) -> Callable[[list[Any]], RefVal | None]:
+        """Resolver for a DMA/semaphore operand: a ref, possibly a TransformedRef."""
+        if x is None:
+            return lambda env: None
+        base, transforms = _jax.split_transformed(x)
+        get_base = self.reader(base)
+        steps = [self.transform(t) for t in transforms]
+
+        def resolve_ref(env: list[Any]) -> RefVal | None:
+            r = get_base(env)
+            if not isinstance(r, RefVal):
+                return None
+            if not steps:
+                return r
+            return RefVal(r.buffer, r.steps + tuple(s(env) for s in steps))
+        return resolve_ref
+
+    def transform(self, t: Any) -> Callable[[list[Any]], tuple[str, object]]:
+        kind, arg = _jax.transform_parts(t)
+        if kind == "index":
+            indices, int_shape = arg
+            parts: list[Callable[[list[Any]], tuple[str, int, int, int]]] = []
+            if int_shape:
+                def gather(env: list[Any]) -> tuple[str, object]:
+                    raise VerificationUnsupportedError(
+                        "a ref indexed by an array (gather) in a copy or ref access; the "
+                        "verifier models slices and scalar indices only")
+                return gather
+            for idx in indices:
+                parts.append(self.index_entry(idx))
+
+            def index(env: list[Any]) -> tuple[str, object]:
+                return ("index", tuple(p(env) for p in parts))
+            return index
+        if kind == "bitcast":
+            size = int(arg.itemsize)
+            return lambda env: ("bitcast", size)
+        if kind in ("reshape", "transpose"):
+            return lambda env: (kind, arg)
+
+        def other(env: list[Any]) -> tuple[str, object]:
+            raise VerificationUnsupportedError(f"the ref transform {arg}")
+        return other
+
+    def index_entry(self, idx: Any) -> Callable[[list[Any]], tuple[str, int, int, int]]:
+        if _jax.is_slice(idx):
+            start, size, stride = _jax.slice_parts(idx)
+            gs, gz = self.value_getter(start), self.value_getter(size)
+            st = int(stride) if stride is not None else 1
+
+            def sl(env: list[Any]) -> tuple[str, int, int, int]:
+                return ("slice", _need_int(gs(env), "a slice start"),
+                        _need_int(gz(env), "a slice size"), st)
+            return sl
+        g = self.value_getter(idx)
+
+        def it(env: list[Any]) -> tuple[str, int, int, int]:
+            return ("int", _need_int(g(env), "an index"), 1, 1)
+        return it
+
+    def value_getter(self, x: Any) -> Callable[[list[Any]], Any]:
+        if isinstance(x, (int,)) or x is None:
+            return lambda env: x
+        if hasattr(x, "aval") or _jax.is_literal(x):
+            return self.reader(x)
+        try:
+            v = int(x)
+        except (TypeError, ValueError):
+            v = VECTOR  # type: ignore[assignment]
+        return lambda env: v
+
+
+def _need_int(v: Any, what: str) -> int:
+    if isinstance(v, Unknown) or v is None or isinstance(v, RefVal):
+        raise VerificationUnsupportedError(
+            f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
+            "the verifier needs it as a scalar (pass the operand it comes from as a concrete "
+            "array, or check this kernel with safedma.testing.simulate)")
+    return int(v)
+
+
+def _data_dependent(what: str, v: Any, where: str) -> VerificationUnsupportedError:
+    why = v.why if isinstance(v, Unknown) else "vector data"
+    return VerificationUnsupportedError(
+        f"{what} at {where} depends on {why}, which the verifier does not compute "
+        "(it proves protocols without vector data). Pass the operand it comes from as a "
+        "concrete array if it is a scalar-prefetch/SMEM value, or check this kernel with "
+        "safedma.testing.simulate.")
+
+
+def _call_gen(body: Compiled, vals: list[Any], outs: list[int], env: list[Any],
+              ctx: Ctx) -> Gen:
+    res = yield from run(body, vals, ctx)
+    for s, v in zip(outs, res):
+        env[s] = v
+    return None
+
+
+def _has_effects(jaxpr: Any) -> bool:
+    if getattr(jaxpr, "effects", None):
+        return True
+    for e in jaxpr.eqns:
+        if e.primitive.name in _BUILDERS and e.primitive.name not in ("pjit", "jit", "closed_call"):
+            if e.primitive.name not in ("cond", "scan", "while", "axis_index", "program_id",
+                                        "num_programs"):
+                return True
+        for sub in _jax.sub_jaxprs(e.params):
+            if _has_effects(_jax.jaxpr_of(sub)[0]):
+                return True
+    return False
+
+
+def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
+    try:
+        return resolve(ref.buffer, ref.steps)
+    except RegionError as err:
+        buf = ref.buffer
+        if buf.sem_kind is not None:
+            raise SemaphoreIndexError(
+                f"semaphore index out of range (R5) on {p_label}: {what} {buf.name} at "
+                f"{where}: {err} (the array holds {buf.shape}); on a TPU this silently "
+                "uses another semaphore's memory. Allocate enough semaphores or fix the "
+                "index.") from None
+        raise OutOfBoundsDmaError(
+            f"out-of-range window on {p_label}: {what} {buf.name} (shape {buf.shape}) at "
+            f"{where}: {err}. Keep the window inside the buffer.") from None
+    except UnsupportedView as err:
+        raise VerificationUnsupportedError(
+            f"{what} {ref.buffer.name} at {where} uses {err}, which the verifier does not "
+            "model; check this kernel with safedma.testing.simulate") from None
+
+
+_BUILDERS: dict[str, Callable[[_Compiler, Any], Op]] = {
+    "pjit": lambda c, e: c.call(e),
+    "jit": lambda c, e: c.call(e),
+    "closed_call": lambda c, e: c.call(e, "call_jaxpr"),
+    "core_call": lambda c, e: c.call(e, "call_jaxpr"),
+    "remat": lambda c, e: c.call(e),
+    "checkpoint": lambda c, e: c.call(e),
+    "custom_jvp_call": lambda c, e: c.call(e, "call_jaxpr"),
+    "custom_vjp_call": lambda c, e: c.call(e, "call_jaxpr"),
+    "cond": _Compiler.cond,
+    "scan": _Compiler.scan,
+    "while": _Compiler.while_,
+    "run_scoped": _Compiler.run_scoped,
+    "axis_index": _Compiler.axis_index,
+    "program_id": _Compiler.program_id,
+    "num_programs": _Compiler.num_programs,
+}
+
+
+def register(name: str, builder: Callable[[_Compiler, Any], Op]) -> None:
+    _BUILDERS[name] = builder
+
+
+_ = itertools

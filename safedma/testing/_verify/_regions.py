@@ -1,0 +1,305 @@
+"""Buffers and the box of a buffer that a ref view (``.at[...]``, reshape, bitcast) covers.
+
+A region is a box, one ``[start, stop)`` per dimension of the root buffer.
+Indexing keeps a view exact; after a reshape or bitcast the view is a flat
+byte range of the root, turned back into the smallest box that covers it
+(exact for whole rows, the common case; otherwise a conservative bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+Box = tuple[tuple[int, int], ...]
+
+
+class RegionError(Exception):
+    """A view outside its buffer; the caller turns it into a verification error."""
+
+    def __init__(self, message: str, dim: int, start: int, size: int, extent: int) -> None:
+        super().__init__(message)
+        self.dim, self.start, self.size, self.extent = dim, start, size, extent
+
+
+class UnsupportedView(Exception):
+    """A transform the verifier does not model (gather indexing, transpose of a flat view)."""
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+    """One memory buffer (or semaphore array) owned by one participant.
+
+    ``values`` holds known contents of small SMEM buffers (flat, by element),
+    ``None`` where unknown.
+    """
+
+    ident: int
+    owner: int
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+    space: str
+    sem_kind: str | None = None
+    values: list[object] | None = None
+    kernel_scoped: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    def full_box(self) -> Box:
+        return tuple((0, d) for d in self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """What a ref view covers: ``box`` in the root, its own shape and element size."""
+
+    buffer: Buffer
+    box: Box
+    shape: tuple[int, ...]
+    itemsize: int
+    flat: tuple[int, ...] | None = None  # element offsets when known exactly (small SMEM)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def empty(self) -> bool:
+        return any(hi <= lo for lo, hi in self.box) or math.prod(self.shape) == 0
+
+
+def _row_major_strides(shape: Sequence[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return strides
+
+
+def flat_to_box(shape: tuple[int, ...], lo: int, hi: int) -> Box:
+    """Smallest box of ``shape`` holding the row-major elements ``[lo, hi)``."""
+    if hi <= lo:
+        return tuple((0, 0) for _ in shape)
+    box: list[tuple[int, int]] = []
+    strides = _row_major_strides(shape)
+    last = hi - 1
+    for d, stride in enumerate(strides):
+        a, b = lo // stride, last // stride
+        if a != b:
+            box.append((a, b + 1))
+            box.extend((0, s) for s in shape[d + 1:])
+            return tuple(box)
+        box.append((a, a + 1))
+        lo -= a * stride
+        last -= a * stride
+    return tuple(box)
+
+
+class _Mapping:
+    """A view being resolved: exact axis mapping into the root, or a flat byte range."""
+
+    def __init__(self, buf: Buffer) -> None:
+        self.buf = buf
+        self.shape: list[int] = list(buf.shape)
+        self.itemsize = buf.itemsize
+        # exact mode: root coordinate of element 0 and (root dim, stride) per view dim
+        self.origin: list[int] | None = [0] * len(buf.shape)
+        self.axes: list[tuple[int, int]] = [(d, 1) for d in range(len(buf.shape))]
+        # flat mode: byte range in the root
+        self.byte_lo = 0
+        self.byte_hi = buf.nbytes
+
+    def _to_flat(self) -> None:
+        if self.origin is None:
+            return
+        strides = _row_major_strides(self.buf.shape)
+        first = sum(o * s for o, s in zip(self.origin, strides))
+        last = first + sum((n - 1) * st * strides[d]
+                           for n, (d, st) in zip(self.shape, self.axes) if n > 0)
+        if any(n == 0 for n in self.shape):
+            self.byte_lo = self.byte_hi = first * self.buf.itemsize
+        else:
+            self.byte_lo = first * self.buf.itemsize
+            self.byte_hi = (last + 1) * self.buf.itemsize
+        self.origin = None
+
+    def index(self, entries: Sequence[tuple[str, int, int, int]]) -> None:
+        """Apply an NDIndexer: entries are ("slice", start, size, stride) or ("int", i, 1, 1)."""
+        if len(entries) != len(self.shape):
+            raise UnsupportedView(
+                f"an index of {len(entries)} entries on a view of rank {len(self.shape)}")
+        for d, (kind, start, size, stride) in enumerate(entries):
+            extent = self.shape[d]
+            end = start + (size - 1) * stride + 1 if size > 0 else start
+            if start < 0 or end > extent or (size > 0 and start >= extent):
+                what = (f"index {start}" if kind == "int"
+                        else f"window [{start}, {start + size * stride})")
+                raise RegionError(f"{what} is outside dimension {d} of size {extent}",
+                                  d, start, size, extent)
+        if self.origin is not None:
+            new_axes: list[tuple[int, int]] = []
+            new_shape: list[int] = []
+            for (kind, start, size, stride), (root_dim, st) in zip(entries, self.axes):
+                self.origin[root_dim] += start * st
+                if kind == "slice":
+                    new_axes.append((root_dim, st * stride))
+                    new_shape.append(size)
+            self.axes, self.shape = new_axes, new_shape
+            return
+        strides = _row_major_strides(self.shape)
+        first = sum(e[1] * s for e, s in zip(entries, strides))
+        if any(e[2] == 0 for e in entries):
+            last = first - 1
+        else:
+            last = first + sum((e[2] - 1) * e[3] * s for e, s in zip(entries, strides))
+        lo = self.byte_lo + first * self.itemsize
+        self.byte_lo, self.byte_hi = lo, max(lo, self.byte_lo + (last + 1) * self.itemsize)
+        self.shape = [e[2] for e in entries if e[0] == "slice"]
+
+    def reshape(self, shape: tuple[int, ...]) -> None:
+        if math.prod(shape) != math.prod(self.shape):
+            raise UnsupportedView(f"a reshape of {tuple(self.shape)} to {shape}")
+        self._to_flat()
+        self.shape = list(shape)
+
+    def bitcast(self, itemsize: int) -> None:
+        self._to_flat()
+        if self.shape and itemsize != self.itemsize:
+            # Pallas TPU bitcasts scale the second-minor dimension (packing).
+            total = math.prod(self.shape) * self.itemsize
+            if len(self.shape) >= 2:
+                rows = self.shape[-2] * self.itemsize // itemsize
+                self.shape[-2] = max(rows, 1)
+            else:
+                self.shape[-1] = self.shape[-1] * self.itemsize // itemsize
+            if math.prod(self.shape) * itemsize != total:
+                self.shape = [total // itemsize]
+        self.itemsize = itemsize
+
+    def transpose(self, perm: tuple[int, ...]) -> None:
+        if self.origin is None:
+            raise UnsupportedView("a transpose of a reshaped or bitcast view")
+        self.axes = [self.axes[p] for p in perm]
+        self.shape = [self.shape[p] for p in perm]
+
+    def view(self) -> View:
+        if self.origin is not None:
+            box = [(o, o + 1) for o in self.origin]
+            for n, (d, st) in zip(self.shape, self.axes):
+                lo = self.origin[d]
+                box[d] = (lo, lo + (n - 1) * st + 1) if n > 0 else (lo, lo)
+            return View(self.buf, tuple(box), tuple(self.shape), self.itemsize)
+        root = self.buf.itemsize
+        lo = self.byte_lo // root
+        hi = -(-self.byte_hi // root)
+        return View(self.buf, flat_to_box(self.buf.shape, lo, hi), tuple(self.shape),
+                    self.itemsize)
+
+
+def resolve(buf: Buffer, steps: Sequence[tuple[str, object]]) -> View:
+    """The view of ``buf`` after ``steps`` (already concrete: ints, shapes, item sizes)."""
+    m = _Mapping(buf)
+    for kind, arg in steps:
+        if kind == "index":
+            m.index(arg)  # type: ignore[arg-type]
+        elif kind == "reshape":
+            m.reshape(arg)  # type: ignore[arg-type]
+        elif kind == "bitcast":
+            m.bitcast(arg)  # type: ignore[arg-type]
+        elif kind == "transpose":
+            m.transpose(arg)  # type: ignore[arg-type]
+        else:
+            raise UnsupportedView(f"the ref transform {arg}")
+    return m.view()
+
+
+def overlaps(a: Box, b: Box) -> bool:
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo >= bhi or blo >= ahi:
+            return False
+    return True
+
+
+def contains(outer: Box, inner: Box) -> bool:
+    for (olo, ohi), (ilo, ihi) in zip(outer, inner):
+        if ilo < olo or ihi > ohi:
+            return False
+    return True
+
+
+def is_empty(box: Box) -> bool:
+    return any(hi <= lo for lo, hi in box)
+
+
+def merge(a: Box, b: Box) -> Box | None:
+    """``a`` and ``b`` as one box when they differ in at most one dimension and touch there."""
+    diff = -1
+    for d, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            if diff >= 0:
+                return None
+            diff = d
+    if diff < 0:
+        return a
+    (alo, ahi), (blo, bhi) = a[diff], b[diff]
+    if alo > bhi or blo > ahi:
+        return None
+    return a[:diff] + ((min(alo, blo), max(ahi, bhi)),) + a[diff + 1:]
+
+
+class Coverage:
+    """Which parts of a buffer were ever written: a few merged boxes."""
+
+    __slots__ = ("boxes",)
+
+    def __init__(self) -> None:
+        self.boxes: list[Box] = []
+
+    def add(self, box: Box) -> None:
+        if is_empty(box):
+            return
+        changed = True
+        while changed:
+            changed = False
+            for i, b in enumerate(self.boxes):
+                if contains(b, box):
+                    return
+                m = merge(b, box)
+                if m is not None or contains(box, b):
+                    box = m if m is not None else box
+                    del self.boxes[i]
+                    changed = True
+                    break
+        self.boxes.append(box)
+
+    def covers(self, box: Box) -> bool:
+        if is_empty(box):
+            return True
+        for b in self.boxes:
+            if contains(b, box):
+                return True
+        parts = [b for b in self.boxes if overlaps(b, box)]
+        if not parts:
+            return False
+        # Coordinate compression over the boxes that touch ``box``.
+        cuts: list[list[int]] = []
+        for d, (lo, hi) in enumerate(box):
+            points = {lo, hi}
+            for b in parts:
+                points.update(p for p in b[d] if lo < p < hi)
+            cuts.append(sorted(points))
+        cells = math.prod(len(c) - 1 for c in cuts)
+        if cells > 100_000:
+            return True  # too fine to check cheaply: assume covered (no false alarm)
+        import itertools
+        for cell in itertools.product(*[range(len(c) - 1) for c in cuts]):
+            point = tuple(cuts[d][i] for d, i in enumerate(cell))
+            if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
+                return False
+        return True
+
+    def missing_point(self, box: Box) -> bool:
+        return not self.covers(box)

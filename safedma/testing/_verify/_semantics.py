@@ -1,0 +1,426 @@
+"""The TPU DMA/semaphore model: semaphores, copies in flight, accesses, happens-before.
+
+Rules (docs/verify.md gives the sources):
+
+* A DMA semaphore counts bytes, a REGULAR or BARRIER semaphore counts signals
+  (a DMA signalling a REGULAR semaphore counts 1 on completion).
+* A started copy adds its size to its semaphore(s) at some moment before the
+  wait that observes it: a local copy to its semaphore, a remote copy to the
+  sender's send semaphore (source read) and the receiver's receive
+  semaphore (bytes landed). A semaphore is (credit K, pending contributions P).
+* A wait of N is possible iff K + sum(P) >= N. Contribution d is guaranteed by
+  it iff K + sum(P) - size(d) < N: only those happen before the waiter; the
+  rest stay pending (R7/R9). If the wait still needs pending ones, the waiter
+  learns what all of them have in common (the meet of their clocks).
+* A copy's source read and destination write are pending from its start until
+  a wait guarantees them; any conflicting access meanwhile is a race.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from safedma.testing._verify._clocks import Clock, Clocks
+from safedma.testing._verify._regions import Box, Buffer, Coverage, View, contains, overlaps
+from safedma.testing._verify._report import (
+    DeadlockError,
+    SignalAfterExitError,
+    UnwrittenReadError,
+    VerifiedLeftoverError,
+    VerifiedRaceError,
+    VerifyKernelError,
+)
+
+__all__ = ["Machine", "Dma", "SemState", "Blocked"]
+
+
+class Dma:
+    """One started copy."""
+
+    __slots__ = ("issuer", "target", "src", "dst", "nbytes", "where", "clock", "src_rec",
+                 "dst_rec", "kernel", "number")
+
+    def __init__(self, issuer: int, target: int, src: View, dst: View, where: str,
+                 clock: Clock, kernel: str, number: int) -> None:
+        self.issuer, self.target, self.src, self.dst = issuer, target, src, dst
+        self.nbytes = src.nbytes
+        self.where, self.clock, self.kernel, self.number = where, clock, kernel, number
+        self.src_rec: Record | None = None
+        self.dst_rec: Record | None = None
+
+
+class Record:
+    """One access to a buffer region: settled at (part, clock), or pending with a copy."""
+
+    __slots__ = ("box", "write", "part", "clock", "dma", "what", "where")
+
+    def __init__(self, box: Box, write: bool, part: int, clock: int, dma: Dma | None,
+                 what: str, where: str) -> None:
+        self.box, self.write, self.part, self.clock = box, write, part, clock
+        self.dma, self.what, self.where = dma, what, where
+
+
+@dataclasses.dataclass
+class Contribution:
+    amount: int
+    clock: Clock | None
+    dma: Dma | None
+    side: str  # "read", "write", "both" or "signal"
+    issuer: int
+    where: str
+
+
+class SemState:
+    """One semaphore on one participant."""
+
+    __slots__ = ("buffer", "index", "kind", "credit", "pending", "waiters", "label",
+                 "contributors", "peak")
+
+    def __init__(self, buffer: Buffer, index: int, label: str) -> None:
+        self.buffer, self.index, self.label = buffer, index, label
+        self.kind = buffer.sem_kind or "REGULAR"
+        self.credit = 0
+        self.pending: list[Contribution] = []
+        self.waiters: list[int] = []
+        self.contributors: set[int] = set()
+        self.peak = 0
+
+    def total(self) -> int:
+        return self.credit + sum(c.amount for c in self.pending)
+
+
+@dataclasses.dataclass
+class Blocked:
+    participant: int
+    sem: SemState | None
+    amount: int
+    where: str
+    what: str
+
+
+class _History:
+    """Access records of one buffer, bucketed along its longest dimension."""
+
+    __slots__ = ("dim", "scale", "buckets", "coverage")
+
+    def __init__(self, buf: Buffer) -> None:
+        shape = buf.shape or (1,)
+        self.dim = max(range(len(shape)), key=lambda d: shape[d]) if buf.shape else -1
+        extent = shape[self.dim] if self.dim >= 0 else 1
+        n = max(1, min(extent, 64))
+        self.scale = (extent + n - 1) // n
+        self.buckets: list[list[Record]] = [[] for _ in range(n)]
+        self.coverage = Coverage()
+
+    def span(self, box: Box) -> range:
+        if self.dim < 0:
+            return range(1)
+        lo, hi = box[self.dim]
+        if hi <= lo:
+            return range(0)
+        return range(lo // self.scale, min((hi - 1) // self.scale + 1, len(self.buckets)))
+
+
+class Machine:
+    """Global state of one verification run: every participant's semaphores, buffers, clocks."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.labels = labels
+        self.clocks = Clocks(len(labels))
+        self.sems: dict[tuple[int, int], SemState] = {}
+        self.histories: dict[int, _History] = {}
+        self.entry: list[list[int]] = [[] for _ in labels]  # clock at each kernel entry
+        self.exits: list[list[int]] = [[] for _ in labels]
+        self.inside: list[bool] = [False] * len(labels)
+        self.wake: Callable[[int], None] = lambda p: None
+        self.dmas = self.remote_dmas = self.waits = self.signals = 0
+        self.peaks: dict[str, int] = {}
+        self.sem_names: Callable[[SemState], str] = lambda s: s.label
+        self.leftovers: list[tuple[int, str, str]] = []
+
+    # ---------------------------------------------------------------- accesses
+
+    def _history(self, buf: Buffer) -> _History:
+        h = self.histories.get(buf.ident)
+        if h is None:
+            h = self.histories[buf.ident] = _History(buf)
+        return h
+
+    def mark_written(self, buf: Buffer, box: Box | None = None) -> None:
+        self._history(buf).coverage.add(box if box is not None else buf.full_box())
+
+    def check_written(self, p: int, view: View, what: str, where: str, fix: str) -> None:
+        if view.empty or view.buffer.space == "SEMAPHORE":
+            return
+        if not self._history(view.buffer).coverage.covers(view.box):
+            raise UnwrittenReadError(
+                f"read of unwritten data (R6) on {self.labels[p]}: {what} {view.buffer.name}"
+                f"{_fmt_box(view.box)} at {where}, but nothing wrote that part of "
+                f"{view.buffer.name} before (its contents are garbage). {fix}"
+            )
+
+    def access(self, p: int, view: View, write: bool, what: str, where: str,
+               dma: Dma | None = None) -> Record | None:
+        """Check an access against the history of its buffer, then record it."""
+        if view.empty:
+            return None
+        h = self._history(view.buffer)
+        box = view.box
+        row = self.clocks.rows[p]
+        seen: set[int] = set()
+        for b in h.span(box):
+            for r in h.buckets[b]:
+                if id(r) in seen:
+                    continue
+                seen.add(id(r))
+                if not (write or r.write) or not overlaps(r.box, box):
+                    continue
+                if r.part < 0 or r.clock > row[r.part]:
+                    self._race(p, view, write, what, where, r, dma)
+        if dma is not None:
+            rec = Record(box, write, -1, 0, dma, what, where)
+        else:
+            rec = Record(box, write, p, int(row[p]), None, what, where)
+        for b in h.span(box):
+            bucket = h.buckets[b]
+            keep = [r for r in bucket
+                    if not (r.part >= 0 and (write or not r.write) and contains(box, r.box)
+                            and r.clock <= row[r.part] and dma is None)]
+            keep.append(rec)
+            h.buckets[b] = keep
+        if write:
+            h.coverage.add(box)
+        return rec
+
+    def settle(self, rec: Record | None, p: int) -> None:
+        """A pending copy access is guaranteed: it happened before ``p``'s current point."""
+        if rec is not None and rec.part < 0:
+            rec.part, rec.clock, rec.dma = p, self.clocks.now(p), None
+
+    def _race(self, p: int, view: View, write: bool, what: str, where: str, other: Record,
+              dma: Dma | None) -> None:
+        who = f"the copy started on {self.labels[dma.issuer]} at {dma.where}" if dma else (
+            f"{self.labels[p]}")
+        if other.dma is not None:
+            od = other.dma
+            them = (f"{'writes' if other.write else 'reads'} it in the copy started on "
+                    f"{self.labels[od.issuer]} at {od.where}, which no wait has guaranteed "
+                    "complete yet")
+            fix = ("Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
+                   "side that touches this buffer) before this access; on a semaphore "
+                   "shared by several copies, a wait guarantees only the copies whose bytes "
+                   "it cannot do without (R7/R9): wait for all of them, or use one "
+                   "semaphore per copy.")
+        else:
+            them = (f"{other.what} it at {other.where} on {self.labels[other.part]}, and "
+                    "nothing orders the two")
+            fix = ("Order them: wait for the copy before touching its buffers, and have the "
+                   "device that owns the memory signal (e.g. a barrier or a REGULAR "
+                   "semaphore) before others write into it.")
+        raise VerifiedRaceError(
+            f"data race on {self.labels[view.buffer.owner]}'s buffer {view.buffer.name}"
+            f"{_fmt_box(view.box)}: {who} {what} it at {where}; {them}. {fix}"
+        )
+
+    # ---------------------------------------------------------------- semaphores
+
+    def sem(self, buf: Buffer, index: int) -> SemState:
+        key = (buf.ident, index)
+        s = self.sems.get(key)
+        if s is None:
+            name = buf.name if len(buf.shape) == 0 else f"{buf.name}[{index}]"
+            s = self.sems[key] = SemState(buf, index, name)
+        return s
+
+    def _contribute(self, sem: SemState, c: Contribution) -> None:
+        sem.pending.append(c)
+        sem.contributors.add(c.issuer)
+        total = sem.total()
+        if total > sem.peak:
+            sem.peak = total
+        if sem.waiters:
+            for w in sem.waiters:
+                self.wake(w)
+            sem.waiters = []
+
+    def check_reach(self, p: int, target: int, kernel: int, what: str, where: str,
+                    barrier: bool) -> None:
+        """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call."""
+        if target == p:
+            return
+        rows = self.clocks.rows
+        exits, entries = self.exits[target], self.entry[target]
+        if len(exits) > kernel:
+            raise SignalAfterExitError(
+                f"{what} from {self.labels[p]} at {where} reaches {self.labels[target]} "
+                f"after it left the kernel (R8): nothing it waits for orders its exit "
+                "after this signal, so on a TPU the count lands in a semaphore no one "
+                "waits (a crash or corruption of the next kernel). Have the target wait "
+                "for it, or drop the signal."
+            )
+        if barrier:
+            if kernel >= 1 and len(exits) >= kernel and rows[p, target] < exits[kernel - 1]:
+                raise SignalAfterExitError(
+                    f"{what} from {self.labels[p]} at {where} may reach "
+                    f"{self.labels[target]} while it is still in its previous call of a "
+                    "kernel with the same collective_id (R10, jax PR #27963): the barrier "
+                    "semaphore is shared across calls and must be back to zero when a "
+                    "call ends. Add a second barrier round at the end of the kernel (or "
+                    "use a distinct collective_id per call)."
+                )
+            if kernel >= 1 and len(exits) < kernel:
+                raise SignalAfterExitError(
+                    f"{what} from {self.labels[p]} at {where} may reach "
+                    f"{self.labels[target]} while it is still in its previous call of a "
+                    "kernel with the same collective_id (R10, jax PR #27963). Add a second "
+                    "barrier round at the end of the kernel."
+                )
+            return
+        if len(entries) <= kernel or rows[p, target] < entries[kernel]:
+            raise SignalAfterExitError(
+                f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
+                "before it has entered this kernel call (nothing orders its entry before "
+                "this access; R10): synchronise first, e.g. with the barrier semaphore "
+                "(pltpu.get_barrier_semaphore with a collective_id) or leave "
+                "collective_id unset for Mosaic's default device barrier."
+            )
+
+    def dma_start(self, p: int, target: int, src: View, dst: View, dst_sem: SemState,
+                  src_sem: SemState | None, where: str, kernel: str) -> None:
+        if src.nbytes != dst.nbytes or src.shape != dst.shape and src.itemsize == dst.itemsize:
+            raise VerifyKernelError(
+                f"copy at {where} on {self.labels[p]}: source {src.buffer.name} "
+                f"{src.shape} ({src.nbytes} bytes) and destination {dst.buffer.name} "
+                f"{dst.shape} ({dst.nbytes} bytes) differ; give both the same shape and dtype."
+            )
+        self.dmas += 1
+        if target != p:
+            self.remote_dmas += 1
+        self.check_written(p, src, "the copy reads", where,
+                           "Write the source (or wait for the copy that fills it) before "
+                           "starting a copy from it.")
+        clock = self.clocks.release(p)
+        d = Dma(p, target, src, dst, where, clock, kernel, self.dmas)
+        # The copy's accesses may happen any time after the start: check them with
+        # the issuer's clock at the start, then keep them pending until guaranteed.
+        d.src_rec = self.access(p, src, False, "reads", where, dma=d)
+        d.dst_rec = self.access(p, dst, True, "writes", where, dma=d)
+        recv_amount = d.nbytes if dst_sem.kind == "DMA" else 1
+        if src_sem is None:
+            self._contribute(dst_sem, Contribution(recv_amount, clock, d, "both", p, where))
+        else:
+            amount = d.nbytes if src_sem.kind == "DMA" else 1
+            self._contribute(src_sem, Contribution(amount, clock, d, "read", p, where))
+            self._contribute(dst_sem, Contribution(recv_amount, clock, d, "write", p, where))
+
+    def signal(self, p: int, sem: SemState, amount: int, where: str) -> None:
+        self.signals += 1
+        clock = self.clocks.release(p)
+        self._contribute(sem, Contribution(amount, clock, None, "signal", p, where))
+
+    def try_wait(self, p: int, sem: SemState, amount: int, decrement: bool = True) -> bool:
+        total = sem.total()
+        if total < amount:
+            return False
+        self.waits += 1
+        guaranteed = [c for c in sem.pending if total - c.amount < amount]
+        if guaranteed:
+            rest = [c for c in sem.pending if total - c.amount >= amount]
+            for c in guaranteed:
+                sem.credit += c.amount
+                if c.clock is not None:
+                    self.clocks.acquire(p, c.clock)
+            for c in guaranteed:
+                d = c.dma
+                if d is not None:
+                    if c.side in ("write", "both"):
+                        self.settle(d.dst_rec, p)
+                        self.settle(d.src_rec, p)
+                    else:
+                        self.settle(d.src_rec, p)
+            sem.pending = rest
+        if sem.credit < amount and sem.pending:
+            clocks = [c.clock for c in sem.pending if c.clock is not None]
+            if clocks and len(clocks) == len(sem.pending):
+                self.clocks.acquire(p, np.min(np.stack(clocks), axis=0))
+        if decrement:
+            sem.credit -= amount
+        return True
+
+    # ---------------------------------------------------------------- kernels
+
+    def enter(self, p: int) -> int:
+        self.inside[p] = True
+        self.entry[p].append(self.clocks.now(p))
+        return len(self.entry[p]) - 1
+
+    def leave(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str]) -> None:
+        """Exit checks: every semaphore of this call back to zero, on this device."""
+        self.leave_scope(p, sems, describe, "leaves the kernel")
+        self.inside[p] = False
+        self.exits[p].append(self.clocks.now(p))
+        self.clocks.release(p)
+
+    def leave_scope(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str],
+                    when: str = "leaves a run_scoped region") -> None:
+        leftovers: list[str] = []
+        for buf in sems:
+            count = 1
+            for n in buf.shape:
+                count *= n
+            for i in range(count):
+                s = self.sems.get((buf.ident, i))
+                if s is None:
+                    continue
+                total = s.total()
+                if total != 0:
+                    leftovers.append(describe(s))
+        for text in leftovers:
+            self.leftovers.append((p, when, text))
+
+    def leftover_error(self) -> VerifiedLeftoverError | None:
+        """Every semaphore left non-zero, on every device, in device order."""
+        if not self.leftovers:
+            return None
+        items = sorted(self.leftovers, key=lambda x: x[0])
+        n = len(items)
+        return VerifiedLeftoverError(
+            f"{n} semaphore count{'s' if n != 1 else ''} not back to zero at kernel exit "
+            "(R2/R4; on a TPU this crashes the program):\n"
+            + "\n".join(f"  {text} (when it {when})" for _, when, text in items)
+        )
+
+    def deadlock(self, blocked: list[Blocked], done: list[int]) -> DeadlockError:
+        lines: list[str] = []
+        for b in sorted(blocked, key=lambda b: b.participant):
+            if b.sem is None:
+                lines.append(f"  {self.labels[b.participant]} waits at {b.where} for {b.what}")
+                continue
+            s = b.sem
+            unit = " bytes" if s.kind == "DMA" else ""
+            have = s.total()
+            who = sorted(s.contributors)
+            fed = (", fed so far by " + ", ".join(self.labels[w] for w in who[:4])
+                   + (" ..." if len(who) > 4 else "")) if who else ", which nothing signalled"
+            lines.append(
+                f"  {self.labels[b.participant]} waits at {b.where} on {s.kind} semaphore "
+                f"{self.sem_names(s)} for {b.amount}{unit}; it holds {have}{unit}{fed}"
+            )
+        hint = ("No device can move: each wait above needs a start or signal that no "
+                "running device will issue (a copy or signal skipped by a condition, aimed "
+                "at another device, waited twice, or a wait-for cycle between devices).")
+        if done:
+            hint += (f" {len(done)} device(s) already left the kernel, e.g. "
+                     f"{self.labels[done[0]]}: a signal they should have sent never came.")
+        return DeadlockError(
+            "deadlock (R3): every device is blocked or finished and nothing in flight can "
+            "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines)
+            + "\n" + hint
+        )
+
+
+def _fmt_box(box: Box) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
