@@ -32,6 +32,7 @@ import safedma as sd
 import safedma.kernels as sk
 from safedma.testing import SimulationError, abstract_mesh, simulate, simulated_mesh
 from tests.support import calls, kernels_pltpu, kernels_safedma
+from tests.support import protocol_kernels as pk
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 F32 = jnp.float32
@@ -147,12 +148,10 @@ def verdict(run: Callable[[], object]) -> str:
 
 
 def verified(kernel: Kernel, mesh_id: str, *, device_free: bool, invocations: int = 1) -> str:
-    from safedma.testing import verify  # type: ignore[attr-defined]
-
     shape, names = MESHES[mesh_id]
     mesh = abstract_mesh(shape, names) if device_free else simulated_mesh(shape, names)
     args, specs = arguments(kernel, mesh_id, concrete=not device_free)
-    return verdict(lambda: verify(kernel.fn, *args, mesh=mesh, in_specs=specs,
+    return verdict(lambda: pk.verify(kernel.fn, *args, mesh=mesh, in_specs=specs,
                                   out_specs=P(*specs[0]), invocations=invocations))
 
 

@@ -45,15 +45,13 @@ from safedma.testing import (
     tpu_mesh,
 )
 from tests.support import jax_programs as jp
+from tests.support import protocol_kernels as pk
 
 X = jax.ShapeDtypeStruct((16, 128), jnp.float32)
 PROGRAMS = Path(jp.__file__).name
 
 
-def verify(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    from safedma.testing import verify as run  # type: ignore[attr-defined]
-
-    return run(fn, *args, **kwargs)
+verify = pk.verify
 
 
 def names_a_line_in(error: BaseException, *files: str) -> bool:
