@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from safedma.testing._verify import _jax, _kernels, _ops  # noqa: F401  (register ops)
 from safedma.testing._verify._engine import Engine
@@ -104,6 +104,12 @@ def verify(
         outs = _specs(out_specs, default, False)
         program = jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=outs,
                                 check_vma=False)
+        if isinstance(mesh, Mesh):
+            # jax 0.12 checks the specs against the arguments' shardings.
+            per_arg = _local_specs(in_specs, names, len(structs))
+            structs = [jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                            sharding=NamedSharding(mesh, spec))
+                       for s, spec in zip(structs, per_arg)]
 
     def fresh(*xs: Any) -> Any:
         return program(*xs)

@@ -6,7 +6,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -17,7 +17,8 @@ from safedma.testing._verify._semantics import Blocked, Machine, SemState
 
 __all__ = ["Engine"]
 
-_MAX_KNOWN = 1 << 16  # elements of a concrete operand kept as known scalars
+_MAX_KNOWN = 1 << 16
+_IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
 
 
 class Engine:
@@ -36,8 +37,8 @@ class Engine:
         self.machine.sem_names = self.sem_name
         self._registry: dict[tuple[int, object], Buffer] = {}
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
-        self._ids = itertools.count(1)
         self._barriers: dict[int, dict[str, Any]] = {}
+        self.sem_cache: dict[tuple[int, object, int], SemState] = {}
 
     def _label(self, p: int) -> str:
         device, core = divmod(p, self.cores)
@@ -65,7 +66,7 @@ class Engine:
 
     def new_buffer(self, owner: int, name: str, shape: tuple[int, ...], itemsize: int,
                    space: str, sem_kind: str | None, kernel_scoped: bool = True) -> Buffer:
-        return Buffer(next(self._ids), owner, name, shape, itemsize, space, sem_kind,
+        return Buffer(next(_IDS), owner, name, shape, itemsize, space, sem_kind,
                       kernel_scoped=kernel_scoped)
 
     def buffer(self, owner: int, role: object, aval: Any, name: str,
@@ -92,10 +93,9 @@ class Engine:
                 f"a remote copy or signal addresses {buf.name}, which is not a kernel operand, "
                 "scratch buffer or semaphore; the verifier cannot find it on the other device")
         r, aval, name, shape = role
-        other = self.buffer(owner, r, aval, name, shape)
-        if buf.sem_kind == "BARRIER":
-            other.sem_kind = "BARRIER"
-        return other
+        if buf.sem_kind == "BARRIER" and aval is None:
+            return self.barrier_buffer(owner, cast(tuple[str, Any], r)[1])
+        return self.buffer(owner, r, aval, name, shape)
 
     def adopt(self, owner: int, role: object, buf: Buffer, aval: Any, name: str) -> Buffer:
         key = (owner, role)
@@ -138,6 +138,12 @@ class Engine:
             self._registry[key] = buf
             self._roles[buf.ident] = (("b", collective_id), None, buf.name, None)
         return buf
+
+    def _describe_barrier(self, s: SemState) -> str:
+        unit = ""
+        return (f"{self.labels[s.buffer.owner]}: BARRIER semaphore {self.sem_name(s)} holds "
+                f"{s.total()}{unit} after the last call: every barrier signal needs a wait "
+                "(the barrier semaphore is shared by every call with this collective_id)")
 
     def sem_name(self, s: SemState) -> str:
         buf = s.buffer
@@ -201,6 +207,13 @@ class Engine:
             blocked[p] = b
         if blocked:
             raise m.deadlock(list(blocked.values()), sorted(done))
+        barriers = [b for (owner, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
+                    if isinstance(role, tuple) and role and role[0] == "b"]
+        if barriers:
+            # The barrier semaphore persists across calls: it must be back to zero
+            # once every call is over.
+            for b in barriers:
+                m.leave_scope(b.owner, [b], self._describe_barrier, "finished its last call")
         err = m.leftover_error()
         if err is not None:
             raise err

@@ -167,6 +167,7 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
             if is_out:
                 res = eng.buffer(p, ("r", instance, pos), desc.avals[pos],
                                  desc.param_names[pos], shape=block["array_shape"])
+                m.mark_written(res)  # the pipeline copies every output block into it
                 outer_out.append(res)
         del whole
     for k in range(desc.n_scratch):
@@ -191,8 +192,6 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
                                 "Write every output block before the grid step ends.")
                 m.access(p, view, False, "copies the output block out of", desc.where)
     sems = list(run_.sems)
-    if run_.barrier_buf is not None:
-        sems.append(run_.barrier_buf)
     m.leave(p, sems, lambda s: describe_leftover(ctx, s))
     for buf in outer_out:
         if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:

@@ -78,6 +78,17 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
 
 
 def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:
+    key = (ref.buffer.ident, ref.steps, owner)
+    cache = ctx.engine.sem_cache
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    state = _sem_state_uncached(ctx, ref, owner, where, what)
+    cache[key] = state
+    return state
+
+
+def _sem_state_uncached(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:
     buf = ref.buffer
     if owner != buf.owner:
         buf = ctx.engine.counterpart(buf, owner)
@@ -139,7 +150,7 @@ def _device_getter(c: _Compiler, dev: Any) -> Callable[[list[Any]], Any]:
 
 def _wait_gen(ctx: Ctx, sem: SemState, amount: int, where: str, decrement: bool) -> Gen:
     m = ctx.machine
-    while not m.try_wait(ctx.p, sem, amount, decrement):
+    while not m.try_wait(ctx.p, sem, amount, decrement, where):
         sem.waiters.append(ctx.p)
         yield Blocked(ctx.p, sem, amount, where, "")
     return None

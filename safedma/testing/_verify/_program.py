@@ -482,9 +482,20 @@ def _has_effects(jaxpr: Any) -> bool:
     return False
 
 
+_VIEWS: dict[tuple[int, tuple[tuple[str, object], ...]], View] = {}
+
+
 def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
+    key = (ref.buffer.ident, ref.steps)
+    hit = _VIEWS.get(key)
+    if hit is not None:
+        return hit
     try:
-        return resolve(ref.buffer, ref.steps)
+        view = resolve(ref.buffer, ref.steps)
+        if len(_VIEWS) > 200_000:
+            _VIEWS.clear()
+        _VIEWS[key] = view
+        return view
     except RegionError as err:
         buf = ref.buffer
         if buf.sem_kind is not None:

@@ -55,12 +55,16 @@ class Dma:
 class Record:
     """One access to a buffer region: settled at (part, clock), or pending with a copy."""
 
-    __slots__ = ("box", "write", "part", "clock", "dma", "what", "where")
+    __slots__ = ("box", "write", "part", "clock", "dma", "what", "where", "alt", "origin")
 
     def __init__(self, box: Box, write: bool, part: int, clock: int, dma: Dma | None,
                  what: str, where: str) -> None:
         self.box, self.write, self.part, self.clock = box, write, part, clock
         self.dma, self.what, self.where = dma, what, where
+        # other epochs that also follow this access (a copy's read is known complete
+        # to its sender after wait_send and to its receiver after wait_recv)
+        self.alt: list[tuple[int, int]] | None = None
+        self.origin = dma.issuer if dma is not None else part
 
 
 @dataclasses.dataclass
@@ -77,7 +81,7 @@ class SemState:
     """One semaphore on one participant."""
 
     __slots__ = ("buffer", "index", "kind", "credit", "pending", "waiters", "label",
-                 "contributors", "peak")
+                 "contributors", "peak", "last_wait")
 
     def __init__(self, buffer: Buffer, index: int, label: str) -> None:
         self.buffer, self.index, self.label = buffer, index, label
@@ -87,6 +91,8 @@ class SemState:
         self.waiters: list[int] = []
         self.contributors: set[int] = set()
         self.peak = 0
+        # (waiter, its clock after the wait, where, [(issuer, epoch, where)] guaranteed)
+        self.last_wait: tuple[int, int, str, list[tuple[int, int, str]]] | None = None
 
     def total(self) -> int:
         return self.credit + sum(c.amount for c in self.pending)
@@ -108,7 +114,9 @@ class _History:
 
     def __init__(self, buf: Buffer) -> None:
         shape = buf.shape or (1,)
-        self.dim = max(range(len(shape)), key=lambda d: shape[d]) if buf.shape else -1
+        # Copies slice leading dimensions far more often than lanes: bucket along
+        # the first dimension with more than one element.
+        self.dim = next((d for d, n in enumerate(shape) if n > 1), 0) if buf.shape else -1
         extent = shape[self.dim] if self.dim >= 0 else 1
         n = max(1, min(extent, 64))
         self.scale = (extent + n - 1) // n
@@ -170,35 +178,46 @@ class Machine:
         h = self._history(view.buffer)
         box = view.box
         row = self.clocks.rows[p]
+        span = h.span(box)
+        single = len(span) == 1
         seen: set[int] = set()
-        for b in h.span(box):
+        for b in span:
             for r in h.buckets[b]:
-                if id(r) in seen:
-                    continue
-                seen.add(id(r))
+                if not single:
+                    if id(r) in seen:
+                        continue
+                    seen.add(id(r))
                 if not (write or r.write) or not overlaps(r.box, box):
                     continue
-                if r.part < 0 or r.clock > row[r.part]:
+                if r.part < 0 or (r.clock > row[r.part] and not (
+                        r.alt and any(c <= row[q] for q, c in r.alt))):
                     self._race(p, view, write, what, where, r, dma)
         if dma is not None:
             rec = Record(box, write, -1, 0, dma, what, where)
         else:
             rec = Record(box, write, p, int(row[p]), None, what, where)
-        for b in h.span(box):
+        for b in span:
             bucket = h.buckets[b]
-            keep = [r for r in bucket
-                    if not (r.part >= 0 and (write or not r.write) and contains(box, r.box)
-                            and r.clock <= row[r.part] and dma is None)]
-            keep.append(rec)
-            h.buckets[b] = keep
+            if dma is None:
+                bucket = [r for r in bucket
+                          if not (r.part >= 0 and (write or not r.write)
+                                  and contains(box, r.box) and r.clock <= row[r.part])]
+            bucket.append(rec)
+            h.buckets[b] = bucket
         if write:
             h.coverage.add(box)
         return rec
 
     def settle(self, rec: Record | None, p: int) -> None:
         """A pending copy access is guaranteed: it happened before ``p``'s current point."""
-        if rec is not None and rec.part < 0:
+        if rec is None:
+            return
+        if rec.part < 0:
             rec.part, rec.clock, rec.dma = p, self.clocks.now(p), None
+        elif rec.part != p:
+            if rec.alt is None:
+                rec.alt = []
+            rec.alt.append((p, self.clocks.now(p)))
 
     def _race(self, p: int, view: View, write: bool, what: str, where: str, other: Record,
               dma: Dma | None) -> None:
@@ -215,8 +234,11 @@ class Machine:
                    "it cannot do without (R7/R9): wait for all of them, or use one "
                    "semaphore per copy.")
         else:
-            them = (f"{other.what} it at {other.where} on {self.labels[other.part]}, and "
-                    "nothing orders the two")
+            if other.origin != other.part:
+                by = f"the copy started on {self.labels[other.origin]}"
+            else:
+                by = self.labels[other.part]
+            them = (f"{by} {other.what} it at {other.where}, and nothing orders the two")
             fix = ("Order them: wait for the copy before touching its buffers, and have the "
                    "device that owns the memory signal (e.g. a barrier or a REGULAR "
                    "semaphore) before others write into it.")
@@ -236,6 +258,13 @@ class Machine:
         return s
 
     def _contribute(self, sem: SemState, c: Contribution) -> None:
+        last = sem.last_wait
+        if last is not None and c.clock is not None:
+            waiter, at, wait_where, relied = last
+            if c.clock[waiter] < at:
+                for issuer, epoch, g_where in relied:
+                    if c.clock[issuer] < epoch:
+                        self._early(sem, c, waiter, wait_where, issuer, g_where)
         sem.pending.append(c)
         sem.contributors.add(c.issuer)
         total = sem.total()
@@ -262,22 +291,9 @@ class Machine:
                 "for it, or drop the signal."
             )
         if barrier:
-            if kernel >= 1 and len(exits) >= kernel and rows[p, target] < exits[kernel - 1]:
-                raise SignalAfterExitError(
-                    f"{what} from {self.labels[p]} at {where} may reach "
-                    f"{self.labels[target]} while it is still in its previous call of a "
-                    "kernel with the same collective_id (R10, jax PR #27963): the barrier "
-                    "semaphore is shared across calls and must be back to zero when a "
-                    "call ends. Add a second barrier round at the end of the kernel (or "
-                    "use a distinct collective_id per call)."
-                )
-            if kernel >= 1 and len(exits) < kernel:
-                raise SignalAfterExitError(
-                    f"{what} from {self.labels[p]} at {where} may reach "
-                    f"{self.labels[target]} while it is still in its previous call of a "
-                    "kernel with the same collective_id (R10, jax PR #27963). Add a second "
-                    "barrier round at the end of the kernel."
-                )
+            # The barrier semaphore outlives the call: an early signal from a peer's
+            # next call is counted there; what it may wrongly release is checked
+            # when it arrives (see _contribute).
             return
         if len(entries) <= kernel or rows[p, target] < entries[kernel]:
             raise SignalAfterExitError(
@@ -321,7 +337,23 @@ class Machine:
         clock = self.clocks.release(p)
         self._contribute(sem, Contribution(amount, clock, None, "signal", p, where))
 
-    def try_wait(self, p: int, sem: SemState, amount: int, decrement: bool = True) -> bool:
+    def _early(self, sem: SemState, c: Contribution, waiter: int, wait_where: str,
+               issuer: int, g_where: str) -> None:
+        what = "copy" if c.dma is not None else "signal"
+        raise VerifiedRaceError(
+            f"a wait may be satisfied by the wrong {what} (R7/R9/R10): the wait on "
+            f"{sem.kind} semaphore {self.sem_names(sem)} of {self.labels[waiter]} at "
+            f"{wait_where} relies on the {what} from {self.labels[issuer]} at {g_where}, "
+            f"but the {what} from {self.labels[c.issuer]} at {c.where} is not ordered after "
+            "that wait, so on a TPU it may arrive first and release the wait instead, before "
+            "what the wait is meant to observe has happened. Give each round its own "
+            "semaphore (or slot), or make the later signaller wait for a signal the waiter "
+            "sends after its wait (e.g. a second barrier round at the end of the kernel, "
+            "jax PR #27963)."
+        )
+
+    def try_wait(self, p: int, sem: SemState, amount: int, decrement: bool = True,
+                 where: str = "") -> bool:
         total = sem.total()
         if total < amount:
             return False
@@ -342,6 +374,9 @@ class Machine:
                     else:
                         self.settle(d.src_rec, p)
             sem.pending = rest
+            sem.last_wait = (p, self.clocks.now(p), where, [
+                (c.issuer, int(c.clock[c.issuer]) if c.clock is not None else 0, c.where)
+                for c in guaranteed])
         if sem.credit < amount and sem.pending:
             clocks = [c.clock for c in sem.pending if c.clock is not None]
             if clocks and len(clocks) == len(sem.pending):
