@@ -174,7 +174,7 @@ def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
             best = f"{min(times):.3f} s" if times else "-"
             median = f"{statistics.median(times):.3f} s" if times else "-"
             rows.append([kind, label, record["devices"], record["steps"], best, median,
-                         record.get("dmas") or "-", record.get("error") or "ok"])
+                         record.get("dmas") or "-", (record.get("error") or "ok")[:90]])
             print(f"  {kind} on {label}: {best} ({record.get('error') or 'ok'})", flush=True)
     print()
     print(table(["kernel", "mesh", "devices", "ring steps", "best", "median", "DMAs",
