@@ -35,6 +35,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from safedma.testing import (
     LeftoverSemaphoreError,
@@ -181,7 +183,9 @@ def test_simulate_cannot_run_ragged_paged_attention() -> None:
 def _jax_all_gather(n: int) -> tuple[Any, jax.Array]:
     mesh = simulated_mesh(n, "x")
     module = _all_gather_module()
-    x = jnp.arange(n * 16 * 128, dtype=jnp.float32).reshape(n * 16, 128)
+    # The mesh's axes are Explicit (jax 0.12): the input must already be split.
+    x = jax.device_put(jnp.arange(n * 16 * 128, dtype=jnp.float32).reshape(n * 16, 128),
+                       NamedSharding(mesh, P("x")))
 
     def program(x: jax.Array) -> jax.Array:
         out: jax.Array = jp.unjitted(module.all_gather)(x, mesh=mesh, axis_name="x")
