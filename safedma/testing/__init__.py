@@ -6,6 +6,9 @@
 * Compile-only builds (:func:`compile_for_tpu`): run libtpu's real XLA TPU
   compiler and Mosaic for a named TPU topology, so VMEM overflows and
   compiler rejections show up in CI rather than on a TPU.
+* Protocol verification (:func:`verify`): prove a kernel's DMA and
+  semaphore protocol from its own program, on every device of a real or
+  device-free mesh, without running it.
 * Strict simulation (:func:`simulate`, :func:`simulated_mesh`): run kernels in
   TPU interpret mode over several CPU devices with races, semaphores left
   non-zero at kernel exit and waits that can never be satisfied turned into
@@ -31,6 +34,16 @@ from safedma.testing._mosaic import (
     mosaic_text,
 )
 from safedma.testing._private import PrivateJaxApiError
+from safedma.testing._verify import (
+    DeadlockError,
+    OutOfBoundsDmaError,
+    SemaphoreIndexError,
+    SignalAfterExitError,
+    UnwrittenReadError,
+    VerificationUnsupportedError,
+    VerifyReport,
+    verify,
+)
 from safedma.testing._simulate import (
     KernelFailedError,
     LeftoverSemaphore,
@@ -47,6 +60,14 @@ from safedma.testing._simulate import (
 )
 
 __all__ = [
+    "DeadlockError",
+    "OutOfBoundsDmaError",
+    "SemaphoreIndexError",
+    "SignalAfterExitError",
+    "UnwrittenReadError",
+    "VerificationUnsupportedError",
+    "VerifyReport",
+    "verify",
     "KERNEL_PLACEHOLDER",
     "KernelFailedError",
     "LeftoverSemaphore",

@@ -118,16 +118,21 @@ def verify(
         traced = jax.jit(fresh).trace(*structs)  # pyright: ignore[reportUnknownMemberType]
     closed = traced.jaxpr
     top = closed.jaxpr
-    engine = Engine(names, sizes)
-    found = _find_device_program(top) if mesh is not None else None
+    found = _find_device_program(top)
     if mesh is not None and found is None:
         raise VerificationUnsupportedError("no shard_map found in the traced program")
     if found is None:
-        body, consts, arg_index = top, list(closed.consts), list(range(len(top.invars)))
+        body, consts, arg_index = top, list(_jax.consts_of(closed)), list(range(len(top.invars)))
     else:
-        body, consts, _, arg_index = found
-    compiled = compile_jaxpr(body, consts)
-    local_specs = _local_specs(in_specs, names, len(args)) if mesh is not None else None
+        body, consts, inner_mesh, arg_index = found
+        if mesh is None:
+            # fn runs its own shard_map: verify on that mesh, arguments unsplit.
+            names = tuple(str(n) for n in inner_mesh.axis_names)
+            sizes = tuple(int(inner_mesh.shape[n]) for n in names)
+    engine = Engine(names, sizes)
+    compiled = compile_jaxpr(body, consts, outer=True)
+    local_specs = (_local_specs(in_specs, names, len(args)) if mesh is not None
+                   else _inner_specs(top, found))
     programs = []
     for p in range(engine.participants):
         coords = engine.coords(p)
@@ -138,7 +143,7 @@ def verify(
             value = values[idx] if 0 <= idx < len(values) else None
             if value is not None and local_specs is not None:
                 value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
-            inputs.append(engine.input_value(p, var.aval, value, f"argument {idx}"))
+            inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
         programs.append(_repeat(compiled, inputs, ctx, invocations))
     engine.schedule(programs)
     m = engine.machine
@@ -167,6 +172,21 @@ def _kernel_names(jaxpr: Any) -> list[str]:
         for sub in _jax.sub_jaxprs(eqn.params):
             out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out
+
+
+def _inner_specs(top: Any, found: Any) -> list[Any] | None:
+    """The in_specs of a shard_map that ``fn`` runs itself, per top-level argument."""
+    if found is None:
+        return None
+    for eqn in top.eqns:
+        if eqn.primitive.name == "shard_map":
+            specs = list(eqn.params["in_specs"])
+            out: list[Any] = [PartitionSpec()] * len(top.invars)
+            for v, spec in zip(eqn.invars, specs):
+                if v in top.invars:
+                    out[top.invars.index(v)] = spec
+            return out
+    return None
 
 
 def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:

@@ -28,7 +28,7 @@ class Clocks:
 
     def release(self, p: int) -> Clock:
         """A copy of ``p``'s clock for a message; ``p`` moves on to a new epoch."""
-        sent = self.rows[p].copy()
+        sent: Clock = self.rows[p].copy()
         self.rows[p, p] += 1
         return sent
 

@@ -111,7 +111,14 @@ class Engine:
         aval = desc.avals[pos]
         name = desc.param_names[pos]
         role = ("k", instance, pos)
+        if src is not None and not isinstance(src, RefVal):
+            # An array computed outside the kernels (known values when small).
+            known = np.asarray(src) if isinstance(src, (np.ndarray, np.generic, int, float,
+                                                         bool)) else None
+            src = self.input_value(ctx.p, aval, known, name)
         if isinstance(src, RefVal) and not block and not smem:
+            if src.buffer.name.startswith("argument ") and not name.startswith("operand "):
+                src.buffer.name = name  # messages name the kernel's own parameter
             return self.adopt(ctx.p, role, src.buffer, aval, name)
         buf = self.buffer(ctx.p, role, aval, name)
         if src is not None and not output:
@@ -152,10 +159,17 @@ class Engine:
         idx = np.unravel_index(s.index, buf.shape)
         return f"{buf.name}[{', '.join(str(int(i)) for i in idx)}]"
 
+    def outer_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
+                    name: str) -> object:
+        """An argument of the per-device program: its values when small and known."""
+        if value is not None and value.size <= _MAX_KNOWN:
+            return value
+        return self.input_value(p, aval, None, name)
+
     def input_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
                     name: str) -> RefVal:
         shape = _jax.aval_shape(aval)
-        buf = self.new_buffer(p, name, shape, int(np.dtype(aval.dtype).itemsize), "HBM", None,
+        buf = self.new_buffer(p, name, shape, _jax.aval_itemsize(aval), "HBM", None,
                               kernel_scoped=False)
         self.machine.mark_written(buf)
         if value is not None and value.size <= _MAX_KNOWN:
@@ -212,8 +226,8 @@ class Engine:
         if barriers:
             # The barrier semaphore persists across calls: it must be back to zero
             # once every call is over.
-            for b in barriers:
-                m.leave_scope(b.owner, [b], self._describe_barrier, "finished its last call")
+            for buf in barriers:
+                m.leave_scope(buf.owner, [buf], self._describe_barrier, "finished its last call")
         err = m.leftover_error()
         if err is not None:
             raise err

@@ -277,6 +277,12 @@ def user_frame(source_info: Any) -> str | None:
     for frame in frames:
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
             return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+    # Kernels shipped inside jax itself (jax/experimental/pallas/ops): their own line.
+    for frame in frames:
+        path = frame.file_name
+        if (f"{os.sep}jax{os.sep}experimental{os.sep}" in path
+                and f"{os.sep}pallas{os.sep}ops{os.sep}" in path):
+            return f"{path}:{frame.line_num} ({frame.function_name})"
     return None
 
 
@@ -317,9 +323,28 @@ def kernel_param_names(kernel_jaxpr: Any) -> tuple[str, ...]:
 
 def bind_concrete(eqn: Any, values: Sequence[object]) -> list[object]:
     """Evaluate one primitive on concrete scalars, through jax itself (the slow fallback)."""
-    params = eqn.primitive.get_bind_params(eqn.params) if hasattr(
-        eqn.primitive, "get_bind_params") else ((), eqn.params)
-    subfuns, bind_params = params
+    subfuns, bind_params = _bind_params(eqn)
     out = eqn.primitive.bind(*subfuns, *[np.asarray(v) for v in values], **bind_params)
     outs = out if eqn.primitive.multiple_results else [out]
     return [cast(object, np.asarray(o).item()) for o in outs]
+
+
+def bind_concrete_arrays(eqn: Any, values: Sequence[object]) -> list[object]:
+    """Evaluate one primitive on concrete arrays (outside kernels), results as numpy."""
+    subfuns, bind_params = _bind_params(eqn)
+    out = eqn.primitive.bind(*subfuns, *[np.asarray(v) for v in values], **bind_params)
+    outs = out if eqn.primitive.multiple_results else [out]
+    result: list[object] = []
+    for o in outs:
+        a = np.asarray(o)
+        result.append(a.item() if a.shape == () and a.dtype.kind in "biuf" else a)
+    return result
+
+
+def _bind_params(eqn: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Why: ``Primitive.get_bind_params`` returns (subfuns, params) in jax 0.10 and the
+    params alone in 0.12."""
+    got = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
+        return list(got[0]), dict(got[1])
+    return [], dict(got)

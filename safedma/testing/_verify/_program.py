@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import Buffer, RegionError, UnsupportedView, View, resolve
@@ -20,7 +20,10 @@ from safedma.testing._verify._report import (
     VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
-from safedma.testing._verify._semantics import Blocked
+from safedma.testing._verify._semantics import Blocked, Machine
+
+if TYPE_CHECKING:
+    from safedma.testing._verify._engine import Engine
 
 __all__ = ["RefVal", "Compiled", "compile_jaxpr", "run", "Ctx"]
 
@@ -40,10 +43,10 @@ class RefVal:
 class Ctx:
     """What one participant's program sees: its position, the machine, the current kernel."""
 
-    def __init__(self, p: int, engine: Any, axis_index: dict[str, int]) -> None:
+    def __init__(self, p: int, engine: Engine, axis_index: dict[str, int]) -> None:
         self.p = p
         self.engine = engine
-        self.machine = engine.machine
+        self.machine: Machine = engine.machine
         self.axis_index = axis_index
         self.grid_point: tuple[int, ...] = ()
         self.grid: tuple[int, ...] = ()
@@ -63,28 +66,35 @@ class Compiled:
         self.consts: list[object] = []
 
 
-_CACHE: dict[int, tuple[Any, Compiled]] = {}
+_CACHE: dict[tuple[int, bool], tuple[Any, Compiled]] = {}
+_OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 
 
-def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = ()) -> Compiled:
-    key = id(jaxpr)
+def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False) -> Compiled:
+    """``jaxpr`` as closures; ``outer`` for the program around the kernels, where small
+    arrays built from known values (page tables, flags) are computed concretely."""
+    key = (id(jaxpr), outer)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
-    c = _Compiler(jaxpr).compiled
-    values = [_const(v) for v in consts]
+    c = _Compiler(jaxpr, outer).compiled
+    values = [_const(v, outer) for v in consts]
     nconst = len(jaxpr.constvars)
     c.consts = (values + [VECTOR] * nconst)[:nconst]
     _CACHE[key] = (jaxpr, c)
     return c
 
 
-def _const(v: object) -> object:
+def _const(v: object, outer: bool = False) -> object:
     try:
         import numpy as np
         a = np.asarray(v)
-        if a.shape == () and a.dtype.kind in "biuf":
+        if a.dtype.kind not in "biuf":
+            return VECTOR
+        if a.shape == ():
             return a.item()
+        if outer and a.size <= _OUTER_LIMIT:
+            return a
     except Exception:
         pass
     return VECTOR
@@ -124,7 +134,8 @@ def _is_scalar(aval: Any) -> bool:
 
 
 class _Compiler:
-    def __init__(self, jaxpr: Any) -> None:
+    def __init__(self, jaxpr: Any, outer: bool = False) -> None:
+        self.outer = outer
         self.slots: dict[Any, int] = {}
         self.compiled = c = Compiled()
         for v in jaxpr.constvars:
@@ -145,7 +156,7 @@ class _Compiler:
     def atom(self, a: Any) -> tuple[bool, Any]:
         if _jax.is_literal(a):
             val = _jax.literal_value(a)
-            return False, _const(val)
+            return False, _const(val, self.outer)
         return True, self.slot(a)
 
     def reader(self, a: Any) -> Callable[[list[Any]], Any]:
@@ -180,6 +191,8 @@ class _Compiler:
                     f"the verifier does not model the primitive {name!r} on a ref (at "
                     f"{where}); check this kernel with safedma.testing.simulate instead")
             return unsupported
+        if self.outer and outs:
+            return self.concrete(eqn, ins, outs)
         if not scalar_out or not outs:
             def vector(env: list[Any], ctx: Ctx) -> None:
                 for s in outs:
@@ -220,14 +233,42 @@ class _Compiler:
                 env[s] = v
         return scalar
 
+    def concrete(self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
+        """Outside kernels: evaluate small arrays of known values with jax itself."""
+        import numpy as np
+        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= _OUTER_LIMIT
+                    for v in eqn.outvars)
+        memo: dict[tuple[Any, ...], list[Any]] = {}
+
+        def op(env: list[Any], ctx: Ctx) -> None:
+            vals = [env[x] if is_var else x for is_var, x in ins]
+            known = small and all(
+                isinstance(v, (int, float, bool, np.ndarray, np.generic)) for v in vals)
+            if known:
+                key = tuple(v.tobytes() + str(v.shape).encode() if isinstance(v, np.ndarray)
+                            else v for v in vals)
+                res = memo.get(key)
+                if res is None:
+                    try:
+                        res = _jax.bind_concrete_arrays(eqn, vals)
+                    except Exception:
+                        res = [VECTOR] * len(outs)
+                    memo[key] = res
+                for s, v in zip(outs, res):
+                    env[s] = v
+                return
+            for s in outs:
+                env[s] = VECTOR
+        return op
+
     # --- calls and control flow
 
     def call(self, eqn: Any, key: str = "jaxpr") -> Op:
         jaxpr, consts = _jax.jaxpr_of(eqn.params[key])
-        body = compile_jaxpr(jaxpr, consts)
+        body = compile_jaxpr(jaxpr, consts, self.outer)
         ins = [self.atom(a) for a in eqn.invars]
         outs = self.outs(eqn)
-        pure = all(_is_scalar(v.aval) for v in eqn.outvars) and not _has_effects(jaxpr)
+        pure = not self.outer and all(_is_scalar(v.aval) for v in eqn.outvars) and not _has_effects(jaxpr)
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> Gen | None:

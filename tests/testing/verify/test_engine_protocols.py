@@ -1,0 +1,319 @@
+"""verify's engine on small raw-pltpu kernels: clean protocols pass, each bug class is caught.
+
+The kernels here are written for the engine's unit tests; the kernel corpus
+(every R-row, agreement with simulate) lives in the other test files of this
+folder.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.kernels import (
+    all_gather,
+    all_gather_bidirectional,
+    all_reduce,
+    gather_pages,
+    pipeline,
+    ppermute,
+    reduce_scatter,
+)
+from safedma.testing import (
+    DeadlockError,
+    LeftoverSemaphoreError,
+    RaceDetectedError,
+    SemaphoreIndexError,
+    SignalAfterExitError,
+    SimulationError,
+    UnwrittenReadError,
+    VerificationUnsupportedError,
+    VerifyReport,
+    abstract_mesh,
+    verify,
+)
+from tests.support import calls, kernels_pltpu as kp
+
+HBM = pl.BlockSpec(memory_space=pl.ANY)
+X = jax.ShapeDtypeStruct((32, 128), jnp.float32)
+HERE = __file__.rsplit("/", 1)[-1]
+
+
+def _local(kernel: Callable[..., None], scratch: list[Any], x: Any = X,
+           **kw: Any) -> Callable[[jax.Array], jax.Array]:
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          in_specs=[HBM], out_specs=HBM, scratch_shapes=scratch, **kw)
+
+
+def _ring(kernel: Callable[..., None], scratch: list[Any],
+          **kw: Any) -> Callable[[jax.Array], jax.Array]:
+    def per_device(block: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[HBM], out_specs=HBM, scratch_shapes=scratch, **kw)(block)
+        return out
+    return per_device
+
+
+# ------------------------------------------------------------------ clean kernels
+
+
+@pytest.mark.parametrize("make", [calls.scale_copy_call, calls.reverse_halves_call,
+                                  calls.double_buffered_call])
+def test_local_twins_verify_clean(make: Callable[..., Any]) -> None:
+    name = make.__name__.removesuffix("_call")
+    report = verify(make(getattr(kp, name), X), X)
+    assert isinstance(report, VerifyReport)
+    assert report.devices == 1 and report.dmas >= 2 and report.waits == report.dmas
+    assert "verified" in str(report)
+
+
+def test_ring_permute_clean_on_four_devices() -> None:
+    report = verify(_ring(kp.ring_permute, [pltpu.SemaphoreType.DMA(())] * 2), X,
+                    mesh=abstract_mesh((4,), ("x",)))
+    assert (report.devices, report.dmas, report.remote_dmas, report.waits) == (4, 4, 4, 8)
+
+
+#: name -> (the per-device function, rows of one device's block as a function of n)
+COLLECTIVES: dict[str, tuple[Callable[..., Any], Callable[[int], int]]] = {
+    "ppermute": (functools.partial(ppermute, axis="x"), lambda n: 8),
+    "ppermute_barrier": (functools.partial(ppermute, axis="x", collective_id=0), lambda n: 8),
+    "all_gather": (functools.partial(all_gather, axis="x"), lambda n: 8),
+    "all_gather_barrier": (functools.partial(all_gather, axis="x", collective_id=0),
+                           lambda n: 8),
+    "all_gather_bidirectional": (functools.partial(all_gather_bidirectional, axis="x"),
+                                 lambda n: 16),
+    "reduce_scatter": (functools.partial(reduce_scatter, axis="x"), lambda n: 8 * n),
+    "all_reduce": (functools.partial(all_reduce, axis="x"), lambda n: 8 * n),
+    "all_reduce_unfused": (functools.partial(all_reduce, axis="x", fused=False),
+                           lambda n: 8 * n),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("invocations", [1, 2])
+def test_safedma_collectives_clean(name: str, n: int, invocations: int) -> None:
+    fn, rows = COLLECTIVES[name]
+    x = jax.ShapeDtypeStruct((rows(n) * n, 128), jnp.float32)
+    report = verify(fn, x, mesh=abstract_mesh((n,), ("x",)), invocations=invocations)
+    assert report.devices == n and report.invocations == invocations
+    assert report.remote_dmas > 0
+
+
+def test_all_gather_on_2x4_mesh_along_second_axis() -> None:
+    report = verify(functools.partial(all_gather, axis="y"),
+                    jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                    mesh=abstract_mesh((2, 4), ("x", "y")))
+    assert report.devices == 8 and report.remote_dmas == 8 * 3
+
+
+def test_pipeline_and_gather_pages_clean() -> None:
+    verify(functools.partial(pipeline, fn=lambda c: c * 2.0, chunk_rows=8),
+           jax.ShapeDtypeStruct((64, 128), jnp.float32))
+    pages = jax.ShapeDtypeStruct((6, 8, 128), jnp.float32)
+    report = verify(gather_pages, pages, np.array([4, 0, 5], np.int32))
+    assert report.dmas == 4
+
+
+# ------------------------------------------------------------------ bug classes
+
+
+def test_r1_destination_read_before_wait() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
+        c = pltpu.make_async_copy(x_hbm, buf, sem)
+        c.start()
+        o_hbm[...] = buf[...]  # not a VMEM read in real code, but a read all the same
+        c.wait()
+
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_local(kernel, [pltpu.VMEM(X.shape, X.dtype), pltpu.SemaphoreType.DMA(())]), X)
+
+
+def test_r2_copy_never_waited_is_leftover() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
+        pltpu.make_async_copy(x_hbm, o_hbm, sem).start()
+
+    with pytest.raises(LeftoverSemaphoreError, match="never waited") as err:
+        verify(_local(kernel, [pltpu.VMEM(X.shape, X.dtype), pltpu.SemaphoreType.DMA(())]), X)
+    assert "sem" in str(err.value) and HERE in str(err.value)
+
+
+def test_r3_receive_that_never_comes_is_a_deadlock() -> None:
+    def kernel(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
+        me = jax.lax.axis_index("x")
+        c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
+                                         device_id={"x": (me + 1) % 4})
+
+        @pl.when(me != 0)  # device 0 never sends, device 1 waits forever
+        def _() -> None:
+            c.start()
+            c.wait_send()
+        c.wait_recv()
+
+    with pytest.raises(DeadlockError, match=r"device 1 \(x=1\)") as err:
+        verify(_ring(kernel, [pltpu.SemaphoreType.DMA(())] * 2), X,
+               mesh=abstract_mesh((4,), ("x",)))
+    assert "recv_sem" in str(err.value) and HERE in str(err.value)
+
+
+def test_r5_semaphore_index_outside_its_array() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, sems: Any) -> None:
+        i = pl.program_id(0) + 2  # dynamic, so jax cannot reject it while tracing
+        c = pltpu.make_async_copy(x_hbm, o_hbm, sems.at[i])
+        c.start()
+        c.wait()
+
+    call = pl.pallas_call(kernel, out_shape=X, grid=(1,), in_specs=[HBM], out_specs=HBM,
+                          scratch_shapes=[pltpu.SemaphoreType.DMA((2,))])
+    with pytest.raises(SemaphoreIndexError, match="R5"):
+        verify(call, X)
+
+
+def test_r6_sending_a_buffer_nothing_wrote() -> None:
+    def kernel(x_ref: Any, o_ref: Any, staging: Any, send_sem: Any, recv_sem: Any) -> None:
+        me = jax.lax.axis_index("x")
+        c = pltpu.make_async_remote_copy(staging, o_ref, send_sem, recv_sem,
+                                         device_id={"x": (me + 1) % 4})
+        c.start()
+        c.wait()
+
+    scratch = [pltpu.VMEM((8, 128), X.dtype), pltpu.SemaphoreType.DMA(()),
+               pltpu.SemaphoreType.DMA(())]
+    with pytest.raises(UnwrittenReadError, match="staging"):
+        verify(_ring(kernel, scratch), X, mesh=abstract_mesh((4,), ("x",)))
+
+
+def test_r7_wait_on_the_wrong_slot_with_balanced_counts() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sems: Any) -> None:
+        c0 = pltpu.make_async_copy(x_hbm, bufs.at[0], sems.at[0])
+        c1 = pltpu.make_async_copy(x_hbm, bufs.at[1], sems.at[1])
+        c0.start()
+        c1.start()
+        c1.wait()
+        o_hbm[...] = bufs[0]  # slot 0's own copy is not known to have landed
+        c0.wait()
+
+    scratch = [pltpu.VMEM((2, *X.shape), X.dtype), pltpu.SemaphoreType.DMA((2,))]
+    with pytest.raises(RaceDetectedError, match=r"bufs\[0:1"):
+        verify(_local(kernel, scratch), X)
+
+
+def test_r9_shared_semaphore_early_wait() -> None:
+    half = (16, 128)
+
+    def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sem: Any) -> None:
+        c0 = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 16)], bufs.at[0], sem)
+        c1 = pltpu.make_async_copy(x_hbm.at[pl.ds(16, 16)], bufs.at[1], sem)
+        c0.start()
+        c1.start()
+        c0.wait()  # 8 KiB of either copy satisfy it
+        o_hbm[pl.ds(0, 16)] = bufs[0]
+        c1.wait()
+        o_hbm[pl.ds(16, 16)] = bufs[1]
+
+    scratch = [pltpu.VMEM((2, *half), X.dtype), pltpu.SemaphoreType.DMA(())]
+    with pytest.raises(RaceDetectedError, match="R7/R9"):
+        verify(_local(kernel, scratch), X)
+
+
+def test_shared_semaphore_aggregate_wait_is_clean() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sem: Any) -> None:
+        c0 = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 16)], bufs.at[0], sem)
+        c1 = pltpu.make_async_copy(x_hbm.at[pl.ds(16, 16)], bufs.at[1], sem)
+        c0.start()
+        c1.start()
+        pltpu.make_async_copy(bufs, bufs, sem).wait()  # one wait for both
+        o_hbm[pl.ds(0, 16)] = bufs[0]
+        o_hbm[pl.ds(16, 16)] = bufs[1]
+
+    verify(_local(kernel, [pltpu.VMEM((2, 16, 128), X.dtype), pltpu.SemaphoreType.DMA(())]), X)
+
+
+def test_r8_signal_to_a_device_that_never_waits_it() -> None:
+    def kernel(x_ref: Any, o_ref: Any, sem: Any, dma: Any) -> None:
+        me = jax.lax.axis_index("x")
+        c = pltpu.make_async_copy(x_ref, o_ref, dma)
+        c.start()
+        c.wait()
+
+        @pl.when(me == 0)
+        def _() -> None:
+            pl.semaphore_signal(sem, 1, device_id={"x": 1})
+
+    with pytest.raises((SignalAfterExitError, LeftoverSemaphoreError)) as err:
+        verify(_ring(kernel, [pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(())]),
+               X, mesh=abstract_mesh((4,), ("x",)))
+    assert "device 1 (x=1)" in str(err.value)
+
+
+def _single_barrier_permute(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
+    me = jax.lax.axis_index("x")
+    right, left = (me + 1) % 4, (me + 3) % 4
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, 1, device_id={"x": left})
+    pl.semaphore_signal(barrier, 1, device_id={"x": right})
+    pl.semaphore_wait(barrier, 2)
+    c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
+                                     device_id={"x": right})
+    c.start()
+    c.wait()
+
+
+def test_r10_single_barrier_reused_across_calls() -> None:
+    fn = _ring(_single_barrier_permute, [pltpu.SemaphoreType.DMA(())] * 2,
+               compiler_params=pltpu.CompilerParams(collective_id=0))
+    mesh = abstract_mesh((4,), ("x",))
+    verify(fn, X, mesh=mesh)  # one call is fine
+    with pytest.raises(SimulationError, match="R10|R7/R9"):
+        verify(fn, X, mesh=mesh, invocations=2)
+
+
+# ------------------------------------------------------------------ legitimate patterns
+
+
+def test_handle_waited_in_each_branch_of_a_cond() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+        c = pltpu.make_async_copy(x_hbm, o_hbm, sem)
+        c.start()
+        odd = pl.program_id(0) % 2 == 1
+
+        @pl.when(odd)
+        def _() -> None:
+            c.wait()
+
+        @pl.when(jnp.logical_not(odd))
+        def _() -> None:
+            c.wait()
+
+    call = pl.pallas_call(kernel, out_shape=X, grid=(3,), in_specs=[HBM], out_specs=HBM,
+                          scratch_shapes=[pltpu.SemaphoreType.DMA(())])
+    assert verify(call, X).waits == 3
+
+
+def test_trip_count_read_from_smem() -> None:
+    def kernel(n_ref: Any, x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+        def body(i: Any, carry: None) -> None:
+            c = pltpu.make_async_copy(x_hbm.at[pl.ds(i * 8, 8)], o_hbm.at[pl.ds(i * 8, 8)], sem)
+            c.start()
+            c.wait()
+            return carry
+        jax.lax.fori_loop(0, n_ref[0], body, None)
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(1,), in_specs=[HBM], out_specs=HBM,
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())])
+    call = pl.pallas_call(kernel, out_shape=X, grid_spec=grid_spec)
+    assert verify(call, np.array([4], np.int32), X).dmas == 4
+    with pytest.raises(UnwrittenReadError, match="o_hbm"):
+        verify(call, np.array([3], np.int32), X)  # the last rows are never written
+    with pytest.raises(VerificationUnsupportedError, match="concrete array"):
+        verify(call, jax.ShapeDtypeStruct((1,), jnp.int32), X)
