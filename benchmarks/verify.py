@@ -61,7 +61,7 @@ BIG_BLOCK = (2**21, 128)  # 1 GiB of float32
 
 def _verify() -> Callable[..., Any]:
     try:
-        from safedma.testing import verify  # type: ignore[attr-defined]
+        from safedma.testing import verify
     except ImportError:  # until the face exports it
         from safedma.testing._verify._api import verify
     fn: Callable[..., Any] = verify

@@ -555,7 +555,7 @@ def verify(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     (test_messages.py checks the export).
     """
     try:
-        from safedma.testing import verify as run  # type: ignore[attr-defined]
+        from safedma.testing import verify as run
     except ImportError:
         from safedma.testing._verify._api import verify as run
     return run(fn, *args, **kwargs)

@@ -108,7 +108,7 @@ def test_safedma_collectives_are_clean_for_every_ring(n: int, kind: str, chunk_r
         fn = functools.partial(sk.all_gather_bidirectional, axis="x")
         block = (2 * chunk_rows, 128)
     else:
-        make = {"reduce_scatter": sk.reduce_scatter, "all_reduce": sk.all_reduce,
+        make: Any = {"reduce_scatter": sk.reduce_scatter, "all_reduce": sk.all_reduce,
                 "all_reduce_composed": functools.partial(sk.all_reduce, fused=False)}[kind]
         fn = functools.partial(make, axis="x")
         block = (n * chunk_rows, 128)
