@@ -288,6 +288,46 @@ def writeback_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     lax.fori_loop(0, steps, body, None)
 
 
+def _credit_ring(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
+                 send_sems: sd.SemArray, recv_sems: sd.SemArray, credits: sd.RegularSem,
+                 out_sem: sd.SemRef, *, check_credit: bool) -> None:
+    messages = raw.CREDIT_MESSAGES
+    rows = x_ref.shape[0] // messages
+
+    def message(t: int) -> sd.RemoteCopy[sd.Given, sd.Given]:
+        slot = t % 2
+        return (sd.RemoteCopy(x_ref.at[pl.ds(t * rows, rows)], bufs.at[slot], recv_sems.at[slot])
+                .with_send_sem(send_sems.at[slot]).to(sd.neighbour(AXIS)))
+
+    sd.signal(credits, 2, device=sd.neighbour(AXIS, -1))
+    for t in range(messages):
+        if check_credit or t < 2:
+            sd.wait(credits, 1)
+        if t >= 2:
+            message(t - 2).started_elsewhere().wait_send()
+        message(t).start().wait_recv()  # verify: credit_ring
+        res[pl.ds(t * rows, rows)] = bufs[t % 2]  # verify: credit_ring
+        if t + 2 < messages:
+            sd.signal(credits, 1, device=sd.neighbour(AXIS, -1))
+    for t in range(max(messages - 2, 0), messages):
+        message(t).started_elsewhere().wait_send()
+    sd.LocalCopy(res, o_ref, out_sem).start().wait()
+
+
+def credit_ring_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
+                   send_sems: sd.SemArray, recv_sems: sd.SemArray, credits: sd.RegularSem,
+                   out_sem: sd.SemRef) -> None:
+    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
+                 check_credit=True)
+
+
+def credit_ring_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
+                    send_sems: sd.SemArray, recv_sems: sd.SemArray, credits: sd.RegularSem,
+                    out_sem: sd.SemRef) -> None:
+    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
+                 check_credit=False)
+
+
 # ====================================================================== expectations
 
 
@@ -348,6 +388,8 @@ EXPECT: dict[str, Expect] = {
                                ("x=1", "x=3"), ("sem", "o_ref"), "cond_each_branch", r"(?i)wait"),
     "when_not_when": Expect("R3", r"Unsatisfiable|Deadlock", r"(?i)never|deadlock|blocked",
                             ("x=2",), ("sem",), "when_not_when", r"(?i)wait|start|signal"),
+    "credit_ring": Expect("R1", r"Race|Leftover|AfterExit", r"(?i)race|not ordered|not back to zero",
+                          ALL, ("bufs", "credits"), "credit_ring", r"(?i)wait|signal"),
     "writeback": Expect("R4", r"Leftover|Race", r"(?i)not back to zero|never waited|race",
                         ALL, ("sems", "o_ref"), "writeback", r"(?i)wait"),
 }
@@ -410,6 +452,14 @@ ROWS: tuple[Row, ...] = (
         x_in_vmem=True, rows=4 * CHUNK, simulate_bug="RaceDetectedError"),
 )
 ROW = {r.name: r for r in ROWS}
+# Flow control by credits on a REGULAR semaphore (safedma's reduce-scatter and
+# all-reduce use it): reusing a receive slot is safe because the credit that allows
+# it is issued after the slot was read.
+ROWS += (Row("credit_ring", lambda: [
+    pltpu.VMEM((2, CHUNK, BLOCK[1]), F32), pltpu.VMEM((6 * CHUNK, BLOCK[1]), F32),
+    pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.REGULAR,
+    *_dma()], "false_alarm", rows=6 * CHUNK, simulate_bug="RaceDetectedError"),)
+ROW["credit_ring"] = ROWS[-1]
 
 # Correct spellings that safedma's trace-time checks reject today (the trace lane
 # is moving path-dependent checks to verify); the safedma case is xfail(strict).

@@ -387,6 +387,59 @@ def local_ring(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
     c.wait()
 
 
+# ------------------------------------------------------------------ credit flow control
+
+
+CREDIT_MESSAGES = 6
+
+
+def _credit_ring(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any, recv_sems: Any,
+                 credits: Any, out_sem: Any, *, check_credit: bool) -> None:
+    """Each device sends CREDIT_MESSAGES chunks to its right neighbour through two receive
+    slots; a slot is reused only after the receiver read it and returned a credit.
+
+    The receiver returns one credit per message it read (two up front); the sender
+    waits one credit per message. Message t + 2 then starts after the receiver read
+    message t, because the credit that lets it go is issued after that read: of any
+    t + 3 credits the sender consumed, one was issued after it (the seeded bug skips
+    the credit wait for messages 2 and on).
+    """
+    rows = x_ref.shape[0] // CREDIT_MESSAGES
+
+    def message(t: int) -> Any:
+        slot = t % 2
+        return pltpu.make_async_remote_copy(
+            x_ref.at[pl.ds(t * rows, rows)], bufs.at[slot], send_sems.at[slot],
+            recv_sems.at[slot], device_id=_ring(1))
+
+    pl.semaphore_signal(credits, 2, device_id=_ring(-1))
+    for t in range(CREDIT_MESSAGES):
+        if check_credit or t < 2:
+            pl.semaphore_wait(credits, 1)
+        if t >= 2:
+            message(t - 2).wait_send()
+        message(t).start()  # verify: credit_ring
+        message(t).wait_recv()
+        res[pl.ds(t * rows, rows)] = bufs[t % 2]  # verify: credit_ring
+        if t + 2 < CREDIT_MESSAGES:
+            pl.semaphore_signal(credits, 1, device_id=_ring(-1))
+    for t in range(max(CREDIT_MESSAGES - 2, 0), CREDIT_MESSAGES):
+        message(t).wait_send()
+    _write_out(res, o_ref, out_sem)
+
+
+def credit_ring_ok(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any,
+                   recv_sems: Any, credits: Any, out_sem: Any) -> None:
+    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
+                 check_credit=True)
+
+
+def credit_ring_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any,
+                    recv_sems: Any, credits: Any, out_sem: Any) -> None:
+    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
+                 check_credit=False)
+
+
 # ------------------------------------------------------------------ property tests
 
 

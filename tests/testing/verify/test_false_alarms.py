@@ -5,7 +5,11 @@
 * a write-back pipeline waiting step i - 1 through ``started_elsewhere()``
   and its own handle at the last step;
 * a ``started_elsewhere()`` wait on ``sems.at[0]`` that must not discharge a
-  copy leaked on ``sems.at[1]``.
+  copy leaked on ``sems.at[1]``;
+* and one verify itself must not reject: credit flow control on a REGULAR
+  semaphore (the receiver returns a credit per slot it read; the sender waits
+  a credit per message), the protocol of safedma's reduce-scatter and
+  all-reduce, reduced to a ring of six messages over two slots.
 
 ``verify`` executes each device's path, so it must prove the correct ones
 clean and reject each broken twin (one branch without its wait; two
