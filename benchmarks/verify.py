@@ -96,19 +96,35 @@ def _args(kind: str, shape: tuple[int, ...], names: tuple[str, ...],
     return x, spec, spec
 
 
-def verify_once(kind: str, shape: tuple[int, ...], names: tuple[str, ...],
-                block: tuple[int, int] = SMALL_BLOCK) -> tuple[float, Any]:
-    """Seconds to verify ``kind`` on a device-free mesh, tracing included; and the report."""
-    from safedma.testing import abstract_mesh
+def _verdict(error: BaseException | None) -> str:
+    if error is None:
+        return "clean"
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def _timed_verify(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any, str]:
+    """(seconds to the verdict, the report or None, the verdict). A verdict that is an
+    error is timed too: verify stops at the first error, so the time is a lower bound."""
+    from safedma.testing import SimulationError
 
     verify = _verify()
-    x, ins, outs = _args(kind, shape, names, block)
-    mesh = abstract_mesh(shape, names)
-    fn = _kernel(kind)
     gc.collect()
     t0 = time.perf_counter()
-    report = verify(fn, x, mesh=mesh, in_specs=ins, out_specs=outs)
-    return time.perf_counter() - t0, report
+    try:
+        report = verify(fn, *args, **kwargs)
+    except SimulationError as err:
+        return time.perf_counter() - t0, None, _verdict(err)
+    return time.perf_counter() - t0, report, "clean"
+
+
+def verify_once(kind: str, shape: tuple[int, ...], names: tuple[str, ...],
+                block: tuple[int, int] = SMALL_BLOCK) -> tuple[float, Any, str]:
+    """Seconds to verify ``kind`` on a device-free mesh, tracing included; report; verdict."""
+    from safedma.testing import abstract_mesh
+
+    x, ins, outs = _args(kind, shape, names, block)
+    return _timed_verify(_kernel(kind), x, mesh=abstract_mesh(shape, names), in_specs=ins,
+                         out_specs=outs)
 
 
 # ------------------------------------------------------------------ 1. scale (child processes)
@@ -120,14 +136,15 @@ def _child(kind: str, label: str, reps: int) -> None:
     times: list[float] = []
     report: Any = None
     error = None
+    verdict = "-"
     for _ in range(reps):
         try:
-            seconds, report = verify_once(kind, shape, names)
-        except Exception as err:  # reported, not raised: the table shows it
+            seconds, report, verdict = verify_once(kind, shape, names)
+        except Exception as err:  # not a verdict: the engine failed; the table shows it
             error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             break
         times.append(seconds)
-    out = {"times": times, "error": error,
+    out = {"times": times, "error": error, "verdict": verdict,
            "dmas": getattr(report, "dmas", None), "waits": getattr(report, "waits", None)}
     print(json.dumps(out), flush=True)
 
@@ -173,12 +190,13 @@ def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
             times = record["times"]
             best = f"{min(times):.3f} s" if times else "-"
             median = f"{statistics.median(times):.3f} s" if times else "-"
+            result = record.get("error") or record.get("verdict") or "-"
             rows.append([kind, label, record["devices"], record["steps"], best, median,
-                         record.get("dmas") or "-", (record.get("error") or "ok")[:90]])
-            print(f"  {kind} on {label}: {best} ({record.get('error') or 'ok'})", flush=True)
+                         record.get("dmas") or "-", result[:90]])
+            print(f"  {kind} on {label}: {best} ({result})", flush=True)
     print()
     print(table(["kernel", "mesh", "devices", "ring steps", "best", "median", "DMAs",
-                 "result"], rows))
+                 "verdict (an error: time to it)"], rows))
     growth = []
     for kind in KERNELS:
         def best_of(label: str) -> float | None:
@@ -237,13 +255,13 @@ def _verify_on_eight(kind: str) -> float:
     rows, cols = _block(kind, 8)
     x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((rows * 8, cols)),
                           jax.numpy.float32)
-    mesh = simulated_mesh(8, "x")
-    fn = _kernel(kind)
-    verify = _verify()
-    gc.collect()
-    t0 = time.perf_counter()
-    verify(fn, x, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    return time.perf_counter() - t0
+    seconds, _, verdict = _timed_verify(_kernel(kind), x, mesh=simulated_mesh(8, "x"),
+                                        in_specs=P("x"), out_specs=P("x"))
+    _VERDICTS[kind] = verdict
+    return seconds
+
+
+_VERDICTS: dict[str, str] = {}
 
 
 def versus(reps: int) -> dict[str, Any]:
@@ -257,12 +275,13 @@ def versus(reps: int) -> dict[str, Any]:
             runner: Callable[[str], float] = _verify_on_eight
         except Exception:  # the engine may not take a real mesh yet: use a device-free one
             runner = lambda k: verify_once(k, (8,), ("x",))[0]  # noqa: E731
+            _VERDICTS[kind] = verify_once(kind, (8,), ("x",))[2]
             mesh_kind = "device-free"
         try:
             _simulate_once(kind)
         except Exception as err:
             out[kind] = {"error": f"simulate: {type(err).__name__}: {err}"}
-            rows.append([kind, "-", "-", "-", out[kind]["error"][:60]])
+            rows.append([kind, "-", "-", "-", "-", out[kind]["error"][:60]])
             continue
         ours: list[float] = []
         theirs: list[float] = []
@@ -277,21 +296,23 @@ def versus(reps: int) -> dict[str, Any]:
                     ours.append(runner(kind))
             except Exception as err:
                 error = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
-                break
+                break  # not a verdict (those are timed): the engine or simulate failed
         if not ours or len(ours) != len(theirs):
             out[kind] = {"error": error or "no measurement"}
-            rows.append([kind, "-", "-", "-", out[kind]["error"]])
+            rows.append([kind, "-", "-", "-", "-", out[kind]["error"][:60]])
             continue
         speedup = Spread.of([s / v for s, v in zip(theirs, ours)])
-        out[kind] = {"verify_s": Spread.of(ours).as_dict(), "simulate_s": Spread.of(theirs).as_dict(),
+        verdict = _VERDICTS.get(kind, "-")
+        out[kind] = {"verify_s": Spread.of(ours).as_dict(),
+                     "simulate_s": Spread.of(theirs).as_dict(),
                      "speedup": speedup.as_dict(), "verify_mesh": mesh_kind,
-                     "goal_met": speedup.median >= GOAL_SPEEDUP}
+                     "verify_verdict": verdict, "goal_met": speedup.median >= GOAL_SPEEDUP}
         rows.append([kind, ms(statistics.median(ours)) + f" ({mesh_kind})",
                      ms(statistics.median(theirs)), ratio_text(speedup),
-                     "met" if speedup.median >= GOAL_SPEEDUP else "missed"])
+                     "met" if speedup.median >= GOAL_SPEEDUP else "missed", verdict[:60]])
     print(table(["kernel", "verify (median)", "simulate (median)",
                  "speedup simulate/verify: median (IQR, min-max)",
-                 f"goal >= {GOAL_SPEEDUP:g}x"], rows))
+                 f"goal >= {GOAL_SPEEDUP:g}x", "verify's verdict"], rows))
     return out
 
 
