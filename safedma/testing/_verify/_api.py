@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from safedma.testing._verify import _jax, _kernels, _ops  # noqa: F401  (register ops)
+from safedma.testing._verify import _jax
+from safedma.testing._verify import _kernels as _kernels  # registers pallas_call
+from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
+from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
-from safedma.testing._verify._program import Ctx, compile_jaxpr, run
+from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
+from safedma.testing._verify._semantics import Blocked
 from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
 
 __all__ = ["verify"]
@@ -25,7 +29,8 @@ def _specs(specs: Any, default: PartitionSpec, arguments: bool) -> Any:
         return default
     if isinstance(specs, PartitionSpec):
         return specs
-    return list(specs) if isinstance(specs, list) and not arguments else tuple(specs)
+    seq = cast("Sequence[PartitionSpec]", specs)
+    return list(seq) if isinstance(specs, list) and not arguments else tuple(seq)
 
 
 def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
@@ -129,22 +134,26 @@ def verify(
             # fn runs its own shard_map: verify on that mesh, arguments unsplit.
             names = tuple(str(n) for n in inner_mesh.axis_names)
             sizes = tuple(int(inner_mesh.shape[n]) for n in names)
-    engine = Engine(names, sizes)
+    core_axis, cores = _cores_in(body)
+    engine = Engine(names, sizes, cores, core_axis)
     compiled = compile_jaxpr(body, consts, outer=True)
     local_specs = (_local_specs(in_specs, names, len(args)) if mesh is not None
                    else _inner_specs(top, found))
-    programs = []
+    programs: list[Generator[Blocked, None, None]] = []
     for p in range(engine.participants):
+        if p % engine.cores:
+            programs.append(engine.helper(p))
+            continue
         coords = engine.coords(p)
         ctx = Ctx(p, engine, coords)
-        inputs = []
-        for k, var in enumerate(body.invars):
+        inputs: list[object] = []
+        for k, var in enumerate(cast("list[Any]", body.invars)):
             idx = arg_index[k] if k < len(arg_index) else -1
             value = values[idx] if 0 <= idx < len(values) else None
             if value is not None and local_specs is not None:
                 value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
             inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
-        programs.append(_repeat(compiled, inputs, ctx, invocations))
+        programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
     engine.schedule(programs)
     m = engine.machine
     peaks: dict[str, int] = {}
@@ -159,9 +168,23 @@ def verify(
     )
 
 
-def _repeat(compiled: Any, inputs: list[Any], ctx: Ctx, times: int) -> Any:
+def _repeat(compiled: Compiled, inputs: list[Any], ctx: Ctx,
+            times: int) -> Generator[Blocked, None, None]:
     for _ in range(times):
         yield from run(compiled, inputs, ctx)
+
+
+def _cores_in(jaxpr: Any) -> tuple[str, int]:
+    """The core axis and count of the program's pl.kernel (mpmd_map) meshes, if any."""
+    found: tuple[str, int] = ("core", 1)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "mpmd_map":
+            for mesh in eqn.params["meshes"]:
+                found = max(found, mesh_cores(mesh), key=lambda f: f[1])
+        for sub in _jax.sub_jaxprs(eqn.params):
+            inner = _cores_in(_jax.jaxpr_of(sub)[0])
+            found = max(found, inner, key=lambda f: f[1])
+    return found
 
 
 def _kernel_names(jaxpr: Any) -> list[str]:
@@ -169,6 +192,8 @@ def _kernel_names(jaxpr: Any) -> list[str]:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
             out.append(str(_jax.kernel_params(eqn)["name"] or "kernel"))
+        if eqn.primitive.name == "mpmd_map":
+            out.append(str(eqn.params.get("name") or "pl.kernel"))
         for sub in _jax.sub_jaxprs(eqn.params):
             out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out
@@ -205,7 +230,8 @@ def _local_shard(value: np.ndarray[Any, Any], spec: Any, coords: dict[str, int],
         if entry is None or d >= value.ndim:
             index.append(slice(None))
             continue
-        axes = entry if isinstance(entry, tuple) else (entry,)
+        axes: tuple[str, ...] = (tuple(str(a) for a in cast("tuple[object, ...]", entry))
+                                 if isinstance(entry, tuple) else (str(entry),))
         parts, pos = 1, 0
         for a in axes:
             pos = pos * sizes[a] + coords[a]

@@ -21,23 +21,35 @@ _MAX_KNOWN = 1 << 16
 _IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
 
 
+class _Barrier:
+    """Mosaic's default device barrier of one kernel call: who arrived, who waits."""
+
+    def __init__(self) -> None:
+        self.arrived: set[int] = set()
+        self.waiters: list[int] = []
+        self.done = False
+
+
 class Engine:
     """Mesh geometry, the buffer registry and the scheduler of one ``verify`` run."""
 
     def __init__(self, axis_names: tuple[str, ...], axis_sizes: tuple[int, ...],
-                 cores: int = 1) -> None:
+                 cores: int = 1, core_axis: str = "core") -> None:
         self.axis_names = axis_names
         self.axis_sizes = dict(zip(axis_names, axis_sizes))
         self.shape = axis_sizes
         self.devices = math.prod(axis_sizes) if axis_sizes else 1
         self.cores = cores
+        self.core_axis = core_axis
+        self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
+        self._finished: set[int] = set()
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
         self.machine.sem_names = self.sem_name
         self._registry: dict[tuple[int, object], Buffer] = {}
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
-        self._barriers: dict[int, dict[str, Any]] = {}
+        self._barriers: dict[int, _Barrier] = {}
         self.sem_cache: dict[tuple[int, object, int], SemState] = {}
 
     def _label(self, p: int) -> str:
@@ -86,6 +98,9 @@ class Engine:
         """The buffer playing ``buf``'s role on participant ``owner``."""
         if buf.owner == owner:
             return buf
+        if (buf.owner // self.cores == owner // self.cores
+                and buf.space in ("HBM", "ANY", "HOST")):
+            return buf  # the cores of a device share its HBM
         role = self._roles.get(buf.ident)
         if role is None:
             from safedma.testing._verify._report import VerificationUnsupportedError
@@ -113,8 +128,9 @@ class Engine:
         role = ("k", instance, pos)
         if src is not None and not isinstance(src, RefVal):
             # An array computed outside the kernels (known values when small).
-            known = np.asarray(src) if isinstance(src, (np.ndarray, np.generic, int, float,
-                                                         bool)) else None
+            known: np.ndarray[Any, Any] | None = (
+                np.asarray(cast(object, src))
+                if isinstance(src, (np.ndarray, np.generic, int, float, bool)) else None)
             src = self.input_value(ctx.p, aval, known, name)
         if isinstance(src, RefVal) and not block and not smem:
             if src.buffer.name.startswith("argument ") and not name.startswith("operand "):
@@ -128,12 +144,13 @@ class Engine:
         if smem or buf.space == "SMEM":
             values = src.buffer.values if isinstance(src, RefVal) else None
             if values is not None and len(values) == math.prod(buf.shape):
-                buf.values = list(values)
+                buf.values = list[object](values)
             else:
                 from safedma.testing._verify._scalars import Unknown
                 why = (f"the contents of operand {name} (pass it as a concrete array, "
                        "not a ShapeDtypeStruct)")
-                buf.values = [Unknown(why)] * math.prod(buf.shape)
+                unknown: list[object] = [Unknown(why)] * math.prod(buf.shape)
+                buf.values = unknown
         return buf
 
     def barrier_buffer(self, p: int, collective_id: Any) -> Buffer:
@@ -179,21 +196,54 @@ class Engine:
     # ------------------------------------------------------------ barriers
 
     def entry_barrier(self, ctx: Ctx, instance: int, where: str) -> Gen:
-        st = self._barriers.setdefault(instance, {"arrived": set(), "waiters": [],
-                                                  "done": False})
-        st["arrived"].add(ctx.p)
-        if len(st["arrived"]) == self.participants:
+        st = self._barriers.get(instance)
+        if st is None:
+            st = self._barriers[instance] = _Barrier()
+        st.arrived.add(ctx.p)
+        if len(st.arrived) == self.participants:
             self.machine.clocks.barrier(list(range(self.participants)))
-            st["done"] = True
-            for w in st["waiters"]:
+            st.done = True
+            for w in st.waiters:
                 self.machine.wake(w)
-            st["waiters"] = []
-        while not st["done"]:
-            st["waiters"].append(ctx.p)
+            st.waiters = []
+        while not st.done:
+            st.waiters.append(ctx.p)
             yield Blocked(ctx.p, None, 0, where,
                           "the other devices at Mosaic's default device barrier before the "
                           "kernel (collective_id unset)")
         return None
+
+    # ------------------------------------------------------------ cores
+
+    def core_ctx(self, q: int, axis: str, core: int) -> Ctx:
+        coords = self.coords(q)
+        coords[axis] = core
+        return Ctx(q, self, coords)
+
+    def launch(self, q: int, job: Generator[Blocked, None, Any]) -> None:
+        self._jobs[q] = job
+        self.machine.wake(q)
+
+    def helper(self, q: int) -> Generator[Blocked, None, None]:
+        """Core ``q`` (not core 0): runs the kernel bodies core 0 launches on it."""
+        device = q // self.cores
+        while True:
+            job = self._jobs.get(q)
+            if job is None:
+                if device in self._finished:
+                    return
+                yield Blocked(q, None, 0, "", "idle")
+                continue
+            self._jobs[q] = None
+            yield from job
+
+    def main(self, p: int, program: Generator[Blocked, None, None]) -> Generator[Blocked, None, None]:
+        """Core 0's program; when it ends, the device's other cores stop."""
+        yield from program
+        device = p // self.cores
+        self._finished.add(device)
+        for k in range(1, self.cores):
+            self.machine.wake(device * self.cores + k)
 
     # ------------------------------------------------------------ scheduling
 
@@ -219,9 +269,10 @@ class Engine:
                 done.append(p)
                 continue
             blocked[p] = b
-        if blocked:
-            raise m.deadlock(list(blocked.values()), sorted(done))
-        barriers = [b for (owner, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
+        stuck = [b for b in blocked.values() if b.what != "idle"]
+        if stuck:
+            raise m.deadlock(stuck, sorted(done))
+        barriers = [b for (_, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
                     if isinstance(role, tuple) and role and role[0] == "b"]
         if barriers:
             # The barrier semaphore persists across calls: it must be back to zero

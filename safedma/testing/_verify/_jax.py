@@ -68,7 +68,8 @@ def consts_of(obj: Any) -> list[object]:
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
     """Every jaxpr (open or closed) among an equation's parameters."""
     for value in params.values():
-        items: Sequence[Any] = value if isinstance(value, (tuple, list)) else (value,)
+        items: Sequence[Any] = (cast("Sequence[Any]", value) if isinstance(value, (tuple, list))
+                                else (value,))
         for item in items:
             if isinstance(item, _JAXPR_TYPES):
                 yield item
@@ -184,14 +185,15 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
     ``compiler_params`` (collective_id, skip_device_barrier; a dict keyed
     by backend in some versions) are private structures.
     """
-    p = eqn.params
-    gm = p["grid_mapping"]
-    cp = p.get("compiler_params")
+    p: dict[str, Any] = eqn.params
+    gm: Any = p["grid_mapping"]
+    cp: Any = p.get("compiler_params")
     if isinstance(cp, dict):
-        cp = cp.get("mosaic_tpu", cp.get("mosaic"))
+        by_backend = cast("dict[str, Any]", cp)
+        cp = by_backend.get("mosaic_tpu", by_backend.get("mosaic"))
     collective_id = getattr(cp, "collective_id", None) if cp is not None else None
     skip = bool(getattr(cp, "skip_device_barrier", False)) if cp is not None else False
-    blocks = []
+    blocks: list[dict[str, Any]] = []
     for bm in gm.block_mappings:
         aval = bm.transformed_block_aval
         index_map = bm.index_map_jaxpr
@@ -209,7 +211,8 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         name = getattr(nsi, "name", None)
     return {
         "jaxpr": p["jaxpr"],
-        "grid": tuple(int(g) if isinstance(g, (int, np.integer)) else -1 for g in gm.grid),
+        "grid": tuple(int(cast(int, g)) if isinstance(g, (int, np.integer)) else -1
+                      for g in cast("tuple[object, ...]", gm.grid)),
         "grid_names": tuple(gm.grid_names) if gm.grid_names else (),
         "num_index_operands": int(gm.num_index_operands),
         "num_inputs": int(gm.num_inputs),
@@ -309,9 +312,10 @@ def kernel_param_names(kernel_jaxpr: Any) -> tuple[str, ...]:
     and line of the kernel's ``def``.
     """
     info = getattr(kernel_jaxpr, "debug_info", None)
-    names = tuple(getattr(info, "arg_names", None) or ())
-    if names and all(n and not n.startswith("args[") for n in names):
-        return tuple(str(n) for n in names)
+    raw: Sequence[object] = getattr(info, "arg_names", None) or ()
+    names = tuple(str(n) for n in raw if n is not None)
+    if names and len(names) == len(raw) and all(n and not n.startswith("args[") for n in names):
+        return names
     src = str(getattr(info, "func_src_info", "") or "")
     if " at " in src and ":" in src:
         location = src.rsplit(" at ", 1)[1]
@@ -344,7 +348,10 @@ def bind_concrete_arrays(eqn: Any, values: Sequence[object]) -> list[object]:
 def _bind_params(eqn: Any) -> tuple[list[Any], dict[str, Any]]:
     """Why: ``Primitive.get_bind_params`` returns (subfuns, params) in jax 0.10 and the
     params alone in 0.12."""
-    got = eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
-        return list(got[0]), dict(got[1])
-    return [], dict(got)
+    got: Any = eqn.primitive.get_bind_params(eqn.params)
+    if not hasattr(got, "keys"):  # (subfuns, params)
+        subfuns: Sequence[Any] = got[0]
+        bind: dict[str, Any] = got[1]
+        return list(subfuns), dict(bind)
+    params: dict[str, Any] = got
+    return [], dict(params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -14,8 +14,8 @@ from safedma.testing._verify._program import (
     Gen,
     Op,
     RefVal,
-    _Compiler,
-    _loc,
+    Compiler,
+    location,
     compile_jaxpr,
     register,
     run,
@@ -38,17 +38,17 @@ class KernelDesc:
         jaxpr, consts = _jax.jaxpr_of(kp["jaxpr"])
         self.jaxpr = jaxpr
         self.body = compile_jaxpr(jaxpr, consts)
-        self.where = _loc(eqn)
+        self.where = location(eqn)
         names = _jax.kernel_param_names(jaxpr)
-        self.param_names = [names[i] if i < len(names) else f"operand {i}"
+        self.param_names: list[str] = [names[i] if i < len(names) else f"operand {i}"
                             for i in range(len(jaxpr.invars))]
         self.name = kp["name"] or "kernel"
-        self.avals = [v.aval for v in jaxpr.invars]
-        self.n_index = kp["num_index_operands"]
-        self.n_in = kp["num_inputs"]
-        self.n_out = kp["num_outputs"]
-        self.n_scratch = kp["num_scratch"]
-        self.grid = kp["grid"]
+        self.avals: list[Any] = [v.aval for v in jaxpr.invars]
+        self.n_index = int(kp["num_index_operands"])
+        self.n_in = int(kp["num_inputs"])
+        self.n_out = int(kp["num_outputs"])
+        self.n_scratch = int(kp["num_scratch"])
+        self.grid: tuple[int, ...] = tuple(int(g) for g in kp["grid"])
         if any(g < 0 for g in self.grid):
             raise VerificationUnsupportedError(
                 f"kernel {self.name} at {self.where} has a dynamic grid; the verifier needs "
@@ -58,7 +58,7 @@ class KernelDesc:
         self.aliases = {int(o): int(i) for i, o in kp["aliases"]}
         self.barrier = kp["collective_id"] is None and not kp["skip_device_barrier"]
         self.collective_id = kp["collective_id"]
-        self.n_dynamic = kp["num_dynamic_grid_bounds"]
+        self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
         self.core_axes = _jax.core_mesh_axes(kp["mesh"])
 
 
@@ -114,7 +114,7 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     return f"{label}: {s.kind} semaphore {eng.sem_name(s)} holds {total}{unit}: {fix}"
 
 
-def _pallas_call(c: _Compiler, eqn: Any) -> Op:
+def _pallas_call(c: Compiler, eqn: Any) -> Op:
     desc = KernelDesc(eqn)
     ins = [c.reader(a) for a in eqn.invars]
     outs = c.outs(eqn)
@@ -150,9 +150,6 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
             src = operands[desc.n_index + alias] if alias is not None else None
         else:
             src = operands[pos]
-        whole = block["space"] in ("ANY", "HBM", "HOST") or (
-            not desc.grid and block["block_shape"] == block["array_shape"]
-            and block["space"] != "VMEM" and block["space"] != "SMEM")
         if block["space"] in ("ANY", "HBM", "HOST"):
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
             args.append(RefVal(buf))
@@ -160,16 +157,16 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
                 outer_out.append(buf)
         else:
             buf = eng.operand_buffer(ctx, instance, pos, desc, src,
-                                     smem=block["space"] == "SMEM", output=is_out,
+                                     smem=bool(block["space"] == "SMEM"), output=is_out,
                                      block=True)
             args.append(RefVal(buf))
             blocked.append((j, buf, is_out))
             if is_out:
                 res = eng.buffer(p, ("r", instance, pos), desc.avals[pos],
-                                 desc.param_names[pos], shape=block["array_shape"])
+                                 desc.param_names[pos],
+                                 shape=_ints(block["array_shape"]))
                 m.mark_written(res)  # the pipeline copies every output block into it
                 outer_out.append(res)
-        del whole
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
@@ -193,7 +190,7 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
                 m.access(p, view, False, "copies the output block out of", desc.where)
     sems = list(run_.sems)
     before = len(m.leftovers)
-    m.leave(p, sems, lambda s: describe_leftover(ctx, s))
+    m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
     # A copy left in flight is reported as the leftover semaphore it causes.
     for buf in outer_out if len(m.leftovers) == before else ():
         if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:
@@ -206,6 +203,10 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
     return None
+
+
+def _ints(shape: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in cast("tuple[Any, ...]", shape))
 
 
 def _block_changes(desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...],

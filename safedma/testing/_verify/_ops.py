@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from safedma.testing._verify import _jax
 from safedma.testing._verify._program import (
@@ -11,9 +11,9 @@ from safedma.testing._verify._program import (
     Gen,
     Op,
     RefVal,
-    _Compiler,
-    _loc,
-    _need_int,
+    Compiler,
+    location,
+    need_int,
     register,
     view_of,
 )
@@ -46,18 +46,27 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
     names = eng.axis_names
     coords = dict(ctx.axis_index)
     logical = "LOGICAL" in str(id_type)
+    core = ctx.p % eng.cores
     if isinstance(device_id, dict):
-        for k, v in device_id.items():
-            keys = k if isinstance(k, tuple) else (k,)
-            v = _need_int(v, "a device id")
+        for k, raw in cast("dict[object, object]", device_id).items():
+            keys = (tuple(str(a) for a in cast("tuple[object, ...]", k))
+                    if isinstance(k, tuple) else (str(k),))
+            v = need_int(raw, "a device id")
+            if keys == (eng.core_axis,) and eng.cores > 1:
+                if not 0 <= v < eng.cores:
+                    raise VerifyKernelError(
+                        f"core index {v} at {where} is outside the {eng.cores} cores")
+                core = v
+                continue
             for name in reversed(keys):
                 if name not in eng.axis_sizes:
                     raise VerifyKernelError(f"device id at {where} names unknown axis {name!r}")
                 coords[name] = v % eng.axis_sizes[name]
                 v //= eng.axis_sizes[name]
     else:
-        ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
-        vals = [_need_int(v, "a device id") for v in ids]
+        ids: tuple[object, ...] = (tuple(cast("tuple[object, ...]", device_id))
+                                   if isinstance(device_id, (tuple, list)) else (device_id,))
+        vals = [need_int(v, "a device id") for v in ids]
         if logical or len(vals) == 1 and len(names) != 1:
             flat = vals[0]
             if not 0 <= flat < eng.devices:
@@ -74,7 +83,7 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
             raise VerifyKernelError(
                 f"device id at {where}: {name}={coords[name]} is outside the mesh "
                 f"({name} has {eng.axis_sizes[name]} devices)")
-    return eng.participant(coords, ctx.p % eng.cores)
+    return eng.participant(coords, core)
 
 
 def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:
@@ -100,13 +109,13 @@ def _sem_state_uncached(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str
     return ctx.machine.sem(buf, _sem_index(view))
 
 
-def _dma_start(c: _Compiler, eqn: Any) -> Op:
+def _dma_start(c: Compiler, eqn: Any) -> Op:
     src, dst, dst_sem, src_sem, dev = _jax.unflatten(eqn.params["tree"], eqn.invars)
     g_src, g_dst = c.ref_operand(src), c.ref_operand(dst)
     g_dsem, g_ssem = c.ref_operand(dst_sem), c.ref_operand(src_sem)
     g_dev = _device_getter(c, dev)
     id_type = eqn.params.get("device_id_type")
-    where = _loc(eqn)
+    where = location(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         eng = ctx.engine
@@ -135,15 +144,21 @@ def _dma_start(c: _Compiler, eqn: Any) -> Op:
     return op
 
 
-def _device_getter(c: _Compiler, dev: Any) -> Callable[[list[Any]], Any]:
+def _device_getter(c: Compiler, dev: Any) -> Callable[[list[Any]], Any]:
     if dev is None:
         return lambda env: None
     if isinstance(dev, dict):
-        items = [(k, c.value_getter(v)) for k, v in dev.items()]
-        return lambda env: {k: g(env) for k, g in items}
+        items = [(k, c.value_getter(v)) for k, v in cast("dict[object, object]", dev).items()]
+
+        def as_dict(env: list[Any]) -> object:
+            return {k: g(env) for k, g in items}
+        return as_dict
     if isinstance(dev, (tuple, list)):
-        gs = [c.value_getter(v) for v in dev]
-        return lambda env: tuple(g(env) for g in gs)
+        gs = [c.value_getter(v) for v in cast("tuple[object, ...]", dev)]
+
+        def as_tuple(env: list[Any]) -> object:
+            return tuple(g(env) for g in gs)
+        return as_tuple
     g = c.value_getter(dev)
     return g
 
@@ -156,10 +171,10 @@ def _wait_gen(ctx: Ctx, sem: SemState, amount: int, where: str, decrement: bool)
     return None
 
 
-def _dma_wait(c: _Compiler, eqn: Any) -> Op:
-    src, dst, sem, _other, _dev = _jax.unflatten(eqn.params["tree"], eqn.invars)
+def _dma_wait(c: Compiler, eqn: Any) -> Op:
+    src, _, sem, _, _ = _jax.unflatten(eqn.params["tree"], eqn.invars)
     g_ref, g_sem = c.ref_operand(src), c.ref_operand(sem)
-    where = _loc(eqn)
+    where = location(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
         label = ctx.engine.labels[ctx.p]
@@ -174,12 +189,12 @@ def _dma_wait(c: _Compiler, eqn: Any) -> Op:
     return op
 
 
-def _semaphore_signal(c: _Compiler, eqn: Any) -> Op:
+def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
     sem, transforms, inc, dev, core = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     g_sem = _transformed(c, sem, transforms)
     g_inc, g_dev = c.value_getter(inc), _device_getter(c, dev)
     id_type = eqn.params.get("device_id_type")
-    where = _loc(eqn)
+    where = location(eqn)
     del core
 
     def op(env: list[Any], ctx: Ctx) -> None:
@@ -190,28 +205,28 @@ def _semaphore_signal(c: _Compiler, eqn: Any) -> Op:
             ctx.machine.check_reach(ctx.p, target, ctx.kernel.instance, "a semaphore signal",
                                     where, barrier=barrier)
         s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
-        ctx.machine.signal(ctx.p, s, _need_int(g_inc(env), "a signal increment"), where)
+        ctx.machine.signal(ctx.p, s, need_int(g_inc(env), "a signal increment"), where)
     return op
 
 
-def _semaphore_wait(c: _Compiler, eqn: Any) -> Op:
+def _semaphore_wait(c: Compiler, eqn: Any) -> Op:
     parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     sem, transforms, value = parts[0], parts[1], parts[2]
     decrement = parts[3] if len(parts) > 3 else True
     g_sem, g_val = _transformed(c, sem, transforms), c.value_getter(value)
-    g_dec = c.value_getter(decrement) if decrement is not True else (lambda env: True)
-    where = _loc(eqn)
+    g_dec = c.value_getter(decrement)
+    where = location(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
         ref = _need_ref(g_sem(env), "the waited semaphore", where)
         s = _sem_state(ctx, ref, ctx.p, where, "the waited semaphore")
         dec = g_dec(env)
-        return _wait_gen(ctx, s, _need_int(g_val(env), "a wait value"), where,
+        return _wait_gen(ctx, s, need_int(g_val(env), "a wait value"), where,
                          True if isinstance(dec, Unknown) else bool(dec))
     return op
 
 
-def _semaphore_read(c: _Compiler, eqn: Any) -> Op:
+def _semaphore_read(c: Compiler, eqn: Any) -> Op:
     (out,) = c.outs(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> None:
@@ -219,7 +234,7 @@ def _semaphore_read(c: _Compiler, eqn: Any) -> Op:
     return op
 
 
-def _transformed(c: _Compiler, ref: Any, transforms: Any) -> Callable[[list[Any]], Any]:
+def _transformed(c: Compiler, ref: Any, transforms: Any) -> Callable[[list[Any]], Any]:
     base = c.ref_operand(ref)
     steps = [c.transform(t) for t in (transforms or ())]
 
@@ -231,16 +246,16 @@ def _transformed(c: _Compiler, ref: Any, transforms: Any) -> Callable[[list[Any]
     return get
 
 
-def _barrier_semaphore(c: _Compiler, eqn: Any) -> Op:
+def _barrier_semaphore(c: Compiler, eqn: Any) -> Op:
     (out,) = c.outs(eqn)
-    where = _loc(eqn)
+    where = location(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         env[out] = RefVal(ctx.kernel.barrier_semaphore(ctx, where))
     return op
 
 
-def _access(c: _Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree: Any,
+def _access(c: Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree: Any,
             write: bool, read: bool, value_atom: Any = None) -> Op:
     g_ref = c.reader(ref_atom)
     transforms = _jax.unflatten(tree, index_atoms) if tree is not None else ()
@@ -248,7 +263,7 @@ def _access(c: _Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree:
     outs = c.outs(eqn)
     scalar_out = bool(outs) and getattr(eqn.outvars[0].aval, "shape", None) == ()
     g_val = c.reader(value_atom) if value_atom is not None else None
-    where = _loc(eqn)
+    where = location(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         r = g_ref(env)
@@ -308,39 +323,39 @@ def _smem_set(buf: Any, view: View, val: Any) -> None:
     buf.values[_flat(view)] = val if not isinstance(val, type(None)) else VECTOR
 
 
-def _get(c: _Compiler, eqn: Any) -> Op:
+def _get(c: Compiler, eqn: Any) -> Op:
     return _access(c, eqn, eqn.invars[0], list(eqn.invars[1:]), eqn.params.get("tree"),
                    write=False, read=True)
 
 
-def _swap(c: _Compiler, eqn: Any) -> Op:
+def _swap(c: Compiler, eqn: Any) -> Op:
     return _access(c, eqn, eqn.invars[0], list(eqn.invars[2:]), eqn.params.get("tree"),
                    write=True, read=False, value_atom=eqn.invars[1])
 
 
-def _addupdate(c: _Compiler, eqn: Any) -> Op:
+def _addupdate(c: Compiler, eqn: Any) -> Op:
     return _access(c, eqn, eqn.invars[0], list(eqn.invars[2:]), eqn.params.get("tree"),
                    write=True, read=True, value_atom=eqn.invars[1])
 
 
-def _masked_load(c: _Compiler, eqn: Any) -> Op:
+def _masked_load(c: Compiler, eqn: Any) -> Op:
     parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     ref, transforms = parts[0], parts[1]
     return _access_tr(c, eqn, ref, transforms, write=False, read=True)
 
 
-def _masked_swap(c: _Compiler, eqn: Any) -> Op:
+def _masked_swap(c: Compiler, eqn: Any) -> Op:
     parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     ref, transforms, val = parts[0], parts[1], parts[2]
     return _access_tr(c, eqn, ref, transforms, write=True, read=False, value=val)
 
 
-def _access_tr(c: _Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, read: bool,
+def _access_tr(c: Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, read: bool,
                value: Any = None) -> Op:
     g = _transformed(c, ref, transforms)
     outs = c.outs(eqn)
     g_val = c.value_getter(value) if value is not None else None
-    where = _loc(eqn)
+    where = location(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         r = g(env)
@@ -357,7 +372,7 @@ def _access_tr(c: _Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, r
     return op
 
 
-def _nothing(c: _Compiler, eqn: Any) -> Op:
+def _nothing(c: Compiler, eqn: Any) -> Op:
     outs = c.outs(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> None:

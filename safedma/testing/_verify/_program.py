@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import Buffer, RegionError, UnsupportedView, View, resolve
@@ -17,7 +17,6 @@ from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
     VerificationUnsupportedError,
-    VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
 from safedma.testing._verify._semantics import Blocked, Machine
@@ -66,20 +65,23 @@ class Compiled:
         self.consts: list[object] = []
 
 
-_CACHE: dict[tuple[int, bool], tuple[Any, Compiled]] = {}
+_CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 
 
-def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False) -> Compiled:
+def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False,
+                  consts_are_args: bool = False) -> Compiled:
     """``jaxpr`` as closures; ``outer`` for the program around the kernels, where small
-    arrays built from known values (page tables, flags) are computed concretely."""
-    key = (id(jaxpr), outer)
+    arrays built from known values (page tables, flags) are computed concretely.
+    ``consts_are_args``: the constvars are fed by the equation's operands (run_scoped
+    in jax 0.12), not by constants."""
+    key = (id(jaxpr), outer, consts_are_args)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
-    c = _Compiler(jaxpr, outer).compiled
+    c = Compiler(jaxpr, outer).compiled
     values = [_const(v, outer) for v in consts]
-    nconst = len(jaxpr.constvars)
+    nconst = 0 if consts_are_args else len(jaxpr.constvars)
     c.consts = (values + [VECTOR] * nconst)[:nconst]
     _CACHE[key] = (jaxpr, c)
     return c
@@ -125,7 +127,7 @@ def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
     raise VerificationUnsupportedError("an index map or scalar helper waited on a semaphore")
 
 
-def _loc(eqn: Any) -> str:
+def location(eqn: Any) -> str:
     return _jax.user_frame(eqn.source_info) or f"<{eqn.primitive.name}>"
 
 
@@ -133,7 +135,7 @@ def _is_scalar(aval: Any) -> bool:
     return getattr(aval, "shape", None) == () and not _jax.is_ref_aval(aval)
 
 
-class _Compiler:
+class Compiler:
     def __init__(self, jaxpr: Any, outer: bool = False) -> None:
         self.outer = outer
         self.slots: dict[Any, int] = {}
@@ -184,13 +186,23 @@ class _Compiler:
         out_avals = [v.aval for v in eqn.outvars]
         scalar_out = all(_is_scalar(a) for a in out_avals)
         if any(_jax.is_ref_aval(getattr(a, "aval", None)) for a in eqn.invars if not _jax.is_literal(a)):
-            where = _loc(eqn)
+            where = location(eqn)
 
             def unsupported(env: list[Any], ctx: Ctx) -> None:
                 raise VerificationUnsupportedError(
                     f"the verifier does not model the primitive {name!r} on a ref (at "
                     f"{where}); check this kernel with safedma.testing.simulate instead")
             return unsupported
+        if any(_jax.is_ref_aval(v.aval) for sub in _jax.sub_jaxprs(eqn.params)
+               for v in _jax.jaxpr_of(sub)[0].invars):
+            where = location(eqn)
+
+            def kernel_like(env: list[Any], ctx: Ctx) -> None:
+                raise VerificationUnsupportedError(
+                    f"{name!r} at {where} runs a kernel body the verifier does not model "
+                    "(it knows pallas_call and pl.kernel over a TensorCoreMesh); check it "
+                    "with safedma.testing.simulate")
+            return kernel_like
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
         if not scalar_out or not outs:
@@ -245,8 +257,7 @@ class _Compiler:
             known = small and all(
                 isinstance(v, (int, float, bool, np.ndarray, np.generic)) for v in vals)
             if known:
-                key = tuple(v.tobytes() + str(v.shape).encode() if isinstance(v, np.ndarray)
-                            else v for v in vals)
+                key = tuple(_key(v) for v in vals)
                 res = memo.get(key)
                 if res is None:
                     try:
@@ -297,7 +308,7 @@ class _Compiler:
         index = self.reader(eqn.invars[0])
         ins = [self.reader(a) for a in eqn.invars[1:]]
         outs = self.outs(eqn)
-        where = _loc(eqn)
+        where = location(eqn)
 
         def op(env: list[Any], ctx: Ctx) -> Gen:
             i = index(env)
@@ -312,7 +323,6 @@ class _Compiler:
         body = compile_jaxpr(jaxpr, consts)
         nconsts, ncarry = _jax.scan_split(eqn.params)
         length = int(eqn.params["length"])
-        reverse = bool(eqn.params.get("reverse", False))
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
         nys = len(outs) - ncarry
@@ -336,7 +346,7 @@ class _Compiler:
         nc, nb = int(p["cond_nconsts"]), int(p["body_nconsts"])
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
-        where = _loc(eqn)
+        where = location(eqn)
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             vals = [r(env) for r in ins]
@@ -354,13 +364,14 @@ class _Compiler:
         return gen
 
     def run_scoped(self, eqn: Any) -> Op:
-        jaxpr, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
-        body = compile_jaxpr(jaxpr, consts)
+        jaxpr, _ = _jax.jaxpr_of(eqn.params["jaxpr"])
+        body = compile_jaxpr(jaxpr, consts_are_args=True)
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
-        avals = [v.aval for v in jaxpr.invars[len(eqn.invars):]]
+        every = [*jaxpr.constvars, *jaxpr.invars]
+        avals = [v.aval for v in every[len(eqn.invars):]]
         key = id(eqn)
-        where = _loc(eqn)
+        where = location(eqn)
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             n = ctx.scoped_counts.get(key, 0)
@@ -379,9 +390,10 @@ class _Compiler:
     # --- indices
 
     def axis_index(self, eqn: Any) -> Op:
-        name = eqn.params["axis_name"]
+        name: object = eqn.params["axis_name"]
         (out,) = self.outs(eqn)
-        names = name if isinstance(name, tuple) else (name,)
+        names: tuple[str, ...] = (tuple(str(n) for n in cast("tuple[object, ...]", name))
+                                  if isinstance(name, tuple) else (str(name),))
 
         def op(env: list[Any], ctx: Ctx) -> None:
             if len(names) == 1 and names[0] in ctx.grid_names:
@@ -389,7 +401,8 @@ class _Compiler:
                 return
             value = 0
             for n in names:
-                value = value * ctx.engine.axis_sizes[n] + ctx.axis_index[n]
+                size = ctx.engine.axis_sizes.get(n, ctx.engine.cores)
+                value = value * size + ctx.axis_index[n]
             env[out] = value
         return op
 
@@ -462,13 +475,13 @@ class _Compiler:
             st = int(stride) if stride is not None else 1
 
             def sl(env: list[Any]) -> tuple[str, int, int, int]:
-                return ("slice", _need_int(gs(env), "a slice start"),
-                        _need_int(gz(env), "a slice size"), st)
+                return ("slice", need_int(gs(env), "a slice start"),
+                        need_int(gz(env), "a slice size"), st)
             return sl
         g = self.value_getter(idx)
 
         def it(env: list[Any]) -> tuple[str, int, int, int]:
-            return ("int", _need_int(g(env), "an index"), 1, 1)
+            return ("int", need_int(g(env), "an index"), 1, 1)
         return it
 
     def value_getter(self, x: Any) -> Callable[[list[Any]], Any]:
@@ -483,7 +496,13 @@ class _Compiler:
         return lambda env: v
 
 
-def _need_int(v: Any, what: str) -> int:
+def _key(v: Any) -> object:
+    if hasattr(v, "tobytes") and hasattr(v, "shape"):  # a numpy array
+        return (v.tobytes(), v.shape, str(v.dtype))
+    return v
+
+
+def need_int(v: Any, what: str) -> int:
     if isinstance(v, Unknown) or v is None or isinstance(v, RefVal):
         raise VerificationUnsupportedError(
             f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
@@ -554,7 +573,7 @@ def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
             "model; check this kernel with safedma.testing.simulate") from None
 
 
-_BUILDERS: dict[str, Callable[[_Compiler, Any], Op]] = {
+_BUILDERS: dict[str, Callable[[Compiler, Any], Op]] = {
     "pjit": lambda c, e: c.call(e),
     "jit": lambda c, e: c.call(e),
     "closed_call": lambda c, e: c.call(e, "call_jaxpr"),
@@ -563,17 +582,17 @@ _BUILDERS: dict[str, Callable[[_Compiler, Any], Op]] = {
     "checkpoint": lambda c, e: c.call(e),
     "custom_jvp_call": lambda c, e: c.call(e, "call_jaxpr"),
     "custom_vjp_call": lambda c, e: c.call(e, "call_jaxpr"),
-    "cond": _Compiler.cond,
-    "scan": _Compiler.scan,
-    "while": _Compiler.while_,
-    "run_scoped": _Compiler.run_scoped,
-    "axis_index": _Compiler.axis_index,
-    "program_id": _Compiler.program_id,
-    "num_programs": _Compiler.num_programs,
+    "cond": Compiler.cond,
+    "scan": Compiler.scan,
+    "while": Compiler.while_,
+    "run_scoped": Compiler.run_scoped,
+    "axis_index": Compiler.axis_index,
+    "program_id": Compiler.program_id,
+    "num_programs": Compiler.num_programs,
 }
 
 
-def register(name: str, builder: Callable[[_Compiler, Any], Op]) -> None:
+def register(name: str, builder: Callable[[Compiler, Any], Op]) -> None:
     _BUILDERS[name] = builder
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import cast
 
 Box = tuple[tuple[int, int], ...]
 
@@ -42,7 +43,7 @@ class Buffer:
     itemsize: int
     space: str
     sem_kind: str | None = None
-    values: list[object] | None = None
+    values: list[object] | None = dataclasses.field(default=None)
     kernel_scoped: bool = True
 
     @property
@@ -204,13 +205,13 @@ def resolve(buf: Buffer, steps: Sequence[tuple[str, object]]) -> View:
     m = _Mapping(buf)
     for kind, arg in steps:
         if kind == "index":
-            m.index(arg)  # type: ignore[arg-type]
+            m.index(cast("Sequence[tuple[str, int, int, int]]", arg))
         elif kind == "reshape":
-            m.reshape(arg)  # type: ignore[arg-type]
+            m.reshape(cast("tuple[int, ...]", arg))
         elif kind == "bitcast":
-            m.bitcast(arg)  # type: ignore[arg-type]
+            m.bitcast(cast(int, arg))
         elif kind == "transpose":
-            m.transpose(arg)  # type: ignore[arg-type]
+            m.transpose(cast("tuple[int, ...]", arg))
         else:
             raise UnsupportedView(f"the ref transform {arg}")
     return m.view()

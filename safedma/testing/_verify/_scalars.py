@@ -8,6 +8,7 @@ read from a semaphore or from an SMEM operand given only as a shape) is an
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -60,57 +61,86 @@ def _shift_right_logical(a: Any, b: Any) -> Any:
     return (a % (1 << 32)) >> b if a < 0 else a >> b
 
 
+def _and(a: Any, b: Any) -> Any:
+    return (a and b) if isinstance(a, bool) else a & b
+
+
+def _or(a: Any, b: Any) -> Any:
+    return (a or b) if isinstance(a, bool) else a | b
+
+
+def _xor(a: Any, b: Any) -> Any:
+    return (a != b) if isinstance(a, bool) else a ^ b
+
+
+def _not(a: Any) -> Any:
+    return (not a) if isinstance(a, bool) else ~a
+
+
+def _sign(a: Any) -> Any:
+    return (a > 0) - (a < 0)
+
+
+def _square(a: Any) -> Any:
+    return a * a
+
+
+def _lshift(a: Any, b: Any) -> Any:
+    return a << b
+
+
+def _rshift(a: Any, b: Any) -> Any:
+    return a >> b
+
+
+def _pow(a: Any, b: Any) -> Any:
+    return a ** b
+
+
+def _same(a: Any) -> Any:
+    return a
+
+
 _BINARY: dict[str, Callable[..., Any]] = {
-    "add": lambda a, b: a + b,
-    "sub": lambda a, b: a - b,
-    "mul": lambda a, b: a * b,
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
     "div": _div,
     "rem": _rem,
     "max": max,
     "min": min,
-    "eq": lambda a, b: a == b,
-    "ne": lambda a, b: a != b,
-    "lt": lambda a, b: a < b,
-    "le": lambda a, b: a <= b,
-    "gt": lambda a, b: a > b,
-    "ge": lambda a, b: a >= b,
-    "and": lambda a, b: (a and b) if isinstance(a, bool) else a & b,
-    "or": lambda a, b: (a or b) if isinstance(a, bool) else a | b,
-    "xor": lambda a, b: (a != b) if isinstance(a, bool) else a ^ b,
-    "shift_left": lambda a, b: a << b,
-    "shift_right_arithmetic": lambda a, b: a >> b,
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "and": _and,
+    "or": _or,
+    "xor": _xor,
+    "shift_left": _lshift,
+    "shift_right_arithmetic": _rshift,
     "shift_right_logical": _shift_right_logical,
-    "pow": lambda a, b: a ** b,
+    "pow": _pow,
     "atan2": math.atan2,
-    "nextafter": np.nextafter,
 }
 
 _UNARY: dict[str, Callable[[Any], Any]] = {
-    "neg": lambda a: -a,
+    "neg": operator.neg,
     "abs": abs,
-    "sign": lambda a: (a > 0) - (a < 0),
-    "not": lambda a: (not a) if isinstance(a, bool) else ~a,
+    "sign": _sign,
+    "not": _not,
     "floor": math.floor,
     "ceil": math.ceil,
     "round": round,
-    "square": lambda a: a * a,
+    "square": _square,
     "sqrt": math.sqrt,
     "exp": math.exp,
     "log": math.log,
-    "stop_gradient": lambda a: a,
-    "optimization_barrier": lambda a: a,
-    "copy": lambda a: a,
-    "copy_p": lambda a: a,
-    "multiple_of": lambda a: a,
-    "reduce_precision": lambda a: a,
-    "squeeze": lambda a: a,
-    "reshape": lambda a: a,
-    "broadcast_in_dim": lambda a: a,
-    "reduce_max": lambda a: a,
-    "reduce_min": lambda a: a,
-    "reduce_sum": lambda a: a,
-    "reduce_or": lambda a: a,
-    "reduce_and": lambda a: a,
+    **{name: _same for name in (
+        "stop_gradient", "optimization_barrier", "copy", "copy_p", "multiple_of",
+        "reduce_precision", "squeeze", "reshape", "broadcast_in_dim", "reduce_max",
+        "reduce_min", "reduce_sum", "reduce_or", "reduce_and")},
 }
 
 
@@ -136,10 +166,14 @@ def scalar_rule(name: str, params: dict[str, Any]) -> Callable[..., Any] | None:
         return _clamp
     if name == "integer_pow":
         y = int(params["y"])
-        return lambda a: a ** y
+
+        def power(a: Any) -> Any:
+            return a ** y
+        return power
     if name == "convert_element_type":
         dtype = params["new_dtype"]
-        return lambda a: convert(a, dtype)
-    if name == "iota":
-        return lambda: 0
+
+        def converted(a: Any) -> Any:
+            return convert(a, dtype)
+        return converted
     return None

@@ -140,8 +140,10 @@ class Machine:
         self.clocks = Clocks(len(labels))
         self.sems: dict[tuple[int, int], SemState] = {}
         self.histories: dict[int, _History] = {}
-        self.entry: list[list[int]] = [[] for _ in labels]  # clock at each kernel entry
-        self.exits: list[list[int]] = [[] for _ in labels]
+        # clock at each kernel call's entry and exit, by call number
+        self.entry: list[dict[int, int]] = [{} for _ in labels]
+        self.exits: list[dict[int, int]] = [{} for _ in labels]
+        self.calls: list[int] = [0] * len(labels)
         self.inside: list[bool] = [False] * len(labels)
         self.wake: Callable[[int], None] = lambda p: None
         self.dmas = self.remote_dmas = self.waits = self.signals = 0
@@ -282,7 +284,7 @@ class Machine:
             return
         rows = self.clocks.rows
         exits, entries = self.exits[target], self.entry[target]
-        if len(exits) > kernel:
+        if kernel in exits:
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} reaches {self.labels[target]} "
                 f"after it left the kernel (R8): nothing it waits for orders its exit "
@@ -295,7 +297,8 @@ class Machine:
             # next call is counted there; what it may wrongly release is checked
             # when it arrives (see _contribute).
             return
-        if len(entries) <= kernel or rows[p, target] < entries[kernel]:
+        entered = entries.get(kernel)
+        if entered is None or rows[p, target] < entered:
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
                 "before it has entered this kernel call (nothing orders its entry before "
@@ -387,16 +390,21 @@ class Machine:
 
     # ---------------------------------------------------------------- kernels
 
-    def enter(self, p: int) -> int:
+    def enter(self, p: int, call: int | None = None) -> int:
+        """``p`` enters kernel call number ``call`` (its next one by default)."""
+        if call is None:
+            call = self.calls[p]
+            self.calls[p] += 1
         self.inside[p] = True
-        self.entry[p].append(self.clocks.now(p))
-        return len(self.entry[p]) - 1
+        self.entry[p][call] = self.clocks.now(p)
+        return call
 
-    def leave(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str]) -> None:
+    def leave(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str],
+              call: int) -> None:
         """Exit checks: every semaphore of this call back to zero, on this device."""
         self.leave_scope(p, sems, describe, "leaves the kernel")
         self.inside[p] = False
-        self.exits[p].append(self.clocks.now(p))
+        self.exits[p][call] = self.clocks.now(p)
         self.clocks.release(p)
 
     def leave_scope(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str],

@@ -317,3 +317,85 @@ def test_trip_count_read_from_smem() -> None:
         verify(call, np.array([3], np.int32), X)  # the last rows are never written
     with pytest.raises(VerificationUnsupportedError, match="concrete array"):
         verify(call, jax.ShapeDtypeStruct((1,), jnp.int32), X)
+
+
+# ------------------------------------------------------------------ beyond the interpreter
+
+
+def test_reshape_and_bitcast_views_in_copies() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
+        c = pltpu.make_async_copy(x_hbm.reshape(4, 8, 128), buf.reshape(4, 8, 128), sem)
+        c.start()
+        c.wait()
+        c = pltpu.make_async_copy(buf.bitcast(jnp.int32), o_hbm.bitcast(jnp.int32), sem)
+        c.start()
+        c.wait()
+
+    scratch = [pltpu.VMEM(X.shape, X.dtype), pltpu.SemaphoreType.DMA(())]
+    assert verify(_local(kernel, scratch), X).dmas == 2
+
+    def partial(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
+        c = pltpu.make_async_copy(x_hbm.reshape(4, 8, 128).at[1], buf.at[pl.ds(8, 8)], sem)
+        c.start()
+        c.wait()
+        c = pltpu.make_async_copy(buf, o_hbm, sem)  # rows 0-7 and 16-31 never written
+        c.start()
+        c.wait()
+
+    with pytest.raises(UnwrittenReadError, match=r"buf\[0:32"):
+        verify(_local(partial, scratch), X)
+
+
+def test_sync_copy() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any) -> None:
+        pltpu.sync_copy(x_hbm, buf)
+        pltpu.sync_copy(buf, o_hbm)
+
+    assert verify(_local(kernel, [pltpu.VMEM(X.shape, X.dtype)]), X).dmas == 2
+
+
+def _two_cores(kernel: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
+    mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=2) if hasattr(
+        pltpu, "TensorCoreMesh") and "num_cores" in str(
+        getattr(pltpu.TensorCoreMesh, "__dataclass_fields__", "")) else (
+        pltpu.create_tensorcore_mesh("core", num_cores=2))
+    return pl.kernel(kernel, out_type=X, mesh=mesh,  # type: ignore[no-any-return]
+                     scratch_types=[pltpu.SemaphoreType.DMA(())])
+
+
+def test_pl_kernel_cores_are_participants() -> None:
+    def halves(x: Any, o: Any, sem: Any) -> None:
+        c = jax.lax.axis_index("core")
+        cp = pltpu.make_async_copy(x.at[pl.ds(c * 16, 16)], o.at[pl.ds(c * 16, 16)], sem)
+        cp.start()
+        cp.wait()
+
+    report = verify(_two_cores(halves), X)
+    assert report.dmas == 2 and report.waits == 2
+
+    def both_write_everything(x: Any, o: Any, sem: Any) -> None:
+        cp = pltpu.make_async_copy(x, o, sem)
+        cp.start()
+        cp.wait()
+
+    with pytest.raises(RaceDetectedError, match="core 1"):
+        verify(_two_cores(both_write_everything), X)
+
+
+PAGED = "jax.experimental.pallas.ops.tpu.paged_attention"
+
+
+def test_jax_paged_attention_schedule_verified_and_bad_page_caught() -> None:
+    paged = pytest.importorskip(PAGED).paged_attention
+    q = jax.ShapeDtypeStruct((2, 4, 128), jnp.float32)
+    pages = jax.ShapeDtypeStruct((2, 16, 16, 128), jnp.float32)
+    lengths = np.array([40, 64], np.int32)
+    fn = functools.partial(paged, pages_per_compute_block=2)
+    report = verify(fn, q, pages, pages, lengths, np.arange(8, dtype=np.int32).reshape(2, 4))
+    assert report.dmas > 0 and report.waits > 0
+    bad = np.array([[0, 1, 2, 3], [4, 5, 99, 7]], np.int32)  # page 99 of 16
+    with pytest.raises(SimulationError, match="index 99 is outside dimension 0 of size 16"):
+        verify(fn, q, pages, pages, lengths, bad)
+    with pytest.raises(VerificationUnsupportedError, match="lengths_ref"):
+        verify(fn, q, pages, pages, jax.ShapeDtypeStruct((2,), jnp.int32),
+               np.arange(8, dtype=np.int32).reshape(2, 4))
