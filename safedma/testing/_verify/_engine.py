@@ -43,6 +43,7 @@ class Engine:
         self.core_axis = core_axis
         self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
         self._finished: set[int] = set()
+        self.futures: list[Buffer] = []
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
@@ -163,6 +164,13 @@ class Engine:
             self._roles[buf.ident] = (("b", collective_id), None, buf.name, None)
         return buf
 
+    def _describe_future(self, s: SemState) -> str:
+        unit = " bytes" if s.kind == "DMA" else ""
+        return (f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
+                f"passed between kernels, holds {s.total()}{unit} at the end of the "
+                "program: a copy started by one pallas_call (a DMA future) was never "
+                "waited by a later one")
+
     def _describe_barrier(self, s: SemState) -> str:
         unit = ""
         return (f"{self.labels[s.buffer.owner]}: BARRIER semaphore {self.sem_name(s)} holds "
@@ -279,6 +287,11 @@ class Engine:
             # once every call is over.
             for buf in barriers:
                 m.leave_scope(buf.owner, [buf], self._describe_barrier, "finished its last call")
+        seen: set[int] = set()
+        for buf in self.futures:
+            if buf.ident not in seen:
+                seen.add(buf.ident)
+                m.leave_scope(buf.owner, [buf], self._describe_future, "finished")
         err = m.leftover_error()
         if err is not None:
             raise err

@@ -150,9 +150,11 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
             src = operands[desc.n_index + alias] if alias is not None else None
         else:
             src = operands[pos]
-        if block["space"] in ("ANY", "HBM", "HOST"):
+        if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE"):
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
             args.append(RefVal(buf))
+            if buf.sem_kind is not None:
+                eng.futures.append(buf)  # a semaphore passed between kernels
             if is_out:
                 outer_out.append(buf)
         else:
@@ -191,8 +193,11 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
     sems = list(run_.sems)
     before = len(m.leftovers)
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
-    # A copy left in flight is reported as the leftover semaphore it causes.
-    for buf in outer_out if len(m.leftovers) == before else ():
+    # A copy left in flight is reported as the leftover semaphore it causes; a kernel
+    # that returns semaphores returns copies in flight (DMA futures): their buffers
+    # are checked where the kernel that waits them reads or returns them.
+    future = any(b.sem_kind is not None for b in outer_out)
+    for buf in outer_out if len(m.leftovers) == before and not future else ():
         if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:
             view = _full(buf)
             m.check_written(p, view, "the kernel returns output", desc.where,

@@ -399,3 +399,55 @@ def test_jax_paged_attention_schedule_verified_and_bad_page_caught() -> None:
     with pytest.raises(VerificationUnsupportedError, match="lengths_ref"):
         verify(fn, q, pages, pages, jax.ShapeDtypeStruct((2,), jnp.int32),
                np.arange(8, dtype=np.int32).reshape(2, 4))
+
+
+# ------------------------------------------------------------------ DMA futures
+
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _copy_start(x: jax.Array) -> Any:
+    def kernel(x_ref: Any, aliased: Any, o_ref: Any, sem: Any) -> None:
+        del aliased
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
+           pltpu.SemaphoreType.DMA(()))
+    return pl.pallas_call(kernel, out_shape=out, in_specs=[ANY],
+                          out_specs=(ANY, ANY, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+                          input_output_aliases={0: 0})(x)
+
+
+def _copy_done(x: jax.Array, o: jax.Array, sem: jax.Array) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, sem: Any, aliased: Any) -> None:
+        del aliased
+        pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          in_specs=[ANY, ANY, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)],
+                          out_specs=ANY, input_output_aliases={1: 0})(x, o, sem)
+
+
+def test_dma_future_started_in_one_call_waited_in_another() -> None:
+    def good(x: jax.Array) -> Any:
+        return _copy_done(*_copy_start(x))
+
+    def never_waited(x: jax.Array) -> Any:
+        return _copy_start(x)[1]
+
+    assert verify(good, X).dmas == 1
+    with pytest.raises(LeftoverSemaphoreError, match="DMA future"):
+        verify(never_waited, X)
+
+
+def test_jax_all_gather_without_flow_control_is_reported() -> None:
+    """jax's shipped ring all-gather reuses one receive semaphore per direction with no
+    capacity handshake: a neighbour that runs a step ahead lands its next copy on the same
+    semaphore, and a wait of one slot's bytes may be satisfied by it before the slot that
+    is forwarded next has landed (R9). safedma.kernels.all_gather adds the handshake."""
+    jag = pytest.importorskip("jax.experimental.pallas.ops.tpu.all_gather")
+    mesh = abstract_mesh((4,), ("x",))
+    fn = getattr(jag.all_gather, "__wrapped__", jag.all_gather)
+    with pytest.raises(RaceDetectedError, match="all_gather.py"):
+        verify(functools.partial(fn, mesh=mesh, axis_name="x"),
+               jax.ShapeDtypeStruct((32, 128), jnp.float32))
