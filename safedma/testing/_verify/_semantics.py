@@ -361,29 +361,24 @@ class Machine:
         if total < amount:
             return False
         self.waits += 1
+        need = amount - sem.credit
+        if need > 0 and sem.pending:
+            learned = _learned(sem.pending, need)
+            if learned is not None:
+                self.clocks.acquire(p, learned)
         guaranteed = [c for c in sem.pending if total - c.amount < amount]
         if guaranteed:
-            rest = [c for c in sem.pending if total - c.amount >= amount]
+            sem.pending = [c for c in sem.pending if total - c.amount >= amount]
             for c in guaranteed:
                 sem.credit += c.amount
-                if c.clock is not None:
-                    self.clocks.acquire(p, c.clock)
-            for c in guaranteed:
                 d = c.dma
                 if d is not None:
                     if c.side in ("write", "both"):
                         self.settle(d.dst_rec, p)
-                        self.settle(d.src_rec, p)
-                    else:
-                        self.settle(d.src_rec, p)
-            sem.pending = rest
+                    self.settle(d.src_rec, p)
             sem.last_wait = (p, self.clocks.now(p), where, [
                 (c.issuer, int(c.clock[c.issuer]) if c.clock is not None else 0, c.where)
                 for c in guaranteed])
-        if sem.credit < amount and sem.pending:
-            clocks = [c.clock for c in sem.pending if c.clock is not None]
-            if clocks and len(clocks) == len(sem.pending):
-                self.clocks.acquire(p, np.min(np.stack(clocks), axis=0))
         if decrement:
             sem.credit -= amount
         return True
@@ -463,6 +458,30 @@ class Machine:
             "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines)
             + "\n" + hint
         )
+
+
+def _learned(pending: list[Contribution], need: int) -> Clock | None:
+    """What a wait that needs ``need`` more of ``pending`` is sure has happened.
+
+    The waiter knows some subset of ``pending`` summing to at least ``need`` arrived,
+    not which. Per participant q, the least it can be sure of is the smallest clock
+    value t such that the contributions with clock[q] <= t already sum to ``need``
+    (an adversary delivers the ones that know least of q first). Contributions that
+    every such subset contains (the guaranteed ones) are therefore learned in full.
+    """
+    clocks = [c.clock for c in pending if c.clock is not None]
+    if len(clocks) == 1 and len(pending) == 1:
+        return clocks[0]
+    if len(clocks) != len(pending):
+        return None
+    m = np.stack(clocks)
+    amounts = np.array([c.amount for c in pending], dtype=np.int64)
+    order = np.argsort(m, axis=0, kind="stable")
+    values = np.take_along_axis(m, order, axis=0)
+    reached = np.cumsum(amounts[order], axis=0) >= need
+    first = np.argmax(reached, axis=0)
+    learned: Clock = values[first, np.arange(m.shape[1])]
+    return learned
 
 
 def _fmt_box(box: Box) -> str:
