@@ -90,12 +90,16 @@ def verify(
     structs: list[Any] = []
     values: list[np.ndarray[Any, Any] | None] = []
     for a in args:
+        # A NamedSharding the argument already has (an array split over a real mesh
+        # that fn's own shard_map expects) is kept for tracing.
+        sharding = getattr(a, "sharding", None)
+        keep = sharding if isinstance(sharding, NamedSharding) else None
         if isinstance(a, jax.ShapeDtypeStruct):
-            structs.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+            structs.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=keep))
             values.append(None)
         else:
             arr = np.asarray(a)
-            structs.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype))
+            structs.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype, sharding=keep))
             values.append(arr)
     program: Callable[..., Any] = fn
     names: tuple[str, ...] = ()

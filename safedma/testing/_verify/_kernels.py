@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any, cast
-
-import numpy as np
 
 from safedma.testing._verify import _jax
 from safedma.testing._verify._program import (
@@ -24,7 +21,7 @@ from safedma.testing._verify._program import (
 from safedma.testing._verify._regions import Buffer
 from safedma.testing._verify._report import VerificationUnsupportedError
 from safedma.testing._verify._scalars import Unknown
-from safedma.testing._verify._semantics import Blocked, SemState
+from safedma.testing._verify._semantics import SemState
 
 __all__ = ["KernelRun", "describe_leftover"]
 
@@ -231,12 +228,4 @@ def _full(buf: Buffer) -> Any:
     return View(buf, buf.full_box(), buf.shape, buf.itemsize)
 
 
-def aval_buffer_args(aval: Any) -> tuple[tuple[int, ...], int, str, str | None]:
-    shape = _jax.aval_shape(aval)
-    kind = _jax.semaphore_kind(aval)
-    space = "SEMAPHORE" if kind is not None else _jax.memory_space(aval)
-    return shape, _jax.aval_itemsize(aval), space, kind
-
-
 register("pallas_call", _pallas_call)
-_ = (math, np, Blocked)

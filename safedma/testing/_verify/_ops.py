@@ -133,7 +133,8 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         ssem_ref = g_ssem(env)
         kernel = ctx.kernel
         if target != ctx.p:
-            ctx.machine.check_reach(ctx.p, target, kernel.instance, "a remote copy", where,
+            ctx.machine.check_reach(ctx.p, target, kernel.instance,
+                                    f"a remote copy into {d.buffer.name}", where,
                                     barrier=False)
         dsem = _sem_state(ctx, dsem_ref, target, where, "the copy's semaphore")
         ssem = (_sem_state(ctx, ssem_ref, ctx.p, where, "the copy's send semaphore")
@@ -202,8 +203,9 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_sem(env), "the signalled semaphore", where)
         barrier = ref.buffer.sem_kind == "BARRIER"
         if target != ctx.p:
-            ctx.machine.check_reach(ctx.p, target, ctx.kernel.instance, "a semaphore signal",
-                                    where, barrier=barrier)
+            ctx.machine.check_reach(ctx.p, target, ctx.kernel.instance,
+                                    f"a signal on semaphore {ref.buffer.name}", where,
+                                    barrier=barrier)
         s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
         ctx.machine.signal(ctx.p, s, need_int(g_inc(env), "a signal increment"), where)
     return op
@@ -278,8 +280,9 @@ def _access(c: Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree: 
         buf = view.buffer
         old: Any = VECTOR
         if read:
-            m.check_written(ctx.p, view, "reads", where,
-                            "Write it (or wait for the copy that fills it) before reading.")
+            # No R6 check on vector loads: kernels load scratch and mask the value
+            # away on the first step (jnp.where(init, ...)); R6 is checked where data
+            # leaves: copy sources, pipeline copy-out, kernel outputs.
             m.access(ctx.p, view, False, "reads", where)
             if scalar_out and buf.values is not None:
                 old = _smem_get(buf, view)
@@ -361,9 +364,6 @@ def _access_tr(c: Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, re
         r = g(env)
         if isinstance(r, RefVal):
             view = view_of(r, where, "the access to", ctx.engine.labels[ctx.p])
-            if read:
-                ctx.machine.check_written(ctx.p, view, "reads", where,
-                                          "Write it before reading.")
             ctx.machine.access(ctx.p, view, write, "writes" if write else "reads", where)
             if write and view.buffer.values is not None and g_val is not None:
                 _smem_set(view.buffer, view, g_val(env))

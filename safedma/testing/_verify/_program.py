@@ -7,7 +7,6 @@ computed; vectors are :data:`VECTOR`; refs are :class:`RefVal`.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -594,6 +593,3 @@ _BUILDERS: dict[str, Callable[[Compiler, Any], Op]] = {
 
 def register(name: str, builder: Callable[[Compiler, Any], Op]) -> None:
     _BUILDERS[name] = builder
-
-
-_ = itertools

@@ -62,7 +62,6 @@ class View:
     box: Box
     shape: tuple[int, ...]
     itemsize: int
-    flat: tuple[int, ...] | None = None  # element offsets when known exactly (small SMEM)
 
     @property
     def nbytes(self) -> int:
@@ -302,5 +301,3 @@ class Coverage:
                 return False
         return True
 
-    def missing_point(self, box: Box) -> bool:
-        return not self.covers(box)
