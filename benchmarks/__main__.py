@@ -29,7 +29,7 @@ from typing import Any  # noqa: E402
 
 from benchmarks._common import default_results_path, machine_info, write_json  # noqa: E402
 
-BENCHMARKS = ("identity", "overhead", "typecheck", "tpu")
+BENCHMARKS = ("identity", "overhead", "typecheck", "tpu", "verify")
 
 
 def _names(text: str) -> list[str]:
@@ -47,7 +47,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help=f"benchmarks to run (repeatable; default all): {', '.join(BENCHMARKS)}")
     p.add_argument("--reps", type=int, default=None,
                    help="repetitions: A/B pairs for overhead (default 15), timed calls for tpu "
-                        "(default 20), warm mypy runs for typecheck (default 5)")
+                        "(default 20), warm mypy runs for typecheck (default 5), timed calls "
+                        "per scale case for verify (default 3; its A/B pairs are twice that)")
     p.add_argument("--cold-reps", type=int, default=None,
                    help="cold mypy runs and pyright runs per file for typecheck (default 3)")
     p.add_argument("--quick", action="store_true",
@@ -62,6 +63,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "5%% goal is missed)")
     p.add_argument("--tpu-topology", default="v6e:2x2",
                    help="tpu: topology for the compile-only builds when no TPU is present")
+    p.add_argument("--verify-budget", type=float, default=300.0,
+                   help="verify: seconds allowed per scale case, in its own process (default 300)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON results file (default benchmarks/results/<machine>-<date>.json)")
     return p.parse_args(argv)
@@ -101,11 +104,15 @@ def main(argv: list[str]) -> int:
 
             record = typecheck.run(cold_reps=max(1, ns.cold_reps or (1 if ns.quick else 3)),
                                    warm_reps=max(1, ns.reps or (2 if ns.quick else 5)))
-        else:
+        elif name == "tpu":
             from benchmarks import tpu
 
             record = tpu.run(reps=ns.reps or 20, quick=ns.quick, topology=ns.tpu_topology)
             ok = ok and record.get("ok", True)
+        else:
+            from benchmarks import verify
+
+            record = verify.run(reps=ns.reps or 3, quick=ns.quick, budget_s=ns.verify_budget)
         record["wall_seconds"] = round(time.perf_counter() - started, 1)
         results["benchmarks"][name] = record
         print(f"\n[{name}: {record['wall_seconds']:.0f} s]", flush=True)

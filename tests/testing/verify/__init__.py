@@ -1,0 +1,1 @@
+"""Tests of safedma.testing.verify: protocol verdicts, agreement with simulate, jax's kernels."""

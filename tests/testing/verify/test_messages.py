@@ -1,0 +1,265 @@
+"""verify's errors name the user's own line, the device's mesh coordinates and the fix.
+
+The kernels are written here, so the line an error must name is in this
+file (marked ``# verify: <name>``); run on both jax versions. Also: the
+face exports ``verify`` and its report, a clean report counts what it saw,
+and what verify cannot decide (control flow on vector data, a needed value
+given only as a shape) is said, pointing to ``simulate`` or naming the
+operand.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+
+import safedma as sd
+import safedma.kernels as sk
+from safedma.testing import (
+    LeftoverSemaphoreError,
+    RaceDetectedError,
+    SimulationError,
+    UnsatisfiableWaitError,
+    abstract_mesh,
+)
+from tests.support import protocol_kernels as pk
+
+HERE = Path(__file__)
+HBM = pl.BlockSpec(memory_space=pl.ANY)
+BLOCK = (8, 128)
+RING = abstract_mesh((4,), ("x",))
+GRID = abstract_mesh((2, 4), ("y", "x"))
+
+
+def call(kernel: Any, scratch: list[Any]) -> Any:
+    def per_device(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
+            out_specs=HBM, scratch_shapes=scratch)(x)
+        return out
+    return per_device
+
+
+def checked(kernel: Any, scratch: list[Any]) -> Any:
+    def per_device(x: jax.Array) -> jax.Array:
+        return sd.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
+                              out_specs=HBM, scratch_shapes=scratch)(x)
+    return per_device
+
+
+def run(fn: Any, mesh: Any) -> Any:
+    devices = int(jnp.prod(jnp.array(mesh.axis_sizes)))
+    x = jax.ShapeDtypeStruct((BLOCK[0] * devices, BLOCK[1]), jnp.float32)
+    return pk.verify(fn, x, mesh=mesh)
+
+
+def raised(fn: Any, mesh: Any) -> BaseException:
+    with pytest.raises(Exception) as caught:
+        run(fn, mesh)
+    error = caught.value
+    if isinstance(error, pk.NOT_A_VERDICT) or not isinstance(error, SimulationError):
+        raise error
+    return error
+
+
+def assert_names_line(error: BaseException, marker: str) -> None:
+    lines = pk.marked_lines(HERE, marker)
+    assert pk.names_line(str(error), HERE, lines), \
+        f"the user's line {HERE.name}:{lines} is not named:\n{error}"
+    assert not re.search(r"safedma/[\w/]+\.py:\d+", str(error)), \
+        f"a line inside safedma is named:\n{error}"
+
+
+def vmem() -> Any:
+    return pltpu.VMEM(BLOCK, jnp.float32)
+
+
+def dma() -> Any:
+    return pltpu.SemaphoreType.DMA(())
+
+
+# ------------------------------------------------------------------ the face
+
+
+def test_verify_and_its_report_are_exported_from_safedma_testing() -> None:
+    import safedma.testing as testing
+
+    assert "verify" in testing.__all__
+    assert "VerifyReport" in testing.__all__
+
+
+def test_a_clean_report_counts_devices_copies_and_waits() -> None:
+    def ring(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
+        me, n = lax.axis_index("x"), lax.axis_size("x")
+        c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": (me + 1) % n})
+        c.start()
+        c.wait()
+
+    report = run(call(ring, [dma(), dma()]), RING)
+    assert report.devices == 4
+    assert report.dmas >= 4 and report.remote_dmas >= 4, report
+    assert report.waits >= 4, report
+    assert "4 device" in str(report)
+
+
+# ------------------------------------------------------------------ the line, device, fix
+
+
+def leak_on_device_2(x_ref: Any, o_ref: Any, buf: Any, sem: Any, out_sem: Any) -> None:
+    @pl.when(lax.axis_index("x") == 2)
+    def _() -> None:
+        pltpu.make_async_copy(x_ref, buf, sem).start()  # verify: msg_leak
+
+    c = pltpu.make_async_copy(x_ref, o_ref, out_sem)
+    c.start()
+    c.wait()
+
+
+def test_a_leak_on_one_device_names_it_the_line_and_the_fix() -> None:
+    error = raised(call(leak_on_device_2, [vmem(), dma(), dma()]), RING)
+    assert isinstance(error, LeftoverSemaphoreError), type(error).__name__
+    text = str(error)
+    assert "x=2" in text and not re.search(r"\bx=[013]\b", text), text
+    assert re.search(r"\bsem\b", text), text
+    assert "wait" in text, text
+    assert_names_line(error, "msg_leak")
+
+
+def safedma_leak_on_device_2(x_ref: sd.DataRef, o_ref: sd.DataRef, buf: sd.DataRef,
+                             sem: sd.SemRef, out_sem: sd.SemRef) -> None:
+    @pl.when(sd.my_index("x") == 2)
+    def _() -> None:
+        sd.LocalCopy(x_ref, buf, sem).start()  # verify: msg_sd_leak
+
+    sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
+
+
+@pytest.mark.xfail(strict=True, raises=sd.CopyNeverWaitedError,
+                   reason="the trace-time check rejects a copy under pl.when with no wait "
+                          "anywhere, correctly: this is the same leak, caught earlier")
+def test_a_safedma_leak_names_the_users_line_never_safedmas() -> None:
+    error = raised(checked(safedma_leak_on_device_2, [sd.vmem(BLOCK, jnp.float32),
+                                                      sd.dma_semaphore(), sd.dma_semaphore()]),
+                   RING)
+    assert "x=2" in str(error)
+    assert_names_line(error, "msg_sd_leak")
+
+
+def safedma_leak_through_started_elsewhere(x_ref: sd.DataRef, o_ref: sd.DataRef,
+                                           bufs: sd.DataRef, sems: sd.SemArray,
+                                           out_sem: sd.SemRef) -> None:
+    sd.LocalCopy(x_ref, bufs.at[0], sems.at[0]).start()
+    sd.LocalCopy(x_ref, bufs.at[1], sems.at[1]).start()  # verify: msg_sd_slot
+    sd.LocalCopy(x_ref, bufs.at[0], sems.at[0]).started_elsewhere().wait()
+    sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
+
+
+def test_a_safedma_copy_is_located_at_the_users_start_not_inside_safedma() -> None:
+    fn = checked(safedma_leak_through_started_elsewhere,
+                 [sd.vmem((2, *BLOCK), jnp.float32), sd.dma_semaphores(2), sd.dma_semaphore()])
+    error = raised(fn, RING)
+    assert isinstance(error, LeftoverSemaphoreError), type(error).__name__
+    assert_names_line(error, "msg_sd_slot")
+
+
+def leak_on_one_corner(x_ref: Any, o_ref: Any, buf: Any, sem: Any, out_sem: Any) -> None:
+    corner = (lax.axis_index("y") == 1) & (lax.axis_index("x") == 3)
+
+    @pl.when(corner)
+    def _() -> None:
+        pltpu.make_async_copy(x_ref, buf, sem).start()  # verify: msg_corner
+
+    c = pltpu.make_async_copy(x_ref, o_ref, out_sem)
+    c.start()
+    c.wait()
+
+
+def test_devices_are_named_by_all_their_mesh_coordinates() -> None:
+    error = raised(call(leak_on_one_corner, [vmem(), dma(), dma()]), GRID)
+    text = str(error)
+    assert re.search(r"y=1,\s*x=3", text), text
+    assert_names_line(error, "msg_corner")
+
+
+def receiver_without_sender(x_ref: Any, o_ref: Any, send: Any, recv: Any, local: Any) -> None:
+    me = lax.axis_index("x")
+    c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": 1})
+
+    @pl.when(me == 1)
+    def _receive() -> None:
+        c.wait_recv()  # verify: msg_no_sender
+
+    @pl.when(me != 1)
+    def _own() -> None:
+        own = pltpu.make_async_copy(x_ref, o_ref, local)
+        own.start()
+        own.wait()
+
+
+def test_a_wait_nobody_can_release_is_a_deadlock_on_that_device() -> None:
+    error = raised(call(receiver_without_sender, [dma(), dma(), dma()]), RING)
+    assert isinstance(error, UnsatisfiableWaitError), type(error).__name__
+    text = str(error)
+    assert "x=1" in text and re.search(r"\brecv\b", text), text
+    assert_names_line(error, "msg_no_sender")
+
+
+def read_before_wait(x_ref: Any, o_ref: Any, buf: Any, res: Any, sem: Any, out: Any) -> None:
+    c = pltpu.make_async_copy(x_ref, buf, sem)
+    c.start()
+    res[...] = buf[...] + 1.0  # verify: msg_race
+    c.wait()
+    d = pltpu.make_async_copy(res, o_ref, out)
+    d.start()
+    d.wait()
+
+
+def test_a_race_names_the_read_and_the_copy_and_says_to_wait_first() -> None:
+    error = raised(call(read_before_wait, [vmem(), vmem(), dma(), dma()]), RING)
+    assert isinstance(error, RaceDetectedError), type(error).__name__
+    text = str(error)
+    assert re.search(r"\bbuf\b", text) and "wait" in text, text
+    assert_names_line(error, "msg_race")
+
+
+# ------------------------------------------------------------------ what verify cannot decide
+
+
+def branch_on_data(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+    c = pltpu.make_async_copy(x_ref, buf, sem)
+    c.start()
+    c.wait()
+
+    @pl.when(buf[0, 0] > 0.0)  # verify: msg_data
+    def _() -> None:
+        d = pltpu.make_async_copy(buf, o_ref, sem)
+        d.start()
+        d.wait()
+
+
+def test_control_flow_on_vector_data_points_to_simulate() -> None:
+    error = raised(call(branch_on_data, [vmem(), dma()]), RING)
+    assert "simulate" in str(error), str(error)
+    assert_names_line(error, "msg_data")
+
+
+def test_a_needed_value_given_only_as_a_shape_names_the_operand() -> None:
+    pages = jax.ShapeDtypeStruct((4 * 4, 8, 128), jnp.float32)
+    indices = jax.ShapeDtypeStruct((4,), jnp.int32)
+    with pytest.raises(Exception) as caught:
+        pk.verify(sk.gather_pages, pages, indices, mesh=RING, in_specs=(P("x"), P()),
+                  out_specs=P("x"))
+    error = caught.value
+    if isinstance(error, pk.NOT_A_VERDICT):
+        raise error
+    assert isinstance(error, SimulationError), type(error).__name__
+    assert "indices" in str(error), str(error)
