@@ -33,6 +33,8 @@ __all__ = [
     "ref_kind",
     "is_ref",
     "root_of",
+    "static_int",
+    "view_selections",
     "axes_in_scope",
     "make_local_descriptor",
     "make_remote_descriptor",
@@ -144,6 +146,69 @@ def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
                 return tuple(i.size for i in slices), ref.ref.dtype
             return tuple(indexer.get_indexer_shape()), ref.ref.dtype
     return tuple(getattr(ref, "shape", ())), getattr(ref, "dtype", None)
+
+
+def static_int(value: object) -> int | None:
+    """The value of an index known while tracing (a Python int, or a literal jax
+    turned into a constant tracer), else None.
+
+    ``ref.at[5]`` stores 5 as a constant tracer; ``get_const()`` (jax 0.10.2 and
+    0.12) gives it back. A traced index (``pl.program_id``, SMEM reads) has none.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    get_const = getattr(value, "get_const", None)
+    if get_const is None:
+        if getattr(value, "shape", None) == () and hasattr(value, "__index__"):
+            try:
+                return int(value.__index__())  # numpy integer scalars  # pyright: ignore
+            except TypeError:
+                return None
+        return None
+    try:
+        const = get_const()
+    except Exception:  # a tracer kind without a constant
+        return None
+    if const is None or getattr(const, "shape", ()) != ():
+        return None
+    try:
+        return int(const)
+    except (TypeError, ValueError):
+        return None
+
+
+def view_selections(ref: object) -> tuple[tuple[int, ...], list[tuple[int, object, int]]]:
+    """The root's shape and, for each position index of a ``.at[...]`` view, in
+    order, ``(dimension, index, size of that dimension)``.
+
+    Slices narrow a dimension; positions drop it. Views made by anything other
+    than indexing (reshape, bitcast) end the walk: their later indices are not
+    reported.
+    """
+    root = root_of(ref)
+    shape = tuple(int(d) for d in getattr(root, "shape", ()))
+    if not isinstance(ref, _state_types.TransformedRef):
+        return shape, []
+    positions: list[tuple[int, object, int]] = []
+    current = list(shape)
+    for transform in ref.transforms:
+        if not isinstance(transform, _state_indexing.NDIndexer):
+            break
+        if transform.int_indexer_shape != ():  # array indices: not a plain selection
+            break
+        narrowed: list[int] = []
+        for dim, (index, size) in enumerate(zip(transform.indices, current)):
+            if isinstance(index, _indexing.Slice):
+                narrowed.append(int(index.size))
+                start = static_int(index.start)
+                if start is not None:
+                    positions.append((dim, (start, int(index.size)), size))
+            else:
+                positions.append((dim, index, size))
+        current = narrowed
+    return shape, positions
 
 
 # Unannotated in jax; typed here so callers need no mypy configuration.

@@ -14,6 +14,7 @@ __all__ = [
     "NotARefError",
     "SemaphoreKindError",
     "SemaphoreShapeError",
+    "SemaphoreIndexError",
     "CopyShapeMismatchError",
     "CopyDtypeMismatchError",
     "DeviceIdError",
@@ -43,6 +44,11 @@ class SemaphoreKindError(SafeDmaError, TypeError):
 
 class SemaphoreShapeError(SafeDmaError, ValueError):
     """A semaphore array where one semaphore belongs: ``.at[i]`` is missing (S2)."""
+
+
+class SemaphoreIndexError(SafeDmaError, IndexError):
+    """A static index outside a semaphore array: jax does not check it, the TPU signals
+    whatever lies there."""
 
 
 class CopyShapeMismatchError(SafeDmaError, ValueError):
