@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -122,10 +122,26 @@ def _kind_of_dtype(dtype: Any) -> SemaphoreKind:
 
 
 def root_of(ref: object) -> object:
-    """The underlying kernel ref of a ``.at[...]`` view (the view itself otherwise)."""
+    """The underlying kernel ref of a ``.at[...]`` view (the view itself otherwise).
+
+    ``pl.select_ref`` makes a view over a tuple of candidates; its root is the
+    first candidate's (candidates are checked to be of one kind and layout).
+    """
     if isinstance(ref, _state_types.TransformedRef):
-        return ref.ref
+        inner = cast(object, ref.ref)
+        if isinstance(inner, tuple):
+            candidates = cast("tuple[object, ...]", inner)
+            return root_of(candidates[0]) if candidates else candidates
+        return inner
     return ref
+
+
+# Its candidates are unannotated in jax; typed here.
+_select_ref = cast("Callable[..., object]", getattr(pl, "select_ref"))
+
+
+def select_ref(index: object, candidates: tuple[object, ...]) -> object:
+    return _select_ref(index, *candidates)
 
 
 def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
@@ -230,15 +246,33 @@ def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
     return pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
 
 
+class LogicalId:
+    """A device named by its logical id (``device_id_type=LOGICAL``), not mesh coordinates."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: Any) -> None:
+        self.index: Any = index
+
+
 def make_remote_descriptor(
     src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
 ) -> Any:
+    if isinstance(device_id, LogicalId):
+        return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+            src, dst, send_sem, recv_sem, device_id=device_id.index,
+            device_id_type=pl.DeviceIdType.LOGICAL,
+        )
     return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
 
 def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     if device_id is None:
         pl.semaphore_signal(sem, inc)  # pyright: ignore[reportUnknownMemberType]
+    elif isinstance(device_id, LogicalId):
+        pl.semaphore_signal(  # pyright: ignore[reportUnknownMemberType]
+            sem, inc, device_id=device_id.index, device_id_type=pl.DeviceIdType.LOGICAL
+        )
     else:
         pl.semaphore_signal(sem, inc, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 

@@ -27,6 +27,9 @@ __all__ = [
     "MissingCollectiveIdError",
     "InvalidAmountError",
     "WrongOperationError",
+    "FutureDroppedError",
+    "FutureConsumedTwiceError",
+    "FutureNotWaitedError",
 ]
 
 
@@ -101,3 +104,17 @@ class WrongOperationError(SafeDmaError, AttributeError):
     Type checkers report these statically; this is the run-time message for
     unchecked code.
     """
+
+
+class FutureDroppedError(SafeDmaError, RuntimeError):
+    """A DMA future was started and never finished: its copy is never waited, and XLA
+    may drop the start kernel altogether."""
+
+
+class FutureConsumedTwiceError(SafeDmaError, RuntimeError):
+    """A DMA future was finished twice: the second wait can never be satisfied."""
+
+
+class FutureNotWaitedError(SafeDmaError, RuntimeError):
+    """A future's start kernel started nothing on its semaphore, or its done kernel
+    never waited it."""

@@ -9,6 +9,8 @@ while the kernel is traced, for code the checker did not see.
 
 from __future__ import annotations
 
+from typing import cast
+
 from safedma import _compat
 from safedma._errors import SemaphoreIndexError
 from safedma._tracker import describe_ref
@@ -22,7 +24,7 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 
 def _index_text(index: object) -> str:
     if isinstance(index, tuple):
-        start, size = index  # pyright: ignore[reportUnknownVariableType]
+        start, size = cast("tuple[int, int]", index)
         return f"pl.ds({start}, {size})"
     value = _compat.static_int(index)
     return "<traced>" if value is None else str(value)
@@ -33,8 +35,8 @@ def check_static_indices(sem: object, role: str) -> None:
     root_shape, positions = _compat.view_selections(sem)
     for dim, index, size in positions:
         if isinstance(index, tuple):
-            start, length = index  # pyright: ignore[reportUnknownVariableType]
-            if 0 <= start and start + length <= size:  # pyright: ignore[reportOperatorIssue, reportUnknownArgumentType]
+            start, length = cast("tuple[int, int]", index)
+            if 0 <= start and start + length <= size:
                 continue
             shown = f"pl.ds({start}, {length})"
         else:

@@ -39,6 +39,7 @@ __all__ = [
     "SourceLine",
     "describe_ref",
     "describe_value",
+    "settle_semaphore",
 ]
 
 
@@ -92,6 +93,10 @@ class KernelScope:
         default_factory=lambda: {side: {} for side in Side}
     )
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
+    # Semaphores (by root) whose copies are settled outside the start/wait pairing,
+    # on every side: waited by total size (safedma.wait_bytes / wait_copies) or
+    # handed on in a DmaFuture. See settle_semaphore().
+    settled: dict[int, SourceLine] = dataclasses.field(default_factory=dict[int, SourceLine])
 
     def name_of(self, ref: object) -> str | None:
         return self.names.get(id(_compat.root_of(ref)))
@@ -103,7 +108,9 @@ class KernelScope:
             missing = [
                 side
                 for side, root in ob.sides.items()
-                if side not in ob.waited and id(root) not in self.elsewhere_waits[side]
+                if side not in ob.waited
+                and id(root) not in self.elsewhere_waits[side]
+                and id(root) not in self.settled
             ]
             if missing:
                 calls = " and ".join(side.value for side in missing)
@@ -127,6 +134,8 @@ class KernelScope:
         # handle was not waited: otherwise it waits for bytes nobody sends.
         for side, roots in self.elsewhere_waits.items():
             for root_id, where in roots.items():
+                if root_id in self.settled:  # sizes settled by wait_bytes or a future
+                    continue
                 pending = [
                     ob for ob in self.obligations
                     if side in ob.sides and id(ob.sides[side]) == root_id and side not in ob.waited
@@ -192,6 +201,22 @@ def kernel_scope(
         yield scope
     finally:
         _current.reset(token)
+
+
+def settle_semaphore(sem: object) -> None:
+    """Mark every copy on ``sem``'s semaphore (any side, started before or after) as
+    accounted for in the current kernel scope, if there is one.
+
+    For waits that decrement a semaphore shared by many copies by their total size,
+    and for copies a kernel leaves in flight on purpose (a DMA future), neither of
+    which the trace can pair with individual starts.
+    """
+    scope = _current.get()
+    if scope is None:
+        return
+    root = _compat.root_of(sem)
+    scope.settled.setdefault(id(root), call_site())
+    scope.keep_alive.append(root)
 
 
 @functools.lru_cache(maxsize=None)
