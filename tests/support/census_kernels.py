@@ -145,18 +145,18 @@ def copy_through_future(x: jax.Array) -> jax.Array:
     return sd.finish_async(future_done, future)
 
 
+def future_step(future: sd.DmaFuture) -> sd.DmaFuture:
+    """Finish one future and start the next from its result (a staggered chain)."""
+    y = sd.finish_async(future_done, future)
+    return sd.start_async(future_start, y, dst=jax.ShapeDtypeStruct(y.shape, y.dtype))
+
+
 @sd.checked_futures
 def staggered_futures(x: jax.Array) -> jax.Array:
-    """A future carried through a loop: each step finishes one and starts the next."""
-    dst = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    first = sd.start_async(future_start, x, dst=dst)
-
-    def step(_: jax.Array, future: sd.DmaFuture) -> sd.DmaFuture:
-        y = sd.finish_async(future_done, future)
-        return sd.start_async(future_start, y, dst=dst)
-
-    last: sd.DmaFuture = jax.lax.fori_loop(0, 3, step, first, unroll=2)  # pyright: ignore[reportUnknownMemberType]
-    return sd.finish_async(future_done, last)
+    future = sd.start_async(future_start, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
+    for _ in range(3):
+        future = future_step(future)
+    return sd.finish_async(future_done, future)
 
 
 # --- emit_pipeline inside a checked kernel -------------------------------------
@@ -168,8 +168,12 @@ def _double(x_vmem: DataRef, o_vmem: DataRef) -> None:
     o_vmem[...] = x_vmem[...] * 2
 
 
+def _block_index(i: jax.Array) -> tuple[jax.Array, int]:
+    return i, 0
+
+
 def pipelined_scale(x_hbm: DataRef, o_hbm: DataRef, buf: DataRef) -> None:
-    spec = pl.BlockSpec(BLOCK, lambda i: (i, 0))
+    spec = pl.BlockSpec(BLOCK, _block_index)
     steps = x_hbm.shape[0] // BLOCK[0]
     sd.emit_pipeline(_double, grid=(steps,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
     # A safedma copy next to the pipeline: the first block again, through VMEM.
