@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast, final
 
@@ -70,29 +71,38 @@ class DmaFuture:
     semaphore. A jax pytree, so it can be a loop carry or a jit output.
     """
 
-    __slots__ = ("sources", "buffer", "sem", "_state")
+    __slots__ = ("sources", "buffer", "sem", "_state", "_space")
 
     def __init__(
-        self, sources: tuple[jax.Array, ...], buffer: jax.Array, sem: jax.Array, state: _State
+        self,
+        sources: tuple[jax.Array, ...],
+        buffer: jax.Array,
+        sem: jax.Array,
+        state: _State,
+        space: Any = None,
     ) -> None:
         self.sources = sources
         self.buffer = buffer
         self.sem = sem
         self._state = state
+        self._space = space  # the buffer's memory space (None: pl.ANY)
 
     def __repr__(self) -> str:
         where = f" started at {self._state.started_at}" if self._state.started_at else ""
         return f"DmaFuture({self._state.name}{where})"
 
 
-def _flatten(future: DmaFuture) -> tuple[tuple[Any, ...], str]:
-    future._state.handed_on = True  # pyright: ignore[reportPrivateUsage]
-    return (future.sources, future.buffer, future.sem), future._state.name  # pyright: ignore[reportPrivateUsage]
+def _flatten(future: DmaFuture) -> tuple[tuple[Any, ...], tuple[str, Any]]:
+    state = future._state  # pyright: ignore[reportPrivateUsage]
+    state.handed_on = True
+    aux = (state.name, future._space)  # pyright: ignore[reportPrivateUsage]
+    return (future.sources, future.buffer, future.sem), aux
 
 
-def _unflatten(name: str, children: Sequence[Any]) -> DmaFuture:
+def _unflatten(aux: tuple[str, Any], children: Sequence[Any]) -> DmaFuture:
     sources, buffer, sem = children
-    return DmaFuture(tuple(sources), buffer, sem, _State(None, name))
+    name, space = aux
+    return DmaFuture(tuple(sources), buffer, sem, _State(None, name), space)
 
 
 jax.tree_util.register_pytree_node(DmaFuture, _flatten, _unflatten)  # pyright: ignore[reportUnknownMemberType]
@@ -100,6 +110,22 @@ jax.tree_util.register_pytree_node(DmaFuture, _flatten, _unflatten)  # pyright: 
 
 def _body_name(body: Callable[..., None]) -> str:
     return str(getattr(body, "__name__", type(body).__name__))
+
+
+def _name_like(kernel: Callable[..., None], body: Callable[..., None],
+               layout: Callable[[list[str]], list[str]]) -> None:
+    """Give the generated kernel ``body``'s name, and a signature whose parameter
+    names are ``body``'s arranged as the kernel receives them (for error messages)."""
+    kernel.__name__ = _body_name(body)
+    kernel.__qualname__ = str(getattr(body, "__qualname__", kernel.__name__))
+    try:
+        names = list(inspect.signature(body).parameters)
+    except (TypeError, ValueError):
+        return
+    params = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in layout(names)
+    ]
+    setattr(kernel, "__signature__", inspect.Signature(params))
 
 
 def _started_on(root: object) -> bool:
@@ -139,7 +165,6 @@ def start_async(
     n = len(sources)
     kernel_name = _body_name(body)
 
-    @functools.wraps(body)
     def start_kernel(*refs: Any) -> None:
         ins, dst_ref, sem = refs[:n], refs[2 * n], refs[2 * n + 1]
         settle_semaphore(sem)
@@ -150,6 +175,10 @@ def start_async(
                 "its done kernel would wait forever. Start the copy on the `sem` it is given."
             )
 
+    _name_like(
+        start_kernel, body,
+        lambda names: [*names[:n], *(f"aliased_{m}" for m in names[:n]), *names[n:]],
+    )
     if dst_memory_space is None:
         dst_shape: Any = dst
         dst_spec = _ANY_SPEC
@@ -179,7 +208,7 @@ def start_async(
     registry = _registry.get()
     if registry is not None:
         registry.append(state)
-    return DmaFuture(tuple(outputs[:n]), outputs[n], outputs[n + 1], state)
+    return DmaFuture(tuple(outputs[:n]), outputs[n], outputs[n + 1], state, dst_memory_space)
 
 
 def finish_async(
@@ -209,7 +238,6 @@ def finish_async(
     n = len(future.sources)
     kernel_name = _body_name(body)
 
-    @functools.wraps(body)
     def done_kernel(*refs: Any) -> None:
         ins, buffer, sem = refs[:n], refs[n], refs[n + 1]
         settle_semaphore(sem)
@@ -222,18 +250,18 @@ def finish_async(
                 "safedma.wait_bytes(sem, buf)."
             )
 
+    _name_like(done_kernel, body, lambda names: [*names, f"aliased_{names[n]}"])
     buffer_spec = _ANY_SPEC
     options: dict[str, Any] = {}
     if compiler_params is not None:
         options["compiler_params"] = compiler_params
     if name is not None:
         options["name"] = name
-    buffer_aval: Any = getattr(future.buffer, "aval", None)
-    memory_space = getattr(buffer_aval, "memory_space", None)
+    space = future._space  # pyright: ignore[reportPrivateUsage]
     out_shape: Any = jax.ShapeDtypeStruct(future.buffer.shape, future.buffer.dtype)
-    if memory_space is not None and "vmem" in str(memory_space).lower():
-        buffer_spec = pl.BlockSpec(memory_space=pltpu.VMEM)
-        out_shape = pltpu.VMEM(future.buffer.shape, future.buffer.dtype)
+    if space is not None:
+        buffer_spec = pl.BlockSpec(memory_space=space)
+        out_shape = space(future.buffer.shape, future.buffer.dtype)
     call = pallas_call(
         done_kernel,
         cast("jax.ShapeDtypeStruct", out_shape),
