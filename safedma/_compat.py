@@ -12,14 +12,17 @@ jax release moves any of it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 from jax._src import core as _jax_core
 from jax._src.pallas import core as _pallas_core
+from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.pallas.mosaic import core as _mosaic_core
 from jax._src import indexing as _indexing
 from jax._src.state import indexing as _state_indexing
@@ -247,7 +250,12 @@ def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
 
 
 class LogicalId:
-    """A device named by its logical id (``device_id_type=LOGICAL``), not mesh coordinates."""
+    """A device named by its logical id (``device_id_type=LOGICAL``), not mesh coordinates.
+
+    jax 0.12 deprecates ``device_id_type`` but has no other spelling for a
+    logical id yet: the deprecation warning (about safedma's own call, not the
+    user's) is silenced for these calls only.
+    """
 
     __slots__ = ("index",)
 
@@ -255,14 +263,27 @@ class LogicalId:
         self.index: Any = index
 
 
+# Private: jax 0.12 deprecates the public pl.DeviceIdType (and warns on each access)
+# along with device_id_type=, which is still the only way to pass a logical id.
+_LOGICAL: Any = _pallas_primitives.DeviceIdType.LOGICAL
+
+
+@contextlib.contextmanager
+def _logical_ids() -> Generator[None, None, None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*device_id_type.*", category=DeprecationWarning)
+        yield
+
+
 def make_remote_descriptor(
     src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
 ) -> Any:
     if isinstance(device_id, LogicalId):
-        return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
-            src, dst, send_sem, recv_sem, device_id=device_id.index,
-            device_id_type=pl.DeviceIdType.LOGICAL,
-        )
+        with _logical_ids():
+            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+                src, dst, send_sem, recv_sem, device_id=device_id.index,
+                device_id_type=_LOGICAL,
+            )
     return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
 
@@ -270,9 +291,10 @@ def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     if device_id is None:
         pl.semaphore_signal(sem, inc)  # pyright: ignore[reportUnknownMemberType]
     elif isinstance(device_id, LogicalId):
-        pl.semaphore_signal(  # pyright: ignore[reportUnknownMemberType]
-            sem, inc, device_id=device_id.index, device_id_type=pl.DeviceIdType.LOGICAL
-        )
+        with _logical_ids():
+            pl.semaphore_signal(  # pyright: ignore[reportUnknownMemberType]
+                sem, inc, device_id=device_id.index, device_id_type=_LOGICAL
+            )
     else:
         pl.semaphore_signal(sem, inc, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
