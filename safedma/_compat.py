@@ -249,17 +249,17 @@ def make_local_descriptor(src: object, dst: object, sem: object) -> Any:
     return pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
 
 
-class LogicalId:
+class LogicalId(dict[str, Any]):
     """A device named by its logical id (``device_id_type=LOGICAL``), not mesh coordinates.
 
-    jax 0.12 deprecates ``device_id_type`` but has no other spelling for a
-    logical id yet: the deprecation warning (about safedma's own call, not the
-    user's) is silenced for these calls only.
+    An empty ``dict`` to the type checker (so ``Device.pltpu_device_id`` keeps its
+    type), recognised here by its class. jax 0.12 deprecates ``device_id_type``
+    but has no other spelling for a logical id yet: the deprecation warning
+    (about safedma's own call, not the user's) is silenced for these calls only.
     """
 
-    __slots__ = ("index",)
-
     def __init__(self, index: Any) -> None:
+        super().__init__()
         self.index: Any = index
 
 

@@ -32,7 +32,7 @@ __all__ = [
     "logical_device",
 ]
 
-_PltpuDeviceId: TypeAlias = tuple[Index, ...] | dict[str, Index] | _compat.LogicalId
+_PltpuDeviceId: TypeAlias = tuple[Index, ...] | dict[str, Index]
 
 
 def _mesh_axes(purpose: str) -> Mapping[str, int]:
@@ -83,7 +83,7 @@ class Device:
         self._id = _pltpu_id
 
     @property
-    def pltpu_device_id(self) -> _PltpuDeviceId:
+    def pltpu_device_id(self) -> tuple[Index, ...] | dict[str, Index]:
         """The value passed as ``device_id`` to pltpu (a logical id is passed with
         ``device_id_type=LOGICAL``)."""
         return self._id
