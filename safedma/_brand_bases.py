@@ -10,8 +10,11 @@ run time nothing is ever an instance of them: the brands in ``refs.py`` are
 __all__ = [
     "_DmaSemaphore",
     "_DmaSemaphoreArray",
+    "_DmaSemaphoreArray2",
+    "_DmaSemaphoreArray3",
     "_RegularSemaphore",
     "_RegularSemaphoreArray",
+    "_RegularSemaphoreArray2",
     "_BarrierSemaphore",
     "_DataRef",
 ]
@@ -25,11 +28,23 @@ class _DmaSemaphoreArray:
     __slots__ = ()
 
 
+class _DmaSemaphoreArray2:
+    __slots__ = ()
+
+
+class _DmaSemaphoreArray3:
+    __slots__ = ()
+
+
 class _RegularSemaphore:
     __slots__ = ()
 
 
 class _RegularSemaphoreArray:
+    __slots__ = ()
+
+
+class _RegularSemaphoreArray2:
     __slots__ = ()
 
 

@@ -13,6 +13,7 @@ import jax
 from safedma import _compat
 from safedma._compat import SemaphoreKind
 from safedma._describe import describe_ref
+from safedma._sem_arrays import check_static_indices, how_to_select_one
 from safedma._errors import (
     CopyDtypeMismatchError,
     CopyShapeMismatchError,
@@ -91,11 +92,12 @@ def check_semaphore(
             f"{role} must be {expected}, got {problem}; {what_for} cannot use it. "
             f"Pass {_WHERE_SEMAPHORES_COME_FROM[allowed[0]]}."
         )
+    check_static_indices(value, role)
     shape, _ = _compat.ref_layout(value)
     if shape != ():
         raise SemaphoreShapeError(
             f"{role} must be one semaphore, got an array of {shape[0] if len(shape) == 1 else shape} "
-            f"semaphores ({describe_ref(value)}). Select one with sems.at[i]."
+            f"semaphores ({describe_ref(value)}). {how_to_select_one(value, shape)}"
         )
 
 

@@ -12,9 +12,11 @@ jax release moves any of it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import operator
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol, TypeAlias, cast
 
 import numpy as np
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import core as _jax_core
 from jax._src.pallas import core as _pallas_core
+from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.pallas.mosaic import core as _mosaic_core
 from jax._src import indexing as _indexing
 from jax._src.state import indexing as _state_indexing
@@ -36,6 +39,8 @@ __all__ = [
     "ref_kind",
     "is_ref",
     "root_of",
+    "static_int",
+    "view_selections",
     "axes_in_scope",
     "ArrayAval",
     "AsyncCopyDescriptor",
@@ -133,10 +138,26 @@ def _kind_of_dtype(dtype: Any) -> SemaphoreKind:
 
 
 def root_of(ref: object) -> object:
-    """The underlying kernel ref of a ``.at[...]`` view (the view itself otherwise)."""
+    """The underlying kernel ref of a ``.at[...]`` view (the view itself otherwise).
+
+    ``pl.select_ref`` makes a view over a tuple of candidates; its root is the
+    first candidate's (candidates are checked to be of one kind and layout).
+    """
     if isinstance(ref, _state_types.TransformedRef):
-        return ref.ref
+        inner = cast(object, ref.ref)
+        if isinstance(inner, tuple):
+            candidates = cast("tuple[object, ...]", inner)
+            return root_of(candidates[0]) if candidates else candidates
+        return inner
     return ref
+
+
+# Its candidates are unannotated in jax; typed here.
+_select_ref = cast("Callable[..., object]", getattr(pl, "select_ref"))
+
+
+def select_ref(index: object, candidates: tuple[object, ...]) -> object:
+    return _select_ref(index, *candidates)
 
 
 def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
@@ -157,6 +178,69 @@ def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
                 return tuple(i.size for i in slices), ref.ref.dtype
             return tuple(indexer.get_indexer_shape()), ref.ref.dtype
     return tuple(getattr(ref, "shape", ())), getattr(ref, "dtype", None)
+
+
+def static_int(value: object) -> int | None:
+    """The value of an index known while tracing (a Python int, or a literal jax
+    turned into a constant tracer), else None.
+
+    ``ref.at[5]`` stores 5 as a constant tracer; ``get_const()`` (jax 0.10.2 and
+    0.12) gives it back. A traced index (``pl.program_id``, SMEM reads) has none.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    get_const = getattr(value, "get_const", None)
+    if get_const is None:
+        if getattr(value, "shape", None) == () and hasattr(value, "__index__"):
+            try:
+                return int(value.__index__())  # numpy integer scalars  # pyright: ignore
+            except TypeError:
+                return None
+        return None
+    try:
+        const = get_const()
+    except Exception:  # a tracer kind without a constant
+        return None
+    if const is None or getattr(const, "shape", ()) != ():
+        return None
+    try:
+        return int(const)
+    except (TypeError, ValueError):
+        return None
+
+
+def view_selections(ref: object) -> tuple[tuple[int, ...], list[tuple[int, object, int]]]:
+    """The root's shape and, for each position index of a ``.at[...]`` view, in
+    order, ``(dimension, index, size of that dimension)``.
+
+    Slices narrow a dimension; positions drop it. Views made by anything other
+    than indexing (reshape, bitcast) end the walk: their later indices are not
+    reported.
+    """
+    root = root_of(ref)
+    shape = tuple(int(d) for d in getattr(root, "shape", ()))
+    if not isinstance(ref, _state_types.TransformedRef):
+        return shape, []
+    positions: list[tuple[int, object, int]] = []
+    current = list(shape)
+    for transform in ref.transforms:
+        if not isinstance(transform, _state_indexing.NDIndexer):
+            break
+        if transform.int_indexer_shape != ():  # array indices: not a plain selection
+            break
+        narrowed: list[int] = []
+        for dim, (index, size) in enumerate(zip(transform.indices, current)):
+            if isinstance(index, _indexing.Slice):
+                narrowed.append(int(index.size))
+                start = static_int(index.start)
+                if start is not None:
+                    positions.append((dim, (start, int(index.size)), size))
+            else:
+                positions.append((dim, index, size))
+        current = narrowed
+    return shape, positions
 
 
 # Unannotated in jax; typed here so callers need no mypy configuration.
@@ -321,18 +405,57 @@ def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDes
     return descriptor
 
 
+class LogicalId(dict[str, Any]):
+    """A device named by its logical id (``device_id_type=LOGICAL``), not mesh coordinates.
+
+    An empty ``dict`` to the type checker (so ``Device.pltpu_device_id`` keeps its
+    type), recognised here by its class. jax 0.12 deprecates ``device_id_type``
+    but has no other spelling for a logical id yet: the deprecation warning
+    (about safedma's own call, not the user's) is silenced for these calls only.
+    """
+
+    def __init__(self, index: Any) -> None:
+        super().__init__()
+        self.index: Any = index
+
+
+# Private: jax 0.12 deprecates the public pl.DeviceIdType (and warns on each access)
+# along with device_id_type=, which is still the only way to pass a logical id.
+_LOGICAL: Any = _pallas_primitives.DeviceIdType.LOGICAL
+
+
+@contextlib.contextmanager
+def _logical_ids() -> Generator[None, None, None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*device_id_type.*", category=DeprecationWarning)
+        yield
+
+
+def _remote(src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any) -> Any:
+    if isinstance(device_id, LogicalId):
+        with _logical_ids():
+            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+                src, dst, send_sem, recv_sem, device_id=device_id.index,
+                device_id_type=_LOGICAL,
+            )
+    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
+
+
 def make_remote_descriptor(
     src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
 ) -> AsyncCopyDescriptor:
-    descriptor: AsyncCopyDescriptor = pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
-        src, dst, send_sem, recv_sem, device_id=device_id
-    )
+    descriptor: AsyncCopyDescriptor = _remote(src, dst, send_sem, recv_sem, device_id)
     return descriptor
 
 
 def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     if device_id is None:
         pl.semaphore_signal(sem, inc)  # pyright: ignore[reportUnknownMemberType]
+    elif isinstance(device_id, LogicalId):
+        with _logical_ids():
+            pl.semaphore_signal(  # pyright: ignore[reportUnknownMemberType]
+                sem, inc, device_id=device_id.index, device_id_type=_LOGICAL
+            )
     else:
         pl.semaphore_signal(sem, inc, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 

@@ -18,11 +18,19 @@ import jax
 import jax.numpy as jnp
 
 from safedma import _compat
-from safedma._tracker import describe_value
+from safedma._describe import describe_value
 from safedma._errors import DeviceIdError
 from safedma._refs import Index
 
-__all__ = ["Device", "device", "mesh_coords", "neighbour", "my_index", "axis_size"]
+__all__ = [
+    "Device",
+    "device",
+    "mesh_coords",
+    "neighbour",
+    "my_index",
+    "axis_size",
+    "logical_device",
+]
 
 _PltpuDeviceId: TypeAlias = tuple[Index, ...] | dict[str, Index]
 
@@ -76,10 +84,13 @@ class Device:
 
     @property
     def pltpu_device_id(self) -> tuple[Index, ...] | dict[str, Index]:
-        """The value passed as ``device_id`` to pltpu."""
+        """The value passed as ``device_id`` to pltpu (a logical id is passed with
+        ``device_id_type=LOGICAL``)."""
         return self._id
 
     def __repr__(self) -> str:
+        if isinstance(self._id, _compat.LogicalId):
+            return f"logical_device({describe_value(self._id.index)})"
         if isinstance(self._id, dict):
             inner = ", ".join(f"{axis}={describe_value(i)}" for axis, i in self._id.items())
             return f"device({inner})"
@@ -149,3 +160,17 @@ def neighbour(axis: str, shift: int = 1) -> Device:
     size = axis_size(axis)
     step = shift % size
     return Device({axis: (my_index(axis) + step) % size})
+
+
+def logical_device(index: Index) -> Device:
+    """The device with logical id ``index`` (``device_id_type=LOGICAL`` in pltpu).
+
+    A logical id counts the devices of the mesh in scope in row-major order of
+    its axes; a static id is checked against their number.
+    """
+    mesh = _mesh_axes("safedma.logical_device()")
+    count = 1
+    for size in mesh.values():
+        count *= size
+    checked = _check_index(index, "<logical id>", count)
+    return Device(_compat.LogicalId(checked))

@@ -14,6 +14,7 @@ __all__ = [
     "NotARefError",
     "SemaphoreKindError",
     "SemaphoreShapeError",
+    "SemaphoreIndexError",
     "CopyShapeMismatchError",
     "CopyDtypeMismatchError",
     "DeviceIdError",
@@ -28,6 +29,9 @@ __all__ = [
     "MissingCollectiveIdError",
     "InvalidAmountError",
     "WrongOperationError",
+    "FutureDroppedError",
+    "FutureConsumedTwiceError",
+    "FutureNotWaitedError",
 ]
 
 
@@ -45,6 +49,11 @@ class SemaphoreKindError(SafeDmaError, TypeError):
 
 class SemaphoreShapeError(SafeDmaError, ValueError):
     """A semaphore array where one semaphore belongs: ``.at[i]`` is missing (S2)."""
+
+
+class SemaphoreIndexError(SafeDmaError, IndexError):
+    """A static index outside a semaphore array: jax does not check it, the TPU signals
+    whatever lies there."""
 
 
 class CopyShapeMismatchError(SafeDmaError, ValueError):
@@ -109,3 +118,17 @@ class WrongOperationError(SafeDmaError, AttributeError):
     Type checkers report these statically; this is the run-time message for
     unchecked code.
     """
+
+
+class FutureDroppedError(SafeDmaError, RuntimeError):
+    """A DMA future was started and never finished: its copy is never waited, and XLA
+    may drop the start kernel altogether."""
+
+
+class FutureConsumedTwiceError(SafeDmaError, RuntimeError):
+    """A DMA future was finished twice: the second wait can never be satisfied."""
+
+
+class FutureNotWaitedError(SafeDmaError, RuntimeError):
+    """A future's start kernel started nothing on its semaphore, or its done kernel
+    never waited it."""

@@ -35,7 +35,16 @@ from safedma._compat import FlowKind
 from safedma._describe import Describe, SourceLine, call_site
 from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
 
-__all__ = ["Side", "Ledger", "HandleState", "current_ledger", "ledger_scope"]
+__all__ = [
+    "Side",
+    "Ledger",
+    "HandleState",
+    "current_ledger",
+    "ledger_scope",
+    "settle_semaphore",
+    "started_on",
+    "waited_on",
+]
 
 VERIFY_HINT = (
     "run safedma.testing.verify(...) to check the waits on every path a device takes"
@@ -147,6 +156,45 @@ def ledger_scope() -> Generator[Ledger, None, None]:
         yield ledger
     finally:
         _current.reset(token)
+
+
+def settle_semaphore(sem: object) -> None:
+    """Count every copy on ``sem``'s slot (any side) as waited in the body being traced.
+
+    For waits that decrement a semaphore shared by many copies by their total
+    size (``wait_bytes`` / ``wait_copies``), and for copies a kernel leaves in
+    flight on purpose (a DMA future): neither can be paired with individual
+    starts at trace time, so they count like a ``started_elsewhere()`` wait.
+    """
+    ledger = _current.get()
+    if ledger is None:
+        return
+    ledger.keep_alive.append(sem)
+    ledger.elsewhere.append(_ElsewhereWait(sem))
+
+
+def started_on(sem: object) -> bool:
+    """Whether the body being traced starts a copy on ``sem``'s slot (True outside a body)."""
+    ledger = _current.get()
+    if ledger is None:
+        return True
+    slot = _slot(sem)
+    return any(_slots_meet(slot, _slot(s)) for ob in ledger.obligations for s in ob.sems.values())
+
+
+def waited_on(sem: object) -> bool:
+    """Whether the body being traced waits anything on ``sem``'s slot (True outside a body)."""
+    ledger = _current.get()
+    if ledger is None:
+        return True
+    slot = _slot(sem)
+    if any(_slots_meet(slot, _slot(w.sem)) for w in ledger.elsewhere):
+        return True
+    return any(
+        ob.waited[side] and _slots_meet(slot, _slot(s))
+        for ob in ledger.obligations
+        for side, s in ob.sems.items()
+    )
 
 
 # ------------------------------------------------------------------ control flow

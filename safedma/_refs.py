@@ -15,6 +15,16 @@ type errors:
 ``SemArray.at[i]`` (``i`` an ``int`` or a traced index) is a :data:`SemRef`;
 ``SemArray.at[pl.ds(...)]`` or ``.at[a:b]`` is again a :data:`SemArray`.
 The same holds for :data:`RegularSemArray` and :data:`RegularSem`.
+
+N-D arrays have one brand per rank (:data:`SemArray2`, :data:`SemArray3`,
+:data:`RegularSemArray2`): ``.at`` with as many positions as the rank is one
+semaphore, fewer positions (or a range) give the brand of the remaining rank,
+and more positions than the rank are a type error. A brand per rank is the
+encoding both mypy and pyright check without a plugin (a rank type parameter
+on one brand cannot be counted against a tuple index's length).
+
+:data:`DataRef` views -- ``.at[...]``, ``.reshape(*shape)``, ``.bitcast(dtype)``
+-- are again :data:`DataRef`; the copy checks read the view's own shape and dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +40,9 @@ __all__ = [
     "SemArray",
     "RegularSem",
     "RegularSemArray",
+    "SemArray2",
+    "SemArray3",
+    "RegularSemArray2",
     "BarrierSem",
     "DataRef",
     "Index",
@@ -51,8 +64,11 @@ from safedma._brand_bases import (
     _DataRef,
     _DmaSemaphore,
     _DmaSemaphoreArray,
+    _DmaSemaphoreArray2,
+    _DmaSemaphoreArray3,
     _RegularSemaphore,
     _RegularSemaphoreArray,
+    _RegularSemaphoreArray2,
 )
 
 SemRef = NewType("SemRef", _DmaSemaphore)
@@ -61,11 +77,20 @@ SemRef = NewType("SemRef", _DmaSemaphore)
 SemArray = NewType("SemArray", _DmaSemaphoreArray)
 """An array of DMA semaphores; ``.at[i]`` selects a :data:`SemRef`."""
 
+SemArray2 = NewType("SemArray2", _DmaSemaphoreArray2)
+"""A 2-D array of DMA semaphores; ``.at[i, j]`` selects a :data:`SemRef`, ``.at[i]`` a row."""
+
+SemArray3 = NewType("SemArray3", _DmaSemaphoreArray3)
+"""A 3-D array of DMA semaphores; ``.at[i, j, k]`` selects a :data:`SemRef`."""
+
 RegularSem = NewType("RegularSem", _RegularSemaphore)
 """One REGULAR semaphore, for :func:`safedma.signal` / :func:`safedma.wait`."""
 
 RegularSemArray = NewType("RegularSemArray", _RegularSemaphoreArray)
 """An array of REGULAR semaphores; ``.at[i]`` selects a :data:`RegularSem`."""
+
+RegularSemArray2 = NewType("RegularSemArray2", _RegularSemaphoreArray2)
+"""A 2-D array of REGULAR semaphores; ``.at[i, j]`` selects a :data:`RegularSem`."""
 
 BarrierSem = NewType("BarrierSem", _BarrierSemaphore)
 """The cross-device barrier semaphore, from :func:`safedma.barrier_semaphore`."""

@@ -7,8 +7,8 @@ where ``T`` is the brand the kernel receives for it, so that
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast, overload
 
 import numpy as np
 from jax.typing import DTypeLike
@@ -16,7 +16,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma._compat import ArrayAval, RefAval
-from safedma._refs import DataRef, RegularSem, RegularSemArray, SemArray, SemRef
+from safedma._refs import (
+    DataRef,
+    RegularSem,
+    RegularSemArray,
+    RegularSemArray2,
+    SemArray,
+    SemArray2,
+    SemArray3,
+    SemRef,
+)
 
 __all__ = [
     "Scratch",
@@ -31,6 +40,10 @@ __all__ = [
 
 T = TypeVar("T")
 T2 = TypeVar("T2")
+T3 = TypeVar("T3")
+T4 = TypeVar("T4")
+T5 = TypeVar("T5")
+T6 = TypeVar("T6")
 R = TypeVar("R")
 
 
@@ -53,11 +66,21 @@ class Scratch(Generic[T]):
             raise NotImplementedError
 
 
-def _count(n: int) -> int:
-    given = cast(object, n)  # checked at run time too, for unchecked callers
-    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-        raise ValueError(f"a semaphore array needs a positive int length, got {n!r}.")
-    return n
+def _array_shape(shape: int | tuple[int, ...], max_rank: int, what: str) -> tuple[int, ...]:
+    given = cast(object, shape)  # checked at run time too, for unchecked callers
+    dims: tuple[object, ...]
+    if isinstance(given, tuple):
+        dims = cast("tuple[object, ...]", given)
+    else:
+        dims = (given,)
+    if not 1 <= len(dims) <= max_rank or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims
+    ):
+        raise ValueError(
+            f"{what} takes a positive int length or a tuple of 1 to {max_rank} positive ints, "
+            f"got {shape!r}. For one semaphore use the singular form."
+        )
+    return cast("tuple[int, ...]", dims)
 
 
 def dma_semaphore() -> Scratch[SemRef]:
@@ -65,9 +88,19 @@ def dma_semaphore() -> Scratch[SemRef]:
     return cast(Scratch[SemRef], pltpu.SemaphoreType.DMA(()))
 
 
-def dma_semaphores(n: int) -> Scratch[SemArray]:
-    """``n`` DMA semaphores; select one with ``sems.at[i]``."""
-    return cast(Scratch[SemArray], pltpu.SemaphoreType.DMA((_count(n),)))
+@overload
+def dma_semaphores(shape: int | tuple[int], /) -> Scratch[SemArray]: ...
+@overload
+def dma_semaphores(shape: tuple[int, int], /) -> Scratch[SemArray2]: ...
+@overload
+def dma_semaphores(shape: tuple[int, int, int], /) -> Scratch[SemArray3]: ...
+def dma_semaphores(shape: int | tuple[int, ...], /) -> Scratch[Any]:
+    """An array of DMA semaphores: ``dma_semaphores(n)`` or ``dma_semaphores((a, b))``.
+
+    Select one with as many positions as the rank: ``sems.at[i]``, ``sems.at[i, j]``.
+    """
+    dims = _array_shape(shape, 3, "safedma.dma_semaphores()")
+    return cast("Scratch[Any]", pltpu.SemaphoreType.DMA(dims))
 
 
 def regular_semaphore() -> Scratch[RegularSem]:
@@ -75,9 +108,17 @@ def regular_semaphore() -> Scratch[RegularSem]:
     return cast(Scratch[RegularSem], pltpu.SemaphoreType.REGULAR(()))
 
 
-def regular_semaphores(n: int) -> Scratch[RegularSemArray]:
-    """``n`` REGULAR semaphores; select one with ``sems.at[i]``."""
-    return cast(Scratch[RegularSemArray], pltpu.SemaphoreType.REGULAR((_count(n),)))
+@overload
+def regular_semaphores(shape: int | tuple[int], /) -> Scratch[RegularSemArray]: ...
+@overload
+def regular_semaphores(shape: tuple[int, int], /) -> Scratch[RegularSemArray2]: ...
+def regular_semaphores(shape: int | tuple[int, ...], /) -> Scratch[Any]:
+    """An array of REGULAR semaphores: ``regular_semaphores(n)`` or ``((a, b))``.
+
+    Select one with as many positions as the rank: ``flags.at[i]``, ``flags.at[i, j]``.
+    """
+    dims = _array_shape(shape, 2, "safedma.regular_semaphores()")
+    return cast("Scratch[Any]", pltpu.SemaphoreType.REGULAR(dims))
 
 
 def vmem(shape: Sequence[int], dtype: DTypeLike) -> Scratch[DataRef]:
@@ -90,13 +131,89 @@ def smem(shape: Sequence[int], dtype: DTypeLike) -> Scratch[DataRef]:
     return cast(Scratch[DataRef], pltpu.SMEM(tuple(shape), np.dtype(dtype)))
 
 
-@overload
-def run_scoped(body: Callable[[T], R], scratch: Scratch[T], /) -> R: ...
+_Axes: TypeAlias = "Hashable | tuple[Hashable, ...]"
+
+
 @overload
 def run_scoped(
-    body: Callable[[T, T2], R], scratch: Scratch[T], scratch2: Scratch[T2], /
+    body: Callable[[T], R], scratch: Scratch[T], /, *, collective_axes: _Axes = ()
 ) -> R: ...
-def run_scoped(body: Callable[..., R], *scratch: Scratch[Any]) -> R:
-    """``pl.run_scoped`` with typed scratch: allocate, call ``body``, free."""
-    result: R = pl.run_scoped(body, *scratch)
+@overload
+def run_scoped(
+    body: Callable[[T, T2], R],
+    scratch: Scratch[T],
+    scratch2: Scratch[T2],
+    /,
+    *,
+    collective_axes: _Axes = (),
+) -> R: ...
+@overload
+def run_scoped(
+    body: Callable[[T, T2, T3], R],
+    scratch: Scratch[T],
+    scratch2: Scratch[T2],
+    scratch3: Scratch[T3],
+    /,
+    *,
+    collective_axes: _Axes = (),
+) -> R: ...
+@overload
+def run_scoped(
+    body: Callable[[T, T2, T3, T4], R],
+    scratch: Scratch[T],
+    scratch2: Scratch[T2],
+    scratch3: Scratch[T3],
+    scratch4: Scratch[T4],
+    /,
+    *,
+    collective_axes: _Axes = (),
+) -> R: ...
+@overload
+def run_scoped(
+    body: Callable[[T, T2, T3, T4, T5], R],
+    scratch: Scratch[T],
+    scratch2: Scratch[T2],
+    scratch3: Scratch[T3],
+    scratch4: Scratch[T4],
+    scratch5: Scratch[T5],
+    /,
+    *,
+    collective_axes: _Axes = (),
+) -> R: ...
+@overload
+def run_scoped(
+    body: Callable[[T, T2, T3, T4, T5, T6], R],
+    scratch: Scratch[T],
+    scratch2: Scratch[T2],
+    scratch3: Scratch[T3],
+    scratch4: Scratch[T4],
+    scratch5: Scratch[T5],
+    scratch6: Scratch[T6],
+    /,
+    *,
+    collective_axes: _Axes = (),
+) -> R: ...
+@overload
+def run_scoped(
+    body: Callable[..., R], /, *, collective_axes: _Axes = (), **named: Scratch[Any]
+) -> R: ...
+def run_scoped(
+    body: Callable[..., R],
+    /,
+    *scratch: Scratch[Any],
+    collective_axes: _Axes = (),
+    **named: Scratch[Any],
+) -> R:
+    """``pl.run_scoped`` with typed scratch: allocate, call ``body``, free.
+
+    Positional scratch (one to six) is matched to ``body``'s parameters by the
+    type checker; the keyword form ``run_scoped(body, buf=vmem(...), sem=...)``
+    passes each by name (the checker cannot match names to brands: annotate
+    ``body``'s parameters). ``collective_axes`` allocates the scratch shared
+    across those mesh axes, as in ``pl.run_scoped``.
+    """
+    if collective_axes != ():
+        result: R = pl.run_scoped(body, *scratch, collective_axes=collective_axes, **named)
+    else:
+        result = pl.run_scoped(body, *scratch, **named)
     return result

@@ -21,11 +21,13 @@ TPU is attached, so JAX does not try to open a TPU.
 from safedma.testing._compile import (
     TpuCompileError,
     TpuCompileReport,
+    TpuMeshError,
     compile_for_tpu,
     tpu_mesh,
 )
 from safedma.testing._mosaic import (
     KERNEL_PLACEHOLDER,
+    TPU_GENERATIONS,
     MosaicKernel,
     MosaicMismatchError,
     abstract_mesh,
@@ -87,6 +89,8 @@ __all__ = [
     "StuckWait",
     "TpuCompileError",
     "TpuCompileReport",
+    "TpuMeshError",
+    "TPU_GENERATIONS",
     "UnsatisfiableWaitError",
     "abstract_mesh",
     "assert_same_mosaic",

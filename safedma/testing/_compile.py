@@ -16,10 +16,11 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import jax
 import numpy as np
-from jax.experimental import topologies
+from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # Typed handles on JAX constructors whose __init__ is unannotated, so calls
@@ -29,6 +30,7 @@ _partition_spec: Callable[..., PartitionSpec] = PartitionSpec
 
 __all__ = [
     "TpuCompileError",
+    "TpuMeshError",
     "TpuCompileReport",
     "compile_for_tpu",
     "tpu_mesh",
@@ -58,6 +60,16 @@ class TpuCompileError(Exception):
         self.topology = topology
         self.compiler_message = compiler_message
         self.kernel_names = kernel_names
+
+
+class TpuMeshError(ValueError):
+    """A mesh that cannot be laid over a TPU topology as asked.
+
+    jax raises a bare ``NotImplementedError`` for a mesh whose axes would split
+    physical axes (a (64, 4) mesh on ``v6e:16x16``); this names the topology,
+    the mesh and the two ways out: ``allow_split_physical_axes=True`` or an
+    explicit ``device_order``.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,28 +142,64 @@ def tpu_mesh(
     topology: str = "v6e:2x2",
     mesh_shape: Sequence[int] | None = None,
     axis_names: Sequence[str] = ("x",),
+    *,
+    device_order: Sequence[int] | None = None,
+    allow_split_physical_axes: bool = False,
 ) -> Mesh:
     """A mesh of compile-only TPU devices, one per chip of ``topology``.
 
     ``mesh_shape`` defaults to all chips along one axis and must use every
-    chip.  Where libtpu lists one device per chip, ``topologies.make_mesh``
-    picks a physically sensible device order; otherwise (one device per
-    TensorCore, where ``make_mesh`` refuses) chips are taken in id order.
+    chip. By default jax's ``create_device_mesh`` picks a physically sensible
+    device order; ``allow_split_physical_axes=True`` lets it split a physical
+    axis over several mesh axes (needed for e.g. a (64, 4) mesh on
+    ``v6e:16x16``), and ``device_order`` (a permutation of the chip indices,
+    chips numbered in id order) sets the order outright. Where libtpu lists
+    one device per TensorCore, chips are taken in id order unless
+    ``device_order`` is given. Raises :class:`TpuMeshError` when the mesh does
+    not fit.
     """
     topo = _topology(topology)
-    chips = _chips(topo)
+    chips = sorted(_chips(topo), key=lambda d: int(getattr(d, "id", 0)))
     names = tuple(axis_names)
     shape = (len(chips),) if mesh_shape is None else tuple(int(s) for s in mesh_shape)
     if len(shape) != len(names):
-        raise ValueError(f"mesh_shape {shape} and axis_names {names} differ in length")
+        raise TpuMeshError(f"mesh_shape {shape} and axis_names {names} differ in length")
     if math.prod(shape) != len(chips):
-        raise ValueError(
+        raise TpuMeshError(
             f"mesh_shape {shape} has {math.prod(shape)} devices but topology "
             f"{topology} has {len(chips)} chips"
         )
-    if len(chips) == len(_devices(topo)):
-        return topologies.make_mesh(topo, shape, names)
-    return Mesh(np.array(chips, dtype=object).reshape(shape), names)
+    if device_order is not None:
+        order = [int(i) for i in device_order]
+        if sorted(order) != list(range(len(chips))):
+            raise TpuMeshError(
+                f"device_order must be a permutation of 0..{len(chips) - 1} (the chips of "
+                f"{topology} in id order), got {list(device_order)!r}"
+            )
+        picked = np.array([chips[i] for i in order], dtype=object)
+        return Mesh(picked.reshape(shape), names)
+    if len(chips) != len(_devices(topo)):
+        return Mesh(np.array(chips, dtype=object).reshape(shape), names)
+    try:
+        devices = _create_device_mesh(
+            shape, chips, allow_split_physical_axes=allow_split_physical_axes
+        )
+    except (NotImplementedError, ValueError, AssertionError) as err:
+        hint = (
+            "" if allow_split_physical_axes
+            else " Pass allow_split_physical_axes=True to let jax split a physical axis, or"
+        )
+        raise TpuMeshError(
+            f"cannot lay a {shape} mesh {names} over TPU topology {topology}: {err}.{hint} "
+            "pass device_order=[...] (chip indices in id order) to choose the layout."
+        ) from err
+    return Mesh(devices, names)
+
+
+# Typed once: jax leaves its devices parameter unannotated.
+_create_device_mesh = cast(
+    "Callable[..., np.ndarray[Any, Any]]", getattr(mesh_utils, "create_device_mesh")
+)
 
 
 def _describe(fn: Callable[..., object]) -> str:
@@ -197,6 +245,8 @@ def compile_for_tpu(
     out_specs: object = None,
     check_vma: bool = False,
     per_device: bool = True,
+    device_order: Sequence[int] | None = None,
+    allow_split_physical_axes: bool = False,
 ) -> TpuCompileReport:
     """Compile ``jax.shard_map(fn)`` for a TPU slice with libtpu, on any machine.
 
@@ -208,10 +258,19 @@ def compile_for_tpu(
     ``per_device=False`` ``fn`` is jitted as is (it runs its own shard_map over
     ``tpu_mesh(topology, mesh_shape, axis_names)``); ``in_specs`` then only
     sets the input shardings and ``out_specs`` is ignored.
-    Raises :class:`TpuCompileError` when the compiler rejects the program and
-    ``ValueError`` for an unknown topology or a mesh that does not fit it.
+    ``device_order`` and ``allow_split_physical_axes`` lay the mesh over the
+    chips as in :func:`tpu_mesh`.
+    Raises :class:`TpuCompileError` when the compiler rejects the program,
+    :class:`TpuMeshError` (a ``ValueError``) for a mesh that does not fit, and
+    ``ValueError`` for an unknown topology.
     """
-    mesh = tpu_mesh(topology, mesh_shape, axis_names)
+    mesh = tpu_mesh(
+        topology,
+        mesh_shape,
+        axis_names,
+        device_order=device_order,
+        allow_split_physical_axes=allow_split_physical_axes,
+    )
     names = tuple(mesh.axis_names)
     default_spec = _partition_spec(names[0] if len(names) == 1 else names)
     ins: PartitionSpec | tuple[object, ...]

@@ -25,6 +25,7 @@ from safedma.testing._private import moved, private_callable, private_module
 
 __all__ = [
     "KERNEL_PLACEHOLDER",
+    "TPU_GENERATIONS",
     "MosaicKernel",
     "MosaicMismatchError",
     "abstract_mesh",
@@ -127,8 +128,19 @@ class MosaicMismatchError(AssertionError):
         self.text_b = text_b
 
 
+# The device kind and TensorCores per device a TPU of each generation reports
+# (what jax's tpu_info reads from an abstract mesh's device).
+TPU_GENERATIONS: dict[str, tuple[str, int]] = {
+    "v4": ("TPU v4", 2),
+    "v5e": ("TPU v5 lite", 1),
+    "v5p": ("TPU v5", 2),
+    "v6e": ("TPU v6 lite", 1),
+    "tpu7x": ("TPU7x", 1),
+}
+
+
 def abstract_mesh(
-    axis_sizes: Sequence[int], axis_names: Sequence[str]
+    axis_sizes: Sequence[int], axis_names: Sequence[str], *, tpu: str | None = None
 ) -> AbstractMesh:
     """A device-free mesh for cross-lowering ``jax.shard_map`` kernels.
 
@@ -138,6 +150,13 @@ def abstract_mesh(
     rejects inputs that carry no sharding; pass inputs as
     ``jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))``
     so the export knows the device count.
+
+    ``tpu`` (one of :data:`TPU_GENERATIONS`: ``"v4"``, ``"v5e"``, ``"v5p"``,
+    ``"v6e"``, ``"tpu7x"``) names the TPU generation the kernel is lowered for:
+    kernels whose lowering asks for it (``pltpu.emit_pipeline``,
+    ``pltpu.sync_copy`` and scoped VMEM on jax 0.12, HOST memory) lower on a CPU
+    inside this mesh (``mesh=`` of :func:`mosaic_text`). ``axis_sizes=()`` gives
+    a mesh with no axes, for kernels that are not shard_mapped.
     """
     sizes = tuple(int(s) for s in axis_sizes)
     names = tuple(axis_names)
@@ -145,7 +164,23 @@ def abstract_mesh(
         raise ValueError(
             f"axis_sizes {sizes} and axis_names {names} differ in length"
         )
-    return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
+    axis_types = (AxisType.Auto,) * len(names)
+    if tpu is None:
+        return AbstractMesh(sizes, names, axis_types=axis_types)
+    if tpu not in TPU_GENERATIONS:
+        raise ValueError(
+            f"unknown TPU generation {tpu!r}; known: {', '.join(TPU_GENERATIONS)}"
+        )
+    kind, cores = TPU_GENERATIONS[tpu]
+    device = _abstract_device(device_kind=kind, num_cores=cores, platform="tpu")
+    return AbstractMesh(sizes, names, axis_types=axis_types, abstract_device=device)
+
+
+# jax.sharding.AbstractDevice (jax 0.10.2 and 0.12) is a dataclass jax leaves
+# partly unannotated; typed once here.
+_abstract_device = cast(
+    "Callable[..., object]", getattr(jax.sharding, "AbstractDevice")
+)
 
 
 def _mesh_context(

@@ -1,0 +1,52 @@
+"""``pltpu.emit_pipeline`` and ``pltpu.sync_copy`` inside checked kernels.
+
+``emit_pipeline`` issues and waits its own block copies (raw pltpu, invisible to
+safedma), so it coexists with the kernel-scope checks as it is. What safedma
+adds: :func:`emit_pipeline` checks the pipeline *body* as a kernel of its own
+(a copy the body starts must be waited within the same step, as in any kernel
+body), and :func:`sync_copy` checks its refs like a :class:`~safedma.LocalCopy`
+(a copy and wait with a semaphore jax allocates). Both lower to exactly the
+pltpu call. On jax 0.12, lowering either on a CPU needs a TPU generation:
+``safedma.testing.abstract_mesh(..., tpu="v5p")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma._checks import check_data_ref, check_same_layout
+from safedma._entry_points import checked
+from safedma._refs import DataRef
+
+__all__ = ["sync_copy", "emit_pipeline"]
+
+# Typed once: jax leaves these partly unannotated.
+_sync_copy = cast("Callable[..., None]", getattr(pltpu, "sync_copy"))
+_emit_pipeline = cast("Callable[..., Callable[..., Any]]", getattr(pltpu, "emit_pipeline"))
+
+
+def sync_copy(src: DataRef, dst: DataRef) -> None:
+    """Copy ``src`` to ``dst`` and wait: ``pltpu.sync_copy(src, dst)``, with the
+    shape, dtype and ref checks of a :class:`~safedma.LocalCopy`."""
+    check_data_ref(src, "sync_copy source")
+    check_data_ref(dst, "sync_copy destination")
+    check_same_layout(src, dst, "sync_copy")
+    _sync_copy(src, dst)
+
+
+def emit_pipeline(
+    body: Callable[..., None], *, grid: tuple[int, ...], **options: Any
+) -> Callable[..., None]:
+    """``pltpu.emit_pipeline(body, grid=grid, **options)`` with ``body`` checked like
+    a kernel body each time it is traced (``in_specs``, ``out_specs`` and every
+    other option are passed on as given). Call the result with the HBM refs, as
+    jax's pipeline."""
+    pipeline = _emit_pipeline(checked(body), grid=grid, **options)
+
+    def run(*refs: DataRef | Any, **kwargs: Any) -> None:
+        pipeline(*refs, **kwargs)
+
+    return run
