@@ -41,6 +41,7 @@ __all__ = [
     "HandleState",
     "current_ledger",
     "ledger_scope",
+    "record_wait_on",
     "settle_semaphore",
     "started_on",
     "waited_on",
@@ -103,6 +104,9 @@ class Ledger:
 
     obligations: list[_Obligation] = dataclasses.field(default_factory=list[_Obligation])
     elsewhere: list[_ElsewhereWait] = dataclasses.field(default_factory=list[_ElsewhereWait])
+    # Semaphores whose copies are accounted for outside start/wait pairing (see
+    # settle_semaphore): they cover copies like a wait does, but are not waits.
+    settled: list[object] = dataclasses.field(default_factory=list[object])
     # Refs and traces are compared by identity: keep them alive for the whole trace.
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
 
@@ -117,6 +121,7 @@ class Ledger:
                     continue
                 if elsewhere is None:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
+                    elsewhere += [_slot(sem) for sem in self.settled]
                 slot = _slot(sem)
                 if not any(_slots_meet(slot, other) for other in elsewhere):
                     missing.append(side)
@@ -166,6 +171,15 @@ def settle_semaphore(sem: object) -> None:
     flight on purpose (a DMA future): neither can be paired with individual
     starts at trace time, so they count like a ``started_elsewhere()`` wait.
     """
+    ledger = _current.get()
+    if ledger is None:
+        return
+    ledger.keep_alive.append(sem)
+    ledger.settled.append(sem)
+
+
+def record_wait_on(sem: object) -> None:
+    """Note a wait on ``sem``'s slot that no handle made (a wait by total size)."""
     ledger = _current.get()
     if ledger is None:
         return

@@ -24,7 +24,7 @@ from safedma._copies import Given, LocalCopy, RemoteCopy
 from safedma._errors import SemaphoreKindError
 from safedma._refs import DataRef, SemRef
 from safedma._describe import describe_ref
-from safedma._ledger import settle_semaphore
+from safedma._ledger import record_wait_on, settle_semaphore
 
 __all__ = ["wait_bytes", "wait_copies"]
 
@@ -45,8 +45,8 @@ def wait_bytes(sem: SemRef, like: DataRef) -> None:
 
 
 def _settle_and_record(sem: object) -> None:
-    # Also what a future's done kernel looks for: a wait on its semaphore.
     settle_semaphore(sem)
+    record_wait_on(sem)  # what a future's done kernel looks for: a wait on its semaphore
 
 
 def _semaphores_of(copy: object) -> list[object]:

@@ -223,26 +223,42 @@ def per_slot_leak_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
 
 def cond_each_branch_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
     handle = sd.LocalCopy(x_ref, o_ref, sem).start()
-    lax.cond(sd.my_index(AXIS) % 2 == 0, handle.wait, handle.wait)
+
+    def wait() -> None:  # a branch returns nothing; handle.wait() returns the buffer
+        handle.wait()
+
+    lax.cond(sd.my_index(AXIS) % 2 == 0, wait, wait)
 
 
 def cond_each_branch_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
     handle = sd.LocalCopy(x_ref, o_ref, sem).start()  # verify: cond_each_branch
-    lax.cond(sd.my_index(AXIS) % 2 == 0, handle.wait, lambda: None)
+
+    def wait() -> None:
+        handle.wait()
+
+    lax.cond(sd.my_index(AXIS) % 2 == 0, wait, lambda: None)
 
 
 def when_not_when_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
     handle = sd.LocalCopy(x_ref, o_ref, sem).start()
     even = sd.my_index(AXIS) % 2 == 0
-    pl.when(even)(handle.wait)
-    pl.when(jnp.logical_not(even))(handle.wait)
+
+    def wait() -> None:
+        handle.wait()
+
+    pl.when(even)(wait)
+    pl.when(jnp.logical_not(even))(wait)
 
 
 def when_not_when_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
     handle = sd.LocalCopy(x_ref, o_ref, sem).start()
     me = sd.my_index(AXIS)
-    pl.when(me % 2 == 0)(handle.wait)  # verify: when_not_when
-    pl.when(me >= 1)(handle.wait)  # verify: when_not_when
+
+    def wait() -> None:
+        handle.wait()  # verify: when_not_when
+
+    pl.when(me % 2 == 0)(wait)  # verify: when_not_when
+    pl.when(me >= 1)(wait)  # verify: when_not_when
 
 
 def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
@@ -261,7 +277,11 @@ def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
 
         bufs[slot] = x_ref[pl.ds(step * CHUNK, CHUNK)] * 2.0
         own = write_back(step, slot).start()
-        pl.when(step == steps - 1)(own.wait)
+
+        @pl.when(step == steps - 1)
+        def _last() -> None:
+            own.wait()
+
         return carry
 
     lax.fori_loop(0, steps, body, None)
@@ -461,21 +481,17 @@ ROWS += (Row("credit_ring", lambda: [
     *_dma()], "false_alarm", rows=6 * CHUNK, simulate_bug="RaceDetectedError"),)
 ROW["credit_ring"] = ROWS[-1]
 
-# Correct spellings that safedma's trace-time checks reject today (the trace lane
-# is moving path-dependent checks to verify); the safedma case is xfail(strict).
-TRACE_REJECTS: dict[str, str] = {
-    "early_wait-fix": "CopyNeverWaitedError: the remote handle's receive side is covered by "
-                      "wait_all_into (MoE pattern), which the trace check does not count",
-    "when_not_when-ok": "HandleWaitedTwiceError: both pl.when bodies are traced, so the "
-                        "handle looks waited twice",
-    "writeback-ok": "HandleWaitedTwiceError: the started_elsewhere() wait of step i - 1 and "
-                    "the last step's own handle look like two waits for one copy",
-}
+# Correct spellings that safedma's trace-time checks reject (none since the checks
+# reject only what is wrong on every path); a safedma case listed here is xfail(strict).
+TRACE_REJECTS: dict[str, str] = {}
 
 # Bugs that safedma's trace-time checks already reject, for a reason that is the
 # real mistake on some device; verify re-raises trace errors unchanged.
 TRACE_CATCHES: dict[str, str] = {
-    "when_not_when-bug": "HandleWaitedTwiceError",
+    # The rebuilt wait on sems.at[0] cannot stand for the copy on sems.at[1]: no path waits it.
+    "per_slot_leak-bug": "CopyNeverWaitedError",
+    # A static index outside the array is rejected when the copy is described.
+    "r5_static-bug": "SemaphoreIndexError",
 }
 
 

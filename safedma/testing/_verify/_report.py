@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from safedma import _errors as _trace_errors
 from safedma.testing._errors import (
     KernelFailedError,
     LeftoverSemaphoreError,
@@ -66,8 +67,12 @@ class OutOfBoundsDmaError(SimulationError):
     """A copy window (or ref access) outside its buffer."""
 
 
-class SemaphoreIndexError(SimulationError):
-    """R5: a semaphore index outside its semaphore array."""
+class SemaphoreIndexError(SimulationError, _trace_errors.SemaphoreIndexError):
+    """R5: a semaphore index outside its semaphore array.
+
+    Also a ``safedma.SemaphoreIndexError``, what the trace-time check raises for a
+    static index, so one ``except`` catches the mistake wherever it is found.
+    """
 
 
 class UnwrittenReadError(SimulationError):

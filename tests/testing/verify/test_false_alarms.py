@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import pytest
 
+import safedma as sd
+
 from safedma.testing import SimulationError, simulate, simulated_mesh
 from tests.support import protocol_kernels as pk
 
@@ -45,7 +47,7 @@ def test_verify_rejects_the_broken_twin_naming_the_device(case: pk.Case) -> None
 
 def test_the_leak_is_reported_on_slot_1_only() -> None:
     """The rebuilt wait on sems.at[0] balances slot 0; only slot 1 is left over."""
-    case = next(c for c in BROKEN if c.row.name == "per_slot_leak" and c.flavour == "safedma")
+    case = next(c for c in BROKEN if c.row.name == "per_slot_leak" and c.flavour == "pltpu")
     with pytest.raises(SimulationError) as caught:
         pk.verify_case(case, mesh=pk.abstract_ring())
     message = str(caught.value)
@@ -60,10 +62,11 @@ def test_no_trace_time_check_rejects_a_kernel_verify_proves_sound(case: pk.Case)
     pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
 
 
-def test_the_trace_time_checks_still_miss_the_per_slot_leak() -> None:
-    """Why the leak is verify's: safedma's trace check passes it (a known miss)."""
+def test_the_trace_time_checks_catch_the_per_slot_leak() -> None:
+    """Per-slot matching: a started_elsewhere() wait on sems.at[0] never discharges sems.at[1]."""
     case = next(c for c in BROKEN if c.row.name == "per_slot_leak" and c.flavour == "safedma")
-    pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
+    with pytest.raises(sd.CopyNeverWaitedError, match=r"protocol_kernels\.py:\d+: wait\(\) never"):
+        pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CORRECT
