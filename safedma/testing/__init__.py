@@ -21,6 +21,7 @@ from safedma.testing._compile import (
     compile_for_tpu,
     tpu_mesh,
 )
+from safedma.testing._libtpu import LibtpuMissingError
 from safedma.testing._mosaic import (
     KERNEL_PLACEHOLDER,
     MosaicKernel,
@@ -51,6 +52,7 @@ __all__ = [
     "KernelFailedError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",
+    "LibtpuMissingError",
     "MosaicKernel",
     "MosaicMismatchError",
     "NotEnoughDevicesError",
