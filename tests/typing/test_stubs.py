@@ -42,9 +42,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "stubs"
-PYRIGHT_TREE = REPO / "stubs" / "pyright"
-MYPY_TREE = REPO / "stubs" / "mypy"
-STUBTEST_DIR = REPO / "stubs" / "stubtest"
+PYRIGHT_TREE = REPO / "safedma" / "stubs" / "pyright"
+MYPY_TREE = REPO / "safedma" / "stubs" / "mypy"
+STUBTEST_DIR = REPO / "safedma" / "stubs" / "stubtest"
 STUB_FILES = {
     "jax.experimental.pallas": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "__init__.pyi",
     "jax.experimental.pallas.tpu": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "tpu.pyi",
@@ -462,4 +462,4 @@ def test_layout_keeps_jax_inline_types() -> None:
     assert mypy_files == pyright_files == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
     for rel in mypy_files:
         same = (MYPY_TREE / "jax-stubs" / rel).read_bytes() == (PYRIGHT_TREE / "jax" / rel).read_bytes()
-        assert same, f"{rel}: the mypy and pyright copies differ (stubs/mypy/jax-stubs/experimental is a symlink)"
+        assert same, f"{rel}: the mypy and pyright copies differ (the wheel ships real files: copy safedma/stubs/pyright/jax/experimental/pallas/*.pyi into safedma/stubs/mypy/jax-stubs/experimental/pallas/)"
