@@ -69,7 +69,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _requested_devices(config: pytest.Config) -> int | None:
-    raw = config.getoption(DEVICES_OPTION, default=None) or config.getini(DEVICES_OPTION)
+    # Before conftests load, the command line is parsed only into known_args_namespace.
+    early = getattr(config.known_args_namespace, DEVICES_OPTION, None)
+    raw = early or config.getoption(DEVICES_OPTION, default=None) or config.getini(DEVICES_OPTION)
     text = str(raw).strip()
     if not text:
         return None
