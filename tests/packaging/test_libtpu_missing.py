@@ -1,7 +1,8 @@
 """Without libtpu (no ``safedma[tpu]``), compile_for_tpu names the extra to install.
 
-libtpu's absence is simulated in a fresh interpreter by an import finder that
-refuses ``libtpu``, so the check sees what a CPU-only install sees. The
+libtpu's absence is simulated in a fresh interpreter by blocking its import
+(``sys.modules["libtpu"] = None``), so jax and the check see what a CPU-only
+install sees. The
 installed-wheel test (test_wheel_install.py) checks the real absence.
 """
 
@@ -20,15 +21,9 @@ from safedma.testing import _libtpu
 REPO = Path(__file__).resolve().parents[2]
 
 _WITHOUT_LIBTPU = """
-import importlib.abc, sys
+import sys
 
-class NoLibtpu(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "libtpu" or name.startswith("libtpu."):
-            raise ModuleNotFoundError("No module named 'libtpu'", name=name)
-        return None
-
-sys.meta_path.insert(0, NoLibtpu())
+sys.modules["libtpu"] = None  # import libtpu now fails and find_spec says None, as when absent
 import jax, jax.numpy as jnp
 from safedma.testing import LibtpuMissingError, compile_for_tpu
 try:
