@@ -25,7 +25,8 @@ class LibtpuMissingError(SafeDmaError, ImportError):
 
 def libtpu_installed() -> bool:
     """As jax looks for it: the ``libtpu`` package, or a library named by ``TPU_LIBRARY_PATH``."""
-    return bool(os.environ.get("TPU_LIBRARY_PATH")) or importlib.util.find_spec("libtpu") is not None
+    path = os.environ.get("TPU_LIBRARY_PATH")  # jax sets it once it has loaded libtpu
+    return bool(path and os.path.isfile(path)) or importlib.util.find_spec("libtpu") is not None
 
 
 def require_libtpu(what: str) -> None:

@@ -43,7 +43,8 @@ def test_compile_for_tpu_without_libtpu_names_the_extra() -> None:
     assert "pip install 'safedma[tpu]'" in result.stdout
 
 
-def test_error_is_a_safedma_error_and_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_error_is_a_safedma_error_and_an_import_error(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
     import safedma as sd
 
     monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
@@ -51,12 +52,18 @@ def test_error_is_a_safedma_error_and_an_import_error(monkeypatch: pytest.Monkey
     with pytest.raises(LibtpuMissingError) as raised:
         _libtpu.require_libtpu("this")
     assert isinstance(raised.value, sd.SafeDmaError) and isinstance(raised.value, ImportError)
-    monkeypatch.setenv("TPU_LIBRARY_PATH", "/opt/libtpu.so")  # jax's other way to find it
+    monkeypatch.setenv("TPU_LIBRARY_PATH", "/nonexistent/libtpu.so")
+    with pytest.raises(LibtpuMissingError):
+        _libtpu.require_libtpu("this")
+    library = tmp_path / "libtpu.so"
+    library.write_bytes(b"")
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))  # jax's other way to find it
     _libtpu.require_libtpu("this")
 
 
 def test_libtpu_is_seen_where_installed() -> None:
     import importlib.util
 
+    path = os.environ.get("TPU_LIBRARY_PATH")
     assert _libtpu.libtpu_installed() == (
-        importlib.util.find_spec("libtpu") is not None or bool(os.environ.get("TPU_LIBRARY_PATH")))
+        importlib.util.find_spec("libtpu") is not None or bool(path and os.path.isfile(path)))

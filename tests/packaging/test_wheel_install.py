@@ -119,7 +119,9 @@ def _user_env(venv_bin: Path | None = None) -> dict[str, str]:
     """The environment with no trace of the checkout or of the suite's jax settings."""
     drop = ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "VIRTUAL_ENV", "PYTEST_ADDOPTS",
             "PYTEST_PLUGINS", "MYPYPATH")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    # TPU_*: jax sets TPU_LIBRARY_PATH once it has loaded this suite's libtpu; a child
+    # would find libtpu through it.
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("TPU_")}
     if venv_bin is not None:
         env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(venv_bin.parent)
@@ -240,7 +242,8 @@ def _checker_command(checker: str, installed: Installed, files: list[str],
         return ([installed.bin / checker, "--pythonpath", installed.python, *files], env, config)
     if checker == "pyrefly":
         config = f'[tool.pyrefly]\npython-interpreter-path = "{venv_python}"\n{extra}'
-        return ([installed.bin / "pyrefly", "check", "--preset", "default", *files], env, config)
+        return ([installed.bin / "pyrefly", "check", "--preset", "default", "--output-format",
+                 "min-text", *files], env, config)
     config = f'[tool.ty.environment]\npython = ".venv"\n{extra}'
     return ([installed.bin / "ty", "check", "--output-format", "concise", *files], env, config)
 
