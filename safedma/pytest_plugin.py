@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import pytest
 
@@ -122,7 +122,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name, value in config.stash.get(_saved_environment, {}).items():
+    if _saved_environment not in config.stash:
+        return
+    for name, value in config.stash[_saved_environment].items():
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -134,7 +136,7 @@ def simulated_devices(pytestconfig: pytest.Config) -> int:
     """The number of CPU devices jax has; fails with the fix when fewer than configured."""
     import jax
 
-    have = len(jax.devices("cpu"))  # pyright: ignore[reportUnknownMemberType]
+    have = len(cast("list[object]", jax.devices("cpu")))  # pyright: ignore[reportUnknownMemberType]
     wanted = pytestconfig.stash.get(_configured_devices, None)
     if wanted is not None and have < wanted:
         pytest.fail(
