@@ -196,9 +196,6 @@ CASES: tuple[KernelCase, ...] = (
                lambda: _core_local("double_buffered", True), _block(32, 128)),
     KernelCase("ring_permute", "tests/support/kernels_safedma.py",
                lambda: _ring_body("tests.support.kernels_safedma", False),
-               lambda: _ring_body("tests.support.kernels_pltpu", True), _block(32, 128), collective=True),
-    KernelCase("demo.ring_permute", "safedma/demo.py",
-               lambda: _ring_body("safedma.demo", False),
                lambda: _ring_body("tests.support.kernels_pltpu", True), _block(32, 128), collective=True,
                kind="ppermute", lax=lambda: _lax_ppermute("x", 1)),
     # The library's kernels (safedma/kernels/, twins tests/support/twins/).

@@ -4,99 +4,216 @@ Annotate kernel parameters with the brands (:data:`DataRef`, :data:`SemRef`,
 :data:`SemArray`, :data:`RegularSem`, ...), describe copies with
 :class:`LocalCopy` and :class:`RemoteCopy`, start them and wait through the
 handles they return, and run the kernel with :func:`pallas_call` (or decorate
-it with :func:`kernel`). Mistakes fail under mypy or at trace time; correct
+it with :func:`checked`). Mistakes fail under mypy or at trace time; correct
 code lowers to exactly the pltpu calls written by hand.
+
+The names load on first use (PEP 562): ``import safedma`` and its typing-only parts
+(``safedma.mypy_plugin``, ``safedma.stubs``) do not import jax; ``safedma.X`` or
+``from safedma import X`` imports the private module that defines ``X``. The
+``TYPE_CHECKING`` imports below show every name to type checkers.
 """
 
-from safedma._copies import (
-    Given,
-    Handle,
-    IncomingHandle,
-    LocalCopy,
-    LocalHandle,
-    Missing,
-    RemoteCopy,
-    RemoteHandle,
-    wait_all_into,
-)
-from safedma._devices import (
-    Device,
-    axis_size,
-    device,
-    logical_device,
-    mesh_coords,
-    my_index,
-    neighbour,
-)
-from safedma._dma_options import priority, select_ref
-from safedma._futures import DmaFuture, checked_futures, finish_async, start_async
-from safedma._pipelines import emit_pipeline, sync_copy
-from safedma._regular_copies import CountedCopy, CountedHandle, wait_counted
-from safedma._shared_waits import wait_bytes, wait_copies
-from safedma._errors import (
-    CopyDtypeMismatchError,
-    CopyNeverWaitedError,
-    CopyShapeMismatchError,
-    DeviceIdError,
-    HandleEscapedError,
-    FutureConsumedTwiceError,
-    FutureDroppedError,
-    FutureNotWaitedError,
-    HandleWaitedTwiceError,
-    IncompleteCopyError,
-    InvalidAmountError,
-    MissingCollectiveIdError,
-    MissingSemaphoreError,
-    NotARefError,
-    PriorityError,
-    SafeDmaError,
-    SemaphoreIndexError,
-    SemaphoreKindError,
-    SemaphoreShapeError,
-    UnsupportedByJaxError,
-    UnsupportedDmaError,
-    WrongOperationError,
-)
-from safedma._entry_points import (
-    CoreKernelOptions,
-    PallasCallOptions,
-    checked,
-    core_kernel,
-    pallas_call,
-)
-from safedma._refs import (
-    BarrierSem,
-    DataIndex,
-    DataRef,
-    Index,
-    RegularSem,
-    RegularSemArray,
-    RegularSemArray2,
-    SemArray,
-    SemArray2,
-    SemArray3,
-    SemRef,
-)
-from safedma._scratch import (
-    Scratch,
-    dma_semaphore,
-    dma_semaphores,
-    regular_semaphore,
-    regular_semaphores,
-    run_scoped,
-    smem,
-    vmem,
-)
-from safedma._semaphores import barrier_semaphore, read, signal, wait
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING
+
+from safedma._version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from safedma._copies import (
+        Given as Given,
+        Handle as Handle,
+        IncomingHandle as IncomingHandle,
+        LocalCopy as LocalCopy,
+        LocalHandle as LocalHandle,
+        Missing as Missing,
+        RemoteCopy as RemoteCopy,
+        RemoteHandle as RemoteHandle,
+        wait_all_into as wait_all_into,
+    )
+    from safedma._devices import (
+        axis_size as axis_size,
+        Device as Device,
+        device as device,
+        logical_device as logical_device,
+        mesh_coords as mesh_coords,
+        my_index as my_index,
+        neighbour as neighbour,
+    )
+    from safedma._dma_options import (
+        priority as priority,
+        select_ref as select_ref,
+    )
+    from safedma._entry_points import (
+        checked as checked,
+        core_kernel as core_kernel,
+        CoreKernelOptions as CoreKernelOptions,
+        pallas_call as pallas_call,
+        PallasCallOptions as PallasCallOptions,
+    )
+    from safedma._errors import (
+        CopyDtypeMismatchError as CopyDtypeMismatchError,
+        CopyNeverWaitedError as CopyNeverWaitedError,
+        CopyShapeMismatchError as CopyShapeMismatchError,
+        DeviceIdError as DeviceIdError,
+        FutureConsumedTwiceError as FutureConsumedTwiceError,
+        FutureDroppedError as FutureDroppedError,
+        FutureNotWaitedError as FutureNotWaitedError,
+        HandleEscapedError as HandleEscapedError,
+        HandleWaitedTwiceError as HandleWaitedTwiceError,
+        IncompleteCopyError as IncompleteCopyError,
+        InvalidAmountError as InvalidAmountError,
+        MissingCollectiveIdError as MissingCollectiveIdError,
+        MissingSemaphoreError as MissingSemaphoreError,
+        NotARefError as NotARefError,
+        PriorityError as PriorityError,
+        SafeDmaError as SafeDmaError,
+        SemaphoreIndexError as SemaphoreIndexError,
+        SemaphoreKindError as SemaphoreKindError,
+        SemaphoreShapeError as SemaphoreShapeError,
+        UnsupportedByJaxError as UnsupportedByJaxError,
+        UnsupportedDmaError as UnsupportedDmaError,
+        WrongOperationError as WrongOperationError,
+    )
+    from safedma._futures import (
+        checked_futures as checked_futures,
+        DmaFuture as DmaFuture,
+        finish_async as finish_async,
+        start_async as start_async,
+    )
+    from safedma._pipelines import (
+        emit_pipeline as emit_pipeline,
+        sync_copy as sync_copy,
+    )
+    from safedma._refs import (
+        BarrierSem as BarrierSem,
+        DataIndex as DataIndex,
+        DataRef as DataRef,
+        Index as Index,
+        RegularSem as RegularSem,
+        RegularSemArray as RegularSemArray,
+        RegularSemArray2 as RegularSemArray2,
+        SemArray as SemArray,
+        SemArray2 as SemArray2,
+        SemArray3 as SemArray3,
+        SemRef as SemRef,
+    )
+    from safedma._regular_copies import (
+        CountedCopy as CountedCopy,
+        CountedHandle as CountedHandle,
+        wait_counted as wait_counted,
+    )
+    from safedma._scratch import (
+        dma_semaphore as dma_semaphore,
+        dma_semaphores as dma_semaphores,
+        regular_semaphore as regular_semaphore,
+        regular_semaphores as regular_semaphores,
+        run_scoped as run_scoped,
+        Scratch as Scratch,
+        smem as smem,
+        vmem as vmem,
+    )
+    from safedma._semaphores import (
+        barrier_semaphore as barrier_semaphore,
+        read as read,
+        signal as signal,
+        wait as wait,
+    )
+    from safedma._shared_waits import (
+        wait_bytes as wait_bytes,
+        wait_copies as wait_copies,
+    )
+
+# Each public name -> the private module that defines it.
+_HOMES: dict[str, str] = {
+    "BarrierSem": "safedma._refs",
+    "CopyDtypeMismatchError": "safedma._errors",
+    "CopyNeverWaitedError": "safedma._errors",
+    "CopyShapeMismatchError": "safedma._errors",
+    "CoreKernelOptions": "safedma._entry_points",
+    "CountedCopy": "safedma._regular_copies",
+    "CountedHandle": "safedma._regular_copies",
+    "DataIndex": "safedma._refs",
+    "DataRef": "safedma._refs",
+    "Device": "safedma._devices",
+    "DeviceIdError": "safedma._errors",
+    "DmaFuture": "safedma._futures",
+    "FutureConsumedTwiceError": "safedma._errors",
+    "FutureDroppedError": "safedma._errors",
+    "FutureNotWaitedError": "safedma._errors",
+    "Given": "safedma._copies",
+    "Handle": "safedma._copies",
+    "HandleEscapedError": "safedma._errors",
+    "HandleWaitedTwiceError": "safedma._errors",
+    "IncomingHandle": "safedma._copies",
+    "IncompleteCopyError": "safedma._errors",
+    "Index": "safedma._refs",
+    "InvalidAmountError": "safedma._errors",
+    "LocalCopy": "safedma._copies",
+    "LocalHandle": "safedma._copies",
+    "Missing": "safedma._copies",
+    "MissingCollectiveIdError": "safedma._errors",
+    "MissingSemaphoreError": "safedma._errors",
+    "NotARefError": "safedma._errors",
+    "PallasCallOptions": "safedma._entry_points",
+    "PriorityError": "safedma._errors",
+    "RegularSem": "safedma._refs",
+    "RegularSemArray": "safedma._refs",
+    "RegularSemArray2": "safedma._refs",
+    "RemoteCopy": "safedma._copies",
+    "RemoteHandle": "safedma._copies",
+    "SafeDmaError": "safedma._errors",
+    "Scratch": "safedma._scratch",
+    "SemArray": "safedma._refs",
+    "SemArray2": "safedma._refs",
+    "SemArray3": "safedma._refs",
+    "SemRef": "safedma._refs",
+    "SemaphoreIndexError": "safedma._errors",
+    "SemaphoreKindError": "safedma._errors",
+    "SemaphoreShapeError": "safedma._errors",
+    "UnsupportedByJaxError": "safedma._errors",
+    "UnsupportedDmaError": "safedma._errors",
+    "WrongOperationError": "safedma._errors",
+    "axis_size": "safedma._devices",
+    "barrier_semaphore": "safedma._semaphores",
+    "checked": "safedma._entry_points",
+    "checked_futures": "safedma._futures",
+    "core_kernel": "safedma._entry_points",
+    "device": "safedma._devices",
+    "dma_semaphore": "safedma._scratch",
+    "dma_semaphores": "safedma._scratch",
+    "emit_pipeline": "safedma._pipelines",
+    "finish_async": "safedma._futures",
+    "logical_device": "safedma._devices",
+    "mesh_coords": "safedma._devices",
+    "my_index": "safedma._devices",
+    "neighbour": "safedma._devices",
+    "pallas_call": "safedma._entry_points",
+    "priority": "safedma._dma_options",
+    "read": "safedma._semaphores",
+    "regular_semaphore": "safedma._scratch",
+    "regular_semaphores": "safedma._scratch",
+    "run_scoped": "safedma._scratch",
+    "select_ref": "safedma._dma_options",
+    "signal": "safedma._semaphores",
+    "smem": "safedma._scratch",
+    "start_async": "safedma._futures",
+    "sync_copy": "safedma._pipelines",
+    "vmem": "safedma._scratch",
+    "wait": "safedma._semaphores",
+    "wait_all_into": "safedma._copies",
+    "wait_bytes": "safedma._shared_waits",
+    "wait_copies": "safedma._shared_waits",
+    "wait_counted": "safedma._regular_copies",
+}
 
 __all__ = [
     "BarrierSem",
     "CopyDtypeMismatchError",
-    "CoreKernelOptions",
     "CopyNeverWaitedError",
     "CopyShapeMismatchError",
+    "CoreKernelOptions",
     "CountedCopy",
     "CountedHandle",
     "DataIndex",
@@ -144,11 +261,10 @@ __all__ = [
     "barrier_semaphore",
     "checked",
     "checked_futures",
+    "core_kernel",
     "device",
     "dma_semaphore",
     "dma_semaphores",
-    "checked",
-    "core_kernel",
     "emit_pipeline",
     "finish_async",
     "logical_device",
@@ -173,3 +289,17 @@ __all__ = [
     "wait_copies",
     "wait_counted",
 ]
+
+if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name stays an error there
+
+    def __getattr__(name: str) -> object:
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'safedma' has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

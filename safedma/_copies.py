@@ -48,6 +48,7 @@ from safedma._describe import describe_ref
 from safedma._ledger import HandleState, Side
 from safedma._devices import Device
 from safedma._errors import DeviceIdError, IncompleteCopyError, WrongOperationError
+from safedma._messages import MISSING_OPERATIONS
 from safedma._refs import DataRef, SemRef
 
 __all__ = [
@@ -87,28 +88,11 @@ def _no_such_operation(obj: object, name: str, hints: Mapping[str, str]) -> NoRe
     raise AttributeError(f"{kind!r} object has no attribute {name!r}")
 
 
-_WAIT_A_DESCRIPTION = (
-    "a copy description cannot be waited. Wait the handle that start() returns, or, for a "
-    "copy started in an earlier iteration or by another device, started_elsewhere()"
-)
-_LOCAL_HANDLE_HINTS = {
-    name: "a local copy has no send or receive side; call wait()"
-    for name in ("wait_send", "wait_recv", "wait_read", "wait_write")
-}
-_LOCAL_COPY_HINTS = {
-    **{name: _WAIT_A_DESCRIPTION for name in ("wait", "wait_send", "wait_recv")},
-    "to": "a LocalCopy stays on this device; for a copy to another device use RemoteCopy",
-    "with_send_sem": "a LocalCopy has one semaphore; for a copy to another device use "
-    "RemoteCopy",
-}
-_REMOTE_COPY_HINTS = {
-    name: _WAIT_A_DESCRIPTION + " (or incoming() on the receiving side)"
-    for name in ("wait", "wait_send", "wait_recv")
-}
-_INCOMING_HINTS = {
-    name: "the receiving side only has wait_recv(); the send side is waited by the sender"
-    for name in ("wait", "wait_send")
-}
+# The sentences are shared with the mypy plugin (safedma._messages), so both say the same.
+_LOCAL_HANDLE_HINTS = MISSING_OPERATIONS["LocalHandle"]
+_LOCAL_COPY_HINTS = MISSING_OPERATIONS["LocalCopy"]
+_REMOTE_COPY_HINTS = MISSING_OPERATIONS["RemoteCopy"]
+_INCOMING_HINTS = MISSING_OPERATIONS["IncomingHandle"]
 
 
 def _check_copy_refs(src: object, dst: object, what: str) -> None:

@@ -23,8 +23,10 @@ without the plugin, so an existing ``# type: ignore[misc]`` / ``[arg-type]``
 still covers the line; the replaced one keeps mypy's ``[attr-defined]``. The
 plugin never makes mypy accept code it would otherwise reject.
 
-This module must not import jax or the rest of safedma: mypy loads it into
-its own process.
+This module must not import jax: mypy loads it into its own process. It imports
+only ``safedma._messages`` (the sentences it shares with the run-time checks),
+and importing that runs ``safedma/__init__``, whose names load lazily, so no jax
+(``tests/packaging/test_import_hygiene.py`` checks it).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from mypy.types import (
     UnionType,
     get_proper_type,
 )
+
+from safedma import _messages
 
 __all__ = [
     "INCOMPLETE_COPY",
@@ -137,38 +141,17 @@ def _check_remote_copy_complete(method: str) -> Callable[[MethodSigContext], Fun
 
 
 # --- Operations a copy or handle does not have ---------------------------------------
-# The same sentences the run-time check raises for unchecked code
-# (WrongOperationError, "<Class> has no <name>(): <hint>"); a test keeps them equal.
-
-_WAIT_A_DESCRIPTION = (
-    "a copy description cannot be waited. Wait the handle that start() returns, or, for a "
-    "copy started in an earlier iteration or by another device, started_elsewhere()"
-)
-_LOCAL_ONLY = "a local copy has no send or receive side; call wait()"
-_RECEIVER = "the receiving side only has wait_recv(); the send side is waited by the sender"
+# The same sentences the run-time check raises for unchecked code (WrongOperationError,
+# "<Class> has no <name>(): <hint>"): both read them from safedma._messages.
 
 MISSING_OPERATIONS: Mapping[str, Mapping[str, str]] = {
-    f"{_COPIES}.LocalHandle": {
-        name: _LOCAL_ONLY for name in ("wait_send", "wait_recv", "wait_read", "wait_write")
-    },
-    f"{_COPIES}.LocalCopy": {
-        **{name: _WAIT_A_DESCRIPTION for name in ("wait", "wait_send", "wait_recv")},
-        "to": "a LocalCopy stays on this device; for a copy to another device use RemoteCopy",
-        "with_send_sem": (
-            "a LocalCopy has one semaphore; for a copy to another device use RemoteCopy"
-        ),
-    },
-    _REMOTE_COPY: {
-        name: _WAIT_A_DESCRIPTION + " (or incoming() on the receiving side)"
-        for name in ("wait", "wait_send", "wait_recv")
-    },
-    f"{_COPIES}.IncomingHandle": {name: _RECEIVER for name in ("wait", "wait_send")},
+    f"{_COPIES}.{class_name}": operations
+    for class_name, operations in _messages.MISSING_OPERATIONS.items()
 }
 
 
 def missing_operation_message(class_fullname: str, name: str) -> str:
-    short = class_fullname.rsplit(".", 1)[-1]
-    return f"{short} has no {name}(): {MISSING_OPERATIONS[class_fullname][name]}"
+    return _messages.missing_operation(class_fullname.rsplit(".", 1)[-1], name)
 
 
 def _defined_in_body(ctx: ClassDefContext) -> set[str]:

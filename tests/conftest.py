@@ -1,20 +1,17 @@
 """Test set-up shared by the whole suite.
 
-jax reads the host device count once, when it initialises, so the simulated
-mesh size must be fixed here, before any test module imports jax: 8 CPU
-devices cover the 1-D meshes of 2, 4 and 8 devices and the 2x4 mesh.
+The simulated devices come from safedma's own pytest plugin
+(``safedma_devices = 8`` in pyproject.toml: 8 CPU devices cover the 1-D
+meshes of 2, 4 and 8 devices and the 2x4 mesh). Installed, safedma registers
+the plugin itself; the line below also loads it from a checkout on
+``PYTHONPATH`` whose installed metadata predates the plugin (the same module,
+so never twice).
 """
 
-import os
+import pytest
+from jax.experimental.pallas import tpu as pltpu
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-
-import pytest  # noqa: E402
-from jax.experimental.pallas import tpu as pltpu  # noqa: E402
+pytest_plugins = ["safedma.pytest_plugin"]
 
 # The fast lane's list of slow tests, by node id (./dev test --fast).
 pytest_plugins = ["tests.support.fast_lane"]

@@ -25,6 +25,7 @@ from safedma.testing._compile import (
     compile_for_tpu,
     tpu_mesh,
 )
+from safedma.testing._libtpu import LibtpuMissingError
 from safedma.testing._mosaic import (
     KERNEL_PLACEHOLDER,
     TPU_GENERATIONS,
@@ -77,6 +78,7 @@ __all__ = [
     "KernelFailedError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",
+    "LibtpuMissingError",
     "MosaicKernel",
     "MosaicMismatchError",
     "NotEnoughDevicesError",

@@ -23,6 +23,8 @@ import numpy as np
 from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from safedma.testing._libtpu import require_libtpu
+
 # Typed handles on JAX constructors whose __init__ is unannotated, so calls
 # to them type-check under mypy --strict.
 _shape_dtype_struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
@@ -117,6 +119,7 @@ def _topology(name: str) -> topologies.TopologyDescription:
     # machine drives the TPU; a compile-only client drives none, and the lock
     # would otherwise fail this call whenever any other process (a parallel
     # test run, the other Python version's suite) has libtpu loaded.
+    require_libtpu(f"Compiling for TPU topology {name!r} (compile_for_tpu, tpu_mesh)")
     os.environ.setdefault(_MULTI_LOAD, "1")
     try:
         return topologies.get_topology_desc(  # pyright: ignore[reportUnknownMemberType]

@@ -15,7 +15,6 @@ import pytest
 from tests.support import calls
 from tests.support import kernels_safedma as sdk
 import safedma as sd
-import safedma.demo
 from safedma.testing import compile_for_tpu
 
 TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
@@ -52,7 +51,6 @@ KERNELS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "reverse_halves": _per_device(calls.reverse_halves_call, sdk.reverse_halves),
     "double_buffered": _per_device(calls.double_buffered_call, sdk.double_buffered),
     "ring_permute": _ring(sdk.ring_permute),
-    "demo_ring_permute": _ring(safedma.demo.ring_permute),
 }
 
 

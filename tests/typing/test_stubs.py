@@ -438,4 +438,4 @@ def test_layout_keeps_jax_inline_types() -> None:
     assert mypy_files == pyright_files == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
     for rel in mypy_files:
         same = (MYPY_TREE / "jax-stubs" / rel).read_bytes() == (PYRIGHT_TREE / "jax" / rel).read_bytes()
-        assert same, f"{rel}: the mypy and pyright copies differ (stubs/mypy/jax-stubs/experimental is a symlink)"
+        assert same, f"{rel}: the mypy and pyright copies differ (the wheel ships real files: copy safedma/stubs/pyright/jax/experimental/pallas/*.pyi into safedma/stubs/mypy/jax-stubs/experimental/pallas/)"

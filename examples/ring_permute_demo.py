@@ -1,4 +1,4 @@
-"""safedma in two minutes: ``python -m safedma.demo``.
+"""safedma in two minutes: ``python examples/ring_permute_demo.py`` (or ``./dev demo``).
 
 1. A ring permute written with safedma runs on a simulated 4-device CPU mesh
    in TPU interpret mode (races fatal, DMAs eager) and is checked against
@@ -7,42 +7,31 @@
    semaphore's *value* passed where the send semaphore belongs) and shows the
    error a user sees, where raw pltpu only fails at trace time with
    "DMA source semaphore must be a Ref.".
+
+Importing this file changes nothing: the simulated device count and the CPU
+platform are set in :func:`main`, before jax creates its CPU backend (jax reads
+``XLA_FLAGS`` then, not at import).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from typing import cast
 
-# The simulated device count must be fixed before jax creates its CPU backend.
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    ).strip()
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import textwrap  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import cast  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import pallas as pl  # noqa: E402
-from jax.experimental.pallas import tpu as pltpu  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
-
-import safedma as sd  # noqa: E402
-
-# `python -m safedma.demo` imports jax (through safedma) before this module
-# runs, so JAX_PLATFORMS is applied through the config: the demo simulates
-# TPUs on the CPU whether or not libtpu is installed.
-# (pyright: ignore[reportUnknown*] below marks jax functions jax leaves partly unannotated.)
-jax.config.update(  # pyright: ignore[reportUnknownMemberType]
-    "jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu"
-)
+import safedma as sd
 
 DEVICES = 4
 
@@ -149,7 +138,19 @@ def _run_mypy() -> bool:
     return caught
 
 
+def _simulate_devices_on_cpu() -> None:
+    """Four CPU devices standing in for TPUs, whether or not libtpu is installed."""
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}"
+        ).strip()
+    jax.config.update(  # pyright: ignore[reportUnknownMemberType]
+        "jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu"
+    )
+
+
 def main() -> int:
+    _simulate_devices_on_cpu()
     print(f"safedma {sd.__version__} on jax {jax.__version__} ({jax.default_backend()} backend)\n")
     ok = _run_ring()
     ok = _run_mypy() and ok

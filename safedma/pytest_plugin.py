@@ -1,0 +1,174 @@
+"""pytest plugin: simulated TPU devices on the CPU, set up before jax starts.
+
+jax fixes the number of CPU devices once, when it creates its CPU backend, from
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``; a multi-device kernel
+test therefore needs that variable set before any test uses jax. Installed with
+safedma, this plugin does it from one line of pytest configuration::
+
+    [tool.pytest.ini_options]
+    safedma_devices = 8
+
+and sets ``JAX_PLATFORMS`` (default ``cpu``, ini option ``safedma_platforms``)
+unless it is already set, so a machine with libtpu and no TPU runs quietly.
+Without ``safedma_devices`` (or ``--safedma-devices``) the plugin changes no
+environment variable. Variables it set are restored when pytest finishes.
+
+Fixtures: ``simulated_mesh_factory`` (``factory(shape, axis_names)`` ->
+``jax.sharding.Mesh`` over the simulated devices) and ``simulated_devices``
+(how many there are).
+
+The plugin is registered under this module's name, so ``-p
+no:safedma.pytest_plugin`` turns it off, and a ``conftest.py`` may list it in
+``pytest_plugins`` (as safedma's own does) without registering it twice.
+Importing this module imports no jax and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final, cast
+
+import pytest
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+__all__ = ["MeshFactory", "simulated_devices", "simulated_mesh_factory"]
+
+DEVICES_OPTION: Final = "safedma_devices"
+PLATFORMS_OPTION: Final = "safedma_platforms"
+_DEVICE_FLAG: Final = "--xla_force_host_platform_device_count"
+
+MeshFactory = Callable[[int | Sequence[int], str | Sequence[str]], "Mesh"]
+
+_configured_devices = pytest.StashKey[int]()
+_saved_environment = pytest.StashKey[dict[str, str | None]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        DEVICES_OPTION,
+        "safedma: number of CPU devices jax simulates (sets XLA_FLAGS before jax starts); "
+        "unset: the plugin changes nothing",
+        default="",
+    )
+    parser.addini(
+        PLATFORMS_OPTION,
+        "safedma: JAX_PLATFORMS used with safedma_devices when it is not already set "
+        "(default: cpu)",
+        default="cpu",
+    )
+    parser.getgroup("safedma").addoption(
+        "--safedma-devices",
+        dest=DEVICES_OPTION,
+        default=None,
+        metavar="N",
+        help="simulate N CPU devices for jax (overrides the safedma_devices ini option)",
+    )
+
+
+def _requested_devices(config: pytest.Config) -> int | None:
+    # Before conftests load, the command line is parsed only into known_args_namespace.
+    early = getattr(config.known_args_namespace, DEVICES_OPTION, None)
+    raw = early or config.getoption(DEVICES_OPTION, default=None) or config.getini(DEVICES_OPTION)
+    text = str(raw).strip()
+    if not text:
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise pytest.UsageError(
+            f"{DEVICES_OPTION} = {text!r}: expected a positive whole number of simulated "
+            "devices, such as 8"
+        )
+    return count
+
+
+def _set(saved: dict[str, str | None], name: str, value: str) -> None:
+    saved.setdefault(name, os.environ.get(name))
+    os.environ[name] = value
+
+
+def _configure_environment(config: pytest.Config) -> None:
+    if _configured_devices in config.stash:  # both hooks below call this; once is enough
+        return
+    count = _requested_devices(config)
+    if count is None:
+        return
+    saved: dict[str, str | None] = {}
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _DEVICE_FLAG not in flags:  # a count the user already set wins
+        _set(saved, "XLA_FLAGS", f"{flags} {_DEVICE_FLAG}={count}".strip())
+    platforms = str(config.getini(PLATFORMS_OPTION)).strip()
+    if platforms and not os.environ.get("JAX_PLATFORMS"):
+        _set(saved, "JAX_PLATFORMS", platforms)
+    config.stash[_configured_devices] = count
+    config.stash[_saved_environment] = saved
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    # Before conftest.py files are imported: installed plugins get this hook.
+    _configure_environment(early_config)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A plugin loaded by a conftest's pytest_plugins arrives after the hook above;
+    # test modules are imported after this one.
+    _configure_environment(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _saved_environment not in config.stash:
+        return
+    for name, value in config.stash[_saved_environment].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def simulated_devices(pytestconfig: pytest.Config) -> int:
+    """The number of CPU devices jax has; fails with the fix when fewer than configured."""
+    import jax
+
+    have = len(cast("list[object]", jax.devices("cpu")))  # pyright: ignore[reportUnknownMemberType]
+    wanted = pytestconfig.stash.get(_configured_devices, None)
+    if wanted is not None and have < wanted:
+        pytest.fail(
+            f"{DEVICES_OPTION} = {wanted}, but jax has {have} CPU devices: jax started before "
+            "the plugin set XLA_FLAGS (something used jax while pytest was starting, or "
+            "XLA_FLAGS already held a smaller --xla_force_host_platform_device_count)",
+            pytrace=False,
+        )
+    return have
+
+
+@pytest.fixture(scope="session")
+def simulated_mesh_factory(simulated_devices: int) -> MeshFactory:
+    """``factory(shape, axis_names)``: a mesh over the simulated CPU devices.
+
+    ``simulated_mesh_factory((2, 4), ("x", "y"))`` is
+    ``safedma.testing.simulated_mesh((2, 4), ("x", "y"))``; a mesh larger than
+    the configured device count fails the test naming ``safedma_devices``.
+    """
+    from safedma.testing import simulated_mesh
+
+    def factory(shape: int | Sequence[int], axis_names: str | Sequence[str]) -> Mesh:
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        needed = 1
+        for d in dims:
+            needed *= d
+        if needed > simulated_devices:
+            pytest.fail(
+                f"a mesh of shape {dims} needs {needed} devices; jax has {simulated_devices}. "
+                f"Set {DEVICES_OPTION} = {needed} (or more) under [tool.pytest.ini_options].",
+                pytrace=False,
+            )
+        return simulated_mesh(shape, axis_names)
+
+    return factory

@@ -1,0 +1,39 @@
+"""The README's first kernel is clean under the mypy set-up the README gives."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+
+
+def _block(after_heading: str, language: str) -> str:
+    section = README.split(after_heading, 1)[1]
+    match = re.search(rf"```{language}\n(.*?)```", section, re.S)
+    assert match, f"no {language} block after {after_heading!r}"
+    return match.group(1)
+
+
+def test_first_kernel_is_clean_under_mypy_strict(tmp_path: Path) -> None:
+    kernel = _block("## A kernel", "python")
+    assert "def per_device(block: jax.Array) -> jax.Array:" in kernel
+    (tmp_path / "kernel.py").write_text(kernel)
+    config = _block("## Type checking your kernels", "toml")
+    assert config.startswith("[tool.mypy]")
+    (tmp_path / "pyproject.toml").write_text(config)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "kernel.py"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_install_section_names_both_installs() -> None:
+    install = README.split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "pip install safedma " in install and "pip install 'safedma[tpu]'" in install
+    assert "editable_mode=compat" in install
