@@ -20,7 +20,11 @@ nox.options.sessions = ["tests", "lint"]
 
 def _sync(session: nox.Session) -> None:
     session.run_install(
-        "uv", "sync", "--locked", "--quiet", f"--python={session.virtualenv.location}",
+        "uv",
+        "sync",
+        "--locked",
+        "--quiet",
+        f"--python={session.virtualenv.location}",
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
     )
 

@@ -37,36 +37,72 @@ def _names(text: str) -> list[str]:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+            f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}"
+        )
     return names
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", type=_names, action="extend", metavar="NAME[,NAME]",
-                   help=f"benchmarks to run (repeatable; default all): {', '.join(BENCHMARKS)}")
-    p.add_argument("--reps", type=int, default=None,
-                   help="repetitions: A/B pairs for overhead (default 15), timed calls for tpu "
-                        "(default 20), warm mypy runs for typecheck (default 5), timed calls "
-                        "per scale case for verify (default 3; its A/B pairs are twice that)")
-    p.add_argument("--cold-reps", type=int, default=None,
-                   help="cold mypy runs and pyright runs per file for typecheck (default 3)")
-    p.add_argument("--quick", action="store_true",
-                   help="a fast smoke run: one topology, 5 A/B pairs, 1 cold and 2 warm type "
-                        "checks, 3 sizes")
-    p.add_argument("--topologies", type=lambda s: [t for t in s.split(",") if t],
-                   help="identity: TPU topologies to compile for (default: the full matrix)")
-    p.add_argument("--kernels", type=lambda s: {k for k in s.split(",") if k},
-                   help="identity: registry names to run (default all; see benchmarks/kernels.py)")
-    p.add_argument("--profile", action="store_true",
-                   help="overhead: always cProfile the safedma traces (default: only when the "
-                        "5%% goal is missed)")
-    p.add_argument("--tpu-topology", default="v6e:2x2",
-                   help="tpu: topology for the compile-only builds when no TPU is present")
-    p.add_argument("--verify-budget", type=float, default=300.0,
-                   help="verify: seconds allowed per scale case, in its own process (default 300)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="JSON results file (default benchmarks/results/<machine>-<date>.json)")
+    p.add_argument(
+        "--only",
+        type=_names,
+        action="extend",
+        metavar="NAME[,NAME]",
+        help=f"benchmarks to run (repeatable; default all): {', '.join(BENCHMARKS)}",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions: A/B pairs for overhead (default 15), timed calls for tpu "
+        "(default 20), warm mypy runs for typecheck (default 5), timed calls "
+        "per scale case for verify (default 3; its A/B pairs are twice that)",
+    )
+    p.add_argument(
+        "--cold-reps",
+        type=int,
+        default=None,
+        help="cold mypy runs and pyright runs per file for typecheck (default 3)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a fast smoke run: one topology, 5 A/B pairs, 1 cold and 2 warm type checks, 3 sizes",
+    )
+    p.add_argument(
+        "--topologies",
+        type=lambda s: [t for t in s.split(",") if t],
+        help="identity: TPU topologies to compile for (default: the full matrix)",
+    )
+    p.add_argument(
+        "--kernels",
+        type=lambda s: {k for k in s.split(",") if k},
+        help="identity: registry names to run (default all; see benchmarks/kernels.py)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="overhead: always cProfile the safedma traces (default: only when the "
+        "5%% goal is missed)",
+    )
+    p.add_argument(
+        "--tpu-topology",
+        default="v6e:2x2",
+        help="tpu: topology for the compile-only builds when no TPU is present",
+    )
+    p.add_argument(
+        "--verify-budget",
+        type=float,
+        default=300.0,
+        help="verify: seconds allowed per scale case, in its own process (default 300)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results file (default benchmarks/results/<machine>-<date>.json)",
+    )
     return p.parse_args(argv)
 
 
@@ -77,13 +113,17 @@ def main(argv: list[str]) -> int:
     import jax
 
     platform = jax.devices()[0].platform
-    accelerator = jax.devices()[0].device_kind.replace(" ", "-").lower() if platform == "tpu" \
-        else "notpu"
+    accelerator = (
+        jax.devices()[0].device_kind.replace(" ", "-").lower() if platform == "tpu" else "notpu"
+    )
     info["jax_platform"] = platform
     print(f"safedma benchmarks: {', '.join(chosen)}")
-    print(f"machine: {info['cpu_model']}, {info['nproc']} CPUs, {info['memory_total']}, "
-          f"load {info['load_average_at_start']}, Python {info['python']}, jax {info['jax']}, "
-          f"jax platform {platform}", flush=True)
+    print(
+        f"machine: {info['cpu_model']}, {info['nproc']} CPUs, {info['memory_total']}, "
+        f"load {info['load_average_at_start']}, Python {info['python']}, jax {info['jax']}, "
+        f"jax platform {platform}",
+        flush=True,
+    )
     results: dict[str, Any] = {"machine": info, "argv": argv, "benchmarks": {}}
     ok = True
     started_all = time.perf_counter()
@@ -102,8 +142,10 @@ def main(argv: list[str]) -> int:
         elif name == "typecheck":
             from benchmarks import typecheck
 
-            record = typecheck.run(cold_reps=max(1, ns.cold_reps or (1 if ns.quick else 3)),
-                                   warm_reps=max(1, ns.reps or (2 if ns.quick else 5)))
+            record = typecheck.run(
+                cold_reps=max(1, ns.cold_reps or (1 if ns.quick else 3)),
+                warm_reps=max(1, ns.reps or (2 if ns.quick else 5)),
+            )
         elif name == "tpu":
             from benchmarks import tpu
 

@@ -124,10 +124,7 @@ def ms(seconds: float) -> str:
 
 def ratio_text(s: Spread) -> str:
     """``1.012 (IQR 1.004-1.020, min-max 0.990-1.051)``"""
-    return (
-        f"{s.median:.3f} (IQR {s.q1:.3f}-{s.q3:.3f}, "
-        f"min-max {s.minimum:.3f}-{s.maximum:.3f})"
-    )
+    return f"{s.median:.3f} (IQR {s.q1:.3f}-{s.q3:.3f}, min-max {s.minimum:.3f}-{s.maximum:.3f})"
 
 
 # --------------------------------------------------------------------------

@@ -91,7 +91,9 @@ def _block(*shape: int, dtype: Any = F32) -> Callable[[int], tuple[jax.ShapeDtyp
 def _core_local(name: str, twin: bool) -> PerDevice:
     """A core-test kernel body in its tests/support/calls.py set-up, as a per-device function."""
     calls = importlib.import_module("tests.support.calls")
-    bodies = importlib.import_module("tests.support.kernels_pltpu" if twin else "tests.support.kernels_safedma")
+    bodies = importlib.import_module(
+        "tests.support.kernels_pltpu" if twin else "tests.support.kernels_safedma"
+    )
     import safedma as sd
 
     body = getattr(bodies, name)
@@ -117,8 +119,10 @@ def _ring_body(module: str, twin: bool) -> PerDevice:
 
     def per_device(block: jax.Array) -> jax.Array:
         result: jax.Array = pl.pallas_call(
-            body, out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
-            in_specs=[HBM], out_specs=HBM,
+            body,
+            out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
             scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
         )(block)
         return result
@@ -175,8 +179,9 @@ def _gather_args(n: int) -> tuple[jax.ShapeDtypeStruct, ...]:
     return (jax.ShapeDtypeStruct((64, 8, 512), F32), jax.ShapeDtypeStruct((24,), jnp.int32))
 
 
-def _ring_rows(rows_per_device: int, cols: int
-               ) -> Callable[[int], tuple[jax.ShapeDtypeStruct, ...]]:
+def _ring_rows(
+    rows_per_device: int, cols: int
+) -> Callable[[int], tuple[jax.ShapeDtypeStruct, ...]]:
     """A block of n * rows_per_device rows: what a reduce-scatter splits into n chunks."""
     return lambda n: (jax.ShapeDtypeStruct((n * rows_per_device, cols), F32),)
 
@@ -185,81 +190,150 @@ _MiB = 2**20
 
 CASES: tuple[KernelCase, ...] = (
     # Core-test kernels.
-    KernelCase("scale_copy", "tests/support/kernels_safedma.py",
-               lambda: _core_local("scale_copy", False), lambda: _core_local("scale_copy", True),
-               _block(32, 128)),
-    KernelCase("reverse_halves", "tests/support/kernels_safedma.py",
-               lambda: _core_local("reverse_halves", False),
-               lambda: _core_local("reverse_halves", True), _block(32, 128)),
-    KernelCase("double_buffered", "tests/support/kernels_safedma.py",
-               lambda: _core_local("double_buffered", False),
-               lambda: _core_local("double_buffered", True), _block(32, 128)),
-    KernelCase("ring_permute", "tests/support/kernels_safedma.py",
-               lambda: _ring_body("tests.support.kernels_safedma", False),
-               lambda: _ring_body("tests.support.kernels_pltpu", True), _block(32, 128), collective=True,
-               kind="ppermute", lax=lambda: _lax_ppermute("x", 1)),
+    KernelCase(
+        "scale_copy",
+        "tests/support/kernels_safedma.py",
+        lambda: _core_local("scale_copy", False),
+        lambda: _core_local("scale_copy", True),
+        _block(32, 128),
+    ),
+    KernelCase(
+        "reverse_halves",
+        "tests/support/kernels_safedma.py",
+        lambda: _core_local("reverse_halves", False),
+        lambda: _core_local("reverse_halves", True),
+        _block(32, 128),
+    ),
+    KernelCase(
+        "double_buffered",
+        "tests/support/kernels_safedma.py",
+        lambda: _core_local("double_buffered", False),
+        lambda: _core_local("double_buffered", True),
+        _block(32, 128),
+    ),
+    KernelCase(
+        "ring_permute",
+        "tests/support/kernels_safedma.py",
+        lambda: _ring_body("tests.support.kernels_safedma", False),
+        lambda: _ring_body("tests.support.kernels_pltpu", True),
+        _block(32, 128),
+        collective=True,
+        kind="ppermute",
+        lax=lambda: _lax_ppermute("x", 1),
+    ),
     # The library's kernels (safedma/kernels/, twins tests/support/twins/).
-    KernelCase("kernels.gather_pages", "safedma/kernels/gather.py",
-               lambda: _load("safedma.kernels.gather", "gather_pages"),
-               lambda: _load("tests.support.twins.gather", "gather_pages"), _gather_args),
-    KernelCase("kernels.pipeline", "safedma/kernels/pipeline.py",
-               lambda: _load("safedma.kernels.pipeline", "pipeline", fn=_affine, chunk_rows=16),
-               lambda: _load("tests.support.twins.pipeline", "pipeline", fn=_affine, chunk_rows=16),
-               _block(80, 512)),
-    KernelCase("kernels.ppermute", "safedma/kernels/ppermute.py",
-               lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1),
-               lambda: _load("tests.support.twins.ppermute", "ppermute", axis="x", shift=1),
-               _block(32, 128), collective=True, kind="ppermute",
-               lax=lambda: _lax_ppermute("x", 1)),
-    KernelCase("kernels.ppermute(barrier)", "safedma/kernels/ppermute.py",
-               lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1,
-                             collective_id=0),
-               lambda: _load("tests.support.twins.ppermute", "ppermute", axis="x", shift=1,
-                             collective_id=0),
-               _block(32, 128), collective=True),
-    KernelCase("kernels.all_gather", "safedma/kernels/all_gather.py",
-               lambda: _load("safedma.kernels.all_gather", "all_gather", axis="x"),
-               lambda: _load("tests.support.twins.all_gather", "all_gather", axis="x"),
-               _block(16, 256), collective=True, kind="all_gather",
-               lax=lambda: _lax_all_gather("x")),
-    KernelCase("kernels.all_gather_bidirectional", "safedma/kernels/all_gather.py",
-               lambda: _load("safedma.kernels.all_gather", "all_gather_bidirectional", axis="x",
-                             collective_id=0),
-               lambda: _load("tests.support.twins.all_gather", "all_gather_bidirectional", axis="x",
-                             collective_id=0),
-               _block(16, 256), collective=True, kind="all_gather",
-               lax=lambda: _lax_all_gather("x")),
-    KernelCase("kernels.reduce_scatter", "safedma/kernels/reduce_scatter.py",
-               lambda: _load("safedma.kernels.reduce_scatter", "reduce_scatter", axis="x"),
-               lambda: _load("tests.support.twins.reduce_scatter", "reduce_scatter", axis="x"),
-               _ring_rows(16, 256), collective=True, kind="reduce_scatter",
-               lax=lambda: _lax_psum_scatter("x")),
-    KernelCase("kernels.all_reduce", "safedma/kernels/all_reduce.py",
-               lambda: _load("safedma.kernels.all_reduce", "all_reduce", axis="x"),
-               lambda: _load("tests.support.twins.all_reduce", "all_reduce", axis="x"),
-               _ring_rows(16, 256), collective=True, kind="all_reduce",
-               lax=lambda: _lax_psum("x")),
+    KernelCase(
+        "kernels.gather_pages",
+        "safedma/kernels/gather.py",
+        lambda: _load("safedma.kernels.gather", "gather_pages"),
+        lambda: _load("tests.support.twins.gather", "gather_pages"),
+        _gather_args,
+    ),
+    KernelCase(
+        "kernels.pipeline",
+        "safedma/kernels/pipeline.py",
+        lambda: _load("safedma.kernels.pipeline", "pipeline", fn=_affine, chunk_rows=16),
+        lambda: _load("tests.support.twins.pipeline", "pipeline", fn=_affine, chunk_rows=16),
+        _block(80, 512),
+    ),
+    KernelCase(
+        "kernels.ppermute",
+        "safedma/kernels/ppermute.py",
+        lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1),
+        lambda: _load("tests.support.twins.ppermute", "ppermute", axis="x", shift=1),
+        _block(32, 128),
+        collective=True,
+        kind="ppermute",
+        lax=lambda: _lax_ppermute("x", 1),
+    ),
+    KernelCase(
+        "kernels.ppermute(barrier)",
+        "safedma/kernels/ppermute.py",
+        lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1, collective_id=0),
+        lambda: _load(
+            "tests.support.twins.ppermute", "ppermute", axis="x", shift=1, collective_id=0
+        ),
+        _block(32, 128),
+        collective=True,
+    ),
+    KernelCase(
+        "kernels.all_gather",
+        "safedma/kernels/all_gather.py",
+        lambda: _load("safedma.kernels.all_gather", "all_gather", axis="x"),
+        lambda: _load("tests.support.twins.all_gather", "all_gather", axis="x"),
+        _block(16, 256),
+        collective=True,
+        kind="all_gather",
+        lax=lambda: _lax_all_gather("x"),
+    ),
+    KernelCase(
+        "kernels.all_gather_bidirectional",
+        "safedma/kernels/all_gather.py",
+        lambda: _load(
+            "safedma.kernels.all_gather", "all_gather_bidirectional", axis="x", collective_id=0
+        ),
+        lambda: _load(
+            "tests.support.twins.all_gather", "all_gather_bidirectional", axis="x", collective_id=0
+        ),
+        _block(16, 256),
+        collective=True,
+        kind="all_gather",
+        lax=lambda: _lax_all_gather("x"),
+    ),
+    KernelCase(
+        "kernels.reduce_scatter",
+        "safedma/kernels/reduce_scatter.py",
+        lambda: _load("safedma.kernels.reduce_scatter", "reduce_scatter", axis="x"),
+        lambda: _load("tests.support.twins.reduce_scatter", "reduce_scatter", axis="x"),
+        _ring_rows(16, 256),
+        collective=True,
+        kind="reduce_scatter",
+        lax=lambda: _lax_psum_scatter("x"),
+    ),
+    KernelCase(
+        "kernels.all_reduce",
+        "safedma/kernels/all_reduce.py",
+        lambda: _load("safedma.kernels.all_reduce", "all_reduce", axis="x"),
+        lambda: _load("tests.support.twins.all_reduce", "all_reduce", axis="x"),
+        _ring_rows(16, 256),
+        collective=True,
+        kind="all_reduce",
+        lax=lambda: _lax_psum("x"),
+    ),
     # The TPU benchmark's own kernels (benchmarks/tpu_kernels.py).
-    KernelCase("bench.hbm_to_vmem", "benchmarks/tpu_kernels.py",
-               lambda: _load("benchmarks.tpu_kernels", "hbm_to_vmem", repeats=3),
-               lambda: _load("benchmarks.tpu_kernels_pltpu", "hbm_to_vmem", repeats=3),
-               _block(3 * 8192, 128)),
-    KernelCase("bench.vmem_to_hbm", "benchmarks/tpu_kernels.py",
-               lambda: _load("benchmarks.tpu_kernels", "vmem_to_hbm", size_bytes=12 * _MiB,
-                             repeats=3),
-               lambda: _load("benchmarks.tpu_kernels_pltpu", "vmem_to_hbm",
-                             size_bytes=12 * _MiB, repeats=3),
-               _block(8192, 128)),
-    KernelCase("bench.vmem_to_hbm(1 chunk)", "benchmarks/tpu_kernels.py",
-               lambda: _load("benchmarks.tpu_kernels", "vmem_to_hbm", size_bytes=64 * 1024,
-                             repeats=3),
-               lambda: _load("benchmarks.tpu_kernels_pltpu", "vmem_to_hbm",
-                             size_bytes=64 * 1024, repeats=3),
-               _block(128, 128)),
-    KernelCase("bench.remote_copy", "benchmarks/tpu_kernels.py",
-               lambda: _load("benchmarks.tpu_kernels", "remote_copy", repeats=4),
-               lambda: _load("benchmarks.tpu_kernels_pltpu", "remote_copy", repeats=4),
-               _block(256, 128), collective=True),
+    KernelCase(
+        "bench.hbm_to_vmem",
+        "benchmarks/tpu_kernels.py",
+        lambda: _load("benchmarks.tpu_kernels", "hbm_to_vmem", repeats=3),
+        lambda: _load("benchmarks.tpu_kernels_pltpu", "hbm_to_vmem", repeats=3),
+        _block(3 * 8192, 128),
+    ),
+    KernelCase(
+        "bench.vmem_to_hbm",
+        "benchmarks/tpu_kernels.py",
+        lambda: _load("benchmarks.tpu_kernels", "vmem_to_hbm", size_bytes=12 * _MiB, repeats=3),
+        lambda: _load(
+            "benchmarks.tpu_kernels_pltpu", "vmem_to_hbm", size_bytes=12 * _MiB, repeats=3
+        ),
+        _block(8192, 128),
+    ),
+    KernelCase(
+        "bench.vmem_to_hbm(1 chunk)",
+        "benchmarks/tpu_kernels.py",
+        lambda: _load("benchmarks.tpu_kernels", "vmem_to_hbm", size_bytes=64 * 1024, repeats=3),
+        lambda: _load(
+            "benchmarks.tpu_kernels_pltpu", "vmem_to_hbm", size_bytes=64 * 1024, repeats=3
+        ),
+        _block(128, 128),
+    ),
+    KernelCase(
+        "bench.remote_copy",
+        "benchmarks/tpu_kernels.py",
+        lambda: _load("benchmarks.tpu_kernels", "remote_copy", repeats=4),
+        lambda: _load("benchmarks.tpu_kernels_pltpu", "remote_copy", repeats=4),
+        _block(256, 128),
+        collective=True,
+    ),
 )
 
 

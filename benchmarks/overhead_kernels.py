@@ -49,19 +49,24 @@ def make_straight_safedma() -> Program:
     def body(x_hbm: sd.DataRef, o_hbm: sd.DataRef, buf: sd.DataRef, sems: sd.SemArray) -> None:
         for g in range(STRAIGHT_GROUPS):
             rows = [pl.ds((g * GROUP + j) * ROWS, ROWS) for j in range(GROUP)]
-            fetched = [sd.LocalCopy(x_hbm.at[rows[j]], buf.at[j], sems.at[j]).start()
-                       for j in range(GROUP)]
+            fetched = [
+                sd.LocalCopy(x_hbm.at[rows[j]], buf.at[j], sems.at[j]).start() for j in range(GROUP)
+            ]
             for handle in fetched:
                 handle.wait()
             buf[...] = buf[...] * 2.0
-            stored = [sd.LocalCopy(buf.at[j], o_hbm.at[rows[j]], sems.at[j]).start()
-                      for j in range(GROUP)]
+            stored = [
+                sd.LocalCopy(buf.at[j], o_hbm.at[rows[j]], sems.at[j]).start() for j in range(GROUP)
+            ]
             for handle in stored:
                 handle.wait()
 
     def program(x: jax.Array) -> jax.Array:
         return sd.pallas_call(
-            body, jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM], out_specs=HBM,
+            body,
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
             scratch_shapes=[sd.vmem((GROUP, ROWS, COLS), F32), sd.dma_semaphores(GROUP)],
         )(x)
 
@@ -72,15 +77,19 @@ def make_straight_pltpu() -> Program:
     def body(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
         for g in range(STRAIGHT_GROUPS):
             rows = [pl.ds((g * GROUP + j) * ROWS, ROWS) for j in range(GROUP)]
-            fetched = [pltpu.make_async_copy(x_hbm.at[rows[j]], buf.at[j], sems.at[j])
-                       for j in range(GROUP)]
+            fetched = [
+                pltpu.make_async_copy(x_hbm.at[rows[j]], buf.at[j], sems.at[j])
+                for j in range(GROUP)
+            ]
             for copy in fetched:
                 copy.start()
             for copy in fetched:
                 copy.wait()
             buf[...] = buf[...] * 2.0
-            stored = [pltpu.make_async_copy(buf.at[j], o_hbm.at[rows[j]], sems.at[j])
-                      for j in range(GROUP)]
+            stored = [
+                pltpu.make_async_copy(buf.at[j], o_hbm.at[rows[j]], sems.at[j])
+                for j in range(GROUP)
+            ]
             for copy in stored:
                 copy.start()
             for copy in stored:
@@ -88,9 +97,14 @@ def make_straight_pltpu() -> Program:
 
     def program(x: jax.Array) -> jax.Array:
         result: jax.Array = pl.pallas_call(
-            body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
+            body,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
             out_specs=HBM,
-            scratch_shapes=[pltpu.VMEM((GROUP, ROWS, COLS), F32), pltpu.SemaphoreType.DMA((GROUP,))],
+            scratch_shapes=[
+                pltpu.VMEM((GROUP, ROWS, COLS), F32),
+                pltpu.SemaphoreType.DMA((GROUP,)),
+            ],
         )(x)
         return result
 
@@ -101,9 +115,17 @@ def make_straight_pltpu() -> Program:
 
 
 def make_loop_safedma() -> Program:
-    def body(a_hbm: sd.DataRef, b_hbm: sd.DataRef, o_hbm: sd.DataRef, a_bufs: sd.DataRef,
-             b_bufs: sd.DataRef, o_bufs: sd.DataRef, a_sems: sd.SemArray, b_sems: sd.SemArray,
-             o_sems: sd.SemArray) -> None:
+    def body(
+        a_hbm: sd.DataRef,
+        b_hbm: sd.DataRef,
+        o_hbm: sd.DataRef,
+        a_bufs: sd.DataRef,
+        b_bufs: sd.DataRef,
+        o_bufs: sd.DataRef,
+        a_sems: sd.SemArray,
+        b_sems: sd.SemArray,
+        o_sems: sd.SemArray,
+    ) -> None:
         def rows(step: jax.Array | int) -> Any:  # pl.ds: a Slice (jax 0.10: or a slice)
             return pl.ds(step * LOOP_CHUNK, LOOP_CHUNK)
 
@@ -145,17 +167,35 @@ def make_loop_safedma() -> Program:
     def program(x: jax.Array) -> jax.Array:
         chunk = (2, LOOP_CHUNK, COLS)
         return sd.pallas_call(
-            body, jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM, HBM], out_specs=HBM,
-            scratch_shapes=[sd.vmem(chunk, F32), sd.vmem(chunk, F32), sd.vmem(chunk, F32),
-                            sd.dma_semaphores(2), sd.dma_semaphores(2), sd.dma_semaphores(2)],
+            body,
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM, HBM],
+            out_specs=HBM,
+            scratch_shapes=[
+                sd.vmem(chunk, F32),
+                sd.vmem(chunk, F32),
+                sd.vmem(chunk, F32),
+                sd.dma_semaphores(2),
+                sd.dma_semaphores(2),
+                sd.dma_semaphores(2),
+            ],
         )(x, x)
 
     return program
 
 
 def make_loop_pltpu() -> Program:
-    def body(a_hbm: Any, b_hbm: Any, o_hbm: Any, a_bufs: Any, b_bufs: Any, o_bufs: Any,
-             a_sems: Any, b_sems: Any, o_sems: Any) -> None:
+    def body(
+        a_hbm: Any,
+        b_hbm: Any,
+        o_hbm: Any,
+        a_bufs: Any,
+        b_bufs: Any,
+        o_bufs: Any,
+        a_sems: Any,
+        b_sems: Any,
+        o_sems: Any,
+    ) -> None:
         def rows(step: Any) -> Any:
             return pl.ds(step * LOOP_CHUNK, LOOP_CHUNK)
 
@@ -197,11 +237,18 @@ def make_loop_pltpu() -> Program:
     def program(x: jax.Array) -> jax.Array:
         chunk = (2, LOOP_CHUNK, COLS)
         result: jax.Array = pl.pallas_call(
-            body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM, HBM],
+            body,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM, HBM],
             out_specs=HBM,
-            scratch_shapes=[pltpu.VMEM(chunk, F32), pltpu.VMEM(chunk, F32),
-                            pltpu.VMEM(chunk, F32), pltpu.SemaphoreType.DMA((2,)),
-                            pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,))],
+            scratch_shapes=[
+                pltpu.VMEM(chunk, F32),
+                pltpu.VMEM(chunk, F32),
+                pltpu.VMEM(chunk, F32),
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SemaphoreType.DMA((2,)),
+            ],
         )(x, x)
         return result
 
@@ -212,22 +259,28 @@ def make_loop_pltpu() -> Program:
 
 
 def make_remote_safedma() -> Program:
-    def body(x_hbm: sd.DataRef, o_hbm: sd.DataRef, send_sems: sd.SemArray,
-             recv_sems: sd.SemArray) -> None:
+    def body(
+        x_hbm: sd.DataRef, o_hbm: sd.DataRef, send_sems: sd.SemArray, recv_sems: sd.SemArray
+    ) -> None:
         for g in range(REMOTE_COPIES // GROUP):
             handles = []
             for j in range(GROUP):
                 rows = pl.ds((g * GROUP + j) * ROWS, ROWS)
-                copy = (sd.RemoteCopy(x_hbm.at[rows], o_hbm.at[rows], recv_sems.at[j])
-                        .with_send_sem(send_sems.at[j])
-                        .to(sd.neighbour("x", 1 + (g + j) % 3)))
+                copy = (
+                    sd.RemoteCopy(x_hbm.at[rows], o_hbm.at[rows], recv_sems.at[j])
+                    .with_send_sem(send_sems.at[j])
+                    .to(sd.neighbour("x", 1 + (g + j) % 3))
+                )
                 handles.append(copy.start())
             for handle in handles:
                 handle.wait()
 
     def per_device(block: jax.Array) -> jax.Array:
         return sd.pallas_call(
-            body, jax.ShapeDtypeStruct(block.shape, block.dtype), in_specs=[HBM], out_specs=HBM,
+            body,
+            jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
             scratch_shapes=[sd.dma_semaphores(GROUP), sd.dma_semaphores(GROUP)],
         )(block)
 
@@ -243,7 +296,10 @@ def make_remote_pltpu() -> Program:
                 rows = pl.ds((g * GROUP + j) * ROWS, ROWS)
                 target = (jax.lax.axis_index("x") + (1 + (g + j) % 3) % n) % n
                 copy = pltpu.make_async_remote_copy(
-                    x_hbm.at[rows], o_hbm.at[rows], send_sems.at[j], recv_sems.at[j],
+                    x_hbm.at[rows],
+                    o_hbm.at[rows],
+                    send_sems.at[j],
+                    recv_sems.at[j],
                     device_id={"x": target},
                 )
                 copy.start()
@@ -254,7 +310,9 @@ def make_remote_pltpu() -> Program:
 
     def per_device(block: jax.Array) -> jax.Array:
         result: jax.Array = pl.pallas_call(
-            body, out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype), in_specs=[HBM],
+            body,
+            out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[HBM],
             out_specs=HBM,
             scratch_shapes=[pltpu.SemaphoreType.DMA((GROUP,)), pltpu.SemaphoreType.DMA((GROUP,))],
         )(block)

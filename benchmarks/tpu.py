@@ -90,13 +90,28 @@ def copy_programs(sizes: Sequence[int]) -> list[Program]:
     for size in sizes:
         r = _copy_repeats(size)
         for variant, mod in (("safedma", sdk), ("pltpu", twin)):
-            programs.append(Program("HBM->VMEM", variant, size,
-                                    functools.partial(mod.hbm_to_vmem, repeats=r),
-                                    (_spec(sdk.rows_of(size)),), False, r))
-            programs.append(Program("VMEM->HBM", variant, size,
-                                    functools.partial(mod.vmem_to_hbm, size_bytes=size,
-                                                      repeats=r),
-                                    (_spec(sdk.chunk_rows(size)),), False, r))
+            programs.append(
+                Program(
+                    "HBM->VMEM",
+                    variant,
+                    size,
+                    functools.partial(mod.hbm_to_vmem, repeats=r),
+                    (_spec(sdk.rows_of(size)),),
+                    False,
+                    r,
+                )
+            )
+            programs.append(
+                Program(
+                    "VMEM->HBM",
+                    variant,
+                    size,
+                    functools.partial(mod.vmem_to_hbm, size_bytes=size, repeats=r),
+                    (_spec(sdk.chunk_rows(size)),),
+                    False,
+                    r,
+                )
+            )
     return programs
 
 
@@ -105,9 +120,17 @@ def remote_programs(sizes: Sequence[int]) -> list[Program]:
     for size in sizes:
         r = _remote_repeats(size)
         for variant, mod in (("safedma", sdk), ("pltpu", twin)):
-            programs.append(Program("remote copy", variant, size,
-                                    functools.partial(mod.remote_copy, repeats=r),
-                                    (_spec(sdk.rows_of(size)),), True, r))
+            programs.append(
+                Program(
+                    "remote copy",
+                    variant,
+                    size,
+                    functools.partial(mod.remote_copy, repeats=r),
+                    (_spec(sdk.rows_of(size)),),
+                    True,
+                    r,
+                )
+            )
     return programs
 
 
@@ -123,13 +146,14 @@ def collective_programs(n: int, sizes: Sequence[int]) -> tuple[list[Program], li
         base_bytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in base)
         for size in sizes:
             factor = max(1, size // base_bytes)
-            args = tuple(jax.ShapeDtypeStruct((a.shape[0] * factor, *a.shape[1:]), a.dtype)
-                         for a in base)
+            args = tuple(
+                jax.ShapeDtypeStruct((a.shape[0] * factor, *a.shape[1:]), a.dtype) for a in base
+            )
             real = base_bytes * factor
-            for variant, fn in (("safedma", b.safedma), ("pltpu", b.twin),
-                                ("jax.lax", case.lax())):
-                programs.append(Program(f"{case.kind} ({case.name})", variant, real, fn, args,
-                                        True))
+            for variant, fn in (("safedma", b.safedma), ("pltpu", b.twin), ("jax.lax", case.lax())):
+                programs.append(
+                    Program(f"{case.kind} ({case.name})", variant, real, fn, args, True)
+                )
     return programs, [f"{m.name}: {m.reason}" for m in missing]
 
 
@@ -144,10 +168,12 @@ def _program_for(p: Program, mesh: Any) -> tuple[Callable[..., Any], list[jax.Ar
     spec = PartitionSpec("x")
     n = int(mesh.devices.size)
     sharding = NamedSharding(mesh, spec)
-    args = [jax.device_put(jnp.ones((a.shape[0] * n, *a.shape[1:]), a.dtype), sharding)
-            for a in p.args]
-    return jax.jit(jax.shard_map(p.fn, mesh=mesh, in_specs=spec, out_specs=spec,
-                                 check_vma=False)), args
+    args = [
+        jax.device_put(jnp.ones((a.shape[0] * n, *a.shape[1:]), a.dtype), sharding) for a in p.args
+    ]
+    return jax.jit(
+        jax.shard_map(p.fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    ), args
 
 
 def _time(p: Program, mesh: Any, reps: int, warmup: int) -> Spread:
@@ -168,8 +194,12 @@ def _timed(programs: list[Program], reps: int, warmup: int) -> list[dict[str, An
     mesh = jax.make_mesh((len(devices),), ("x",), devices=devices)
     out = []
     for p in programs:
-        row: dict[str, Any] = {"benchmark": p.benchmark, "variant": p.variant, "size": p.size,
-                               "repeats": p.repeats}
+        row: dict[str, Any] = {
+            "benchmark": p.benchmark,
+            "variant": p.variant,
+            "size": p.size,
+            "repeats": p.repeats,
+        }
         if p.multi_device and len(devices) < 2:
             row["skipped"] = "needs at least 2 TPU chips"
         else:
@@ -183,9 +213,15 @@ def _timed(programs: list[Program], reps: int, warmup: int) -> list[dict[str, An
                 row["bytes_per_s"] = moved / s.median
                 row["seconds_per_repeat"] = s.median / p.repeats
         out.append(row)
-        print(f"  {p.benchmark} {p.variant} {_size(p.size)}: "
-              + (f"{row['bytes_per_s'] / 1e9:.2f} GB/s" if "bytes_per_s" in row
-                 else row.get("skipped", row.get("error", ""))), flush=True)
+        print(
+            f"  {p.benchmark} {p.variant} {_size(p.size)}: "
+            + (
+                f"{row['bytes_per_s'] / 1e9:.2f} GB/s"
+                if "bytes_per_s" in row
+                else row.get("skipped", row.get("error", ""))
+            ),
+            flush=True,
+        )
     return out
 
 
@@ -194,15 +230,33 @@ def _timing_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if "seconds" in r:
             s = r["seconds"]
-            cells.append([r["benchmark"], r["variant"], _size(r["size"]), r["repeats"],
-                          f"{s['median'] * 1e6:.1f} us (IQR {s['q1'] * 1e6:.1f}-{s['q3'] * 1e6:.1f})",
-                          f"{r['seconds_per_repeat'] * 1e6:.2f} us",
-                          f"{r['bytes_per_s'] / 1e9:.2f} GB/s"])
+            cells.append(
+                [
+                    r["benchmark"],
+                    r["variant"],
+                    _size(r["size"]),
+                    r["repeats"],
+                    f"{s['median'] * 1e6:.1f} us (IQR {s['q1'] * 1e6:.1f}-{s['q3'] * 1e6:.1f})",
+                    f"{r['seconds_per_repeat'] * 1e6:.2f} us",
+                    f"{r['bytes_per_s'] / 1e9:.2f} GB/s",
+                ]
+            )
         else:
-            cells.append([r["benchmark"], r["variant"], _size(r["size"]), r["repeats"],
-                          r.get("skipped") or r.get("error"), "-", "-"])
-    return table(["benchmark", "variant", "size", "repeats", "median per call",
-                  "per repeat", "bandwidth"], cells)
+            cells.append(
+                [
+                    r["benchmark"],
+                    r["variant"],
+                    _size(r["size"]),
+                    r["repeats"],
+                    r.get("skipped") or r.get("error"),
+                    "-",
+                    "-",
+                ]
+            )
+    return table(
+        ["benchmark", "variant", "size", "repeats", "median per call", "per repeat", "bandwidth"],
+        cells,
+    )
 
 
 # ---------------------------------------------------------------- without a TPU
@@ -214,8 +268,13 @@ def _compile_only(programs: list[Program], topology: str) -> list[dict[str, Any]
     n = int(tpu_mesh(topology).devices.size)
     out = []
     for p in programs:
-        row: dict[str, Any] = {"benchmark": p.benchmark, "variant": p.variant, "size": p.size,
-                               "repeats": p.repeats, "topology": topology}
+        row: dict[str, Any] = {
+            "benchmark": p.benchmark,
+            "variant": p.variant,
+            "size": p.size,
+            "repeats": p.repeats,
+            "topology": topology,
+        }
         args = [jax.ShapeDtypeStruct((a.shape[0] * n, *a.shape[1:]), a.dtype) for a in p.args]
         try:
             report = compile_for_tpu(p.fn, *args, topology=topology)
@@ -238,14 +297,26 @@ def _interpret_checks() -> list[dict[str, Any]]:
     for variant, mod in (("safedma", sdk), ("pltpu", twin)):
         got = simulate(functools.partial(mod.hbm_to_vmem, repeats=3), x)
         last = (2 * 3 - 1) % 2  # chunk index of the last of the 6 copies
-        checks.append({"kernel": "HBM->VMEM", "variant": variant, "size": size,
-                       "ok": bool(np.array_equal(got, x[last * rows:(last + 1) * rows]))})
+        checks.append(
+            {
+                "kernel": "HBM->VMEM",
+                "variant": variant,
+                "size": size,
+                "ok": bool(np.array_equal(got, x[last * rows : (last + 1) * rows])),
+            }
+        )
         for s in (size, 64 * KiB):
             r = sdk.chunk_rows(s)
             got = simulate(functools.partial(mod.vmem_to_hbm, size_bytes=s, repeats=2), x[:r])
             want = np.tile(np.asarray(x[:r]), (s // sdk.ROW_BYTES // r, 1))
-            checks.append({"kernel": "VMEM->HBM", "variant": variant, "size": s,
-                           "ok": bool(np.array_equal(got, want))})
+            checks.append(
+                {
+                    "kernel": "VMEM->HBM",
+                    "variant": variant,
+                    "size": s,
+                    "ok": bool(np.array_equal(got, want)),
+                }
+            )
         try:
             mesh = simulated_mesh(4, "x")
         except NotEnoughDevicesError as err:
@@ -255,15 +326,26 @@ def _interpret_checks() -> list[dict[str, Any]]:
         xs = jnp.concatenate([block + 1e6 * d for d in range(4)])
         got = simulate(functools.partial(mod.remote_copy, repeats=3), xs, mesh=mesh)
         left = jnp.roll(xs, block.shape[0], axis=0)  # device d receives the block of d - 1
-        want_remote = jnp.concatenate([jnp.tile(left[d * block.shape[0]:(d + 1) * block.shape[0]],
-                                         (3, 1)) for d in range(4)])
-        checks.append({"kernel": "remote copy", "variant": variant, "size": 64 * KiB,
-                       "ok": bool(np.array_equal(got, want_remote))})
+        want_remote = jnp.concatenate(
+            [
+                jnp.tile(left[d * block.shape[0] : (d + 1) * block.shape[0]], (3, 1))
+                for d in range(4)
+            ]
+        )
+        checks.append(
+            {
+                "kernel": "remote copy",
+                "variant": variant,
+                "size": 64 * KiB,
+                "ok": bool(np.array_equal(got, want_remote)),
+            }
+        )
     return checks
 
 
-def run(*, reps: int = 20, warmup: int = 3, quick: bool = False,
-        topology: str = "v6e:2x2") -> dict[str, Any]:
+def run(
+    *, reps: int = 20, warmup: int = 3, quick: bool = False, topology: str = "v6e:2x2"
+) -> dict[str, Any]:
     """Run benchmark 4; print its table (or the compile-only report); return the JSON record."""
     heading("4. TPU timings: copy bandwidth, remote copy, collectives vs jax.lax")
     sizes = QUICK_SIZES if quick else SIZES
@@ -276,39 +358,89 @@ def run(*, reps: int = 20, warmup: int = 3, quick: bool = False,
     collectives, missing = collective_programs(ring, coll_sizes)
     programs = copy_programs(sizes) + remote_programs(sizes) + collectives
     if present:
-        print(f"TPU present: {n} x {jax.devices()[0].device_kind}; {reps} timed calls after "
-              f"{warmup} warm-up calls, median", flush=True)
+        print(
+            f"TPU present: {n} x {jax.devices()[0].device_kind}; {reps} timed calls after "
+            f"{warmup} warm-up calls, median",
+            flush=True,
+        )
         rows = _timed(programs, reps, warmup)
         print()
         print(_timing_table(rows))
-        return {"tpu_present": True, "device_kind": jax.devices()[0].device_kind,
-                "devices": n, "reps": reps, "warmup": warmup, "results": rows,
-                "not_built": missing}
-    print(f"{NO_TPU} (jax.devices()[0].platform is {jax.devices()[0].platform!r}). "
-          f"The {len(programs)} programs are built compile-only for {topology} instead; "
-          "no time is reported.", flush=True)
+        return {
+            "tpu_present": True,
+            "device_kind": jax.devices()[0].device_kind,
+            "devices": n,
+            "reps": reps,
+            "warmup": warmup,
+            "results": rows,
+            "not_built": missing,
+        }
+    print(
+        f"{NO_TPU} (jax.devices()[0].platform is {jax.devices()[0].platform!r}). "
+        f"The {len(programs)} programs are built compile-only for {topology} instead; "
+        "no time is reported.",
+        flush=True,
+    )
     rows = _compile_only(programs, topology)
     grouped: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
-        cell = (f"{r['generated_code_size_in_bytes']} B" if "generated_code_size_in_bytes" in r
-                else f"does not compile: {r['compile_error'][:80]}")
-        grouped.setdefault((r["benchmark"], r["size"]), {"repeats": r["repeats"]})[
-            r["variant"]] = cell
+        cell = (
+            f"{r['generated_code_size_in_bytes']} B"
+            if "generated_code_size_in_bytes" in r
+            else f"does not compile: {r['compile_error'][:80]}"
+        )
+        grouped.setdefault((r["benchmark"], r["size"]), {"repeats": r["repeats"]})[r["variant"]] = (
+            cell
+        )
     print()
-    print(table(["benchmark", "size/device", "repeats", "safedma", "pltpu twin", "jax.lax"],
-                [[b, _size(size), g["repeats"], g.get("safedma", "-"), g.get("pltpu", "-"),
-                  g.get("jax.lax", "-")] for (b, size), g in grouped.items()]))
+    print(
+        table(
+            ["benchmark", "size/device", "repeats", "safedma", "pltpu twin", "jax.lax"],
+            [
+                [
+                    b,
+                    _size(size),
+                    g["repeats"],
+                    g.get("safedma", "-"),
+                    g.get("pltpu", "-"),
+                    g.get("jax.lax", "-"),
+                ]
+                for (b, size), g in grouped.items()
+            ],
+        )
+    )
     print(f"(generated code size of the compile-only build for {topology}, per program)")
     built = sum("generated_code_size_in_bytes" in r for r in rows)
     print(f"\n{built} of {len(rows)} programs compile for {topology}; timing skipped (no TPU)")
     checks = _interpret_checks()
     print()
-    print(table(["interpret-mode check (CPU, correctness only, not timed)", "variant", "size",
-                 "result"],
-                [[c["kernel"], c["variant"], _size(c["size"]) if "size" in c else "-",
-                  "ok" if c.get("ok") else c.get("skipped", "WRONG OUTPUT")] for c in checks]))
+    print(
+        table(
+            [
+                "interpret-mode check (CPU, correctness only, not timed)",
+                "variant",
+                "size",
+                "result",
+            ],
+            [
+                [
+                    c["kernel"],
+                    c["variant"],
+                    _size(c["size"]) if "size" in c else "-",
+                    "ok" if c.get("ok") else c.get("skipped", "WRONG OUTPUT"),
+                ]
+                for c in checks
+            ],
+        )
+    )
     for m in missing:
         print(f"not built: {m}")
-    return {"tpu_present": False, "message": NO_TPU, "topology": topology,
-            "compile_only": rows, "interpret_checks": checks, "not_built": missing,
-            "ok": all(c.get("ok", True) for c in checks)}
+    return {
+        "tpu_present": False,
+        "message": NO_TPU,
+        "topology": topology,
+        "compile_only": rows,
+        "interpret_checks": checks,
+        "not_built": missing,
+        "ok": all(c.get("ok", True) for c in checks),
+    }

@@ -78,6 +78,7 @@ def vmem_to_hbm_kernel(
         return sd.LocalCopy(buf, o_hbm.at[pl.ds((k % n) * rows, rows)], sems.at[slot])
 
     if n == 1:  # one destination chunk: two writes in flight would race on it
+
         def one(k: jax.Array, carry: None) -> None:
             store(k, 0).start().wait()
             return carry
@@ -101,8 +102,12 @@ def vmem_to_hbm_kernel(
 
 
 def remote_copy_kernel(
-    x_hbm: sd.DataRef, o_hbm: sd.DataRef, send_sem: sd.SemRef, recv_sem: sd.SemRef,
-    *, repeats: int,
+    x_hbm: sd.DataRef,
+    o_hbm: sd.DataRef,
+    send_sem: sd.SemRef,
+    recv_sem: sd.SemRef,
+    *,
+    repeats: int,
 ) -> None:
     """Barrier with both neighbours, then ``repeats`` times: x to the right, both sides waited.
 
@@ -133,7 +138,10 @@ def hbm_to_vmem(x: jax.Array, *, repeats: int = 1) -> jax.Array:
         functools.partial(hbm_to_vmem_kernel, repeats=repeats), hbm_to_vmem_kernel
     )
     return sd.pallas_call(
-        body, jax.ShapeDtypeStruct((rows, 128), x.dtype), in_specs=[HBM], out_specs=HBM,
+        body,
+        jax.ShapeDtypeStruct((rows, 128), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
         scratch_shapes=[sd.vmem((2, rows, 128), x.dtype), sd.dma_semaphores(2)],
         name="hbm_to_vmem",
     )(x)
@@ -146,8 +154,10 @@ def vmem_to_hbm(x: jax.Array, *, size_bytes: int, repeats: int = 1) -> jax.Array
         functools.partial(vmem_to_hbm_kernel, repeats=repeats), vmem_to_hbm_kernel
     )
     return sd.pallas_call(
-        body, jax.ShapeDtypeStruct((size_bytes // ROW_BYTES, 128), x.dtype),
-        in_specs=[HBM], out_specs=HBM,
+        body,
+        jax.ShapeDtypeStruct((size_bytes // ROW_BYTES, 128), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
         scratch_shapes=[sd.vmem((rows, 128), x.dtype), sd.dma_semaphores(2)],
         name="vmem_to_hbm",
     )(x[:rows])
@@ -159,8 +169,11 @@ def remote_copy(x: jax.Array, *, repeats: int = 1) -> jax.Array:
         functools.partial(remote_copy_kernel, repeats=repeats), remote_copy_kernel
     )
     return sd.pallas_call(
-        body, jax.ShapeDtypeStruct((repeats * x.shape[0], *x.shape[1:]), x.dtype),
-        in_specs=[HBM], out_specs=HBM, scratch_shapes=[sd.dma_semaphore(), sd.dma_semaphore()],
+        body,
+        jax.ShapeDtypeStruct((repeats * x.shape[0], *x.shape[1:]), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[sd.dma_semaphore(), sd.dma_semaphore()],
         compiler_params=pltpu.CompilerParams(collective_id=0),
         name="remote_copy",
     )(x)

@@ -56,6 +56,7 @@ def vmem_to_hbm_kernel(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any, *, repeats: 
         return pltpu.make_async_copy(buf, o_hbm.at[pl.ds((k % n) * rows, rows)], sems.at[slot])
 
     if n == 1:
+
         def one(k: Any, carry: None) -> None:
             s = store(k, 0)
             s.start()
@@ -80,8 +81,9 @@ def vmem_to_hbm_kernel(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any, *, repeats: 
     jax.lax.fori_loop(0, total, step, None)
 
 
-def remote_copy_kernel(x_hbm: Any, o_hbm: Any, send_sem: Any, recv_sem: Any, *,
-                       repeats: int) -> None:
+def remote_copy_kernel(
+    x_hbm: Any, o_hbm: Any, send_sem: Any, recv_sem: Any, *, repeats: int
+) -> None:
     n = jax.lax.axis_size("x")
     barrier = pltpu.get_barrier_semaphore()
     pl.semaphore_signal(barrier, 1, device_id={"x": (jax.lax.axis_index("x") + (n - 1)) % n})
@@ -92,7 +94,10 @@ def remote_copy_kernel(x_hbm: Any, o_hbm: Any, send_sem: Any, recv_sem: Any, *,
 
     def step(k: Any, carry: None) -> None:
         c = pltpu.make_async_remote_copy(
-            x_hbm, o_hbm.at[pl.ds(k * rows, rows)], send_sem, recv_sem,
+            x_hbm,
+            o_hbm.at[pl.ds(k * rows, rows)],
+            send_sem,
+            recv_sem,
             device_id={"x": (jax.lax.axis_index("x") + 1) % n},
         )
         c.start()
@@ -109,7 +114,9 @@ def hbm_to_vmem(x: jax.Array, *, repeats: int = 1) -> jax.Array:
         functools.partial(hbm_to_vmem_kernel, repeats=repeats), hbm_to_vmem_kernel
     )
     result: jax.Array = pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((rows, 128), x.dtype), in_specs=[HBM],
+        body,
+        out_shape=jax.ShapeDtypeStruct((rows, 128), x.dtype),
+        in_specs=[HBM],
         out_specs=HBM,
         scratch_shapes=[pltpu.VMEM((2, rows, 128), x.dtype), pltpu.SemaphoreType.DMA((2,))],
         name="hbm_to_vmem",
@@ -123,8 +130,10 @@ def vmem_to_hbm(x: jax.Array, *, size_bytes: int, repeats: int = 1) -> jax.Array
         functools.partial(vmem_to_hbm_kernel, repeats=repeats), vmem_to_hbm_kernel
     )
     result: jax.Array = pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((size_bytes // ROW_BYTES, 128), x.dtype),
-        in_specs=[HBM], out_specs=HBM,
+        body,
+        out_shape=jax.ShapeDtypeStruct((size_bytes // ROW_BYTES, 128), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
         scratch_shapes=[pltpu.VMEM((rows, 128), x.dtype), pltpu.SemaphoreType.DMA((2,))],
         name="vmem_to_hbm",
     )(x[:rows])
@@ -136,8 +145,10 @@ def remote_copy(x: jax.Array, *, repeats: int = 1) -> jax.Array:
         functools.partial(remote_copy_kernel, repeats=repeats), remote_copy_kernel
     )
     result: jax.Array = pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((repeats * x.shape[0], *x.shape[1:]), x.dtype),
-        in_specs=[HBM], out_specs=HBM,
+        body,
+        out_shape=jax.ShapeDtypeStruct((repeats * x.shape[0], *x.shape[1:]), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
         scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
         compiler_params=pltpu.CompilerParams(collective_id=0),
         name="remote_copy",

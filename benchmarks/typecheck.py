@@ -35,14 +35,14 @@ from benchmarks._common import ROOT, Spread, heading, ratio_text, table
 
 FILES = Path(__file__).resolve().parent / "typecheck_files"
 SIDES = {"safedma": "kernels_safedma.py", "pltpu": "kernels_pltpu.py"}
-MYPY_FLAGS = ["--strict", "--untyped-calls-exclude=jax", "--no-error-summary",
-              "--no-color-output"]
+MYPY_FLAGS = ["--strict", "--untyped-calls-exclude=jax", "--no-error-summary", "--no-color-output"]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, str]:
     started = time.perf_counter()
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, check=False)
+    out = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
+    )
     return time.perf_counter() - started, out.returncode, (out.stdout + out.stderr).strip()
 
 
@@ -55,13 +55,13 @@ class _Workspace:
         self.file = self.dir / SIDES[side]
         shutil.copy(FILES / SIDES[side], self.file)
         (self.dir / "pyrightconfig.json").write_text(
-            '{"extraPaths": [' + _json_str(str(ROOT)) + '], "typeCheckingMode": "standard"}\n')
+            '{"extraPaths": [' + _json_str(str(ROOT)) + '], "typeCheckingMode": "standard"}\n'
+        )
         self.env = {**os.environ, "MYPYPATH": str(ROOT)}
         self.edits = 0
 
     def mypy(self, cache: Path) -> tuple[float, int, str]:
-        cmd = [sys.executable, "-m", "mypy", *MYPY_FLAGS, "--cache-dir", str(cache),
-               self.file.name]
+        cmd = [sys.executable, "-m", "mypy", *MYPY_FLAGS, "--cache-dir", str(cache), self.file.name]
         return _run(cmd, self.dir, self.env)
 
     def pyright(self) -> tuple[float, int, str]:
@@ -135,16 +135,41 @@ def run(*, cold_reps: int = 3, warm_reps: int = 5) -> dict[str, Any]:
     for mode, by_side in times.items():
         a, b = by_side["safedma"], by_side["pltpu"]
         ratio = Spread.of([x / y for x, y in zip(a, b)])
-        results[mode] = {"safedma_s": Spread.of(a).as_dict(), "pltpu_s": Spread.of(b).as_dict(),
-                         "ratio": ratio.as_dict(), "verdict": verdicts[mode]}
-        rows.append([mode, len(a), f"{Spread.of(a).median:.2f} s", f"{Spread.of(b).median:.2f} s",
-                     ratio_text(ratio),
-                     f"{verdicts[mode]['safedma']} / {verdicts[mode]['pltpu']}"])
+        results[mode] = {
+            "safedma_s": Spread.of(a).as_dict(),
+            "pltpu_s": Spread.of(b).as_dict(),
+            "ratio": ratio.as_dict(),
+            "verdict": verdicts[mode],
+        }
+        rows.append(
+            [
+                mode,
+                len(a),
+                f"{Spread.of(a).median:.2f} s",
+                f"{Spread.of(b).median:.2f} s",
+                ratio_text(ratio),
+                f"{verdicts[mode]['safedma']} / {verdicts[mode]['pltpu']}",
+            ]
+        )
     print()
-    print(table(["checker", "runs", "safedma file (median)", "pltpu file (median)",
-                 "ratio: median (IQR, min-max)", "verdict safedma / pltpu"], rows))
+    print(
+        table(
+            [
+                "checker",
+                "runs",
+                "safedma file (median)",
+                "pltpu file (median)",
+                "ratio: median (IQR, min-max)",
+                "verdict safedma / pltpu",
+            ],
+            rows,
+        )
+    )
     if not _pyright_available():
         print("pyright is not installed in this environment: not measured")
     print("pyright keeps no cache between runs: each run is cold, so there is no warm figure")
-    return {"files": {side: f"benchmarks/typecheck_files/{name}" for side, name in SIDES.items()},
-            "mypy_flags": MYPY_FLAGS, "modes": results}
+    return {
+        "files": {side: f"benchmarks/typecheck_files/{name}" for side, name in SIDES.items()},
+        "mypy_flags": MYPY_FLAGS,
+        "modes": results,
+    }

@@ -72,8 +72,11 @@ def _kernel(kind: str) -> Callable[..., Any]:
     """A fresh per-device function (a new object: no jax cache is hit)."""
     import safedma.kernels as sk
 
-    make = {"all_gather": sk.all_gather, "reduce_scatter": sk.reduce_scatter,
-            "all_reduce": sk.all_reduce}[kind]
+    make = {
+        "all_gather": sk.all_gather,
+        "reduce_scatter": sk.reduce_scatter,
+        "all_reduce": sk.all_reduce,
+    }[kind]
     return functools.partial(make, axis="x")
 
 
@@ -83,8 +86,9 @@ def _block(kind: str, ring: int, block: tuple[int, int] = SMALL_BLOCK) -> tuple[
     return (8 * ring, 128)  # reduce-scatter, all-reduce: ring chunks of 8 rows
 
 
-def _args(kind: str, shape: tuple[int, ...], names: tuple[str, ...],
-          block: tuple[int, int] = SMALL_BLOCK) -> tuple[Any, Any, Any]:
+def _args(
+    kind: str, shape: tuple[int, ...], names: tuple[str, ...], block: tuple[int, int] = SMALL_BLOCK
+) -> tuple[Any, Any, Any]:
     """(the global argument, in_specs, out_specs) for ``kind`` on a mesh of ``shape``."""
     import jax
     import jax.numpy as jnp
@@ -117,14 +121,16 @@ def _timed_verify(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[fl
     return time.perf_counter() - t0, report, "clean"
 
 
-def verify_once(kind: str, shape: tuple[int, ...], names: tuple[str, ...],
-                block: tuple[int, int] = SMALL_BLOCK) -> tuple[float, Any, str]:
+def verify_once(
+    kind: str, shape: tuple[int, ...], names: tuple[str, ...], block: tuple[int, int] = SMALL_BLOCK
+) -> tuple[float, Any, str]:
     """Seconds to verify ``kind`` on a device-free mesh, tracing included; report; verdict."""
     from safedma.testing import abstract_mesh
 
     x, ins, outs = _args(kind, shape, names, block)
-    return _timed_verify(_kernel(kind), x, mesh=abstract_mesh(shape, names), in_specs=ins,
-                         out_specs=outs)
+    return _timed_verify(
+        _kernel(kind), x, mesh=abstract_mesh(shape, names), in_specs=ins, out_specs=outs
+    )
 
 
 # ------------------------------------------------------------------ 1. scale (child processes)
@@ -144,8 +150,13 @@ def _child(kind: str, label: str, reps: int) -> None:
             error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             break
         times.append(seconds)
-    out = {"times": times, "error": error, "verdict": verdict,
-           "dmas": getattr(report, "dmas", None), "waits": getattr(report, "waits", None)}
+    out = {
+        "times": times,
+        "error": error,
+        "verdict": verdict,
+        "dmas": getattr(report, "dmas", None),
+        "waits": getattr(report, "waits", None),
+    }
     print(json.dumps(out), flush=True)
 
 
@@ -153,8 +164,9 @@ def _scale_case(kind: str, label: str, reps: int, budget_s: float) -> dict[str, 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     command = [sys.executable, "-m", "benchmarks.verify", "--child", kind, label, str(reps)]
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=budget_s)
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget_s
+        )
     except subprocess.TimeoutExpired:
         return {"times": [], "error": f"over the {budget_s:g} s budget"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -191,36 +203,83 @@ def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
             best = f"{min(times):.3f} s" if times else "-"
             median = f"{statistics.median(times):.3f} s" if times else "-"
             result = record.get("error") or record.get("verdict") or "-"
-            rows.append([kind, label, record["devices"], record["steps"], best, median,
-                         record.get("dmas") or "-", result[:90]])
+            rows.append(
+                [
+                    kind,
+                    label,
+                    record["devices"],
+                    record["steps"],
+                    best,
+                    median,
+                    record.get("dmas") or "-",
+                    result[:90],
+                ]
+            )
             print(f"  {kind} on {label}: {best} ({result})", flush=True)
     print()
-    print(table(["kernel", "mesh", "devices", "ring steps", "best", "median", "DMAs",
-                 "verdict (an error: time to it)"], rows))
+    print(
+        table(
+            [
+                "kernel",
+                "mesh",
+                "devices",
+                "ring steps",
+                "best",
+                "median",
+                "DMAs",
+                "verdict (an error: time to it)",
+            ],
+            rows,
+        )
+    )
     growth = []
     for kind in KERNELS:
-        def best_of(label: str) -> float | None:
+
+        def best_of(label: str, kind: str = kind) -> float | None:
             times = cases.get(f"{kind}@{label}", {}).get("times") or []
             return min(times) if times else None
 
-        by_devices = [(float(n), t) for n in (8, 64, 256, 1024)
-                      if (t := best_of(str(n))) is not None]
-        by_steps = [(float(s), t) for label, s in (("4x64", 63), ("16x16", 15), ("64x4", 3))
-                    if (t := best_of(label)) is not None]
+        by_devices = [
+            (float(n), t) for n in (8, 64, 256, 1024) if (t := best_of(str(n))) is not None
+        ]
+        by_steps = [
+            (float(s), t)
+            for label, s in (("4x64", 63), ("16x16", 15), ("64x4", 3))
+            if (t := best_of(label)) is not None
+        ]
         at_256 = best_of("256")
         d_slope, s_slope = _slope(by_devices), _slope(by_steps)
-        growth.append({"kernel": kind, "devices_exponent": d_slope, "steps_exponent": s_slope,
-                       "s_at_256": at_256,
-                       "goal_256_met": at_256 is not None and at_256 < GOAL_256_S})
+        growth.append(
+            {
+                "kernel": kind,
+                "devices_exponent": d_slope,
+                "steps_exponent": s_slope,
+                "s_at_256": at_256,
+                "goal_256_met": at_256 is not None and at_256 < GOAL_256_S,
+            }
+        )
     print()
-    print(table(["kernel", "time ~ devices^k (1-D rings)", "time ~ steps^k (256 devices)",
-                 f"256 devices < {GOAL_256_S:g} s"],
-                [[g["kernel"],
-                  "-" if g["devices_exponent"] is None else f"k = {g['devices_exponent']:.2f}",
-                  "-" if g["steps_exponent"] is None else f"k = {g['steps_exponent']:.2f}",
-                  "-" if g["s_at_256"] is None else
-                  f"{'met' if g['goal_256_met'] else 'missed'} ({g['s_at_256']:.2f} s)"]
-                 for g in growth]))
+    print(
+        table(
+            [
+                "kernel",
+                "time ~ devices^k (1-D rings)",
+                "time ~ steps^k (256 devices)",
+                f"256 devices < {GOAL_256_S:g} s",
+            ],
+            [
+                [
+                    g["kernel"],
+                    "-" if g["devices_exponent"] is None else f"k = {g['devices_exponent']:.2f}",
+                    "-" if g["steps_exponent"] is None else f"k = {g['steps_exponent']:.2f}",
+                    "-"
+                    if g["s_at_256"] is None
+                    else f"{'met' if g['goal_256_met'] else 'missed'} ({g['s_at_256']:.2f} s)",
+                ]
+                for g in growth
+            ],
+        )
+    )
     return {"cases": cases, "growth": growth, "budget_s": budget_s, "reps": reps}
 
 
@@ -235,8 +294,9 @@ def _simulate_once(kind: str) -> float:
     from safedma.testing import simulate, simulated_mesh
 
     rows, cols = _block(kind, 8)
-    x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((rows * 8, cols)),
-                          jax.numpy.float32)
+    x = jax.numpy.asarray(
+        np.random.default_rng(0).standard_normal((rows * 8, cols)), jax.numpy.float32
+    )
     mesh = simulated_mesh(8, "x")
     fn = _kernel(kind)
     gc.collect()
@@ -253,10 +313,12 @@ def _verify_on_eight(kind: str) -> float:
     from safedma.testing import simulated_mesh
 
     rows, cols = _block(kind, 8)
-    x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((rows * 8, cols)),
-                          jax.numpy.float32)
-    seconds, _, verdict = _timed_verify(_kernel(kind), x, mesh=simulated_mesh(8, "x"),
-                                        in_specs=P("x"), out_specs=P("x"))
+    x = jax.numpy.asarray(
+        np.random.default_rng(0).standard_normal((rows * 8, cols)), jax.numpy.float32
+    )
+    seconds, _, verdict = _timed_verify(
+        _kernel(kind), x, mesh=simulated_mesh(8, "x"), in_specs=P("x"), out_specs=P("x")
+    )
     _VERDICTS[kind] = verdict
     return seconds
 
@@ -303,16 +365,37 @@ def versus(reps: int) -> dict[str, Any]:
             continue
         speedup = Spread.of([s / v for s, v in zip(theirs, ours)])
         verdict = _VERDICTS.get(kind, "-")
-        out[kind] = {"verify_s": Spread.of(ours).as_dict(),
-                     "simulate_s": Spread.of(theirs).as_dict(),
-                     "speedup": speedup.as_dict(), "verify_mesh": mesh_kind,
-                     "verify_verdict": verdict, "goal_met": speedup.median >= GOAL_SPEEDUP}
-        rows.append([kind, ms(statistics.median(ours)) + f" ({mesh_kind})",
-                     ms(statistics.median(theirs)), ratio_text(speedup),
-                     "met" if speedup.median >= GOAL_SPEEDUP else "missed", verdict[:60]])
-    print(table(["kernel", "verify (median)", "simulate (median)",
-                 "speedup simulate/verify: median (IQR, min-max)",
-                 f"goal >= {GOAL_SPEEDUP:g}x", "verify's verdict"], rows))
+        out[kind] = {
+            "verify_s": Spread.of(ours).as_dict(),
+            "simulate_s": Spread.of(theirs).as_dict(),
+            "speedup": speedup.as_dict(),
+            "verify_mesh": mesh_kind,
+            "verify_verdict": verdict,
+            "goal_met": speedup.median >= GOAL_SPEEDUP,
+        }
+        rows.append(
+            [
+                kind,
+                ms(statistics.median(ours)) + f" ({mesh_kind})",
+                ms(statistics.median(theirs)),
+                ratio_text(speedup),
+                "met" if speedup.median >= GOAL_SPEEDUP else "missed",
+                verdict[:60],
+            ]
+        )
+    print(
+        table(
+            [
+                "kernel",
+                "verify (median)",
+                "simulate (median)",
+                "speedup simulate/verify: median (IQR, min-max)",
+                f"goal >= {GOAL_SPEEDUP:g}x",
+                "verify's verdict",
+            ],
+            rows,
+        )
+    )
     return out
 
 
@@ -320,7 +403,9 @@ def versus(reps: int) -> dict[str, Any]:
 
 
 def memory() -> dict[str, Any]:
-    heading("5c. peak memory: the 8-device all-gather with 4 KiB vs 1 GiB blocks (ShapeDtypeStruct)")
+    heading(
+        "5c. peak memory: the 8-device all-gather with 4 KiB vs 1 GiB blocks (ShapeDtypeStruct)"
+    )
     out: dict[str, Any] = {}
     rows = []
     for label, block in (("4 KiB", SMALL_BLOCK), ("1 GiB", BIG_BLOCK)):
@@ -347,8 +432,11 @@ def memory() -> dict[str, Any]:
 
 
 def run(reps: int = 3, quick: bool = False, budget_s: float = 300.0) -> dict[str, Any]:
-    return {"scale": scale(reps, budget_s, quick), "versus_simulate": versus(max(reps, 2) * 2),
-            "memory": memory()}
+    return {
+        "scale": scale(reps, budget_s, quick),
+        "versus_simulate": versus(max(reps, 2) * 2),
+        "memory": memory(),
+    }
 
 
 if __name__ == "__main__":

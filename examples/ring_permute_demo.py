@@ -64,9 +64,7 @@ def _run_ring() -> bool:
     ring = cast(
         Callable[[jax.Array], jax.Array],
         jax.jit(  # pyright: ignore[reportUnknownMemberType]
-            jax.shard_map(
-                per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False
-            )
+            jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
         ),
     )
 
@@ -91,8 +89,10 @@ def _run_ring() -> bool:
     got = np.asarray(ring(x))
     seconds = time.perf_counter() - start
     same = bool(np.array_equal(got, np.asarray(reference(x))))
-    print(f"ring permute on {DEVICES} simulated devices (interpret mode, race detection on): "
-          f"{seconds:.2f} s")
+    print(
+        f"ring permute on {DEVICES} simulated devices (interpret mode, race detection on): "
+        f"{seconds:.2f} s"
+    )
     print(f"  device d now holds block d-1: {[int(got[r * 8, 0]) // 1024 for r in range(DEVICES)]}")
     print(f"  matches jax.lax.ppermute exactly: {same}")
     return same
@@ -122,16 +122,30 @@ def _run_mypy() -> bool:
             f.write(SEED_MISTAKE)
         print(textwrap.indent(SEED_MISTAKE, "    | ", lambda line: True), end="")
         result = subprocess.run(
-            [sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
-             "--cache-dir", os.path.join(tmp, ".mypy_cache"), path],
-            capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "mypy",
+                "--strict",
+                "--no-error-summary",
+                "--cache-dir",
+                os.path.join(tmp, ".mypy_cache"),
+                path,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
-    errors = [line.replace(path, "seed_kernel.py") for line in result.stdout.splitlines()
-              if ": error:" in line]
+    errors = [
+        line.replace(path, "seed_kernel.py")
+        for line in result.stdout.splitlines()
+        if ": error:" in line
+    ]
     for line in errors:
         print(f"  {line}")
-    caught = result.returncode == 1 and any("with_send_sem" in e and "[arg-type]" in e
-                                            for e in errors)
+    caught = result.returncode == 1 and any(
+        "with_send_sem" in e and "[arg-type]" in e for e in errors
+    )
     print(f"  caught before running anything: {caught}")
     if not caught:
         print(result.stdout + result.stderr)

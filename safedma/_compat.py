@@ -400,6 +400,7 @@ class AsyncCopyDescriptor(Protocol):
 # jax leaves their ref and semaphore parameters unannotated, which pyright strict
 # reports at each use (reportUnknownMemberType); safedma's own signatures are typed.
 
+
 def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDescriptor:
     descriptor: AsyncCopyDescriptor = pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
     return descriptor
@@ -435,7 +436,11 @@ def _remote(src: object, dst: object, send_sem: object, recv_sem: object, device
     if isinstance(device_id, LogicalId):
         with _logical_ids():
             return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
-                src, dst, send_sem, recv_sem, device_id=device_id.index,
+                src,
+                dst,
+                send_sem,
+                recv_sem,
+                device_id=device_id.index,
                 device_id_type=_LOGICAL,
             )
     return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]

@@ -210,11 +210,10 @@ class LocalCopy:
     def _describe(self) -> str:
         return f"LocalCopy {describe_ref(self.src)} -> {describe_ref(self.dst)}"
 
-    def _handle(
-        self, descriptor: AsyncCopyDescriptor, *, started_elsewhere: bool
-    ) -> LocalHandle:
-        state = HandleState(self._describe, {Side.LOCAL: self.sem},
-                            started_elsewhere=started_elsewhere)
+    def _handle(self, descriptor: AsyncCopyDescriptor, *, started_elsewhere: bool) -> LocalHandle:
+        state = HandleState(
+            self._describe, {Side.LOCAL: self.sem}, started_elsewhere=started_elsewhere
+        )
         return LocalHandle(descriptor, state, self.src, self.dst)
 
     def start(self, *, priority: Literal[0, 1] = 0, add: Literal[False] = False) -> LocalHandle:
@@ -278,16 +277,20 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         # The self type pins a new copy to [Missing, Missing]: without it the
         # checker would infer the states from the expected type.
         _check_copy_refs(src, dst, "RemoteCopy")
-        check_semaphore(
-            recv_sem, "RemoteCopy receive semaphore", _DMA, what_for="a remote copy"
-        )
+        check_semaphore(recv_sem, "RemoteCopy receive semaphore", _DMA, what_for="a remote copy")
         _freeze(self, src=src, dst=dst, recv_sem=recv_sem, _send_sem=None, _device=None)
 
     def _replace(self, send_sem: SemRef | None, device: Device | None) -> RemoteCopy[Given, Given]:
         # The one place a state is asserted; callers narrow it to what they gave.
         new = cast("RemoteCopy[Given, Given]", object.__new__(RemoteCopy))
-        _freeze(new, src=self.src, dst=self.dst, recv_sem=self.recv_sem, _send_sem=send_sem,
-                _device=device)
+        _freeze(
+            new,
+            src=self.src,
+            dst=self.dst,
+            recv_sem=self.recv_sem,
+            _send_sem=send_sem,
+            _device=device,
+        )
         return new
 
     def __repr__(self) -> str:
@@ -295,9 +298,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
 
     def with_send_sem(self, send_sem: SemRef) -> RemoteCopy[Given, TargetState]:
         """The DMA semaphore signalled on this device once the source has been read."""
-        check_semaphore(
-            send_sem, "RemoteCopy send semaphore", _DMA, what_for="a remote copy"
-        )
+        check_semaphore(send_sem, "RemoteCopy send semaphore", _DMA, what_for="a remote copy")
         return cast("RemoteCopy[Given, TargetState]", self._replace(send_sem, self._device))
 
     def to(self, device: Device) -> RemoteCopy[SendSemState, Given]:
@@ -371,8 +372,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
         copy received on the same semaphore slot.
         """
         descriptor = self._descriptor("be waited")
-        return IncomingHandle(descriptor, self._state(started_elsewhere=True), self.src,
-                              self.dst)
+        return IncomingHandle(descriptor, self._state(started_elsewhere=True), self.src, self.dst)
 
 
 def _freeze(copy: object, **fields: object) -> None:

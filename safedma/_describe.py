@@ -33,7 +33,7 @@ class SourceLine(NamedTuple):
         return f"{self.filename}:{self.lineno}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_library_frame(module_name: str) -> bool:
     # safedma's own top-level modules; safedma.kernels and the like are user code.
     return module_name == "safedma" or (

@@ -30,8 +30,9 @@ P = ParamSpec("P")
 _MARK = "__safedma_kernel__"
 
 
-def _named_arguments(signature: inspect.Signature | None, args: tuple[object, ...],
-                     kwargs: Mapping[str, object]) -> dict[str, object]:
+def _named_arguments(
+    signature: inspect.Signature | None, args: tuple[object, ...], kwargs: Mapping[str, object]
+) -> dict[str, object]:
     if signature is None:
         return {f"arg{i}": a for i, a in enumerate(args)}
     try:
@@ -68,8 +69,10 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
-        with kernel_scope(name, _named_arguments(signature, args, kwargs)), \
-                ledger_scope() as ledger:
+        with (
+            kernel_scope(name, _named_arguments(signature, args, kwargs)),
+            ledger_scope() as ledger,
+        ):
             body(*args, **kwargs)
             ledger.check_all_waited(name)
 

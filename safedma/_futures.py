@@ -36,7 +36,6 @@ from safedma._entry_points import pallas_call
 from safedma._errors import FutureConsumedTwiceError, FutureDroppedError, FutureNotWaitedError
 from safedma._describe import SourceLine, call_site
 from safedma._ledger import settle_semaphore, started_on, waited_on
-from safedma import _compat
 
 __all__ = ["DmaFuture", "start_async", "finish_async", "checked_futures"]
 
@@ -113,8 +112,9 @@ def _body_name(body: Callable[..., None]) -> str:
     return str(getattr(body, "__name__", type(body).__name__))
 
 
-def _name_like(kernel: Callable[..., None], body: Callable[..., None],
-               layout: Callable[[list[str]], list[str]]) -> None:
+def _name_like(
+    kernel: Callable[..., None], body: Callable[..., None], layout: Callable[[list[str]], list[str]]
+) -> None:
     """Give the generated kernel ``body``'s name, and a signature whose parameter
     names are ``body``'s arranged as the kernel receives them (for error messages)."""
     kernel.__name__ = _body_name(body)
@@ -123,9 +123,7 @@ def _name_like(kernel: Callable[..., None], body: Callable[..., None],
         names = list(inspect.signature(body).parameters)
     except (TypeError, ValueError):
         return
-    params = [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in layout(names)
-    ]
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in layout(names)]
     setattr(kernel, "__signature__", inspect.Signature(params))
 
 
@@ -160,7 +158,8 @@ def start_async(
             )
 
     _name_like(
-        start_kernel, body,
+        start_kernel,
+        body,
         lambda names: [*names[:n], *(f"aliased_{m}" for m in names[:n]), *names[n:]],
     )
     if dst_memory_space is None:

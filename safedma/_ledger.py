@@ -47,9 +47,7 @@ __all__ = [
     "waited_on",
 ]
 
-VERIFY_HINT = (
-    "run safedma.testing.verify(...) to check the waits on every path a device takes"
-)
+VERIFY_HINT = "run safedma.testing.verify(...) to check the waits on every path a device takes"
 
 
 class Side(enum.Enum):
@@ -127,7 +125,9 @@ class Ledger:
                     missing.append(side)
             if missing:
                 calls = " and ".join(side.value for side in missing)
-                left.append(f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called")
+                left.append(
+                    f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called"
+                )
         if left:
             count = len(left)
             raise CopyNeverWaitedError(
@@ -282,8 +282,9 @@ class HandleState:
         frame = _compat.current_frame()
         left = _left_behind(self._frame, frame)
         if left:
-            raise HandleEscapedError(_escape_message(self._describe(), side, here, left,
-                                                     elsewhere=self._elsewhere))
+            raise HandleEscapedError(
+                _escape_message(self._describe(), side, here, left, elsewhere=self._elsewhere)
+            )
         block = _block_of(frame)
         earlier = next((w for w in self._waited[side] if w.block is block), None)
         if earlier is not None:

@@ -22,13 +22,25 @@ CHUNK = 16
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def add_stream_kernel(a_hbm: sd.DataRef, b_hbm: sd.DataRef, o_hbm: sd.DataRef,
-                      a_bufs: sd.DataRef, b_bufs: sd.DataRef, o_buf: sd.DataRef,
-                      in_sems: sd.SemArray, out_sem: sd.SemRef) -> None:
+def add_stream_kernel(
+    a_hbm: sd.DataRef,
+    b_hbm: sd.DataRef,
+    o_hbm: sd.DataRef,
+    a_bufs: sd.DataRef,
+    b_bufs: sd.DataRef,
+    o_buf: sd.DataRef,
+    in_sems: sd.SemArray,
+    out_sem: sd.SemRef,
+) -> None:
     steps = a_hbm.shape[0] // CHUNK
 
-    def fetch(src: sd.DataRef, bufs: sd.DataRef, step: jax.Array | int,
-              slot: jax.Array | int, sem: sd.SemRef) -> sd.LocalCopy:
+    def fetch(
+        src: sd.DataRef,
+        bufs: sd.DataRef,
+        step: jax.Array | int,
+        slot: jax.Array | int,
+        sem: sd.SemRef,
+    ) -> sd.LocalCopy:
         return sd.LocalCopy(src.at[pl.ds(step * CHUNK, CHUNK)], bufs.at[slot], sem)
 
     fetch(a_hbm, a_bufs, 0, 0, in_sems.at[0]).start()
@@ -54,15 +66,23 @@ def add_stream_kernel(a_hbm: sd.DataRef, b_hbm: sd.DataRef, o_hbm: sd.DataRef,
 def add_stream(a: jax.Array, b: jax.Array) -> jax.Array:
     chunk = (CHUNK, a.shape[1])
     return sd.pallas_call(
-        add_stream_kernel, jax.ShapeDtypeStruct(a.shape, a.dtype),
-        in_specs=[HBM, HBM], out_specs=HBM,
-        scratch_shapes=[sd.vmem((2, *chunk), a.dtype), sd.vmem((2, *chunk), a.dtype),
-                        sd.vmem(chunk, a.dtype), sd.dma_semaphores(2), sd.dma_semaphore()],
+        add_stream_kernel,
+        jax.ShapeDtypeStruct(a.shape, a.dtype),
+        in_specs=[HBM, HBM],
+        out_specs=HBM,
+        scratch_shapes=[
+            sd.vmem((2, *chunk), a.dtype),
+            sd.vmem((2, *chunk), a.dtype),
+            sd.vmem(chunk, a.dtype),
+            sd.dma_semaphores(2),
+            sd.dma_semaphore(),
+        ],
     )(a, b)
 
 
-def gather_kernel(idx_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm: sd.DataRef,
-                  buf: sd.DataRef, sem: sd.SemRef) -> None:
+def gather_kernel(
+    idx_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef
+) -> None:
     k = buf.shape[0]
     for j in range(k):
         sd.LocalCopy(pages_hbm.at[idx_smem[j]], buf.at[j], sem).start()
@@ -73,16 +93,28 @@ def gather_kernel(idx_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm: sd.DataRef
 def gather(pages: jax.Array, idx: jax.Array) -> jax.Array:
     k = idx.shape[0]
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(), in_specs=[HBM], out_specs=HBM,
-        scratch_shapes=[pltpu.VMEM((k, *pages.shape[1:]), pages.dtype),
-                        pltpu.SemaphoreType.DMA(())],
+        num_scalar_prefetch=1,
+        grid=(),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[
+            pltpu.VMEM((k, *pages.shape[1:]), pages.dtype),
+            pltpu.SemaphoreType.DMA(()),
+        ],
     )
-    return sd.pallas_call(gather_kernel, jax.ShapeDtypeStruct((k, *pages.shape[1:]), pages.dtype),
-                          grid_spec=grid_spec)(idx, pages)
+    return sd.pallas_call(
+        gather_kernel, jax.ShapeDtypeStruct((k, *pages.shape[1:]), pages.dtype), grid_spec=grid_spec
+    )(idx, pages)
 
 
-def all_gather_kernel(x_hbm: sd.DataRef, o_hbm: sd.DataRef, send_sems: sd.SemArray,
-                      recv_sems: sd.SemArray, *, axis: str) -> None:
+def all_gather_kernel(
+    x_hbm: sd.DataRef,
+    o_hbm: sd.DataRef,
+    send_sems: sd.SemArray,
+    recv_sems: sd.SemArray,
+    *,
+    axis: str,
+) -> None:
     n = sd.axis_size(axis)
     me = sd.my_index(axis)
     rows = x_hbm.shape[0]
@@ -95,10 +127,15 @@ def all_gather_kernel(x_hbm: sd.DataRef, o_hbm: sd.DataRef, send_sems: sd.SemArr
     def step(s: jax.Array, carry: None) -> None:
         slot = s % 2
         block = (me - s + n) % n  # the block this device forwards at step s
-        copy = (sd.RemoteCopy(o_hbm.at[pl.ds(block * rows, rows)],
-                              o_hbm.at[pl.ds(block * rows, rows)], recv_sems.at[slot])
-                .with_send_sem(send_sems.at[slot])
-                .to(sd.neighbour(axis, 1)))
+        copy = (
+            sd.RemoteCopy(
+                o_hbm.at[pl.ds(block * rows, rows)],
+                o_hbm.at[pl.ds(block * rows, rows)],
+                recv_sems.at[slot],
+            )
+            .with_send_sem(send_sems.at[slot])
+            .to(sd.neighbour(axis, 1))
+        )
         copy.start().wait()
         return carry
 
@@ -107,19 +144,21 @@ def all_gather_kernel(x_hbm: sd.DataRef, o_hbm: sd.DataRef, send_sems: sd.SemArr
 
 def all_gather(x: jax.Array, *, axis: str = "x") -> jax.Array:
     n = sd.axis_size(axis)
-    body = functools.update_wrapper(functools.partial(all_gather_kernel, axis=axis),
-                                    all_gather_kernel)
+    body = functools.update_wrapper(
+        functools.partial(all_gather_kernel, axis=axis), all_gather_kernel
+    )
     return sd.pallas_call(
-        body, jax.ShapeDtypeStruct((n * x.shape[0], *x.shape[1:]), x.dtype),
-        in_specs=[HBM], out_specs=HBM,
+        body,
+        jax.ShapeDtypeStruct((n * x.shape[0], *x.shape[1:]), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
         scratch_shapes=[sd.dma_semaphores(2), sd.dma_semaphores(2)],
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )(x)
 
 
 def sharded_all_gather(mesh: Mesh, x: jax.Array) -> jax.Array:
-    run = jax.shard_map(all_gather, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                        check_vma=False)
+    run = jax.shard_map(all_gather, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
     result: jax.Array = jax.jit(run)(x)
     return result
 

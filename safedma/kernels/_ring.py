@@ -70,8 +70,14 @@ class RingDirection:
     recv_sems: sd.SemArray
     credits: Credits
 
-    def __init__(self, downstream: sd.Device, upstream: sd.Device, send_sem: sd.SemRef,
-                 recv_sems: sd.SemArray, capacity: sd.RegularSem) -> None:
+    def __init__(
+        self,
+        downstream: sd.Device,
+        upstream: sd.Device,
+        send_sem: sd.SemRef,
+        recv_sems: sd.SemArray,
+        capacity: sd.RegularSem,
+    ) -> None:
         object.__setattr__(self, "downstream", downstream)
         object.__setattr__(self, "send_sem", send_sem)
         object.__setattr__(self, "recv_sems", recv_sems)

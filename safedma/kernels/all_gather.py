@@ -157,8 +157,9 @@ def all_gather_kernel(
     own = sd.LocalCopy(x_ref, slot(me), local_sem).start()
     if n > 1:
         steps = n - 1
-        ring = RingDirection(sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem,
-                             recv_sems, capacity)
+        ring = RingDirection(
+            sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem, recv_sems, capacity
+        )
         if barrier:
             meet(sd.barrier_semaphore(), ring.upstream, ring.downstream)
 
@@ -212,20 +213,32 @@ def all_gather_bidirectional_kernel(
             return _window(o_ref, {concat_axis: pl.ds(owner * size + which * half, half)})
         return _window(o_ref, {concat_axis: pl.ds(owner * size, size), **part(which)})
 
-    own = sd.LocalCopy(x_ref, _window(o_ref, {concat_axis: pl.ds(me * size, size)}),
-                       local_sem).start()
+    own = sd.LocalCopy(
+        x_ref, _window(o_ref, {concat_axis: pl.ds(me * size, size)}), local_sem
+    ).start()
     if n > 1:
         steps = n - 1
         right, left = sd.neighbour(axis, 1), sd.neighbour(axis, -1)
-        rightward = RingDirection(right, left, send_sems.at[0],
-                                  recv_sems.at[pl.ds(0, RECV_SLOTS)], capacity.at[0])
-        leftward = RingDirection(left, right, send_sems.at[1],
-                                 recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)], capacity.at[1])
+        rightward = RingDirection(
+            right, left, send_sems.at[0], recv_sems.at[pl.ds(0, RECV_SLOTS)], capacity.at[0]
+        )
+        leftward = RingDirection(
+            left,
+            right,
+            send_sems.at[1],
+            recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)],
+            capacity.at[1],
+        )
         if barrier:
             meet(sd.barrier_semaphore(), left, right)
 
-        def step(src_right: sd.DataRef, src_left: sd.DataRef, owner_right: jax.Array,
-                 owner_left: jax.Array, index: int | jax.Array) -> None:
+        def step(
+            src_right: sd.DataRef,
+            src_left: sd.DataRef,
+            owner_right: jax.Array,
+            owner_left: jax.Array,
+            index: int | jax.Array,
+        ) -> None:
             # As in the ring, each wait() also covers the same-sized copy
             # coming the other way into this device, on the same semaphore.
             to_right = rightward.send(src_right, piece(owner_right, 0), index)
@@ -276,8 +289,9 @@ def _check_window(x: jax.Array, dim: int, extent: int, what: str, kernel: str) -
         )
 
 
-def _prepare(x: jax.Array, axis: str, concat_axis: int, collective_id: int | None,
-             kernel: str) -> tuple[int, int, jax.ShapeDtypeStruct]:
+def _prepare(
+    x: jax.Array, axis: str, concat_axis: int, collective_id: int | None, kernel: str
+) -> tuple[int, int, jax.ShapeDtypeStruct]:
     """Checks shared by both all-gathers: (axis size, concat axis, output shape)."""
     n = check_axis(axis, kernel)
     check_block(x, kernel)
@@ -364,8 +378,13 @@ def all_gather_bidirectional(
     _check_window(x, split, x.shape[split] // 2, "half the block along split_axis", kernel)
     barrier = n > 1 and collective_id is not None
     body = functools.update_wrapper(
-        functools.partial(all_gather_bidirectional_kernel, axis=axis, concat_axis=concat,
-                          split_axis=split, barrier=barrier),
+        functools.partial(
+            all_gather_bidirectional_kernel,
+            axis=axis,
+            concat_axis=concat,
+            split_axis=split,
+            barrier=barrier,
+        ),
         all_gather_bidirectional_kernel,
     )
     call = sd.pallas_call(

@@ -123,8 +123,9 @@ def all_gather_ring(
     m = o_hbm.shape[0] // n
     me = sd.my_index(axis)
     steps = n - 1
-    ring = RingDirection(sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem, recv_sems,
-                         capacity)
+    ring = RingDirection(
+        sd.neighbour(axis, 1), sd.neighbour(axis, -1), send_sem, recv_sems, capacity
+    )
 
     def forward(step: jax.Array, carry: None) -> None:
         chunk = o_hbm.at[pl.ds((me - step + n) % n * m, m)]
@@ -171,8 +172,16 @@ def all_reduce_kernel(
 
     neighbour_barrier(axis)
     reduce_scatter_ring(
-        x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
-        axis=axis, finish=store,
+        x_hbm,
+        x_bufs,
+        recv_bufs,
+        send_bufs,
+        x_sems,
+        send_sems,
+        recv_sems,
+        capacity,
+        axis=axis,
+        finish=store,
     )
     all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, gather_capacity, axis=axis)
 
@@ -201,8 +210,9 @@ def all_reduce(
         return x
     if not fused:
         chunk = reduce_scatter(x, axis=axis, collective_id=collective_id, interpret=interpret)
-        return all_gather(chunk, axis=axis, concat_axis=0, collective_id=collective_id,
-                          interpret=interpret)
+        return all_gather(
+            chunk, axis=axis, concat_axis=0, collective_id=collective_id, interpret=interpret
+        )
     m, cols = x.shape[0] // n, x.shape[1]
     body = functools.update_wrapper(
         functools.partial(all_reduce_kernel, axis=axis), all_reduce_kernel

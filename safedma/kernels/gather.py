@@ -103,9 +103,7 @@ def _check_static_indices(indices: jax.Array, num_pages: int) -> None:
 
 def _check(pages: jax.Array, indices: jax.Array) -> None:
     if pages.ndim != 3:
-        raise ValueError(
-            f"pages must be 3-D (num_pages, page_rows, cols); got shape {pages.shape}"
-        )
+        raise ValueError(f"pages must be 3-D (num_pages, page_rows, cols); got shape {pages.shape}")
     dtype = np.dtype(pages.dtype)
     if dtype not in _TILE_ROWS:
         supported = ", ".join(d.name for d in _TILE_ROWS)

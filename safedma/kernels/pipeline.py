@@ -135,9 +135,7 @@ def _check(x: jax.Array, fn: ChunkFn, chunk_rows_arg: object) -> None:
     if rows % chunk_rows:
         raise ValueError(f"rows={rows} must be divisible by chunk_rows={chunk_rows}")
     if cols % _LANES:
-        raise ValueError(
-            f"cols={cols} must be a multiple of {_LANES}, the lanes of a VMEM tile"
-        )
+        raise ValueError(f"cols={cols} must be a multiple of {_LANES}, the lanes of a VMEM tile")
     chunk = jax.ShapeDtypeStruct((chunk_rows, cols), dtype)
     out = eval_shape(fn, chunk)
     if not isinstance(out, jax.ShapeDtypeStruct) or (out.shape, out.dtype) != (

@@ -229,8 +229,16 @@ def reduce_scatter_kernel(
 
     neighbour_barrier(axis)
     reduce_scatter_ring(
-        x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
-        axis=axis, finish=store,
+        x_hbm,
+        x_bufs,
+        recv_bufs,
+        send_bufs,
+        x_sems,
+        send_sems,
+        recv_sems,
+        capacity,
+        axis=axis,
+        finish=store,
     )
 
 

@@ -73,7 +73,7 @@ def config_line(checker: Checker, relative_to: Path | None = None) -> str:
 WHERE: Final[dict[Checker, str]] = {
     "mypy": "before the mypy command only (mypy reads partial stubs from no config-file "
     "setting; exported, it would hide jax's own types from pyright)",
-    "pyright": "pyproject.toml, under [tool.pyright] (pyrightconfig.json: \"stubPath\": ...)",
+    "pyright": 'pyproject.toml, under [tool.pyright] (pyrightconfig.json: "stubPath": ...)',
     "basedpyright": "pyproject.toml, under [tool.basedpyright]",
     "pyrefly": "pyproject.toml, under [tool.pyrefly] (or pyrefly.toml)",
     "ty": "pyproject.toml, under [tool.ty.environment] (or ty.toml's [environment])",

@@ -189,7 +189,8 @@ def tpu_mesh(
         )
     except (NotImplementedError, ValueError, AssertionError) as err:
         hint = (
-            "" if allow_split_physical_axes
+            ""
+            if allow_split_physical_axes
             else " Pass allow_split_physical_axes=True to let jax split a physical axis, or"
         )
         raise TpuMeshError(
@@ -214,9 +215,7 @@ def _kernel_names(hlo_text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(re.findall(r'kernel_name = "([^"]*)"', hlo_text)))
 
 
-def _shard_args(
-    args: tuple[object, ...], specs: object, mesh: Mesh
-) -> tuple[object, ...]:
+def _shard_args(args: tuple[object, ...], specs: object, mesh: Mesh) -> tuple[object, ...]:
     # ``specs`` is a pytree prefix of ``args`` (one PartitionSpec for all, or
     # one per argument); give every array leaf the sharding it will have.
     def with_sharding(spec: PartitionSpec, sub: object) -> object:

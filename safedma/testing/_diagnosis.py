@@ -25,27 +25,31 @@ from safedma.testing._recorder import CopyCounts, Failure, Recorder
 __all__ = ["failure_error", "leftover_error", "timeout_error", "unsatisfiable_error"]
 
 
-def _signallers(recorder: Recorder, run: int, sem: int, device: int,
-                devices: DeviceNames) -> str:
+def _signallers(recorder: Recorder, run: int, sem: int, device: int, devices: DeviceNames) -> str:
     """ " (signalled by device 7 at file.py:12)" for every distinct sender and line."""
     sent = recorder.copies(run, sem, "signal", device)
     if not sent:
         return ""
     parts: list[str] = []
-    for (sender, location), times in sorted(sent.items(),
-                                            key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    for (sender, location), times in sorted(
+        sent.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
+    ):
         at = f" at {location}" if location else ""
         count = f" ({times} times)" if times > 1 else ""
         parts.append(f"{devices.label(sender)}{at}{count}")
     return f" (signalled by {'; '.join(parts)})"
 
 
-def _kind(recorder: Recorder, run: int, sem: int, device: int, is_barrier: bool,
-          is_dma: bool) -> SemaphoreKind:
+def _kind(
+    recorder: Recorder, run: int, sem: int, device: int, is_barrier: bool, is_dma: bool
+) -> SemaphoreKind:
     if is_barrier:
         return "BARRIER"
-    if (is_dma or recorder.copies(run, sem, "recv", device)
-            or recorder.copies(run, sem, "send", device)):
+    if (
+        is_dma
+        or recorder.copies(run, sem, "recv", device)
+        or recorder.copies(run, sem, "send", device)
+    ):
         return "DMA"
     return "REGULAR"
 
@@ -53,8 +57,9 @@ def _kind(recorder: Recorder, run: int, sem: int, device: int, is_barrier: bool,
 def _sites(copies: CopyCounts, devices: DeviceNames, device: int) -> list[str]:
     """One phrase per distinct (peer, line) the copies came from, most frequent first."""
     phrases: list[str] = []
-    for (peer, location), times in sorted(copies.items(),
-                                          key=lambda kv: (-kv[1], kv[0][0], kv[0][1] or "")):
+    for (peer, location), times in sorted(
+        copies.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1] or "")
+    ):
         what = "a copy" if peer == device else f"a copy from {devices.label(peer)}"
         started = f" started at {location}" if location else ""
         repeat = f" (started {times} times)" if times > 1 else ""
@@ -62,15 +67,24 @@ def _sites(copies: CopyCounts, devices: DeviceNames, device: int) -> list[str]:
     return phrases
 
 
-def _leftover_hint(recorder: Recorder, run: int, item: probes.LeftoverCount,
-                   kind: SemaphoreKind, devices: DeviceNames) -> str:
+def _leftover_hint(
+    recorder: Recorder,
+    run: int,
+    item: probes.LeftoverCount,
+    kind: SemaphoreKind,
+    devices: DeviceNames,
+) -> str:
     by = _signallers(recorder, run, item.semaphore_id, item.device_id, devices)
     if kind == "BARRIER":
-        return (f"the barrier semaphore was signalled more often than waited{by}: a "
-                "barrier signal never waited, or over-signalled")
+        return (
+            f"the barrier semaphore was signalled more often than waited{by}: a "
+            "barrier signal never waited, or over-signalled"
+        )
     if kind == "REGULAR":
-        return (f"signalled more than waited{by}: a semaphore_signal never waited, or "
-                "over-signalled; every signal needs a matching semaphore_wait")
+        return (
+            f"signalled more than waited{by}: a semaphore_signal never waited, or "
+            "over-signalled; every signal needs a matching semaphore_wait"
+        )
     recv = recorder.copies(run, item.semaphore_id, "recv", item.device_id)
     send = recorder.copies(run, item.semaphore_id, "send", item.device_id)
     if recv:
@@ -78,82 +92,114 @@ def _leftover_hint(recorder: Recorder, run: int, item: probes.LeftoverCount,
         local = all(peer == item.device_id for peer, _ in recv)
         fix = "wait on its handle" if local else "wait_recv (or wait) is missing"
         looped = any(times > 1 for times in recv.values())
-        loop = (" If it was started in a loop, the copy of the last iteration is "
-                "left in flight: wait for it after the loop (R4)." if looped else "")
+        loop = (
+            " If it was started in a loop, the copy of the last iteration is "
+            "left in flight: wait for it after the loop (R4)."
+            if looped
+            else ""
+        )
         one = "; or ".join(sites)
-        return (f"{one} was never waited on this device, or waited for fewer bytes "
-                f"than it moved: {fix} before the kernel returns.{loop}")
+        return (
+            f"{one} was never waited on this device, or waited for fewer bytes "
+            f"than it moved: {fix} before the kernel returns.{loop}"
+        )
     if send:
         parts: list[str] = []
-        for (peer, location), _times in sorted(send.items(), key=lambda kv: (kv[0][0],
-                                                                            kv[0][1] or "")):
+        for (peer, location), _times in sorted(
+            send.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
+        ):
             started = f" started at {location}" if location else ""
             parts.append(f"a remote copy to {devices.label(peer)}{started}")
-        return (f"the send side of {'; or '.join(parts)} was never waited: call "
-                "wait_send (or wait) on its handle before the kernel returns")
+        return (
+            f"the send side of {'; or '.join(parts)} was never waited: call "
+            "wait_send (or wait) on its handle before the kernel returns"
+        )
     return "a copy signalled it, but safedma saw none start on this device"
 
 
 def leftover_error(recorder: Recorder, devices: DeviceNames) -> LeftoverSemaphoreError | None:
     """R2/R4: every semaphore not back to zero once every device had finished."""
     reports: list[LeftoverSemaphore] = []
-    for run, item in sorted(recorder.leftovers,
-                            key=lambda r: (r[0], r[1].device_id, r[1].semaphore_id,
-                                           r[1].core_id)):
-        kind = _kind(recorder, run, item.semaphore_id, item.device_id, item.is_barrier,
-                     False)
-        reports.append(LeftoverSemaphore(
-            kernel=run, device_id=item.device_id, device=devices.label(item.device_id),
-            semaphore_id=item.semaphore_id, kind=kind, count=item.count,
-            hint=_leftover_hint(recorder, run, item, kind, devices),
-        ))
+    for run, item in sorted(
+        recorder.leftovers, key=lambda r: (r[0], r[1].device_id, r[1].semaphore_id, r[1].core_id)
+    ):
+        kind = _kind(recorder, run, item.semaphore_id, item.device_id, item.is_barrier, False)
+        reports.append(
+            LeftoverSemaphore(
+                kernel=run,
+                device_id=item.device_id,
+                device=devices.label(item.device_id),
+                semaphore_id=item.semaphore_id,
+                kind=kind,
+                count=item.count,
+                hint=_leftover_hint(recorder, run, item, kind, devices),
+            )
+        )
     return LeftoverSemaphoreError(reports) if reports else None
 
 
 def _stuck_hint(recorder: Recorder, run: int, w: probes.WaitStart, kind: SemaphoreKind) -> str:
     if kind == "BARRIER":
-        return ("the barrier semaphore is waited more often than it is signalled "
-                "(an over-waited barrier): each wait needs a signal from a peer")
+        return (
+            "the barrier semaphore is waited more often than it is signalled "
+            "(an over-waited barrier): each wait needs a signal from a peer"
+        )
     if kind == "REGULAR":
-        return ("the semaphore_signal this wait needs never comes: fewer signals "
-                "than waits")
+        return "the semaphore_signal this wait needs never comes: fewer signals than waits"
     recv = sum(recorder.copies(run, w.semaphore_id, "recv", w.device_id).values())
     send = sum(recorder.copies(run, w.semaphore_id, "send", w.device_id).values())
     if not recv and not send:
-        return ("no copy signalling this semaphore on this device was ever started: "
-                "the send this receiver waits for never comes (is the sender's start "
-                "skipped by a condition, or aimed at another device?)")
+        return (
+            "no copy signalling this semaphore on this device was ever started: "
+            "the send this receiver waits for never comes (is the sender's start "
+            "skipped by a condition, or aimed at another device?)"
+        )
     copies = recv + send
-    return (f"more is waited than was copied ({copies} cop{'ies' if copies != 1 else 'y'} "
-            "signalled it here): a handle waited twice, or a wait for a copy that "
-            "was never started")
+    return (
+        f"more is waited than was copied ({copies} cop{'ies' if copies != 1 else 'y'} "
+        "signalled it here): a handle waited twice, or a wait for a copy that "
+        "was never started"
+    )
 
 
-def _stuck_waits(recorder: Recorder, waits: Sequence[tuple[probes.WaitStart, int]],
-                 devices: DeviceNames) -> list[StuckWait]:
+def _stuck_waits(
+    recorder: Recorder, waits: Sequence[tuple[probes.WaitStart, int]], devices: DeviceNames
+) -> list[StuckWait]:
     reports: list[StuckWait] = []
-    for w, count in sorted(waits, key=lambda wc: (wc[0].device_id, wc[0].core_id,
-                                                  wc[0].semaphore_id)):
+    for w, count in sorted(
+        waits, key=lambda wc: (wc[0].device_id, wc[0].core_id, wc[0].semaphore_id)
+    ):
         run = recorder.run_index(w.run)
         kind = _kind(recorder, run, w.semaphore_id, w.device_id, w.is_barrier, w.is_dma)
-        reports.append(StuckWait(
-            device_id=w.device_id, device=devices.label(w.device_id),
-            semaphore_id=w.semaphore_id, kind=kind, value=w.value, count=count,
-            location=w.location, hint=_stuck_hint(recorder, run, w, kind),
-        ))
+        reports.append(
+            StuckWait(
+                device_id=w.device_id,
+                device=devices.label(w.device_id),
+                semaphore_id=w.semaphore_id,
+                kind=kind,
+                value=w.value,
+                count=count,
+                location=w.location,
+                hint=_stuck_hint(recorder, run, w, kind),
+            )
+        )
     return reports
 
 
-def unsatisfiable_error(recorder: Recorder, waits: Sequence[tuple[probes.WaitStart, int]],
-                        devices: DeviceNames, timeout_s: float,
-                        found_after_s: float) -> UnsatisfiableWaitError:
+def unsatisfiable_error(
+    recorder: Recorder,
+    waits: Sequence[tuple[probes.WaitStart, int]],
+    devices: DeviceNames,
+    timeout_s: float,
+    found_after_s: float,
+) -> UnsatisfiableWaitError:
     """R3: every device blocked, nothing left that could signal."""
-    return UnsatisfiableWaitError(_stuck_waits(recorder, waits, devices), timeout_s,
-                                  found_after_s)
+    return UnsatisfiableWaitError(_stuck_waits(recorder, waits, devices), timeout_s, found_after_s)
 
 
-def timeout_error(recorder: Recorder, devices: DeviceNames, timeout_s: float,
-                  stopped: bool) -> SimulationTimeoutError:
+def timeout_error(
+    recorder: Recorder, devices: DeviceNames, timeout_s: float, stopped: bool
+) -> SimulationTimeoutError:
     """The kernel was still making progress when ``timeout_s`` ran out: slow, not stuck."""
     waits = {w.device_id: w for w in recorder.waiting()}
     seen = recorder.last_seen()
@@ -163,8 +209,10 @@ def timeout_error(recorder: Recorder, devices: DeviceNames, timeout_s: float,
         if device in waits:
             w = waits[device]
             where = f" at {w.location}" if w.location else ""
-            lines.append(f"  {label} was waiting{where} on semaphore {w.semaphore_id} "
-                         "(a running device could still signal it)")
+            lines.append(
+                f"  {label} was waiting{where} on semaphore {w.semaphore_id} "
+                "(a running device could still signal it)"
+            )
         else:
             last = f", last seen at {seen[device]}" if device in seen else ""
             lines.append(f"  {label} was running{last}")
@@ -188,10 +236,10 @@ def failure_error(failure: Failure, devices: DeviceNames) -> KernelFailedError:
     on = f" on {device}" if device else ""
     at = f" at {location}" if location else ""
     text = str(error).strip().rstrip(".") or "(no message)"
-    others = ("" if devices.count == 1 else
-              " The other devices were stopped because of it.")
-    message = (f"the kernel failed in interpret mode{on}{at}: "
-               f"{type(error).__name__}: {text}.{others}")
+    others = "" if devices.count == 1 else " The other devices were stopped because of it."
+    message = (
+        f"the kernel failed in interpret mode{on}{at}: {type(error).__name__}: {text}.{others}"
+    )
     result = KernelFailedError(message, device=device, location=location)
     result.__cause__ = error
     return result

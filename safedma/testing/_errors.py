@@ -84,12 +84,15 @@ class RaceDetectedError(SimulationError):
         if first.location:
             where = f" at {first.location}"
         else:
-            where = (" while copying the kernel's outputs back after the body "
-                     "returned (a copy into an output was still in flight)")
+            where = (
+                " while copying the kernel's outputs back after the body "
+                "returned (a copy into an output was still in flight)"
+            )
         # The vector clocks in jax's report are object reprs (0.12) or raw
         # counters (0.10): noise for a reader, so they are left out here.
         report = "\n".join(
-            line for line in first.report.rstrip().splitlines()
+            line
+            for line in first.report.rstrip().splitlines()
             if not line.strip().startswith("clock:")
         )
         super().__init__(
@@ -163,8 +166,9 @@ class UnsatisfiableWaitError(SimulationError):
     could signal the semaphores they wait on; ``found_after_s`` says when.
     """
 
-    def __init__(self, waits: Sequence[StuckWait], timeout_s: float,
-                 found_after_s: float | None = None) -> None:
+    def __init__(
+        self, waits: Sequence[StuckWait], timeout_s: float, found_after_s: float | None = None
+    ) -> None:
         self.waits = tuple(waits)
         self.timeout_s = timeout_s
         self.found_after_s = found_after_s
@@ -176,8 +180,11 @@ class UnsatisfiableWaitError(SimulationError):
                 f"  {w.device} waits{where} on {w.kind} semaphore {w.semaphore_id} "
                 f"for {w.value}{unit}, the count is {w.count}: {w.hint}"
             )
-        after = (f"found after {found_after_s:.1f} s of timeout_s={timeout_s:g} s"
-                 if found_after_s is not None else f"timeout_s={timeout_s:g} s")
+        after = (
+            f"found after {found_after_s:.1f} s of timeout_s={timeout_s:g} s"
+            if found_after_s is not None
+            else f"timeout_s={timeout_s:g} s"
+        )
         super().__init__(
             "unsatisfiable wait (R3): every device is blocked and nothing left "
             f"running can signal what they wait for, so the kernel can never finish "
@@ -204,8 +211,9 @@ class KernelFailedError(SimulationError):
     ``__cause__`` is the original exception.
     """
 
-    def __init__(self, message: str, *, device: str | None = None,
-                 location: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, device: str | None = None, location: str | None = None
+    ) -> None:
         super().__init__(message)
         self.device = device
         self.location = location

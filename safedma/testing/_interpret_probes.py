@@ -141,10 +141,15 @@ class InterpretRun:
             with sem.cv:
                 values = [int(v) for v in sem.count_by_core]
             counts.extend(
-                LeftoverCount(semaphore_id=int(sem.id), device_id=gci // per_device,
-                              core_id=gci % per_device, count=value,
-                              is_barrier=self.is_barrier_semaphore(sem))
-                for gci, value in enumerate(values) if value != 0
+                LeftoverCount(
+                    semaphore_id=int(sem.id),
+                    device_id=gci // per_device,
+                    core_id=gci % per_device,
+                    count=value,
+                    is_barrier=self.is_barrier_semaphore(sem),
+                )
+                for gci, value in enumerate(values)
+                if value != 0
             )
         return counts
 
@@ -221,8 +226,9 @@ class InterpretObserver(Protocol):
     def kernel_exited(self, run: InterpretRun, device_id: int) -> None: ...
     def kernel_ended(self, run: InterpretRun, counts: Sequence[LeftoverCount]) -> None: ...
     def race_detected(self, race: RaceReport) -> None: ...
-    def run_failed(self, run: InterpretRun, error: BaseException,
-                   device_id: int | None) -> None: ...
+    def run_failed(
+        self, run: InterpretRun, error: BaseException, device_id: int | None
+    ) -> None: ...
     def callback_failed(self, error: BaseException) -> bool: ...
 
 
@@ -383,8 +389,7 @@ class Installed:
     stopping: str | None = None
     # The user's line per source_info: a kernel equation keeps one source_info
     # object, so a loop pays for the traceback walk once, not every iteration.
-    _locations: dict[int, tuple[object, str | None]] = dataclasses.field(
-        default_factory=lambda: {})
+    _locations: dict[int, tuple[object, str | None]] = dataclasses.field(default_factory=lambda: {})
 
     def location(self, source_info: object) -> str | None:
         if source_info is None:
@@ -416,15 +421,23 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
                 return int(self.count_by_core[gci])
 
         try:
-            probes.observer.wait_started(token, WaitStart(
-                run=run, semaphore_id=int(self.id), device_id=gci // per_device,
-                core_id=gci % per_device, global_core_id=gci, value=int(value),
-                is_dma=bool(kwargs.get("has_tasks", False)),
-                is_barrier=run.is_barrier_semaphore(self),
-                location=probes.location(
-                    getattr(kwargs.get("logging_info"), "source_info", None)),
-                read_count=read_count,
-            ))
+            probes.observer.wait_started(
+                token,
+                WaitStart(
+                    run=run,
+                    semaphore_id=int(self.id),
+                    device_id=gci // per_device,
+                    core_id=gci % per_device,
+                    global_core_id=gci,
+                    value=int(value),
+                    is_dma=bool(kwargs.get("has_tasks", False)),
+                    is_barrier=run.is_barrier_semaphore(self),
+                    location=probes.location(
+                        getattr(kwargs.get("logging_info"), "source_info", None)
+                    ),
+                    read_count=read_count,
+                ),
+            )
             return orig(self, value, global_core_id, *args, **kwargs)
         finally:
             probes.observer.wait_finished(token)
@@ -440,10 +453,15 @@ def _probe_signal(orig: Any, probes: Installed) -> object:
         sender = getattr(info, "device_id", None)
         if source is not None and isinstance(sender, int):  # semaphore_signal, not a DMA
             run = InterpretRun(self.shared_memory)
-            probes.observer.semaphore_signalled(SignalSent(
-                run=run, semaphore_id=int(self.id),
-                device_id=int(global_core_id) // run.cores_per_device,
-                sender_device_id=sender, location=probes.location(source)))
+            probes.observer.semaphore_signalled(
+                SignalSent(
+                    run=run,
+                    semaphore_id=int(self.id),
+                    device_id=int(global_core_id) // run.cores_per_device,
+                    sender_device_id=sender,
+                    location=probes.location(source),
+                )
+            )
         return result
 
     return signal
@@ -453,14 +471,16 @@ def _probe_dma_init(orig: Any, probes: Installed) -> object:
     def dma_init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         src_sem = self.src_sem
-        probes.observer.dma_started(DmaStart(
-            run=InterpretRun(self.dst_sem.shared_memory),
-            src_device_id=int(self.src_device_id),
-            dst_device_id=int(self.dst_device_id),
-            send_semaphore_id=None if src_sem is None else int(src_sem.id),
-            recv_semaphore_id=int(self.dst_sem.id),
-            location=probes.location(self.source_info),
-        ))
+        probes.observer.dma_started(
+            DmaStart(
+                run=InterpretRun(self.dst_sem.shared_memory),
+                src_device_id=int(self.src_device_id),
+                dst_device_id=int(self.dst_device_id),
+                send_semaphore_id=None if src_sem is None else int(src_sem.id),
+                recv_semaphore_id=int(self.dst_sem.id),
+                location=probes.location(self.source_info),
+            )
+        )
 
     return dma_init
 
@@ -495,8 +515,9 @@ def _probe_set_failed(orig: Any, probes: Installed) -> object:
         if device is None and isinstance(thread, tuple) and thread:
             device = cast("tuple[object, ...]", thread)[0]
         if isinstance(error, BaseException):
-            probes.observer.run_failed(InterpretRun(self), error,
-                                       None if device is None else int(cast(int, device)))
+            probes.observer.run_failed(
+                InterpretRun(self), error, None if device is None else int(cast(int, device))
+            )
         return orig(self, *args, **kwargs)
 
     return set_failed
@@ -531,10 +552,15 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
                     buffer = tuple(bound.get("buffer_key", ()))
                 except Exception:  # only for messages
                     accessor, buffer = (-1, -1), ()
-                probes.observer.race_detected(RaceReport(
-                    access=access, accessor=accessor, buffer=buffer,
-                    location=user_location(bound.get("source_info")), message=message,
-                ))
+                probes.observer.race_detected(
+                    RaceReport(
+                        access=access,
+                        accessor=accessor,
+                        buffer=buffer,
+                        location=user_location(bound.get("source_info")),
+                        message=message,
+                    )
+                )
                 raise
 
         return check
@@ -622,49 +648,131 @@ class _Probe:
 
 
 _PROBES: tuple[_Probe, ...] = (
-    _Probe(_SHM, "Semaphore", "wait", _probe_wait, why=(
-        "who waits on which semaphore for what: interpret mode polls a wait that "
-        "nothing can satisfy forever, with no hook to see it (R3, deadlock check)")),
-    _Probe(_SHM, "Semaphore", "signal", _probe_signal, why=(
-        "which device signalled which semaphore from which line (semaphore_signal "
-        "passes its source_info only to jax's optional logging): the hints of a "
-        "leftover REGULAR or BARRIER count (R2)")),
-    _Probe(_IPC, "DMA", "__init__", _probe_dma_init, why=(
-        "which copy signals which semaphore on which device, started at which "
-        "line: the hints of R2/R3 (no public record of started copies)")),
-    _Probe(_SHM, "SharedMemory", "get_sempahores_with_nonzero_count", _probe_exit, why=(
-        "(sic) called once per device by _validate when its kernel body returns: "
-        "a device that exited cannot signal any more (deadlock check)")),
-    _Probe(_IPC, None, "_clear_shared_memory", _probe_clear, why=(
-        "the clean-up barrier's action, run once every device has finished: the "
-        "one moment every count is final. _validate reads each device as it exits "
-        "(a peer may still signal it) and prints only the first leftover (R2)")),
-    _Probe(_SHM, "SharedMemory", "set_failed", _probe_set_failed, why=(
-        "the first failure of a run is its root cause; the error XLA hands back "
-        "is whichever device failed first in XLA, often a secondary "
-        "BrokenBarrierError (jax's own TODO in SharedMemory.check_failed)")),
-    _Probe(_SHM, "SharedMemory", "allocate_buffer", _probe_allocate, why=(
-        "every device allocates its buffers on its own thread at kernel start: "
-        "names the device of an error raised outside the interpreter "
-        "(a jax.debug.callback), which jax does not record")),
-    _Probe(_RDS, "RaceDetectionState", "check_read", _probe_race_check("read"), why=(
-        "who raced on which buffer: jax only formats it into its message (R1)")),
-    _Probe(_RDS, "RaceDetectionState", "check_write", _probe_race_check("write"), why=(
-        "who raced on which buffer, for a write: jax only formats it into its message (R1)")),
-    _Probe(_RDS, None, "print", _probe_race_print,
-           only_if=lambda: not races_raise_natively(), absent_ok=True, why=(
-               "jax 0.10 only prints a race and sets a flag (no on_race parameter "
-               "before 0.11); a module-level print that raises stops at the first race "
-               "as 0.12 does (R1)")),
-    _Probe(_IPC, None, "print", _probe_exit_print, absent_ok=True, why=(
-        "_validate prints the first leftover semaphore of each device to stdout; "
-        "simulate raises LeftoverSemaphoreError listing all of them, so the print "
-        "is only noise (module-level print shadowed, other prints pass through)")),
-    _Probe(_IPC, None, "_shared_memory_init_lock", _probe_init_lock, why=(
-        "interpret mode has one global simulated TPU (jax's TODO at "
-        "_shared_memory: 'support multiple instances'); a plain interpret-mode "
-        "kernel started in another thread would join or clear simulate's state "
-        "(seen as AssertionError in _get_shared_memory); refused at its first step")),
+    _Probe(
+        _SHM,
+        "Semaphore",
+        "wait",
+        _probe_wait,
+        why=(
+            "who waits on which semaphore for what: interpret mode polls a wait that "
+            "nothing can satisfy forever, with no hook to see it (R3, deadlock check)"
+        ),
+    ),
+    _Probe(
+        _SHM,
+        "Semaphore",
+        "signal",
+        _probe_signal,
+        why=(
+            "which device signalled which semaphore from which line (semaphore_signal "
+            "passes its source_info only to jax's optional logging): the hints of a "
+            "leftover REGULAR or BARRIER count (R2)"
+        ),
+    ),
+    _Probe(
+        _IPC,
+        "DMA",
+        "__init__",
+        _probe_dma_init,
+        why=(
+            "which copy signals which semaphore on which device, started at which "
+            "line: the hints of R2/R3 (no public record of started copies)"
+        ),
+    ),
+    _Probe(
+        _SHM,
+        "SharedMemory",
+        "get_sempahores_with_nonzero_count",
+        _probe_exit,
+        why=(
+            "(sic) called once per device by _validate when its kernel body returns: "
+            "a device that exited cannot signal any more (deadlock check)"
+        ),
+    ),
+    _Probe(
+        _IPC,
+        None,
+        "_clear_shared_memory",
+        _probe_clear,
+        why=(
+            "the clean-up barrier's action, run once every device has finished: the "
+            "one moment every count is final. _validate reads each device as it exits "
+            "(a peer may still signal it) and prints only the first leftover (R2)"
+        ),
+    ),
+    _Probe(
+        _SHM,
+        "SharedMemory",
+        "set_failed",
+        _probe_set_failed,
+        why=(
+            "the first failure of a run is its root cause; the error XLA hands back "
+            "is whichever device failed first in XLA, often a secondary "
+            "BrokenBarrierError (jax's own TODO in SharedMemory.check_failed)"
+        ),
+    ),
+    _Probe(
+        _SHM,
+        "SharedMemory",
+        "allocate_buffer",
+        _probe_allocate,
+        why=(
+            "every device allocates its buffers on its own thread at kernel start: "
+            "names the device of an error raised outside the interpreter "
+            "(a jax.debug.callback), which jax does not record"
+        ),
+    ),
+    _Probe(
+        _RDS,
+        "RaceDetectionState",
+        "check_read",
+        _probe_race_check("read"),
+        why=("who raced on which buffer: jax only formats it into its message (R1)"),
+    ),
+    _Probe(
+        _RDS,
+        "RaceDetectionState",
+        "check_write",
+        _probe_race_check("write"),
+        why=("who raced on which buffer, for a write: jax only formats it into its message (R1)"),
+    ),
+    _Probe(
+        _RDS,
+        None,
+        "print",
+        _probe_race_print,
+        only_if=lambda: not races_raise_natively(),
+        absent_ok=True,
+        why=(
+            "jax 0.10 only prints a race and sets a flag (no on_race parameter "
+            "before 0.11); a module-level print that raises stops at the first race "
+            "as 0.12 does (R1)"
+        ),
+    ),
+    _Probe(
+        _IPC,
+        None,
+        "print",
+        _probe_exit_print,
+        absent_ok=True,
+        why=(
+            "_validate prints the first leftover semaphore of each device to stdout; "
+            "simulate raises LeftoverSemaphoreError listing all of them, so the print "
+            "is only noise (module-level print shadowed, other prints pass through)"
+        ),
+    ),
+    _Probe(
+        _IPC,
+        None,
+        "_shared_memory_init_lock",
+        _probe_init_lock,
+        why=(
+            "interpret mode has one global simulated TPU (jax's TODO at "
+            "_shared_memory: 'support multiple instances'); a plain interpret-mode "
+            "kernel started in another thread would join or clear simulate's state "
+            "(seen as AssertionError in _get_shared_memory); refused at its first step"
+        ),
+    ),
 )
 
 _MISSING = object()
@@ -695,10 +803,16 @@ def _check_signatures() -> None:
     """Parameters the probes read by name; checked once, before anything is patched."""
     shm, ipc, rds = (_interpret_module(m) for m in (_SHM, _IPC, _RDS))
     needs: list[tuple[str, object, tuple[str, ...]]] = [
-        (f"{_SHM}.Semaphore.wait", getattr(shm.Semaphore, "wait", None),
-         ("value", "global_core_id", "has_tasks", "logging_info")),
-        (f"{_SHM}.SharedMemory.set_failed", getattr(shm.SharedMemory, "set_failed", None),
-         ("exception", "top_level")),
+        (
+            f"{_SHM}.Semaphore.wait",
+            getattr(shm.Semaphore, "wait", None),
+            ("value", "global_core_id", "has_tasks", "logging_info"),
+        ),
+        (
+            f"{_SHM}.SharedMemory.set_failed",
+            getattr(shm.SharedMemory, "set_failed", None),
+            ("exception", "top_level"),
+        ),
     ]
     for where, fn, names in needs:
         try:
@@ -713,10 +827,12 @@ def _check_signatures() -> None:
             raise moved(f"{_IPC}.DMA.{field}", "field missing")
     for method in ("check_read", "check_write"):
         params = set(inspect.signature(getattr(rds.RaceDetectionState, method)).parameters)
-        if "buffer_key" not in params or not ({"thread"} <= params
-                                              or {"device_id", "local_core_id"} <= params):
-            raise moved(f"{_RDS}.RaceDetectionState.{method}",
-                        f"unexpected parameters {sorted(params)}")
+        if "buffer_key" not in params or not (
+            {"thread"} <= params or {"device_id", "local_core_id"} <= params
+        ):
+            raise moved(
+                f"{_RDS}.RaceDetectionState.{method}", f"unexpected parameters {sorted(params)}"
+            )
 
 
 _lock = threading.Lock()
@@ -826,4 +942,3 @@ def callback_failures(observer: InterpretObserver) -> Generator[None, None, None
     finally:
         for logger in loggers:
             logger.removeFilter(seen)
-

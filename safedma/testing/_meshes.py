@@ -14,7 +14,12 @@ from jax.typing import ArrayLike
 from safedma.testing._errors import NotEnoughDevicesError
 
 __all__ = [
-    "DeviceNames", "Specs", "bytes_per_device", "default_spec", "place", "simulated_mesh",
+    "DeviceNames",
+    "Specs",
+    "bytes_per_device",
+    "default_spec",
+    "place",
+    "simulated_mesh",
     "specs",
 ]
 
@@ -86,8 +91,10 @@ def default_spec(mesh: Mesh) -> PartitionSpec:
 
 
 def specs(
-    given: PartitionSpec | Sequence[PartitionSpec] | None, default: PartitionSpec,
-    *, arguments: bool,
+    given: PartitionSpec | Sequence[PartitionSpec] | None,
+    default: PartitionSpec,
+    *,
+    arguments: bool,
 ) -> Specs:
     """The caller's specs in the form shard_map matches against ``fn``'s pytrees."""
     # The arguments are always a tuple; the outputs keep whatever sequence type
@@ -111,8 +118,12 @@ def place(args: Sequence[ArrayLike], in_specs: Specs, mesh: Mesh) -> tuple[jax.A
                 "one PartitionSpec per argument, or a single one for all"
             )
     return tuple(
-        cast(jax.Array, jax.device_put(  # pyright: ignore[reportUnknownMemberType]
-            a, NamedSharding(mesh, s)))
+        cast(
+            jax.Array,
+            jax.device_put(  # pyright: ignore[reportUnknownMemberType]
+                a, NamedSharding(mesh, s)
+            ),
+        )
         for a, s in zip(args, per_arg)
     )
 
@@ -128,8 +139,9 @@ def bytes_per_device(value: object) -> int:
     local = tuple(shape)
     if callable(shard_shape):
         try:
-            local = tuple(cast("Callable[[tuple[int, ...]], tuple[int, ...]]", shard_shape)(
-                tuple(shape)))
+            local = tuple(
+                cast("Callable[[tuple[int, ...]], tuple[int, ...]]", shard_shape)(tuple(shape))
+            )
         except Exception:  # only a size estimate; a sharding it cannot split is whole
             local = tuple(shape)
     return int(math.prod(int(d) for d in local)) * int(np.dtype(dtype).itemsize)

@@ -161,16 +161,12 @@ def abstract_mesh(
     sizes = tuple(int(s) for s in axis_sizes)
     names = tuple(axis_names)
     if len(sizes) != len(names):
-        raise ValueError(
-            f"axis_sizes {sizes} and axis_names {names} differ in length"
-        )
+        raise ValueError(f"axis_sizes {sizes} and axis_names {names} differ in length")
     axis_types = (AxisType.Auto,) * len(names)
     if tpu is None:
         return AbstractMesh(sizes, names, axis_types=axis_types)
     if tpu not in TPU_GENERATIONS:
-        raise ValueError(
-            f"unknown TPU generation {tpu!r}; known: {', '.join(TPU_GENERATIONS)}"
-        )
+        raise ValueError(f"unknown TPU generation {tpu!r}; known: {', '.join(TPU_GENERATIONS)}")
     kind, cores = TPU_GENERATIONS[tpu]
     device = _abstract_device(device_kind=kind, num_cores=cores, platform="tpu")
     return AbstractMesh(sizes, names, axis_types=axis_types, abstract_device=device)
@@ -178,9 +174,7 @@ def abstract_mesh(
 
 # jax.sharding.AbstractDevice (jax 0.10.2 and 0.12) is a dataclass jax leaves
 # partly unannotated; typed once here.
-_abstract_device = cast(
-    "Callable[..., object]", getattr(jax.sharding, "AbstractDevice")
-)
+_abstract_device = cast("Callable[..., object]", getattr(jax.sharding, "AbstractDevice"))
 
 
 def _mesh_context(
@@ -198,7 +192,8 @@ def _exported_stablehlo(
 ) -> str:
     with _mesh_context(mesh):
         exported = jax.export.export(
-            jax.jit(fn), platforms=["tpu"]  # pyright: ignore[reportUnknownMemberType]
+            jax.jit(fn),
+            platforms=["tpu"],  # pyright: ignore[reportUnknownMemberType]
         )(*args)
     return str(exported.mlir_module())
 
@@ -241,9 +236,7 @@ def _rename_kernel(module: ir.Module, kernel_name: str | None) -> None:
             ir.SymbolTable.replace_all_symbol_uses(name, KERNEL_PLACEHOLDER, top)
 
 
-def _kernel_from_custom_call(
-    op: ir.Operation, index: int, normalize_names: bool
-) -> MosaicKernel:
+def _kernel_from_custom_call(op: ir.Operation, index: int, normalize_names: bool) -> MosaicKernel:
     kernel_name = _string_attr(op, "kernel_name")
     raw_config = _string_attr(op, "backend_config")
     if raw_config is None:
@@ -264,9 +257,7 @@ def _kernel_from_custom_call(
     if not isinstance(text, str):
         raise TypeError(f"MLIR printed {type(text).__name__}, expected str")
     kept = dict(config)
-    kept["custom_call_config"] = {
-        k: v for k, v in fields.items() if k not in _CONFIG_SKIP
-    }
+    kept["custom_call_config"] = {k: v for k, v in fields.items() if k not in _CONFIG_SKIP}
     aliases = ""
     if "output_operand_aliases" in op.attributes:
         aliases = str(op.attributes["output_operand_aliases"])
@@ -318,13 +309,12 @@ def _render(
 ) -> str:
     if not kernels:
         raise ValueError(
-            f"{_describe(fn)} lowers to no {_TARGET}: there is no Mosaic kernel"
-            " to compare"
+            f"{_describe(fn)} lowers to no {_TARGET}: there is no Mosaic kernel to compare"
         )
     count = len(kernels)
-    return "\n\n".join(
-        k.render(count=count, normalize_names=normalize_names) for k in kernels
-    ) + "\n"
+    return (
+        "\n\n".join(k.render(count=count, normalize_names=normalize_names) for k in kernels) + "\n"
+    )
 
 
 def mosaic_text(
@@ -386,8 +376,5 @@ def assert_same_mosaic(
     if len(diff) > _MAX_DIFF_LINES:
         hidden = len(diff) - _MAX_DIFF_LINES
         diff = diff[:_MAX_DIFF_LINES] + [f"... ({hidden} more diff lines)"]
-    message = (
-        f"Mosaic differs between {name_a} (-) and {name_b} (+):\n"
-        + "\n".join(diff)
-    )
+    message = f"Mosaic differs between {name_a} (-) and {name_b} (+):\n" + "\n".join(diff)
     raise MosaicMismatchError(message, text_a, text_b)

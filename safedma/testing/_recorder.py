@@ -102,8 +102,7 @@ class Recorder:
         with self._lock:
             run = self._run_index(signal.run)
             key = (run, signal.semaphore_id, "signal", signal.device_id)
-            self._dmas.setdefault(key, Counter())[(signal.sender_device_id,
-                                                   signal.location)] += 1
+            self._dmas.setdefault(key, Counter())[(signal.sender_device_id, signal.location)] += 1
             self._sequence += 1
 
     def device_thread(self, run: probes.InterpretRun, device_id: int) -> None:
@@ -116,8 +115,9 @@ class Recorder:
             self._exited.add((run.key, device_id))
             self._sequence += 1
 
-    def kernel_ended(self, run: probes.InterpretRun,
-                     counts: Sequence[probes.LeftoverCount]) -> None:
+    def kernel_ended(
+        self, run: probes.InterpretRun, counts: Sequence[probes.LeftoverCount]
+    ) -> None:
         with self._lock:
             index = self._run_index(run)
             if run.key not in self._failed_runs:
@@ -125,16 +125,17 @@ class Recorder:
 
     def race_detected(self, race: probes.RaceReport) -> None:
         who = race.accessor[0]
-        accessor = (self._devices.label(who) if 0 <= who < self._devices.count
-                    else f"DMA #{who}")
+        accessor = self._devices.label(who) if 0 <= who < self._devices.count else f"DMA #{who}"
         owner_id = race.buffer[2] if len(race.buffer) > 2 else None
         owner = self._devices.label(owner_id) if isinstance(owner_id, int) else None
         with self._lock:
-            self.races.append(Race(race.access, accessor, owner, race.buffer,
-                                   race.location, race.message))
+            self.races.append(
+                Race(race.access, accessor, owner, race.buffer, race.location, race.message)
+            )
 
-    def run_failed(self, run: probes.InterpretRun, error: BaseException,
-                   device_id: int | None) -> None:
+    def run_failed(
+        self, run: probes.InterpretRun, error: BaseException, device_id: int | None
+    ) -> None:
         with self._lock:
             self._run_index(run)
             self._seen_errors.add(id(error))
@@ -181,8 +182,11 @@ class Recorder:
     def devices_seen(self) -> set[int]:
         """Every device a probe heard from (a program may bring its own shard_map)."""
         with self._lock:
-            return {*self._threads.values(), *self._last_seen,
-                    *(w.device_id for w in self._waits.values())}
+            return {
+                *self._threads.values(),
+                *self._last_seen,
+                *(w.device_id for w in self._waits.values()),
+            }
 
     def last_seen(self) -> dict[int, str]:
         with self._lock:

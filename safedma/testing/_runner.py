@@ -56,7 +56,8 @@ _CONFIRM_S = 0.3
 
 # jaxlib's exception class is untyped for pyright.
 _JaxRuntimeError = cast(
-    "type[Exception]", jax.errors.JaxRuntimeError  # pyright: ignore[reportUnknownMemberType]
+    "type[Exception]",
+    jax.errors.JaxRuntimeError,  # pyright: ignore[reportUnknownMemberType]
 )
 
 
@@ -140,8 +141,7 @@ def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -
 _busy = threading.Lock()
 
 
-def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
-                   config: SimulationConfig) -> T:
+def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:
     """Run ``fn(*args)`` as ``config`` says; the outputs, or the error that explains the run."""
     if not _busy.acquire(blocking=False):
         raise RuntimeError(
@@ -156,16 +156,16 @@ def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike],
         _busy.release()
 
 
-def _program(fn: Callable[..., T], args: Sequence[ArrayLike],
-             config: SimulationConfig) -> tuple[Callable[..., T], tuple[object, ...]]:
+def _program(
+    fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig
+) -> tuple[Callable[..., T], tuple[object, ...]]:
     if config.mesh is None:
         return fn, tuple(args)
     default = meshes.default_spec(config.mesh)
     ins = meshes.specs(config.in_specs, default, arguments=True)
     outs = meshes.specs(config.out_specs, default, arguments=False)
     placed = meshes.place(args, ins, config.mesh)
-    program = jax.shard_map(fn, mesh=config.mesh, in_specs=ins, out_specs=outs,
-                            check_vma=False)
+    program = jax.shard_map(fn, mesh=config.mesh, in_specs=ins, out_specs=outs, check_vma=False)
     return program, placed
 
 
@@ -192,11 +192,11 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         with probes.force_interpret_params(params):
             lowered = jax.jit(fresh).lower(*placed)  # pyright: ignore[reportUnknownMemberType]
             # Output infos carry their global shape and (under a mesh) sharding.
-            outputs = cast("list[object]", jax.tree.leaves(
-                cast(object, lowered.out_info)))  # pyright: ignore[reportUnknownMemberType]
+            outputs = cast("list[object]", jax.tree.leaves(cast(object, lowered.out_info)))  # pyright: ignore[reportUnknownMemberType]
             _refuse_unsupported(devices, [*placed, *outputs])
-            many = _jax_before(0, 11) and _device_count(
-                devices, [*placed, *outputs]) >= _MANY_DEVICES
+            many = (
+                _jax_before(0, 11) and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
+            )
             compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
 
         outcome = _Outcome()
@@ -217,8 +217,9 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             worker.start()
             try:
                 try:
-                    verdict = _watch(recorder, outcome, installed, devices, config,
-                                     many_devices_on_old_jax=many)
+                    verdict = _watch(
+                        recorder, outcome, installed, devices, config, many_devices_on_old_jax=many
+                    )
                 except BaseException:
                     # Interrupted (KeyboardInterrupt, a signal handler's exception):
                     # stop the run on every device before letting it through.
@@ -240,9 +241,15 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
     return cast(T, outcome.value)
 
 
-def _watch(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
-           devices: meshes.DeviceNames, config: SimulationConfig, *,
-           many_devices_on_old_jax: bool = False) -> SimulationError | None:
+def _watch(
+    recorder: Recorder,
+    outcome: _Outcome,
+    installed: probes.Installed,
+    devices: meshes.DeviceNames,
+    config: SimulationConfig,
+    *,
+    many_devices_on_old_jax: bool = False,
+) -> SimulationError | None:
     """Wait for the run, stopping it as soon as its outcome is known; the verdict, if any."""
     start = time.monotonic()
     deadline = start + config.timeout_s
@@ -266,17 +273,19 @@ def _watch(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
             since = None if blocked is None else (now, blocked)
         elif now - since[0] >= _CONFIRM_S:
             verdict: SimulationError = diagnosis.unsatisfiable_error(
-                recorder, blocked.waits, devices, config.timeout_s, now - start)
+                recorder, blocked.waits, devices, config.timeout_s, now - start
+            )
             return _stopped(verdict, _stop(recorder, outcome, installed, str(verdict)))
         if now >= deadline:
-            running = diagnosis.timeout_error(recorder, devices, config.timeout_s,
-                                              stopped=True)
+            running = diagnosis.timeout_error(recorder, devices, config.timeout_s, stopped=True)
             if many_devices_on_old_jax and not recorder.waiting():
                 running = SimulationTimeoutError(
                     f"{running}\n\nOn jax {jax.__version__} with 8 or more devices, a "
                     "buffer of 100 KiB or more per device (a VMEM or SMEM scratch, too) "
                     "makes interpret mode hang before the kernel starts; jax 0.12 "
-                    "does not.", stopped=True)
+                    "does not.",
+                    stopped=True,
+                )
             return _stopped(running, _stop(recorder, outcome, installed, str(running)))
     return None
 
@@ -293,8 +302,14 @@ def _stopped(verdict: SimulationError, stopped: bool) -> SimulationError:
     return error
 
 
-def _stop(recorder: Recorder, outcome: _Outcome, installed: probes.Installed,
-          reason: str, *, abort_now: bool = False) -> bool:
+def _stop(
+    recorder: Recorder,
+    outcome: _Outcome,
+    installed: probes.Installed,
+    reason: str,
+    *,
+    abort_now: bool = False,
+) -> bool:
     """Fail the run on every device and wait for it to end; False if it would not."""
     installed.stopping = f"stopped by safedma.testing.simulate: {reason}"
     stop = probes.StopRun(installed.stopping)
@@ -337,8 +352,12 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
-def _classify(recorder: Recorder, devices: meshes.DeviceNames,
-              verdict: SimulationError | None, outcome: _Outcome) -> BaseException | None:
+def _classify(
+    recorder: Recorder,
+    devices: meshes.DeviceNames,
+    verdict: SimulationError | None,
+    outcome: _Outcome,
+) -> BaseException | None:
     """The error to raise for this run, root cause first, or None if it was clean."""
     if recorder.races:
         return _chain(RaceDetectedError(recorder.races), outcome.error)
@@ -349,8 +368,10 @@ def _classify(recorder: Recorder, devices: meshes.DeviceNames,
     if outcome.error is not None:
         err = outcome.error
         if isinstance(err, _JaxRuntimeError):
-            return _chain(KernelFailedError(
-                f"the kernel failed in interpret mode: {_last_line(str(err))}"), err)
+            return _chain(
+                KernelFailedError(f"the kernel failed in interpret mode: {_last_line(str(err))}"),
+                err,
+            )
         return err
     return diagnosis.leftover_error(recorder, devices)
 

@@ -63,7 +63,11 @@ def simulate(
     loop touches one buffer n times costs time quadratic in n; keep simulated
     loops to hundreds of iterations and give ``timeout_s`` room to match.
     """
-    config = SimulationConfig(mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                              timeout_s=timeout_s,
-                              uninitialized_memory=uninitialized_memory)
+    config = SimulationConfig(
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        timeout_s=timeout_s,
+        uninitialized_memory=uninitialized_memory,
+    )
     return run_simulation(fn, args, config)

@@ -47,8 +47,7 @@ def test_barrier_with_a_tag_needs_no_collective_id() -> None:
 def test_barrier_with_a_tag_on_old_jax_is_a_clear_error() -> None:
     with pytest.raises(safedma.UnsupportedByJaxError) as err:
         trace_on_mesh(_tagged_barrier_kernel, collective_id=None)
-    assert_mentions(err, "barrier_semaphore(tag='neighbours')", "needs jax 0.12",
-                    "collective_id")
+    assert_mentions(err, "barrier_semaphore(tag='neighbours')", "needs jax 0.12", "collective_id")
 
 
 @pytest.fixture
@@ -75,8 +74,7 @@ def test_without_auto_ids_the_missing_id_is_still_caught() -> None:
     with pytest.raises(safedma.MissingCollectiveIdError) as err:
         trace_on_mesh(_untagged_barrier_kernel, collective_id=None)
     if NEW_JAX:
-        assert_mentions(err, "barrier_semaphore(tag=...)",
-                        "jax_pallas_auto_assign_collective_ids")
+        assert_mentions(err, "barrier_semaphore(tag=...)", "jax_pallas_auto_assign_collective_ids")
 
 
 def test_read_of_the_barrier_semaphore() -> None:
@@ -150,8 +148,9 @@ def test_core_axis_index_out_of_range_is_caught() -> None:
 
 
 def test_core_kernel_lowers_like_pl_kernel() -> None:
-    assert_same_mosaic(_on_cores(_swap_cores, "safedma.core_kernel"),
-                       _on_cores(_swap_cores_pltpu, "pl.kernel"), X)
+    assert_same_mosaic(
+        _on_cores(_swap_cores, "safedma.core_kernel"), _on_cores(_swap_cores_pltpu, "pl.kernel"), X
+    )
 
 
 def test_prefetch_scalar_grid_spec_takes_typed_scratch() -> None:
@@ -160,8 +159,10 @@ def test_prefetch_scalar_grid_spec_takes_typed_scratch() -> None:
         safedma.LocalCopy(buf, o_ref.at[0], sem).start().wait()
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        num_scalar_prefetch=1,
+        grid=(),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
         scratch_shapes=[safedma.vmem(SHAPE[1:], F32), safedma.dma_semaphore()],
     )
     call = safedma.pallas_call(kernel, X, grid_spec=grid_spec)

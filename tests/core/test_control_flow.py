@@ -68,8 +68,12 @@ def test_each_traced_block_is_its_own_frame_with_its_kind() -> None:
     trace(kernel, [VMEM], entry="pl.pallas_call", grid=(2,))
     kinds = {name: kind for name, (_, kind) in seen.items()}
     assert kinds == {
-        "body": FlowKind.OTHER, "when": FlowKind.BRANCH, "cond": FlowKind.BRANCH,
-        "fori_loop": FlowKind.LOOP, "while_loop": FlowKind.LOOP, "run_scoped": FlowKind.ONCE,
+        "body": FlowKind.OTHER,
+        "when": FlowKind.BRANCH,
+        "cond": FlowKind.BRANCH,
+        "fori_loop": FlowKind.LOOP,
+        "while_loop": FlowKind.LOOP,
+        "run_scoped": FlowKind.ONCE,
     }
     body = seen["body"][0]
     assert len({id(frame) for frame, _ in seen.values()}) == len(seen)
@@ -90,12 +94,20 @@ def test_static_positions_of_semaphore_views() -> None:
         found["2d at[1, 2]"] = _compat.static_positions(grid_sems.at[1, 2])
         found["2d at[1]"] = _compat.static_positions(grid_sems.at[1])
 
-    trace(kernel, [pltpu.SemaphoreType.DMA((4,)), pltpu.SemaphoreType.DMA((2, 3))],
-          entry="pl.pallas_call", grid=(2,))
+    trace(
+        kernel,
+        [pltpu.SemaphoreType.DMA((4,)), pltpu.SemaphoreType.DMA((2, 3))],
+        entry="pl.pallas_call",
+        grid=(2,),
+    )
     assert found == {
-        "whole": frozenset({0, 1, 2, 3}), "at[2]": frozenset({2}),
-        "at[ds(1,2)].at[1]": frozenset({2}), "at[i]": None, "at[ds(i,2)].at[0]": None,
-        "2d at[1, 2]": frozenset({5}), "2d at[1]": frozenset({3, 4, 5}),
+        "whole": frozenset({0, 1, 2, 3}),
+        "at[2]": frozenset({2}),
+        "at[ds(1,2)].at[1]": frozenset({2}),
+        "at[i]": None,
+        "at[ds(i,2)].at[0]": None,
+        "2d at[1, 2]": frozenset({5}),
+        "2d at[1]": frozenset({3, 4, 5}),
     }
 
 
@@ -122,10 +134,15 @@ def test_handle_started_in_a_fori_loop_waited_after_it() -> None:
     with pytest.raises(safedma.HandleEscapedError) as err:
         trace(kernel, [VMEM, DMA])
     assert_mentions(
-        err, f"{THIS_FILE}:{line}", "LocalCopy x_ref.at[...] float32[8,128] -> buf.at[...]",
-        "inside a loop body", "tied to the loop iteration that started it",
-        "wait the handle inside the loop body", "copy.started_elsewhere().wait()",
-        "captures constants", "safedma.testing.verify(...)",
+        err,
+        f"{THIS_FILE}:{line}",
+        "LocalCopy x_ref.at[...] float32[8,128] -> buf.at[...]",
+        "inside a loop body",
+        "tied to the loop iteration that started it",
+        "wait the handle inside the loop body",
+        "copy.started_elsewhere().wait()",
+        "captures constants",
+        "safedma.testing.verify(...)",
     )
     assert isinstance(err.value, ValueError)  # what jax raised for it
 
@@ -175,8 +192,12 @@ def test_handle_started_under_pl_when_waited_after_it() -> None:
 
     with pytest.raises(safedma.HandleEscapedError) as err:
         trace(kernel, [VMEM, DMA], grid=(2,))
-    assert_mentions(err, "inside a branch (pl.when / lax.cond)",
-                    "Wait it inside the same branch", "copy.started_elsewhere().wait()")
+    assert_mentions(
+        err,
+        "inside a branch (pl.when / lax.cond)",
+        "Wait it inside the same branch",
+        "copy.started_elsewhere().wait()",
+    )
 
 
 def test_remote_handle_started_in_a_loop_waited_after_it() -> None:
@@ -260,9 +281,11 @@ def test_waits_in_two_branches_or_a_branch_and_after_are_left_to_verify() -> Non
 
 def test_copy_started_in_a_branch_and_waited_nowhere() -> None:
     def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        jax.lax.cond(pl.program_id(0) == 0,
-                     lambda: None if safedma.LocalCopy(x_ref, buf, sem).start() else None,
-                     lambda: None)
+        jax.lax.cond(
+            pl.program_id(0) == 0,
+            lambda: None if safedma.LocalCopy(x_ref, buf, sem).start() else None,
+            lambda: None,
+        )
 
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace(kernel, [VMEM, DMA], grid=(2,))

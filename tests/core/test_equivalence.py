@@ -51,14 +51,19 @@ def test_pallas_call_wrapper_adds_nothing() -> None:
 
     def wrapped(x: jax.Array) -> jax.Array:
         return sd.pallas_call(
-            sdk.scale_copy, jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[calls.HBM],
-            out_specs=calls.HBM, scratch_shapes=[sd.vmem(x.shape, x.dtype), sd.dma_semaphore()],
+            sdk.scale_copy,
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[calls.HBM],
+            out_specs=calls.HBM,
+            scratch_shapes=[sd.vmem(x.shape, x.dtype), sd.dma_semaphore()],
         )(x)
 
     def plain(x: jax.Array) -> jax.Array:
         result: jax.Array = pl.pallas_call(
-            twin.scale_copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[calls.HBM], out_specs=calls.HBM,
+            twin.scale_copy,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[calls.HBM],
+            out_specs=calls.HBM,
             scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())],
         )(x)
         return result

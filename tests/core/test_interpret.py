@@ -41,10 +41,15 @@ def test_double_buffered_loop(rows: int) -> None:
 def test_remote_ring_permute_four_devices(dtype: jnp.dtype) -> None:
     mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
     x = jax.device_put(calls.example_input((4 * 8, 128), dtype), NamedSharding(mesh, P("x")))
-    ring = calls.ring_permute_call(sd.checked(sdk.ring_permute), mesh,
-                                   interpret=calls.strict_interpret())
-    reference = jax.jit(jax.shard_map(
-        lambda b: jax.lax.ppermute(b, "x", [(i, (i + 1) % 4) for i in range(4)]),
-        mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-    ))
+    ring = calls.ring_permute_call(
+        sd.checked(sdk.ring_permute), mesh, interpret=calls.strict_interpret()
+    )
+    reference = jax.jit(
+        jax.shard_map(
+            lambda b: jax.lax.ppermute(b, "x", [(i, (i + 1) % 4) for i in range(4)]),
+            mesh=mesh,
+            in_specs=P("x"),
+            out_specs=P("x"),
+        )
+    )
     np.testing.assert_array_equal(np.asarray(ring(x)), np.asarray(reference(x)))

@@ -23,7 +23,6 @@ import safedma
 from tests.support.tracing import (
     DMA,
     ENTRIES,
-    F32,
     TWO_DMA,
     VMEM,
     assert_mentions,
@@ -49,9 +48,14 @@ def test_t7_local_copy_never_waited(entry: str) -> None:
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace(leaky_kernel, [VMEM, DMA], entry=entry)
     assert_mentions(
-        err, "kernel 'leaky_kernel'", "1 copy was started and never waited",
+        err,
+        "kernel 'leaky_kernel'",
+        "1 copy was started and never waited",
         "LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128]",
-        "started at ", THIS_FILE, "wait() never called", *_T7_FIX,
+        "started at ",
+        THIS_FILE,
+        "wait() never called",
+        *_T7_FIX,
     )
     assert isinstance(err.value, RuntimeError)
 
@@ -105,8 +109,9 @@ def test_t7_several_copies_never_waited_are_all_listed() -> None:
 
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace(kernel, [VMEM, *TWO_DMA])
-    message = assert_mentions(err, "2 copies were", "x_ref float32[2,8,128] -> buf",
-                              "buf float32[2,8,128] -> o_ref")
+    message = assert_mentions(
+        err, "2 copies were", "x_ref float32[2,8,128] -> buf", "buf float32[2,8,128] -> o_ref"
+    )
     assert message.count("never called") == 2
 
 
@@ -143,8 +148,9 @@ def test_t7_copy_started_in_run_scoped_never_waited() -> None:
 
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace(kernel)
-    assert_mentions(err, "LocalCopy x_ref float32[2,8,128] -> float32[2,8,128]",
-                    "wait() never called")
+    assert_mentions(
+        err, "LocalCopy x_ref float32[2,8,128] -> float32[2,8,128]", "wait() never called"
+    )
 
 
 def test_t7_wait_on_another_semaphore_does_not_discharge() -> None:
@@ -164,8 +170,10 @@ def test_t7_remote_copy_receive_side_never_waited() -> None:
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace_on_mesh(kernel, TWO_DMA)
     message = assert_mentions(
-        err, "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
-        "wait_recv() never called", *_T7_FIX,
+        err,
+        "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
+        "wait_recv() never called",
+        *_T7_FIX,
     )
     assert "wait_send() never called" not in message
 
@@ -203,8 +211,13 @@ def test_t8_local_handle_waited_twice(entry: str) -> None:
     with pytest.raises(safedma.HandleWaitedTwiceError) as err:
         trace(_wait_twice, [VMEM, DMA], entry=entry)
     message = assert_mentions(
-        err, "wait() on the handle of LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128]",
-        "called twice", "first at", "again at", "hangs", "Keep one of these two waits",
+        err,
+        "wait() on the handle of LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128]",
+        "called twice",
+        "first at",
+        "again at",
+        "hangs",
+        "Keep one of these two waits",
     )
     assert message.count(THIS_FILE) == 3  # where it was started, first and second wait
     assert isinstance(err.value, RuntimeError)
@@ -215,8 +228,12 @@ def test_t8_handle_waited_twice_is_caught_without_the_kernel_scope() -> None:
     # scope, the refs' parameter names and the start site are unknown).
     with pytest.raises(safedma.HandleWaitedTwiceError) as err:
         trace(_wait_twice, [VMEM, DMA], entry="pl.pallas_call")
-    message = assert_mentions(err, "LocalCopy float32[2,8,128] -> float32[2,8,128]",
-                              "called twice", "Keep one of these two waits")
+    message = assert_mentions(
+        err,
+        "LocalCopy float32[2,8,128] -> float32[2,8,128]",
+        "called twice",
+        "Keep one of these two waits",
+    )
     assert message.count(THIS_FILE) == 2
 
 
@@ -239,8 +256,12 @@ def test_t8_remote_wait_then_wait_recv() -> None:
 
     with pytest.raises(safedma.HandleWaitedTwiceError) as err:
         trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "wait_recv() on the handle of RemoteCopy x_ref float32[2,8,128]",
-                    "called twice", "Keep one of these two waits")
+    assert_mentions(
+        err,
+        "wait_recv() on the handle of RemoteCopy x_ref float32[2,8,128]",
+        "called twice",
+        "Keep one of these two waits",
+    )
 
 
 def test_t8_remote_wait_send_twice() -> None:
@@ -278,8 +299,13 @@ def test_t7_started_elsewhere_on_another_slot_does_not_discharge() -> None:
 
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace(kernel, [VMEM, safedma.dma_semaphores(2)])
-    message = assert_mentions(err, "1 copy was", "x_ref.at[...] float32[8,128] -> buf.at[...]",
-                              "same semaphore slot", VERIFY)
+    message = assert_mentions(
+        err,
+        "1 copy was",
+        "x_ref.at[...] float32[8,128] -> buf.at[...]",
+        "same semaphore slot",
+        VERIFY,
+    )
     assert message.count("never called") == 1
 
 
@@ -319,8 +345,11 @@ def test_a_static_started_elsewhere_wait_on_the_right_slot_passes() -> None:
 def test_t7_remote_receive_slot_is_per_slot_too() -> None:
     def kernel(x_ref, o_ref, send_sems, recv_sems):  # type: ignore[no-untyped-def]
         def copy(slot):  # type: ignore[no-untyped-def]
-            return (safedma.RemoteCopy(x_ref.at[slot], o_ref.at[slot], recv_sems.at[slot])
-                    .with_send_sem(send_sems.at[slot]).to(safedma.neighbour("x")))
+            return (
+                safedma.RemoteCopy(x_ref.at[slot], o_ref.at[slot], recv_sems.at[slot])
+                .with_send_sem(send_sems.at[slot])
+                .to(safedma.neighbour("x"))
+            )
 
         copy(1).start().wait_send()
         copy(0).incoming().wait_recv()  # slot 0: cannot be the receive of slot 1's copy
@@ -404,9 +433,14 @@ def _started_once_waited_in_a_loop(x_ref, o_ref, buf, sem):  # type: ignore[no-u
     jax.lax.fori_loop(0, 2, body, 0)
 
 
-@pytest.mark.parametrize("kernel", [
-    _wait_twice_through_elsewhere, _elsewhere_without_a_start, _started_once_waited_in_a_loop,
-])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        _wait_twice_through_elsewhere,
+        _elsewhere_without_a_start,
+        _started_once_waited_in_a_loop,
+    ],
+)
 def test_counts_are_left_to_verify(kernel: object) -> None:
     """Whether more is waited than started depends on counts the trace cannot see.
 

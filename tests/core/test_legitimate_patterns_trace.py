@@ -80,8 +80,12 @@ def _call(
         )
     assert entry == "pl.pallas_call(safedma.checked)"
     return pl.pallas_call(
-        safedma.checked(kernel), out_shape=out, in_specs=[ANY], out_specs=ANY,
-        scratch_shapes=scratch, **kwargs,
+        safedma.checked(kernel),
+        out_shape=out,
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=scratch,
+        **kwargs,
     )
 
 
@@ -118,16 +122,18 @@ def run_on_mesh(
     names = ("x",) if len(mesh_shape) == 1 else ("x", "y")
     mesh: Mesh = jax.make_mesh(mesh_shape, names)
     spec = P(*names)
-    global_shape = tuple(n * s for n, s in zip(SHAPE, mesh_shape)) + SHAPE[len(mesh_shape):]
+    global_shape = tuple(n * s for n, s in zip(SHAPE, mesh_shape)) + SHAPE[len(mesh_shape) :]
 
     def sharded(interpret: object | None) -> Callable[[jax.Array], Any]:
         def per_device(x: jax.Array) -> Any:
             out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-            return _call(kernel, out, scratch, entry=entry, interpret=interpret,
-                         collective_id=collective_id)(x)
+            return _call(
+                kernel, out, scratch, entry=entry, interpret=interpret, collective_id=collective_id
+            )(x)
 
-        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec,
-                                     check_vma=False))
+        return jax.jit(
+            jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+        )
 
     x = jax.device_put(
         jnp.arange(np.prod(global_shape), dtype=F32).reshape(global_shape),
@@ -159,7 +165,8 @@ def test_start_then_wait_each_handle(entry: str) -> None:
         copy_in.start().wait()
 
     x, y = run_local(
-        kernel, [safedma.vmem(SHAPE, F32), safedma.dma_semaphore(), safedma.dma_semaphore()],
+        kernel,
+        [safedma.vmem(SHAPE, F32), safedma.dma_semaphore(), safedma.dma_semaphore()],
         entry=entry,
     )
     np.testing.assert_array_equal(y, x + 1.0)
@@ -247,8 +254,12 @@ def test_double_buffering_in_a_fori_loop() -> None:
 
     x, y = run_local(
         kernel,
-        [safedma.vmem((2, *CHUNK), F32), safedma.vmem(CHUNK, F32),
-         safedma.dma_semaphores(2), safedma.dma_semaphore()],
+        [
+            safedma.vmem((2, *CHUNK), F32),
+            safedma.vmem(CHUNK, F32),
+            safedma.dma_semaphores(2),
+            safedma.dma_semaphore(),
+        ],
     )
     np.testing.assert_array_equal(y, x * 2.0 + 1.0)
 
@@ -273,8 +284,8 @@ def test_double_buffering_across_grid_steps() -> None:
         safedma.LocalCopy(buf.at[i % 2], o_ref.at[i], out_sem).start().wait()
 
     x, y = run_local(
-        kernel, [safedma.vmem((2, *CHUNK), F32), safedma.dma_semaphores(2),
-                 safedma.dma_semaphore()],
+        kernel,
+        [safedma.vmem((2, *CHUNK), F32), safedma.dma_semaphores(2), safedma.dma_semaphore()],
         grid=(N,),
     )
     np.testing.assert_array_equal(y, x)
@@ -369,8 +380,9 @@ def test_remote_copy_into_vmem() -> None:
     def kernel(x_ref, o_ref, buf, send_sem, recv_sem, local_sem):  # type: ignore[no-untyped-def]
         _barrier_with_neighbours()
         left = safedma.neighbour("x", -1)
-        safedma.RemoteCopy(x_ref.at[0], buf, recv_sem).with_send_sem(send_sem).to(left) \
-            .start().wait()
+        safedma.RemoteCopy(x_ref.at[0], buf, recv_sem).with_send_sem(send_sem).to(
+            left
+        ).start().wait()
         buf[...] = buf[...] + 0.5
         for i in range(N):
             safedma.LocalCopy(buf, o_ref.at[i], local_sem).start().wait()
@@ -397,23 +409,32 @@ def _shift_2d(a: np.ndarray, dx: int, dy: int) -> np.ndarray:
 
 def _remote_to(target: Callable[[], safedma.Device]) -> Kernel:
     def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        safedma.RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem).to(target()) \
-            .start().wait()
+        safedma.RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem).to(
+            target()
+        ).start().wait()
 
     return kernel
 
 
 _TARGETS_2D = [
-    pytest.param(lambda: safedma.device({"y": (safedma.my_index("y") + 1) % 4}), (0, 1),
-                 id="dict_one_axis"),
-    pytest.param(lambda: safedma.device(x=(safedma.my_index("x") + 1) % 2,
-                                        y=(safedma.my_index("y") + 3) % 4), (1, 3),
-                 id="dict_both_axes"),
-    pytest.param(lambda: safedma.device({"x": 1 - safedma.my_index("x")}), (1, 0),
-                 id="dict_other_axis"),
-    pytest.param(lambda: safedma.mesh_coords(safedma.my_index("x"),
-                                             (safedma.my_index("y") + 2) % 4), (0, 2),
-                 id="mesh_coords"),
+    pytest.param(
+        lambda: safedma.device({"y": (safedma.my_index("y") + 1) % 4}), (0, 1), id="dict_one_axis"
+    ),
+    pytest.param(
+        lambda: safedma.device(
+            x=(safedma.my_index("x") + 1) % 2, y=(safedma.my_index("y") + 3) % 4
+        ),
+        (1, 3),
+        id="dict_both_axes",
+    ),
+    pytest.param(
+        lambda: safedma.device({"x": 1 - safedma.my_index("x")}), (1, 0), id="dict_other_axis"
+    ),
+    pytest.param(
+        lambda: safedma.mesh_coords(safedma.my_index("x"), (safedma.my_index("y") + 2) % 4),
+        (0, 2),
+        id="mesh_coords",
+    ),
     pytest.param(lambda: safedma.neighbour("y", -1), (0, -1), id="neighbour_y"),
 ]
 
@@ -434,12 +455,14 @@ def test_static_dict_device_id_on_a_2d_mesh_traces() -> None:
 
     def per_device(x: jax.Array) -> Any:
         out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        return _call(kernel, out, [safedma.dma_semaphore()] * 2,
-                     entry="safedma.pallas_call", interpret=None)(x)
+        return _call(
+            kernel, out, [safedma.dma_semaphore()] * 2, entry="safedma.pallas_call", interpret=None
+        )(x)
 
     x = jax.ShapeDtypeStruct((2 * N, 32, 128), F32, sharding=NamedSharding(mesh, spec))
-    f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec,
-                              check_vma=False))
+    f = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    )
     assert jax.eval_shape(f, x).shape == (2 * N, 32, 128)
 
 
@@ -486,6 +509,7 @@ def test_handle_waited_under_pl_when_c_and_pl_when_not_c() -> None:
     def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
         first = pl.program_id(0) == 0
         handle = safedma.LocalCopy(x_ref, o_ref, sem).start()
+
         # A def, not a lambda: wait() returns the destination ref, and a
         # pl.when / cond body must return nothing.
         def wait() -> None:
@@ -522,8 +546,12 @@ def test_write_back_pipeline_over_grid_steps() -> None:
 
     x, y = run_local(
         kernel,
-        [safedma.vmem(CHUNK, F32), safedma.vmem((2, *CHUNK), F32), safedma.dma_semaphore(),
-         safedma.dma_semaphores(2)],
+        [
+            safedma.vmem(CHUNK, F32),
+            safedma.vmem((2, *CHUNK), F32),
+            safedma.dma_semaphore(),
+            safedma.dma_semaphores(2),
+        ],
         grid=(N,),
     )
     np.testing.assert_array_equal(y, x * 2.0)
@@ -550,8 +578,12 @@ def test_write_back_pipeline_in_a_fori_loop() -> None:
 
     x, y = run_local(
         kernel,
-        [safedma.vmem(CHUNK, F32), safedma.vmem((2, *CHUNK), F32), safedma.dma_semaphore(),
-         safedma.dma_semaphores(2)],
+        [
+            safedma.vmem(CHUNK, F32),
+            safedma.vmem((2, *CHUNK), F32),
+            safedma.dma_semaphore(),
+            safedma.dma_semaphores(2),
+        ],
     )
     np.testing.assert_array_equal(y, x + 3.0)
 
@@ -589,10 +621,12 @@ def test_static_slots_waited_through_started_elsewhere() -> None:
 
 def test_handles_in_a_list_and_a_dict() -> None:
     def kernel(x_ref, o_ref, sems):  # type: ignore[no-untyped-def]
-        handles = [safedma.LocalCopy(x_ref.at[i], o_ref.at[i], sems.at[i]).start()
-                   for i in range(N - 1)]
-        by_name = {"last": safedma.LocalCopy(x_ref.at[N - 1], o_ref.at[N - 1],
-                                             sems.at[N - 1]).start()}
+        handles = [
+            safedma.LocalCopy(x_ref.at[i], o_ref.at[i], sems.at[i]).start() for i in range(N - 1)
+        ]
+        by_name = {
+            "last": safedma.LocalCopy(x_ref.at[N - 1], o_ref.at[N - 1], sems.at[N - 1]).start()
+        }
         for handle in handles:
             handle.wait()
         by_name["last"].wait()
@@ -603,8 +637,12 @@ def test_handles_in_a_list_and_a_dict() -> None:
 
 def test_remote_handle_waited_in_each_branch() -> None:
     def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
-        handle = (safedma.RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem)
-                  .to(safedma.neighbour("x")).start())
+        handle = (
+            safedma.RemoteCopy(x_ref, o_ref, recv_sem)
+            .with_send_sem(send_sem)
+            .to(safedma.neighbour("x"))
+            .start()
+        )
         even = safedma.my_index("x") % 2 == 0
 
         @pl.when(even)

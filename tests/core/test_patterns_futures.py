@@ -106,6 +106,7 @@ def test_errors_in_a_half_name_the_body_parameters() -> None:
 
 def test_start_kernel_still_checks_other_copies() -> None:
     """Only the future's semaphore is handed on: another copy left in flight is reported."""
+
     def leaks(x: sd.DataRef, o: sd.DataRef, sem: sd.SemRef) -> None:
         def body(other: sd.SemRef) -> None:
             sd.LocalCopy(x, o, other).start()
@@ -132,13 +133,22 @@ def test_vmem_destination_matches_raw() -> None:
             pltpu.make_async_copy(x_ref, o_ref, sem).wait()
 
         x, out, sem = pl.pallas_call(
-            start, out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), pltpu.VMEM(x.shape, x.dtype),
-                              pltpu.SemaphoreType.DMA(())),
-            in_specs=[hbm], out_specs=(hbm, vmem, sem_spec), input_output_aliases={0: 0},
+            start,
+            out_shape=(
+                jax.ShapeDtypeStruct(x.shape, x.dtype),
+                pltpu.VMEM(x.shape, x.dtype),
+                pltpu.SemaphoreType.DMA(()),
+            ),
+            in_specs=[hbm],
+            out_specs=(hbm, vmem, sem_spec),
+            input_output_aliases={0: 0},
         )(x)
         result: jax.Array = pl.pallas_call(
-            done, out_shape=pltpu.VMEM(x.shape, x.dtype), in_specs=[hbm, vmem, sem_spec],
-            out_specs=vmem, input_output_aliases={1: 0},
+            done,
+            out_shape=pltpu.VMEM(x.shape, x.dtype),
+            in_specs=[hbm, vmem, sem_spec],
+            out_specs=vmem,
+            input_output_aliases={1: 0},
         )(x, out, sem)
         return result
 

@@ -108,6 +108,7 @@ def test_a_static_index_outside_the_array_is_caught(select: Any, index: str) -> 
 
 def test_jax_alone_accepts_the_out_of_range_index() -> None:
     """The check adds something: the raw kernel lowers with the bad index."""
+
     def kernel(x: Any, o: Any, sems: Any) -> None:
         c = pltpu.make_async_copy(x, o, sems.at[1, 3])
         c.start()

@@ -33,12 +33,14 @@ def test_pipeline_and_sync_copy_match_raw() -> None:
 
 def test_raw_emit_pipeline_inside_a_checked_kernel_is_accepted() -> None:
     """A kernel keeps jax's pipeline as it is and adds safedma copies around it."""
+
     def kernel(x: sd.DataRef, o: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef) -> None:
         pltpu.emit_pipeline(ck._double, grid=(4,), in_specs=[SPEC], out_specs=[SPEC])(x, o)
         sd.LocalCopy(o.at[pl.ds(0, 8)], buf, sem).start().wait()
 
-    mosaic_text(local_call(kernel, [sd.vmem(ck.BLOCK, jnp.float32), sd.dma_semaphore()]), X,
-                mesh=TPU)
+    mosaic_text(
+        local_call(kernel, [sd.vmem(ck.BLOCK, jnp.float32), sd.dma_semaphore()]), X, mesh=TPU
+    )
 
 
 def test_a_copy_left_in_flight_in_the_pipeline_body_is_reported() -> None:

@@ -20,6 +20,7 @@ VMEM = pltpu.VMEM((32, 128), jnp.float32)
 
 # --- DMA on a REGULAR semaphore ---------------------------------------------------
 
+
 def _counted(x: sd.DataRef, o: sd.DataRef, flag: sd.RegularSem) -> None:
     sd.CountedCopy(x.at[pl.ds(0, 16)], o.at[pl.ds(0, 16)], flag).start().wait()
     sd.CountedCopy(x.at[pl.ds(16, 8)], o.at[pl.ds(16, 8)], flag).start()
@@ -58,6 +59,7 @@ def test_a_counted_copy_needs_a_regular_semaphore() -> None:
 
 
 # --- LOGICAL device ids -----------------------------------------------------------
+
 
 def _logical(x: sd.DataRef, o: sd.DataRef, send: sd.SemRef, recv: sd.SemRef) -> None:
     target = (sd.my_index("x") + 1) % 4
@@ -125,16 +127,24 @@ def test_logical_remote_signal_matches_raw() -> None:
 
 # --- run_scoped: many scratch shapes, keywords, collective_axes -------------------
 
+
 def _scoped(x: sd.DataRef, o: sd.DataRef) -> None:
-    def body(a: sd.DataRef, b: sd.DataRef, sems: sd.SemArray2, one: sd.SemRef,
-             flag: sd.RegularSem) -> None:
+    def body(
+        a: sd.DataRef, b: sd.DataRef, sems: sd.SemArray2, one: sd.SemRef, flag: sd.RegularSem
+    ) -> None:
         sd.LocalCopy(x, a, sems.at[0, 1]).start().wait()
         sd.LocalCopy(a, b, one).start().wait()
         sd.signal(flag)
         sd.wait(flag)
 
-    sd.run_scoped(body, sd.vmem((32, 128), jnp.float32), sd.vmem((32, 128), jnp.float32),
-                  sd.dma_semaphores((2, 2)), sd.dma_semaphore(), sd.regular_semaphore())
+    sd.run_scoped(
+        body,
+        sd.vmem((32, 128), jnp.float32),
+        sd.vmem((32, 128), jnp.float32),
+        sd.dma_semaphores((2, 2)),
+        sd.dma_semaphore(),
+        sd.regular_semaphore(),
+    )
 
     def named(*, buf: sd.DataRef, sem: sd.SemRef) -> None:
         sd.LocalCopy(buf, o, sem).start().wait()
@@ -151,8 +161,14 @@ def _scoped_raw(x: Any, o: Any) -> None:
         pl.semaphore_signal(flag, 1)
         pl.semaphore_wait(flag, 1)
 
-    pl.run_scoped(body, VMEM, VMEM, pltpu.SemaphoreType.DMA((2, 2)), pltpu.SemaphoreType.DMA(()),
-                  pltpu.SemaphoreType.REGULAR(()))
+    pl.run_scoped(
+        body,
+        VMEM,
+        VMEM,
+        pltpu.SemaphoreType.DMA((2, 2)),
+        pltpu.SemaphoreType.DMA(()),
+        pltpu.SemaphoreType.REGULAR(()),
+    )
 
     def named(*, buf: Any, sem: Any) -> None:
         c = pltpu.make_async_copy(buf, o, sem)
@@ -187,6 +203,7 @@ def test_run_scoped_passes_collective_axes() -> None:
 
 # --- priority from a variable -----------------------------------------------------
 
+
 @pytest.mark.parametrize("level", [0, 1])
 def test_priority_from_a_variable_matches_raw(level: int) -> None:
     def ours(x: sd.DataRef, o: sd.DataRef, sem: sd.SemRef) -> None:
@@ -197,8 +214,11 @@ def test_priority_from_a_variable_matches_raw(level: int) -> None:
         c.start(priority=level)
         c.wait()
 
-    assert_same_mosaic(local_call(ours, [sd.dma_semaphore()]),
-                       local_call(raw, [pltpu.SemaphoreType.DMA(())], checked=False), X)
+    assert_same_mosaic(
+        local_call(ours, [sd.dma_semaphore()]),
+        local_call(raw, [pltpu.SemaphoreType.DMA(())], checked=False),
+        X,
+    )
 
 
 @pytest.mark.parametrize("level", [2, -1, True, 1.0])
@@ -208,6 +228,7 @@ def test_priority_outside_0_1_is_caught(level: Any) -> None:
 
 
 # --- select_ref -------------------------------------------------------------------
+
 
 def _select(x: sd.DataRef, o: sd.DataRef, a: sd.DataRef, b: sd.DataRef, sems: sd.SemArray) -> None:
     i = pl.program_id(0) % 2
@@ -226,10 +247,14 @@ def _select_raw(x: Any, o: Any, a: Any, b: Any, sems: Any) -> None:
 
 
 def test_select_ref_for_refs_and_semaphores_matches_raw() -> None:
-    ours = local_call(_select, [sd.vmem((32, 128), jnp.float32), sd.vmem((32, 128), jnp.float32),
-                                sd.dma_semaphores(2)], grid=(2,))
-    theirs = local_call(_select_raw, [VMEM, VMEM, pltpu.SemaphoreType.DMA((2,))], checked=False,
-                        grid=(2,))
+    ours = local_call(
+        _select,
+        [sd.vmem((32, 128), jnp.float32), sd.vmem((32, 128), jnp.float32), sd.dma_semaphores(2)],
+        grid=(2,),
+    )
+    theirs = local_call(
+        _select_raw, [VMEM, VMEM, pltpu.SemaphoreType.DMA((2,))], checked=False, grid=(2,)
+    )
     assert_same_mosaic(ours, theirs, X)
 
 
@@ -244,5 +269,8 @@ def test_select_ref_of_mixed_kinds_or_shapes_is_caught() -> None:
         sd.select_ref(pl.program_id(0), a, b)
 
     with pytest.raises(sd.CopyShapeMismatchError, match="one shape"):
-        trace(local_call(shapes, [sd.vmem((32, 128), jnp.float32), sd.vmem((8, 128), jnp.float32)],
-                         grid=(2,)))
+        trace(
+            local_call(
+                shapes, [sd.vmem((32, 128), jnp.float32), sd.vmem((8, 128), jnp.float32)], grid=(2,)
+            )
+        )

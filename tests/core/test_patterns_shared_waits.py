@@ -83,6 +83,7 @@ def test_moe_without_the_size_waits_is_still_reported() -> None:
 
 def test_a_wait_before_the_start_in_trace_order_settles_it() -> None:
     """Pipelined loops wait the previous step's copies before starting the next."""
+
     def kernel(x: sd.DataRef, o: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef) -> None:
         @pl.when(pl.program_id(0) > 0)
         def _() -> None:
@@ -94,8 +95,9 @@ def test_a_wait_before_the_start_in_trace_order_settles_it() -> None:
 
 
 def test_wait_copies_of_a_copy_on_another_semaphore_is_caught() -> None:
-    def kernel(x: sd.DataRef, o: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef,
-               other: sd.SemRef) -> None:
+    def kernel(
+        x: sd.DataRef, o: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef, other: sd.SemRef
+    ) -> None:
         copy = sd.LocalCopy(x, buf, other)
         copy.start()
         sd.wait_copies(sem, copy)

@@ -36,7 +36,8 @@ def _views_raw(x: Any, o: Any, buf: Any, sem: Any) -> None:
 def test_views_match_raw() -> None:
     ours = local_call(_views, [sd.vmem((16, 256), jnp.int32), sd.dma_semaphore()])
     theirs = local_call(
-        _views_raw, [pltpu.VMEM((16, 256), jnp.int32), pltpu.SemaphoreType.DMA(())],
+        _views_raw,
+        [pltpu.VMEM((16, 256), jnp.int32), pltpu.SemaphoreType.DMA(())],
         checked=False,
     )
     assert_same_mosaic(ours, theirs, X)

@@ -23,7 +23,6 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
@@ -41,6 +40,7 @@ from tests.support.tracing import (
     trace,
     trace_on_mesh,
 )
+
 # A known gap must fail only because the error is missing, not for another reason.
 DID_NOT_RAISE = pytest.fail.Exception
 
@@ -55,8 +55,13 @@ def test_t1_local_shape_mismatch() -> None:
     with pytest.raises(safedma.CopyShapeMismatchError) as err:
         trace(kernel, [safedma.vmem((1, 8, 128), F32), DMA])
     assert_mentions(
-        err, "LocalCopy", "x_ref float32[2,8,128]", "buf float32[1,8,128]",
-        "(2, 8, 128) and (1, 8, 128)", ".at[pl.ds(start, size)]", "shapes match",
+        err,
+        "LocalCopy",
+        "x_ref float32[2,8,128]",
+        "buf float32[1,8,128]",
+        "(2, 8, 128) and (1, 8, 128)",
+        ".at[pl.ds(start, size)]",
+        "shapes match",
     )
     assert isinstance(err.value, ValueError)  # existing `except ValueError` keeps working
 
@@ -67,8 +72,9 @@ def test_t1_local_shape_mismatch_of_views() -> None:
 
     with pytest.raises(safedma.CopyShapeMismatchError) as err:
         trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "x_ref.at[...] float32[8,128]", "buf.at[...] float32[4,128]",
-                    "(8, 128) and (4, 128)")
+    assert_mentions(
+        err, "x_ref.at[...] float32[8,128]", "buf.at[...] float32[4,128]", "(8, 128) and (4, 128)"
+    )
 
 
 def test_t1_shape_mismatch_is_caught_on_a_wait_only_path() -> None:
@@ -88,8 +94,12 @@ def test_t1_remote_shape_mismatch() -> None:
     with pytest.raises(safedma.CopyShapeMismatchError) as err:
         trace_on_mesh(kernel, TWO_DMA)
     assert_mentions(
-        err, "RemoteCopy", "x_ref.at[...] float32[8,128]", "o_ref float32[2,8,128]",
-        "(8, 128) and (2, 8, 128)", ".at[pl.ds(start, size)]",
+        err,
+        "RemoteCopy",
+        "x_ref.at[...] float32[8,128]",
+        "o_ref float32[2,8,128]",
+        "(8, 128) and (2, 8, 128)",
+        ".at[pl.ds(start, size)]",
     )
 
 
@@ -103,8 +113,13 @@ def test_t2_local_dtype_mismatch() -> None:
     with pytest.raises(safedma.CopyDtypeMismatchError) as err:
         trace(kernel, [safedma.vmem(SHAPE, jnp.bfloat16), DMA])
     assert_mentions(
-        err, "LocalCopy", "x_ref float32[2,8,128]", "buf bfloat16[2,8,128]",
-        "float32 and bfloat16", "does not convert", ".astype()",
+        err,
+        "LocalCopy",
+        "x_ref float32[2,8,128]",
+        "buf bfloat16[2,8,128]",
+        "float32 and bfloat16",
+        "does not convert",
+        ".astype()",
     )
     assert isinstance(err.value, TypeError)
 
@@ -130,19 +145,38 @@ def test_t2_remote_dtype_mismatch_into_vmem() -> None:
 # ------------------------------------------------- T3: device id does not fit the mesh
 
 _T3_1D: list[tuple[str, Callable[[], safedma.Device], tuple[str, ...]]] = [
-    ("arity", lambda: safedma.mesh_coords(0, 1),
-     ("mesh_coords got 2 coordinate(s)", "1-D mesh", "{'x': 4}", "one coordinate per axis",
-      "safedma.device(axis=index)")),
-    ("unknown_axis", lambda: safedma.device(y=0),
-     ("unknown mesh axis 'y'", "['x']", "jax.shard_map")),
-    ("index_too_large", lambda: safedma.device(x=4),
-     ("device index 4", "axis 'x' of size 4", "0 to 3", "% 4", "safedma.neighbour")),
-    ("index_negative", lambda: safedma.device(x=-1),
-     ("device index -1", "axis 'x' of size 4", "% 4")),
-    ("mesh_coords_index_too_large", lambda: safedma.mesh_coords(5),
-     ("device index 5", "axis 'x' of size 4")),
-    ("no_axis", lambda: safedma.device(),
-     ("needs at least one axis", "device(x=0)", "{'x': 4}")),
+    (
+        "arity",
+        lambda: safedma.mesh_coords(0, 1),
+        (
+            "mesh_coords got 2 coordinate(s)",
+            "1-D mesh",
+            "{'x': 4}",
+            "one coordinate per axis",
+            "safedma.device(axis=index)",
+        ),
+    ),
+    (
+        "unknown_axis",
+        lambda: safedma.device(y=0),
+        ("unknown mesh axis 'y'", "['x']", "jax.shard_map"),
+    ),
+    (
+        "index_too_large",
+        lambda: safedma.device(x=4),
+        ("device index 4", "axis 'x' of size 4", "0 to 3", "% 4", "safedma.neighbour"),
+    ),
+    (
+        "index_negative",
+        lambda: safedma.device(x=-1),
+        ("device index -1", "axis 'x' of size 4", "% 4"),
+    ),
+    (
+        "mesh_coords_index_too_large",
+        lambda: safedma.mesh_coords(5),
+        ("device index 5", "axis 'x' of size 4"),
+    ),
+    ("no_axis", lambda: safedma.device(), ("needs at least one axis", "device(x=0)", "{'x': 4}")),
 ]
 
 
@@ -162,18 +196,32 @@ def test_t3_device_id_on_1d_mesh(
 
 
 _T3_2D: list[tuple[str, Callable[[], safedma.Device], tuple[str, ...]]] = [
-    ("too_few_coords", lambda: safedma.mesh_coords(0),
-     ("mesh_coords got 1 coordinate(s)", "2-D mesh", "{'x': 2, 'y': 4}")),
-    ("too_many_coords", lambda: safedma.mesh_coords(0, 1, 2),
-     ("mesh_coords got 3 coordinate(s)", "2-D mesh")),
-    ("unknown_axis", lambda: safedma.device({"z": 0}),
-     ("unknown mesh axis 'z'", "['x', 'y']")),
-    ("x_out_of_range", lambda: safedma.device({"x": 2, "y": 0}),
-     ("device index 2", "axis 'x' of size 2", "0 to 1", "% 2")),
-    ("y_out_of_range", lambda: safedma.device(y=4),
-     ("device index 4", "axis 'y' of size 4", "% 4")),
-    ("coord_out_of_range", lambda: safedma.mesh_coords(0, 4),
-     ("device index 4", "axis 'y' of size 4")),
+    (
+        "too_few_coords",
+        lambda: safedma.mesh_coords(0),
+        ("mesh_coords got 1 coordinate(s)", "2-D mesh", "{'x': 2, 'y': 4}"),
+    ),
+    (
+        "too_many_coords",
+        lambda: safedma.mesh_coords(0, 1, 2),
+        ("mesh_coords got 3 coordinate(s)", "2-D mesh"),
+    ),
+    ("unknown_axis", lambda: safedma.device({"z": 0}), ("unknown mesh axis 'z'", "['x', 'y']")),
+    (
+        "x_out_of_range",
+        lambda: safedma.device({"x": 2, "y": 0}),
+        ("device index 2", "axis 'x' of size 2", "0 to 1", "% 2"),
+    ),
+    (
+        "y_out_of_range",
+        lambda: safedma.device(y=4),
+        ("device index 4", "axis 'y' of size 4", "% 4"),
+    ),
+    (
+        "coord_out_of_range",
+        lambda: safedma.mesh_coords(0, 4),
+        ("device index 4", "axis 'y' of size 4"),
+    ),
 ]
 
 
@@ -263,8 +311,9 @@ def test_t5_local_copy_with_add(add: object) -> None:
 
     with pytest.raises(safedma.UnsupportedDmaError) as err:
         trace(kernel, [VMEM, DMA])
-    assert_mentions(err, f"add={add!r}", "not implemented for TPU", "plain copy",
-                    "acc[...] += buf[...]")
+    assert_mentions(
+        err, f"add={add!r}", "not implemented for TPU", "plain copy", "acc[...] += buf[...]"
+    )
     assert isinstance(err.value, NotImplementedError)
 
 
@@ -274,8 +323,9 @@ def test_t5_remote_copy_with_add() -> None:
 
     with pytest.raises(safedma.UnsupportedDmaError) as err:
         trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "add=True", "DMA accumulate is not implemented for TPU",
-                    "acc[...] += buf[...]")
+    assert_mentions(
+        err, "add=True", "DMA accumulate is not implemented for TPU", "acc[...] += buf[...]"
+    )
 
 
 # ------------------------------------------------------- T6: copy without a semaphore
@@ -287,8 +337,13 @@ def test_t6_local_copy_with_none_semaphore() -> None:
 
     with pytest.raises(safedma.MissingSemaphoreError) as err:
         trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "LocalCopy semaphore is missing", "DMA semaphore",
-                    "safedma.dma_semaphore()", "sems.at[i]")
+    assert_mentions(
+        err,
+        "LocalCopy semaphore is missing",
+        "DMA semaphore",
+        "safedma.dma_semaphore()",
+        "sems.at[i]",
+    )
 
 
 def test_t6_local_copy_without_semaphore_argument() -> None:
@@ -329,9 +384,13 @@ def test_t9_barrier_semaphore_without_collective_id(params: object) -> None:
 
     with pytest.raises(safedma.MissingCollectiveIdError) as err:
         trace(kernel, compiler_params=params)
-    assert_mentions(err, "barrier_semaphore()", "no collective_id",
-                    "compiler_params=pltpu.CompilerParams(collective_id=0)",
-                    "safedma.pallas_call")
+    assert_mentions(
+        err,
+        "barrier_semaphore()",
+        "no collective_id",
+        "compiler_params=pltpu.CompilerParams(collective_id=0)",
+        "safedma.pallas_call",
+    )
     assert isinstance(err.value, ValueError)
 
 
@@ -346,9 +405,13 @@ def test_t9_barrier_semaphore_without_collective_id_on_a_mesh() -> None:
     assert_mentions(err, "collective_id=0")
 
 
-@pytest.mark.xfail(strict=True, raises=DID_NOT_RAISE, reason="safedma gap: safedma.checked cannot see the "
-                   "compiler_params of a plain pl.pallas_call, so T9 is only checked "
-                   "through safedma.pallas_call")
+@pytest.mark.xfail(
+    strict=True,
+    raises=DID_NOT_RAISE,
+    reason="safedma gap: safedma.checked cannot see the "
+    "compiler_params of a plain pl.pallas_call, so T9 is only checked "
+    "through safedma.pallas_call",
+)
 def test_t9_gap_barrier_semaphore_through_pl_pallas_call() -> None:
     def kernel(x_ref, o_ref):  # type: ignore[no-untyped-def]
         barrier = safedma.barrier_semaphore()
@@ -422,8 +485,9 @@ def test_s1_semaphore_value_to_signal_or_wait(op: str) -> None:
 
     with pytest.raises(safedma.NotARefError) as err:
         trace(kernel, [safedma.regular_semaphore()])
-    assert_mentions(err, f"{op}() semaphore", "not the semaphore itself",
-                    "safedma.regular_semaphore()")
+    assert_mentions(
+        err, f"{op}() semaphore", "not the semaphore itself", "safedma.regular_semaphore()"
+    )
 
 
 # ------------------------------------ S2: a semaphore array where one semaphore belongs
@@ -437,8 +501,9 @@ def test_s2_semaphore_array_to_local_copy() -> None:
 
     with pytest.raises(safedma.SemaphoreShapeError) as err:
         trace(kernel, [VMEM, safedma.dma_semaphores(2)])
-    assert_mentions(err, "LocalCopy semaphore", "array of 2 semaphores", "sems dma_sem[2]",
-                    *_S2_FIX)
+    assert_mentions(
+        err, "LocalCopy semaphore", "array of 2 semaphores", "sems dma_sem[2]", *_S2_FIX
+    )
     assert isinstance(err.value, ValueError)
 
 
@@ -468,7 +533,10 @@ def test_s2_half_indexed_2d_semaphore_array() -> None:
     with pytest.raises(safedma.SemaphoreShapeError) as err:
         trace(kernel, [VMEM, pltpu.SemaphoreType.DMA((2, 3))])
     assert_mentions(
-        err, "array of 3 semaphores", "sems.at[...]", "must be one semaphore",
+        err,
+        "array of 3 semaphores",
+        "sems.at[...]",
+        "must be one semaphore",
         "Select one with sems.at[i, j]",
     )
 
@@ -515,9 +583,13 @@ def test_s3_regular_semaphore_to_local_copy() -> None:
 
     with pytest.raises(safedma.SemaphoreKindError) as err:
         trace(kernel, [VMEM, safedma.regular_semaphore()])
-    assert_mentions(err, "LocalCopy semaphore must be a DMA semaphore",
-                    "got a REGULAR semaphore (sem semaphore[])", "a local copy cannot use it",
-                    "safedma.dma_semaphore()")
+    assert_mentions(
+        err,
+        "LocalCopy semaphore must be a DMA semaphore",
+        "got a REGULAR semaphore (sem semaphore[])",
+        "a local copy cannot use it",
+        "safedma.dma_semaphore()",
+    )
     assert isinstance(err.value, TypeError)
 
 
@@ -536,8 +608,12 @@ def test_s3_regular_semaphore_as_remote_send_semaphore() -> None:
 
     with pytest.raises(safedma.SemaphoreKindError) as err:
         trace_on_mesh(kernel, [safedma.regular_semaphore(), DMA])
-    assert_mentions(err, "RemoteCopy send semaphore", "REGULAR semaphore (send_sem semaphore[])",
-                    "a remote copy cannot use it")
+    assert_mentions(
+        err,
+        "RemoteCopy send semaphore",
+        "REGULAR semaphore (send_sem semaphore[])",
+        "a remote copy cannot use it",
+    )
 
 
 def test_s3_barrier_semaphore_as_remote_receive_semaphore() -> None:
@@ -556,19 +632,28 @@ def test_s3_dma_semaphore_to_signal_or_wait(op: str) -> None:
 
     with pytest.raises(safedma.SemaphoreKindError) as err:
         trace(kernel, [DMA])
-    assert_mentions(err, f"{op}() semaphore must be a REGULAR semaphore or a BARRIER semaphore",
-                    "got a DMA semaphore (sem dma_sem[])", "safedma.regular_semaphore()")
+    assert_mentions(
+        err,
+        f"{op}() semaphore must be a REGULAR semaphore or a BARRIER semaphore",
+        "got a DMA semaphore (sem dma_sem[])",
+        "safedma.regular_semaphore()",
+    )
 
 
 # ----------------------------------------------- S4: half-built remote copy (cast to Any)
 
 _HALF_BUILT: list[tuple[str, Callable[[Any, Any], Any], tuple[str, ...]]] = [
-    ("no_send_sem", lambda copy, send: copy.to(safedma.neighbour("x")),
-     ("send semaphore (call .with_send_sem(sem))",)),
-    ("no_device", lambda copy, send: copy.with_send_sem(send),
-     ("target device (call .to(device))",)),
-    ("neither", lambda copy, send: copy,
-     (".with_send_sem(sem)", ".to(device)")),
+    (
+        "no_send_sem",
+        lambda copy, send: copy.to(safedma.neighbour("x")),
+        ("send semaphore (call .with_send_sem(sem))",),
+    ),
+    (
+        "no_device",
+        lambda copy, send: copy.with_send_sem(send),
+        ("target device (call .to(device))",),
+    ),
+    ("neither", lambda copy, send: copy, (".with_send_sem(sem)", ".to(device)")),
 ]
 
 
@@ -586,8 +671,14 @@ def test_s4_half_built_remote_copy(
     with pytest.raises(safedma.IncompleteCopyError) as err:
         trace_on_mesh(kernel, TWO_DMA)
     verb = "cannot start" if action == "start" else "cannot be waited"
-    assert_mentions(err, "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]", verb,
-                    *words, "A remote copy needs both", "LocalCopy")
+    assert_mentions(
+        err,
+        "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
+        verb,
+        *words,
+        "A remote copy needs both",
+        "LocalCopy",
+    )
     assert isinstance(err.value, TypeError)
 
 
@@ -599,8 +690,13 @@ def test_s4_s7_remote_copy_to_a_raw_device_id(target: object) -> None:
 
     with pytest.raises(safedma.DeviceIdError) as err:
         trace_on_mesh(kernel, TWO_DMA)
-    assert_mentions(err, "RemoteCopy.to() takes a safedma.Device", repr(target),
-                    "safedma.device(x=i)", "safedma.neighbour('x')")
+    assert_mentions(
+        err,
+        "RemoteCopy.to() takes a safedma.Device",
+        repr(target),
+        "safedma.device(x=i)",
+        "safedma.neighbour('x')",
+    )
 
 
 # ----------------------------------------------------- S5: waiting on the wrong side
@@ -611,7 +707,10 @@ def test_s5_remote_waits_on_a_local_copy(method: str) -> None:
     def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
         getattr(safedma.LocalCopy(x_ref, buf, sem).start(), method)()
 
-    with pytest.raises(safedma.WrongOperationError, match=rf"LocalHandle has no {method}\(\): a local copy has no send or receive side; call wait\(\)"):
+    with pytest.raises(
+        safedma.WrongOperationError,
+        match=rf"LocalHandle has no {method}\(\): a local copy has no send or receive side; call wait\(\)",
+    ):
         trace(kernel, [VMEM, DMA])
 
 
@@ -619,7 +718,10 @@ def test_s5_send_side_wait_on_an_incoming_copy() -> None:
     def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
         ring(x_ref, o_ref, send_sem, recv_sem).incoming().wait_send()
 
-    with pytest.raises(safedma.WrongOperationError, match=r"IncomingHandle has no wait_send\(\): the receiving side only has wait_recv\(\)"):
+    with pytest.raises(
+        safedma.WrongOperationError,
+        match=r"IncomingHandle has no wait_send\(\): the receiving side only has wait_recv\(\)",
+    ):
         trace_on_mesh(kernel, TWO_DMA)
 
 
@@ -634,8 +736,12 @@ def test_s6_semaphore_as_copy_data(side: str) -> None:
 
     with pytest.raises(safedma.SemaphoreKindError) as err:
         trace(kernel, [VMEM, DMA])
-    assert_mentions(err, f"LocalCopy {side} must be a data ref",
-                    "got a DMA semaphore (sem dma_sem[])", "Data and semaphore arguments are swapped")
+    assert_mentions(
+        err,
+        f"LocalCopy {side} must be a data ref",
+        "got a DMA semaphore (sem dma_sem[])",
+        "Data and semaphore arguments are swapped",
+    )
 
 
 def test_s6_semaphore_as_remote_copy_source() -> None:
@@ -653,8 +759,12 @@ def test_s6_data_ref_as_semaphore() -> None:
 
     with pytest.raises(safedma.SemaphoreKindError) as err:
         trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "LocalCopy semaphore must be a DMA semaphore",
-                    "got a data ref (o_ref float32[2,8,128])", "safedma.dma_semaphore()")
+    assert_mentions(
+        err,
+        "LocalCopy semaphore must be a DMA semaphore",
+        "got a data ref (o_ref float32[2,8,128])",
+        "safedma.dma_semaphore()",
+    )
 
 
 def test_s6_data_ref_as_remote_send_semaphore() -> None:
@@ -681,9 +791,13 @@ def test_s6_value_as_copy_source() -> None:
 
     with pytest.raises(safedma.NotARefError) as err:
         trace(kernel, [VMEM, DMA])
-    assert_mentions(err, "LocalCopy source must be a data ref",
-                    "array value of shape (2, 8, 128) and dtype float32", "ref.at[...]",
-                    "instead of a value read from it")
+    assert_mentions(
+        err,
+        "LocalCopy source must be a data ref",
+        "array value of shape (2, 8, 128) and dtype float32",
+        "ref.at[...]",
+        "instead of a value read from it",
+    )
 
 
 # ------------------------------------------------------ S7: device id of the wrong form
@@ -693,12 +807,17 @@ _BAD_INDICES = [
     pytest.param(lambda: "1", ("got str '1'",), id="string"),
     pytest.param(lambda: [1], ("got list [1]",), id="list"),
     pytest.param(lambda: True, ("got bool True",), id="bool"),
-    pytest.param(lambda: jnp.float32(1), ("integer scalar", "dtype float32", "truncated"),
-                 id="float_scalar"),
-    pytest.param(lambda: safedma.my_index("x").astype(jnp.float32),
-                 ("integer scalar", "dtype float32", "compute it in integers"), id="traced_float"),
-    pytest.param(lambda: jnp.array([1, 2], jnp.int32), ("integer scalar", "shape (2,)"),
-                 id="int_vector"),
+    pytest.param(
+        lambda: jnp.float32(1), ("integer scalar", "dtype float32", "truncated"), id="float_scalar"
+    ),
+    pytest.param(
+        lambda: safedma.my_index("x").astype(jnp.float32),
+        ("integer scalar", "dtype float32", "compute it in integers"),
+        id="traced_float",
+    ),
+    pytest.param(
+        lambda: jnp.array([1, 2], jnp.int32), ("integer scalar", "shape (2,)"), id="int_vector"
+    ),
 ]
 
 
@@ -745,8 +864,9 @@ def test_s8_remote_signal_with_a_raw_device_id(target: object) -> None:
 
     with pytest.raises(safedma.DeviceIdError) as err:
         trace_on_mesh(kernel, [safedma.regular_semaphore()])
-    assert_mentions(err, "signal(device=...) takes a safedma.Device", repr(target),
-                    "safedma.device(x=i)")
+    assert_mentions(
+        err, "signal(device=...) takes a safedma.Device", repr(target), "safedma.device(x=i)"
+    )
 
 
 @pytest.mark.parametrize("op", ["signal", "wait"])
@@ -767,7 +887,10 @@ def test_s9_unstarted_remote_copy_cannot_be_waited(method: str) -> None:
     def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
         getattr(ring(x_ref, o_ref, send_sem, recv_sem), method)()
 
-    with pytest.raises(safedma.WrongOperationError, match=rf"RemoteCopy has no {method}\(\): a copy description cannot be waited. Wait the handle that start\(\) returns"):
+    with pytest.raises(
+        safedma.WrongOperationError,
+        match=rf"RemoteCopy has no {method}\(\): a copy description cannot be waited. Wait the handle that start\(\) returns",
+    ):
         trace_on_mesh(kernel, TWO_DMA)
 
 
@@ -775,5 +898,8 @@ def test_s9_unstarted_local_copy_cannot_be_waited() -> None:
     def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
         safedma.LocalCopy(x_ref, buf, sem).wait()
 
-    with pytest.raises(safedma.WrongOperationError, match=r"LocalCopy has no wait\(\): a copy description cannot be waited.*started_elsewhere\(\)"):
+    with pytest.raises(
+        safedma.WrongOperationError,
+        match=r"LocalCopy has no wait\(\): a copy description cannot be waited.*started_elsewhere\(\)",
+    ):
         trace(kernel, [VMEM, DMA])

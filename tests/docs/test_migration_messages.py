@@ -54,9 +54,22 @@ def _mypy(tmp_path: Path, plugin: bool) -> set[str]:
         + ("plugins = safedma.mypy_plugin\n" if plugin else "")
     )
     run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(config), "--no-incremental",
-         "--no-error-summary", "--show-error-codes", "--no-pretty", "kernels.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(config),
+            "--no-incremental",
+            "--no-error-summary",
+            "--show-error-codes",
+            "--no-pretty",
+            "kernels.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert "error:" in run.stdout, run.stdout + run.stderr
     return set(run.stdout.splitlines())
@@ -71,7 +84,9 @@ def test_quoted_mypy_messages_are_printed_at_their_lines(tmp_path: Path) -> None
     missing = [line for line in quoted if line not in printed]
     assert not missing, (
         "docs/migration.md quotes mypy lines it does not print; mypy printed:\n"
-        + "\n".join(sorted(printed)) + "\nmissing:\n" + "\n".join(missing)
+        + "\n".join(sorted(printed))
+        + "\nmissing:\n"
+        + "\n".join(missing)
     )
 
 
@@ -85,7 +100,10 @@ def test_quoted_pyright_messages_are_printed(tmp_path: Path) -> None:
         pytest.skip("pyright is not installed in this environment")
     run = subprocess.run(
         [str(pyright), "--outputjson", "--pythonpath", sys.executable, "kernels.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     messages = [d["message"] for d in json.loads(run.stdout)["generalDiagnostics"]]
     quoted = re.findall(r"^pyright: `([^`]+)`", _guide(), re.M)

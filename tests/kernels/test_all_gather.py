@@ -79,16 +79,27 @@ def reference(x: jax.Array, mesh: Mesh, axis: str, concat_axis: int) -> np.ndarr
     return np.asarray(jax.jit(jax.shard_map(xla, mesh=mesh, in_specs=s, out_specs=s))(placed))
 
 
-def skip_if_old_interpreter_deadlocks(devices: int, n: int, shape: tuple[int, ...],
-                                      dtype: DType) -> None:
+def skip_if_old_interpreter_deadlocks(
+    devices: int, n: int, shape: tuple[int, ...], dtype: DType
+) -> None:
     block = int(np.prod(shape)) * jnp.dtype(dtype).itemsize
     if jax.__version_info__ < (0, 11) and devices == 8 and block * (n + 1) > OLD_INTERPRETER_LIMIT:
-        pytest.skip(f"jax {jax.__version__} interpret mode deadlocks with {block * (n + 1)} "
-                    "bytes per device on 8 devices (see OLD_INTERPRETER_LIMIT)")
+        pytest.skip(
+            f"jax {jax.__version__} interpret mode deadlocks with {block * (n + 1)} "
+            "bytes per device on 8 devices (see OLD_INTERPRETER_LIMIT)"
+        )
 
 
-def check(kernel: str, mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str,
-          shape: tuple[int, ...], dtype: DType, seed: int = 0, **kwargs: Any) -> None:
+def check(
+    kernel: str,
+    mesh_shape: tuple[int, ...],
+    names: tuple[str, ...],
+    axis: str,
+    shape: tuple[int, ...],
+    dtype: DType,
+    seed: int = 0,
+    **kwargs: Any,
+) -> None:
     mesh = simulated_mesh(mesh_shape, names)
     devices = int(np.prod(mesh_shape))
     skip_if_old_interpreter_deadlocks(devices, mesh.shape[axis], shape, dtype)
@@ -116,13 +127,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype,shape,collective_id", CASES,
-                         ids=["float32-8x128", "bfloat16-16x256-own-barrier"])
+@pytest.mark.parametrize(
+    "dtype,shape,collective_id", CASES, ids=["float32-8x128", "bfloat16-16x256-own-barrier"]
+)
 @pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
 @pytest.mark.parametrize("kernel", list(KERNELS))
-def test_matches_lax_all_gather(kernel: str, mesh_shape: tuple[int, ...],
-                                names: tuple[str, ...], axis: str, dtype: DType,
-                                shape: tuple[int, int], collective_id: int | None) -> None:
+def test_matches_lax_all_gather(
+    kernel: str,
+    mesh_shape: tuple[int, ...],
+    names: tuple[str, ...],
+    axis: str,
+    dtype: DType,
+    shape: tuple[int, int],
+    collective_id: int | None,
+) -> None:
     check(kernel, mesh_shape, names, axis, shape, dtype, collective_id=collective_id)
 
 
@@ -140,16 +158,31 @@ LAYOUTS = [  # block shape, concat_axis, split_axis (of the bidirectional kernel
 ]
 
 
-@pytest.mark.parametrize("shape,concat_axis,split_axis", LAYOUTS,
-                         ids=["c1-s1", "c0-s-1", "c-1-s0", "3d-c1-s0", "3d-c2-s1"])
-def test_any_concat_and_split_axis(shape: tuple[int, ...], concat_axis: int,
-                                   split_axis: int) -> None:
-    check("bidirectional", (4,), ("x",), "x", shape, BF16, concat_axis=concat_axis,
-          split_axis=split_axis)
+@pytest.mark.parametrize(
+    "shape,concat_axis,split_axis",
+    LAYOUTS,
+    ids=["c1-s1", "c0-s-1", "c-1-s0", "3d-c1-s0", "3d-c2-s1"],
+)
+def test_any_concat_and_split_axis(
+    shape: tuple[int, ...], concat_axis: int, split_axis: int
+) -> None:
+    check(
+        "bidirectional",
+        (4,),
+        ("x",),
+        "x",
+        shape,
+        BF16,
+        concat_axis=concat_axis,
+        split_axis=split_axis,
+    )
 
 
-@pytest.mark.parametrize("shape,concat_axis", [((8, 256), 1), ((4, 8, 128), 1), ((2, 8, 256), 2)],
-                         ids=["c1", "3d-c1", "3d-c2"])
+@pytest.mark.parametrize(
+    "shape,concat_axis",
+    [((8, 256), 1), ((4, 8, 128), 1), ((2, 8, 256), 2)],
+    ids=["c1", "3d-c1", "3d-c2"],
+)
 def test_ring_any_concat_axis(shape: tuple[int, ...], concat_axis: int) -> None:
     check("ring", (4,), ("x",), "x", shape, BF16, concat_axis=concat_axis)
 
@@ -166,8 +199,9 @@ def test_both_kernels_back_to_back_share_a_collective_id() -> None:
 
     out = np.asarray(simulate(both, x, mesh=mesh))
     expected = reference(x, mesh, "x", 0).reshape(4, 32, 128)
-    np.testing.assert_array_equal(out.reshape(4, 2, 32, 128),
-                                  np.stack([expected, expected], axis=1))
+    np.testing.assert_array_equal(
+        out.reshape(4, 2, 32, 128), np.stack([expected, expected], axis=1)
+    )
 
 
 def test_interpret_argument_runs_without_simulate() -> None:
@@ -178,8 +212,9 @@ def test_interpret_argument_runs_without_simulate() -> None:
         return all_gather_bidirectional(block, axis="x", interpret=pltpu.InterpretParams())
 
     placed = jax.device_put(x, NamedSharding(mesh, P("x")))
-    run = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                check_vma=False))
+    run = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    )
     np.testing.assert_array_equal(np.asarray(run(placed)), reference(x, mesh, "x", 0))
 
 
@@ -207,9 +242,11 @@ def layouts(draw: st.DrawFn) -> tuple[str, DType, tuple[int, ...], dict[str, Any
 
 @settings(max_examples=6, deadline=None, derandomize=True, database=None)
 @given(mesh=st.sampled_from(MESHES), layout=layouts(), seed=st.integers(0, 2**16))
-def test_any_mesh_dtype_shape_and_axes(mesh: tuple[tuple[int, ...], tuple[str, ...], str],
-                                       layout: tuple[str, DType, tuple[int, ...], dict[str, Any]],
-                                       seed: int) -> None:
+def test_any_mesh_dtype_shape_and_axes(
+    mesh: tuple[tuple[int, ...], tuple[str, ...], str],
+    layout: tuple[str, DType, tuple[int, ...], dict[str, Any]],
+    seed: int,
+) -> None:
     mesh_shape, names, axis = mesh
     kernel, dtype, shape, kwargs = layout
     assume(int(np.prod(shape)) * jnp.dtype(dtype).itemsize <= 8 * 1024)
@@ -223,39 +260,62 @@ def _in_mesh(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> None:
     """Trace ``fn`` inside a shard_map over a 4-device mesh "x" (preconditions only)."""
     mesh = abstract_mesh((4,), ("x",))
     spec_ = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P("x")))
-    jax.eval_shape(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                 check_vma=False), spec_)
+    jax.eval_shape(
+        jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False), spec_
+    )
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
-@pytest.mark.parametrize("x,kwargs,message", [
-    (jnp.zeros((512,)), {}, "at least two dimensions"),
-    (jnp.zeros((32, 128)), {"axis": "z"}, "unknown mesh axis 'z'"),
-    (jnp.zeros((32, 128), jnp.bool_), {}, "integer or floating"),
-    (jnp.zeros((32, 128)), {"concat_axis": 2}, "out of range"),
-    (jnp.zeros((32, 128)), {"concat_axis": 1.0}, "concat_axis must be a Python int"),
-    (jnp.zeros((32, 100)), {"concat_axis": 1}, "multiple of 128"),
-    (jnp.zeros((20, 128), BF16), {}, "multiple of 2 for bfloat16"),
-    (jnp.zeros((24, 128), jnp.int8), {}, "multiple of 4 for int8"),
-    (jnp.zeros((32, 128)), {"collective_id": True},
-     "collective_id must be None or a non-negative Python int"),
-], ids=["1d", "unknown-axis", "bool", "concat-range", "concat-float", "lanes", "bf16-rows",
-        "int8-rows", "bool-id"])
-def test_preconditions_are_checked_up_front(kernel: str, x: jax.Array, kwargs: dict[str, Any],
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    "x,kwargs,message",
+    [
+        (jnp.zeros((512,)), {}, "at least two dimensions"),
+        (jnp.zeros((32, 128)), {"axis": "z"}, "unknown mesh axis 'z'"),
+        (jnp.zeros((32, 128), jnp.bool_), {}, "integer or floating"),
+        (jnp.zeros((32, 128)), {"concat_axis": 2}, "out of range"),
+        (jnp.zeros((32, 128)), {"concat_axis": 1.0}, "concat_axis must be a Python int"),
+        (jnp.zeros((32, 100)), {"concat_axis": 1}, "multiple of 128"),
+        (jnp.zeros((20, 128), BF16), {}, "multiple of 2 for bfloat16"),
+        (jnp.zeros((24, 128), jnp.int8), {}, "multiple of 4 for int8"),
+        (
+            jnp.zeros((32, 128)),
+            {"collective_id": True},
+            "collective_id must be None or a non-negative Python int",
+        ),
+    ],
+    ids=[
+        "1d",
+        "unknown-axis",
+        "bool",
+        "concat-range",
+        "concat-float",
+        "lanes",
+        "bf16-rows",
+        "int8-rows",
+        "bool-id",
+    ],
+)
+def test_preconditions_are_checked_up_front(
+    kernel: str, x: jax.Array, kwargs: dict[str, Any], message: str
+) -> None:
     kwargs = {"axis": "x", **kwargs}
     with pytest.raises(ValueError, match=message):
         _in_mesh(lambda block: KERNELS[kernel](block, **kwargs), x)
 
 
-@pytest.mark.parametrize("x,kwargs,message", [
-    (jnp.zeros((12, 128)), {"split_axis": 0}, "odd size 3"),
-    (jnp.zeros((32, 128)), {"split_axis": 1}, "half the block .* multiple of 128"),
-    (jnp.zeros((8, 256), BF16), {"split_axis": 0}, "half the block .* multiple of 2"),
-    (jnp.zeros((32, 128)), {"split_axis": -3}, "out of range"),
-], ids=["odd", "half-lanes", "half-bf16-rows", "split-range"])
-def test_bidirectional_split_preconditions(x: jax.Array, kwargs: dict[str, Any],
-                                           message: str) -> None:
+@pytest.mark.parametrize(
+    "x,kwargs,message",
+    [
+        (jnp.zeros((12, 128)), {"split_axis": 0}, "odd size 3"),
+        (jnp.zeros((32, 128)), {"split_axis": 1}, "half the block .* multiple of 128"),
+        (jnp.zeros((8, 256), BF16), {"split_axis": 0}, "half the block .* multiple of 2"),
+        (jnp.zeros((32, 128)), {"split_axis": -3}, "out of range"),
+    ],
+    ids=["odd", "half-lanes", "half-bf16-rows", "split-range"],
+)
+def test_bidirectional_split_preconditions(
+    x: jax.Array, kwargs: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         _in_mesh(lambda block: all_gather_bidirectional(block, axis="x", **kwargs), x)
 
@@ -270,9 +330,15 @@ def test_outside_shard_map_names_the_fix() -> None:
 
 def _mapped(fn: Kernel, mesh: Any, axis: str, **kwargs: Any) -> Callable[[jax.Array], jax.Array]:
     s = spec(tuple(mesh.axis_names))
-    mapped: Callable[[jax.Array], jax.Array] = jax.jit(jax.shard_map(
-        lambda block: fn(block, axis=axis, **kwargs), mesh=mesh, in_specs=s, out_specs=s,
-        check_vma=False))
+    mapped: Callable[[jax.Array], jax.Array] = jax.jit(
+        jax.shard_map(
+            lambda block: fn(block, axis=axis, **kwargs),
+            mesh=mesh,
+            in_specs=s,
+            out_specs=s,
+            check_vma=False,
+        )
+    )
     return mapped
 
 
@@ -285,34 +351,47 @@ IDENTITY = [  # mesh shape, names, axis, kwargs (split_axis only for the bidirec
 ]
 
 
-@pytest.mark.parametrize("mesh_shape,names,axis,kwargs", IDENTITY,
-                         ids=["2", "4-concat1", "8-barrier", "2x4-y-barrier", "2x4-x"])
+@pytest.mark.parametrize(
+    "mesh_shape,names,axis,kwargs",
+    IDENTITY,
+    ids=["2", "4-concat1", "8-barrier", "2x4-y-barrier", "2x4-x"],
+)
 @pytest.mark.parametrize("kernel", list(KERNELS))
-def test_same_mosaic_as_the_pltpu_twin(kernel: str, mesh_shape: tuple[int, ...],
-                                       names: tuple[str, ...], axis: str,
-                                       kwargs: dict[str, Any]) -> None:
+def test_same_mosaic_as_the_pltpu_twin(
+    kernel: str,
+    mesh_shape: tuple[int, ...],
+    names: tuple[str, ...],
+    axis: str,
+    kwargs: dict[str, Any],
+) -> None:
     if kernel == "ring":
         kwargs = {k: v for k, v in kwargs.items() if k != "split_axis"}
     mesh = abstract_mesh(mesh_shape, names)
-    x = jax.ShapeDtypeStruct((int(np.prod(mesh_shape)) * 16, 256), BF16,
-                             sharding=NamedSharding(mesh, spec(names)))
-    assert_same_mosaic(_mapped(KERNELS[kernel], mesh, axis, **kwargs),
-                       _mapped(TWINS[kernel], mesh, axis, **kwargs), x)
+    x = jax.ShapeDtypeStruct(
+        (int(np.prod(mesh_shape)) * 16, 256), BF16, sharding=NamedSharding(mesh, spec(names))
+    )
+    assert_same_mosaic(
+        _mapped(KERNELS[kernel], mesh, axis, **kwargs),
+        _mapped(TWINS[kernel], mesh, axis, **kwargs),
+        x,
+    )
 
 
 def test_mosaic_comparison_tells_the_two_kernels_apart() -> None:
     mesh = abstract_mesh((4,), ("x",))
     x = jax.ShapeDtypeStruct((64, 256), F32, sharding=NamedSharding(mesh, P("x")))
     with pytest.raises(AssertionError, match="Mosaic differs"):
-        assert_same_mosaic(_mapped(all_gather, mesh, "x"),
-                           _mapped(twin.all_gather_bidirectional, mesh, "x"), x)
+        assert_same_mosaic(
+            _mapped(all_gather, mesh, "x"), _mapped(twin.all_gather_bidirectional, mesh, "x"), x
+        )
 
 
 # ------------------------------------------------------------ TPU builds
 
 
-def _compile(kernel: str, topology: str, mesh_shape: tuple[int, ...], axis: str,
-             **kwargs: Any) -> None:
+def _compile(
+    kernel: str, topology: str, mesh_shape: tuple[int, ...], axis: str, **kwargs: Any
+) -> None:
     names = ("y", "x") if len(mesh_shape) == 2 else ("x",)
     fn = KERNELS[kernel]
 
@@ -320,8 +399,15 @@ def _compile(kernel: str, topology: str, mesh_shape: tuple[int, ...], axis: str,
         return fn(block, axis=axis, **kwargs)
 
     x = jax.ShapeDtypeStruct((int(np.prod(mesh_shape)) * 16, 256), BF16)
-    report = compile_for_tpu(per_device, x, topology=topology, mesh_shape=mesh_shape,
-                             axis_names=names, in_specs=spec(names), out_specs=spec(names))
+    report = compile_for_tpu(
+        per_device,
+        x,
+        topology=topology,
+        mesh_shape=mesh_shape,
+        axis_names=names,
+        in_specs=spec(names),
+        out_specs=spec(names),
+    )
     assert report.kernel_names == (fn.__name__,)
     assert report.generated_code_size_in_bytes > 0
 
@@ -332,15 +418,19 @@ def test_compiles_for_v6e(kernel: str) -> None:
     _compile(kernel, "v6e:2x2", (4,), "x", concat_axis=1, collective_id=0)
 
 
-@pytest.mark.parametrize("mesh_shape,axis", [((4, 4), "x"), ((4, 4), "y"), ((16,), "x")],
-                         ids=["4x4-x", "4x4-y", "16"])
+@pytest.mark.parametrize(
+    "mesh_shape,axis", [((4, 4), "x"), ((4, 4), "y"), ((16,), "x")], ids=["4x4-x", "4x4-y", "16"]
+)
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_compiles_for_16_chips(kernel: str, mesh_shape: tuple[int, ...], axis: str) -> None:
     _compile(kernel, "v6e:4x4", mesh_shape, axis, collective_id=1)
 
 
-@pytest.mark.parametrize("mesh_shape,axis", [((16, 16), "x"), ((16, 16), "y"), ((256,), "x")],
-                         ids=["16x16-x", "16x16-y", "256"])
+@pytest.mark.parametrize(
+    "mesh_shape,axis",
+    [((16, 16), "x"), ((16, 16), "y"), ((256,), "x")],
+    ids=["16x16-x", "16x16-y", "256"],
+)
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_compiles_for_256_chips(kernel: str, mesh_shape: tuple[int, ...], axis: str) -> None:
     """A 256-device ring too: the semaphore count does not grow with the ring."""
@@ -351,6 +441,7 @@ def test_compiles_for_256_chips(kernel: str, mesh_shape: tuple[int, ...], axis: 
 @pytest.mark.parametrize("collective_id", [None, 2], ids=["device-barrier", "own-barrier"])
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("kernel", list(KERNELS))
-def test_compiles_for_each_generation(kernel: str, topology: str,
-                                      collective_id: int | None) -> None:
+def test_compiles_for_each_generation(
+    kernel: str, topology: str, collective_id: int | None
+) -> None:
     _compile(kernel, topology, (4,), "x", collective_id=collective_id)

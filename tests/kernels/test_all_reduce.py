@@ -50,8 +50,9 @@ def psum(b: jax.Array, axis: str) -> jax.Array:
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
-def test_matches_psum(mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str,
-                      dtype: DType, fused: bool) -> None:
+def test_matches_psum(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType, fused: bool
+) -> None:
     mesh = simulated_mesh(mesh_shape, names)
     n = mesh.shape[axis]
     # Each form meets both chunk shapes of each dtype, over the meshes.
@@ -73,8 +74,13 @@ def test_fused_and_composed_agree_bit_for_bit() -> None:
 def test_one_device_along_the_axis_is_the_identity() -> None:
     mesh = simulated_mesh((1, 4), ("y", "x"))
     x = example(mesh, 1, CHUNKS[F32][0], F32)
-    out = simulate(lambda b: all_reduce(b, axis="y"), x, mesh=mesh,
-                   in_specs=P(("y", "x")), out_specs=P(("y", "x")))
+    out = simulate(
+        lambda b: all_reduce(b, axis="y"),
+        x,
+        mesh=mesh,
+        in_specs=P(("y", "x")),
+        out_specs=P(("y", "x")),
+    )
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
 
 
@@ -82,20 +88,32 @@ def test_one_device_along_the_axis_is_the_identity() -> None:
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-@pytest.mark.parametrize("shape,dtype,kwargs,message", [
-    ((31, 128), F32, {}, "divisible by the 2 devices"),
-    ((16, 128), BF16, {}, "multiple of 16"),
-    ((32, 128), F32, {"collective_id": True},
-     "collective_id must be a non-negative Python int"),
-], ids=["rows", "bf16-tile", "collective-id"])
-def test_preconditions_are_checked_up_front(shape: tuple[int, int], dtype: DType,
-                                            kwargs: dict[str, int], message: str,
-                                            fused: bool) -> None:
+@pytest.mark.parametrize(
+    "shape,dtype,kwargs,message",
+    [
+        ((31, 128), F32, {}, "divisible by the 2 devices"),
+        ((16, 128), BF16, {}, "multiple of 16"),
+        (
+            (32, 128),
+            F32,
+            {"collective_id": True},
+            "collective_id must be a non-negative Python int",
+        ),
+    ],
+    ids=["rows", "bf16-tile", "collective-id"],
+)
+def test_preconditions_are_checked_up_front(
+    shape: tuple[int, int], dtype: DType, kwargs: dict[str, int], message: str, fused: bool
+) -> None:
     mesh = simulated_mesh((2,), ("x",))
-    per_device = jax.shard_map(lambda b: all_reduce(b, axis="x", fused=fused, **kwargs),
-                               mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
-    x = jax.ShapeDtypeStruct((shape[0] * 2, shape[1]), dtype,
-                             sharding=NamedSharding(mesh, P("x")))
+    per_device = jax.shard_map(
+        lambda b: all_reduce(b, axis="x", fused=fused, **kwargs),
+        mesh=mesh,
+        in_specs=P("x"),
+        out_specs=P("x"),
+        check_vma=False,
+    )
+    x = jax.ShapeDtypeStruct((shape[0] * 2, shape[1]), dtype, sharding=NamedSharding(mesh, P("x")))
     with pytest.raises(ValueError, match=message):
         jax.eval_shape(per_device, x)
 
@@ -104,12 +122,17 @@ def test_preconditions_are_checked_up_front(shape: tuple[int, int], dtype: DType
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-@pytest.mark.parametrize("sizes,names,axis,dtype", [
-    ((4,), ("x",), "x", F32),
-    ((2, 4), ("y", "x"), "y", BF16),
-], ids=["4-float32", "2x4-y-bfloat16"])
-def test_same_mosaic_as_the_pltpu_twin(sizes: tuple[int, ...], names: tuple[str, ...],
-                                       axis: str, dtype: DType, fused: bool) -> None:
+@pytest.mark.parametrize(
+    "sizes,names,axis,dtype",
+    [
+        ((4,), ("x",), "x", F32),
+        ((2, 4), ("y", "x"), "y", BF16),
+    ],
+    ids=["4-float32", "2x4-y-bfloat16"],
+)
+def test_same_mosaic_as_the_pltpu_twin(
+    sizes: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType, fused: bool
+) -> None:
     mesh = abstract_mesh(sizes, names)
     spec = P(names)
     n = sizes[names.index(axis)]
@@ -117,8 +140,13 @@ def test_same_mosaic_as_the_pltpu_twin(sizes: tuple[int, ...], names: tuple[str,
     x = jax.ShapeDtypeStruct((rows, 256), dtype, sharding=NamedSharding(mesh, spec))
 
     def mapped(fn: Callable[..., jax.Array]) -> Callable[[jax.Array], jax.Array]:
-        return jax.shard_map(lambda b: fn(b, axis=axis, fused=fused), mesh=mesh,
-                             in_specs=spec, out_specs=spec, check_vma=False)
+        return jax.shard_map(
+            lambda b: fn(b, axis=axis, fused=fused),
+            mesh=mesh,
+            in_specs=spec,
+            out_specs=spec,
+            check_vma=False,
+        )
 
     assert_same_mosaic(mapped(all_reduce), mapped(twin.all_reduce), x, mesh=mesh)
 
@@ -142,18 +170,29 @@ def global_input(devices: int, ring: int, dtype: DType) -> jax.ShapeDtypeStruct:
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-@pytest.mark.parametrize("mesh_shape,names,axis,topology", [
-    ((4, 4), ("y", "x"), "x", "v6e:4x4"),
-    ((16, 16), ("y", "x"), "y", "v6e:16x16"),
-    ((256,), ("x",), "x", "v6e:16x16"),
-], ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"])
-def test_compiles_for_large_v6e_meshes(mesh_shape: tuple[int, ...], names: tuple[str, ...],
-                                       axis: str, topology: str, fused: bool) -> None:
+@pytest.mark.parametrize(
+    "mesh_shape,names,axis,topology",
+    [
+        ((4, 4), ("y", "x"), "x", "v6e:4x4"),
+        ((16, 16), ("y", "x"), "y", "v6e:16x16"),
+        ((256,), ("x",), "x", "v6e:16x16"),
+    ],
+    ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"],
+)
+def test_compiles_for_large_v6e_meshes(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, topology: str, fused: bool
+) -> None:
     devices = int(np.prod(mesh_shape))
     ring = mesh_shape[names.index(axis)]
-    report = compile_for_tpu(on(axis, fused), global_input(devices, ring, BF16),
-                             topology=topology, mesh_shape=mesh_shape, axis_names=names,
-                             in_specs=P(names), out_specs=P(names))
+    report = compile_for_tpu(
+        on(axis, fused),
+        global_input(devices, ring, BF16),
+        topology=topology,
+        mesh_shape=mesh_shape,
+        axis_names=names,
+        in_specs=P(names),
+        out_specs=P(names),
+    )
     assert report.num_devices == devices
     assert report.kernel_names == KERNELS[fused]
     assert report.generated_code_size_in_bytes > 0

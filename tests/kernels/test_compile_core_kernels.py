@@ -21,8 +21,9 @@ TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 BLOCK = (8 * 4, 128)
 
 
-def _per_device(make_call: Callable[..., Callable[[jax.Array], jax.Array]],
-                body: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
+def _per_device(
+    make_call: Callable[..., Callable[[jax.Array], jax.Array]], body: Callable[..., None]
+) -> Callable[[jax.Array], jax.Array]:
     def run(block: jax.Array) -> jax.Array:
         return make_call(sd.checked(body), jax.ShapeDtypeStruct(block.shape, block.dtype))(block)
 
@@ -36,8 +37,10 @@ def _ring(body: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
         from jax.experimental.pallas import tpu as pltpu
 
         result: jax.Array = pl.pallas_call(
-            sd.checked(body), out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
-            in_specs=[calls.HBM], out_specs=calls.HBM,
+            sd.checked(body),
+            out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[calls.HBM],
+            out_specs=calls.HBM,
             scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
         )(block)
         return result

@@ -60,17 +60,19 @@ def assert_exact(out: jax.Array, expected: np.ndarray) -> None:
 
 CASES = [  # pages (num_pages, page_rows, cols), dtype, indices
     ((6, 8, 128), F32, [5, 0, 3, 3, 1, 2, 4, 0, 5]),  # k > num_pages, repeats, any order
-    ((6, 8, 128), F32, [4]),                          # a single page
+    ((6, 8, 128), F32, [4]),  # a single page
     ((4, 16, 256), BF16, [3, 1, 2]),
     ((3, 8, 384), I32, [2, 2, 0, 1]),
     ((16, 32, 128), BF16, list(range(15, -1, -2))),
 ]
 
 
-@pytest.mark.parametrize("shape,dtype,indices", CASES,
-                         ids=["f32-repeats", "f32-one", "bf16", "int32", "bf16-strided"])
-def test_matches_reference_on_one_device(shape: tuple[int, int, int], dtype: DType,
-                                         indices: list[int]) -> None:
+@pytest.mark.parametrize(
+    "shape,dtype,indices", CASES, ids=["f32-repeats", "f32-one", "bf16", "int32", "bf16-strided"]
+)
+def test_matches_reference_on_one_device(
+    shape: tuple[int, int, int], dtype: DType, indices: list[int]
+) -> None:
     pages = example_pages(*shape, dtype)
     idx = jnp.asarray(indices, jnp.int32)
     out = simulate(gather_pages, pages, idx)
@@ -116,11 +118,12 @@ def _mesh_reference(pages: np.ndarray, indices: np.ndarray, devices: int) -> np.
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("mesh_shape,names,split", MESHES,
-                         ids=["2", "4", "8", "2x4-y", "2x4-x", "2x4-yx"])
-def test_each_device_gathers_from_its_shard(mesh_shape: tuple[int, ...],
-                                            names: tuple[str, ...],
-                                            split: str | tuple[str, ...], dtype: DType) -> None:
+@pytest.mark.parametrize(
+    "mesh_shape,names,split", MESHES, ids=["2", "4", "8", "2x4-y", "2x4-x", "2x4-yx"]
+)
+def test_each_device_gathers_from_its_shard(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], split: str | tuple[str, ...], dtype: DType
+) -> None:
     mesh = simulated_mesh(mesh_shape, names)
     axes = (split,) if isinstance(split, str) else split
     devices = int(np.prod([mesh.shape[a] for a in axes]))
@@ -128,8 +131,9 @@ def test_each_device_gathers_from_its_shard(mesh_shape: tuple[int, ...],
     pages = example_pages(devices * num_pages, page_rows, cols, dtype)
     rng = np.random.default_rng(devices)
     indices = jnp.asarray(rng.integers(0, num_pages, devices * K), jnp.int32)
-    out = simulate(gather_pages, pages, indices, mesh=mesh, in_specs=(P(split), P(split)),
-                   out_specs=P(split))
+    out = simulate(
+        gather_pages, pages, indices, mesh=mesh, in_specs=(P(split), P(split)), out_specs=P(split)
+    )
     assert_exact(out, _mesh_reference(np.asarray(pages), np.asarray(indices), devices))
 
 
@@ -138,20 +142,34 @@ def test_each_device_gathers_from_its_shard(mesh_shape: tuple[int, ...],
 _PAGES = jnp.zeros((4, 8, 128), F32)
 
 
-@pytest.mark.parametrize("pages,indices,message", [
-    (jnp.zeros((32, 128), F32), jnp.asarray([0], I32), "3-D"),
-    (jnp.zeros((4, 16, 128), jnp.float16), jnp.asarray([0], I32), "supports dtypes"),
-    (jnp.zeros((4, 8, 128), BF16), jnp.asarray([0], I32), r"tile \(16, 128\)"),
-    (jnp.zeros((4, 8, 200), F32), jnp.asarray([0], I32), r"tile \(8, 128\)"),
-    (_PAGES, jnp.asarray([[0, 1]], I32), "1-D"),
-    (_PAGES, jnp.zeros((0,), I32), "at least one"),
-    (_PAGES, jnp.asarray([0, 1], jnp.int16), "int32"),
-    (_PAGES, jnp.asarray([0, 4, 1], I32), r"indices\[1\] = 4 is outside \[0, 4\)"),
-    (_PAGES, jnp.asarray([-1, 5, 2], I32), r"indices\[0\] = -1 .*2 of 3 indices"),
-], ids=["2d", "float16", "bf16-tile", "cols", "2d-indices", "empty", "int16", "too-big",
-        "negative"])
-def test_preconditions_are_checked_up_front(pages: jax.Array, indices: jax.Array,
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    "pages,indices,message",
+    [
+        (jnp.zeros((32, 128), F32), jnp.asarray([0], I32), "3-D"),
+        (jnp.zeros((4, 16, 128), jnp.float16), jnp.asarray([0], I32), "supports dtypes"),
+        (jnp.zeros((4, 8, 128), BF16), jnp.asarray([0], I32), r"tile \(16, 128\)"),
+        (jnp.zeros((4, 8, 200), F32), jnp.asarray([0], I32), r"tile \(8, 128\)"),
+        (_PAGES, jnp.asarray([[0, 1]], I32), "1-D"),
+        (_PAGES, jnp.zeros((0,), I32), "at least one"),
+        (_PAGES, jnp.asarray([0, 1], jnp.int16), "int32"),
+        (_PAGES, jnp.asarray([0, 4, 1], I32), r"indices\[1\] = 4 is outside \[0, 4\)"),
+        (_PAGES, jnp.asarray([-1, 5, 2], I32), r"indices\[0\] = -1 .*2 of 3 indices"),
+    ],
+    ids=[
+        "2d",
+        "float16",
+        "bf16-tile",
+        "cols",
+        "2d-indices",
+        "empty",
+        "int16",
+        "too-big",
+        "negative",
+    ],
+)
+def test_preconditions_are_checked_up_front(
+    pages: jax.Array, indices: jax.Array, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         gather_pages(pages, indices)
 
@@ -166,11 +184,16 @@ def test_constant_indices_inside_jit_are_checked() -> None:
 # ------------------------------------------------------------ Mosaic identity
 
 
-@pytest.mark.parametrize("shape,dtype,k", [
-    ((6, 8, 128), F32, 9), ((6, 8, 128), F32, 1), ((4, 16, 256), BF16, 3),
-], ids=["f32-k9", "f32-k1", "bf16-k3"])
-def test_same_mosaic_as_the_pltpu_twin(shape: tuple[int, int, int], dtype: DType,
-                                       k: int) -> None:
+@pytest.mark.parametrize(
+    "shape,dtype,k",
+    [
+        ((6, 8, 128), F32, 9),
+        ((6, 8, 128), F32, 1),
+        ((4, 16, 256), BF16, 3),
+    ],
+    ids=["f32-k9", "f32-k1", "bf16-k3"],
+)
+def test_same_mosaic_as_the_pltpu_twin(shape: tuple[int, int, int], dtype: DType, k: int) -> None:
     pages = jax.ShapeDtypeStruct(shape, dtype)
     indices = jax.ShapeDtypeStruct((k,), I32)
     assert_same_mosaic(gather_pages, twin.gather_pages, pages, indices)
@@ -183,8 +206,10 @@ TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 
 def _global(devices: int, dtype: DType) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     num_pages, page_rows, cols = 64, (8 if dtype == F32 else 16), 512
-    return (jax.ShapeDtypeStruct((devices * num_pages, page_rows, cols), dtype),
-            jax.ShapeDtypeStruct((devices * 24,), I32))
+    return (
+        jax.ShapeDtypeStruct((devices * num_pages, page_rows, cols), dtype),
+        jax.ShapeDtypeStruct((devices * 24,), I32),
+    )
 
 
 def test_compiles_for_a_16_chip_v6e() -> None:
@@ -206,8 +231,13 @@ def test_compiles_for_each_generation(topology: str, dtype: DType) -> None:
 # ------------------------------------------------------------ the aggregate wait is exact
 
 
-def _waits_one_page_short(indices_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm: sd.DataRef,
-                          buf: sd.DataRef, sem: sd.SemRef) -> None:
+def _waits_one_page_short(
+    indices_smem: sd.DataRef,
+    pages_hbm: sd.DataRef,
+    o_hbm: sd.DataRef,
+    buf: sd.DataRef,
+    sem: sd.SemRef,
+) -> None:
     k = buf.shape[0]
     for j in range(k):
         sd.LocalCopy(pages_hbm.at[indices_smem[j]], buf.at[j], sem).start()
@@ -215,8 +245,13 @@ def _waits_one_page_short(indices_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm
     sd.LocalCopy(buf, o_hbm, sem).start().wait()
 
 
-def _waits_twice(indices_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm: sd.DataRef,
-                 buf: sd.DataRef, sem: sd.SemRef) -> None:
+def _waits_twice(
+    indices_smem: sd.DataRef,
+    pages_hbm: sd.DataRef,
+    o_hbm: sd.DataRef,
+    buf: sd.DataRef,
+    sem: sd.SemRef,
+) -> None:
     k = buf.shape[0]
     for j in range(k):
         sd.LocalCopy(pages_hbm.at[indices_smem[j]], buf.at[j], sem).start()
@@ -225,13 +260,17 @@ def _waits_twice(indices_smem: sd.DataRef, pages_hbm: sd.DataRef, o_hbm: sd.Data
     sd.LocalCopy(buf, o_hbm, sem).start().wait()
 
 
-@pytest.mark.parametrize("body,error", [
-    (_waits_one_page_short, LeftoverSemaphoreError),  # one page's bytes left on sem
-    (_waits_twice, UnsatisfiableWaitError),
-], ids=["short", "twice"])
+@pytest.mark.parametrize(
+    "body,error",
+    [
+        (_waits_one_page_short, LeftoverSemaphoreError),  # one page's bytes left on sem
+        (_waits_twice, UnsatisfiableWaitError),
+    ],
+    ids=["short", "twice"],
+)
 def test_a_wrong_aggregate_wait_fails_the_simulation(
-        monkeypatch: pytest.MonkeyPatch, body: Callable[..., None],
-        error: type[Exception]) -> None:
+    monkeypatch: pytest.MonkeyPatch, body: Callable[..., None], error: type[Exception]
+) -> None:
     """The same set-up with the aggregate wait changed: the simulation must reject it."""
     monkeypatch.setattr(gather_module, "gather_pages_kernel", body)
     pages = example_pages(4, 8, 128, F32)

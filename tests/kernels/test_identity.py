@@ -32,22 +32,35 @@ IDS = [b.case.name for b in BUILT]
 
 def _library_modules() -> set[str]:
     # Private modules (_preconditions, _typed_jax, ...) are the kernels' helpers, not kernels.
-    return {p.stem for p in (Path(__file__).resolve().parents[2] / "safedma" / "kernels").glob("*.py")
-            if not p.stem.startswith("_")}
+    return {
+        p.stem
+        for p in (Path(__file__).resolve().parents[2] / "safedma" / "kernels").glob("*.py")
+        if not p.stem.startswith("_")
+    }
 
 
 def test_registry_covers_every_kernel_of_the_project() -> None:
-    core = {name for name, fn in vars(kernels_safedma).items()
-            if inspect.isfunction(fn) and fn.__module__ == "kernels_safedma"}
+    core = {
+        name
+        for name, fn in vars(kernels_safedma).items()
+        if inspect.isfunction(fn) and fn.__module__ == "kernels_safedma"
+    }
     names = {c.name for c in CASES}
-    assert core <= names, f"tests/kernels_safedma.py kernels missing from the registry: " \
-                          f"{sorted(core - names)} (add one KernelCase to benchmarks/kernels.py)"
+    assert core <= names, (
+        f"tests/kernels_safedma.py kernels missing from the registry: "
+        f"{sorted(core - names)} (add one KernelCase to benchmarks/kernels.py)"
+    )
     built = {b.case.source for b in BUILT}
     not_built = sorted(m for m in _library_modules() if f"safedma/kernels/{m}.py" not in built)
     reasons = {m.source: m.reason for m in MISSING}
-    assert not not_built, "safedma/kernels modules with no working registry entry: " + "; ".join(
-        f"{m}: {reasons.get(f'safedma/kernels/{m}.py', 'no KernelCase in benchmarks/kernels.py')}"
-        for m in not_built) + " (see benchmarks/README.md, 'Adding a kernel')"
+    assert not not_built, (
+        "safedma/kernels modules with no working registry entry: "
+        + "; ".join(
+            f"{m}: {reasons.get(f'safedma/kernels/{m}.py', 'no KernelCase in benchmarks/kernels.py')}"
+            for m in not_built
+        )
+        + " (see benchmarks/README.md, 'Adding a kernel')"
+    )
 
 
 @pytest.mark.parametrize("built", BUILT, ids=IDS)
@@ -86,8 +99,9 @@ def test_overhead_benchmark_pairs_lower_alike() -> None:
     assert_same_mosaic(k.make_straight_safedma(), k.make_straight_pltpu(), k.STRAIGHT_INPUT)
     assert_same_mosaic(k.make_loop_safedma(), k.make_loop_pltpu(), k.LOOP_INPUT)
     mesh = abstract_mesh((4,), ("x",))
-    x = jax.ShapeDtypeStruct((4 * k.REMOTE_BLOCK[0], k.COLS), jnp.float32,
-                             sharding=NamedSharding(mesh, P("x")))
+    x = jax.ShapeDtypeStruct(
+        (4 * k.REMOTE_BLOCK[0], k.COLS), jnp.float32, sharding=NamedSharding(mesh, P("x"))
+    )
 
     def mapped(f: Callable[..., object]) -> Callable[..., object]:
         return jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
@@ -109,4 +123,5 @@ def test_typecheck_benchmark_files_lower_alike() -> None:
     assert_same_mosaic(
         jax.shard_map(a.all_gather, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False),
         jax.shard_map(b.all_gather, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False),
-        xs)
+        xs,
+    )

@@ -53,7 +53,7 @@ def example(shape: tuple[int, int], dtype: DType) -> jax.Array:
 
 
 def reference(x: jax.Array, fn: ChunkFn, chunk_rows: int) -> np.ndarray:
-    chunks = [fn(x[i:i + chunk_rows]) for i in range(0, x.shape[0], chunk_rows)]
+    chunks = [fn(x[i : i + chunk_rows]) for i in range(0, x.shape[0], chunk_rows)]
     return np.asarray(jnp.concatenate(chunks))
 
 
@@ -72,20 +72,24 @@ def assert_exact(out: jax.Array, expected: np.ndarray) -> None:
 # ------------------------------------------------------------ one device
 
 CASES = [  # (rows, cols), chunk_rows, dtype: chunks = rows // chunk_rows
-    ((8, 128), 8, F32),      # a single chunk
-    ((24, 256), 8, F32),     # 3 chunks: odd, ends in slot 0
-    ((64, 128), 16, F32),    # 4 chunks
-    ((16, 128), 16, BF16),   # a single chunk
-    ((80, 256), 16, BF16),   # 5 chunks
-    ((64, 384), 32, BF16),   # 2 chunks: both write-backs drained after the loop
-    ((56, 128), 8, I32),     # 7 chunks of int32
+    ((8, 128), 8, F32),  # a single chunk
+    ((24, 256), 8, F32),  # 3 chunks: odd, ends in slot 0
+    ((64, 128), 16, F32),  # 4 chunks
+    ((16, 128), 16, BF16),  # a single chunk
+    ((80, 256), 16, BF16),  # 5 chunks
+    ((64, 384), 32, BF16),  # 2 chunks: both write-backs drained after the loop
+    ((56, 128), 8, I32),  # 7 chunks of int32
 ]
 
 
-@pytest.mark.parametrize("shape,chunk_rows,dtype", CASES,
-                         ids=[f"{s[0]}x{s[1]}-c{c}-{jnp.dtype(d).name}" for s, c, d in CASES])
-def test_matches_reference_on_one_device(shape: tuple[int, int], chunk_rows: int,
-                                         dtype: DType) -> None:
+@pytest.mark.parametrize(
+    "shape,chunk_rows,dtype",
+    CASES,
+    ids=[f"{s[0]}x{s[1]}-c{c}-{jnp.dtype(d).name}" for s, c, d in CASES],
+)
+def test_matches_reference_on_one_device(
+    shape: tuple[int, int], chunk_rows: int, dtype: DType
+) -> None:
     x = example(shape, dtype)
     out = simulate(run(affine, chunk_rows), x)
     assert_exact(out, reference(x, affine, chunk_rows))
@@ -118,10 +122,12 @@ MESHES = [  # mesh shape, axis names, the axes the rows are split over
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("mesh_shape,names,split", MESHES,
-                         ids=["2", "4", "8", "2x4-y", "2x4-x", "2x4-yx"])
-def test_each_device_pipelines_its_shard(mesh_shape: tuple[int, ...], names: tuple[str, ...],
-                                         split: str | tuple[str, ...], dtype: DType) -> None:
+@pytest.mark.parametrize(
+    "mesh_shape,names,split", MESHES, ids=["2", "4", "8", "2x4-y", "2x4-x", "2x4-yx"]
+)
+def test_each_device_pipelines_its_shard(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], split: str | tuple[str, ...], dtype: DType
+) -> None:
     mesh = simulated_mesh(mesh_shape, names)
     devices = int(np.prod([mesh.shape[a] for a in ((split,) if isinstance(split, str) else split)]))
     chunk_rows = TILE_ROWS[dtype]
@@ -142,8 +148,9 @@ def test_each_device_pipelines_its_shard(mesh_shape: tuple[int, ...], names: tup
     lanes=st.integers(1, 3),
     blockwise=st.booleans(),
 )
-def test_any_shape_chunking_and_dtype(dtype: DType, tiles_per_chunk: int, chunks: int,
-                                      lanes: int, blockwise: bool) -> None:
+def test_any_shape_chunking_and_dtype(
+    dtype: DType, tiles_per_chunk: int, chunks: int, lanes: int, blockwise: bool
+) -> None:
     chunk_rows = TILE_ROWS[dtype] * tiles_per_chunk
     x = example((chunk_rows * chunks, 128 * lanes), dtype)
     fn = minus_column_max if blockwise else affine
@@ -162,22 +169,38 @@ def _bad_dtype(chunk: jax.Array) -> jax.Array:
     return chunk.astype(jnp.int32)
 
 
-@pytest.mark.parametrize("x,chunk_rows,fn,message", [
-    (jnp.zeros((2, 8, 128), F32), 8, affine, "2-D"),
-    (jnp.zeros((16, 128), jnp.float16), 16, affine, "supports dtypes"),
-    (jnp.zeros((32, 128), jnp.int8), 32, affine, "supports dtypes"),
-    (jnp.zeros((32, 128), F32), 0, affine, "chunk_rows must be a positive Python int"),
-    (jnp.zeros((32, 128), F32), True, affine, "chunk_rows must be a positive Python int"),
-    (jnp.zeros((32, 128), F32), 4, affine, "multiple of 8"),
-    (jnp.zeros((32, 128), BF16), 8, affine, "multiple of 16"),
-    (jnp.zeros((24, 128), F32), 16, affine, "divisible by chunk_rows=16"),
-    (jnp.zeros((16, 200), F32), 8, affine, "multiple of 128"),
-    (jnp.zeros((32, 128), F32), 16, _bad_shape, "same shape and dtype"),
-    (jnp.zeros((32, 128), F32), 16, _bad_dtype, "same shape and dtype"),
-], ids=["3d", "float16", "int8", "zero-chunk", "bool-chunk", "f32-tile", "bf16-tile",
-        "rows", "cols", "fn-shape", "fn-dtype"])
-def test_preconditions_are_checked_up_front(x: jax.Array, chunk_rows: int, fn: ChunkFn,
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    "x,chunk_rows,fn,message",
+    [
+        (jnp.zeros((2, 8, 128), F32), 8, affine, "2-D"),
+        (jnp.zeros((16, 128), jnp.float16), 16, affine, "supports dtypes"),
+        (jnp.zeros((32, 128), jnp.int8), 32, affine, "supports dtypes"),
+        (jnp.zeros((32, 128), F32), 0, affine, "chunk_rows must be a positive Python int"),
+        (jnp.zeros((32, 128), F32), True, affine, "chunk_rows must be a positive Python int"),
+        (jnp.zeros((32, 128), F32), 4, affine, "multiple of 8"),
+        (jnp.zeros((32, 128), BF16), 8, affine, "multiple of 16"),
+        (jnp.zeros((24, 128), F32), 16, affine, "divisible by chunk_rows=16"),
+        (jnp.zeros((16, 200), F32), 8, affine, "multiple of 128"),
+        (jnp.zeros((32, 128), F32), 16, _bad_shape, "same shape and dtype"),
+        (jnp.zeros((32, 128), F32), 16, _bad_dtype, "same shape and dtype"),
+    ],
+    ids=[
+        "3d",
+        "float16",
+        "int8",
+        "zero-chunk",
+        "bool-chunk",
+        "f32-tile",
+        "bf16-tile",
+        "rows",
+        "cols",
+        "fn-shape",
+        "fn-dtype",
+    ],
+)
+def test_preconditions_are_checked_up_front(
+    x: jax.Array, chunk_rows: int, fn: ChunkFn, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         pipeline(x, fn, chunk_rows=chunk_rows)
 
@@ -185,15 +208,25 @@ def test_preconditions_are_checked_up_front(x: jax.Array, chunk_rows: int, fn: C
 # ------------------------------------------------------------ Mosaic identity
 
 
-@pytest.mark.parametrize("rows,chunk_rows,dtype,fn", [
-    (8, 8, F32, affine), (24, 8, F32, affine), (64, 16, BF16, affine),
-    (32, 8, F32, minus_column_max),
-], ids=["f32-1chunk", "f32-3chunks", "bf16-4chunks", "f32-blockwise"])
-def test_same_mosaic_as_the_pltpu_twin(rows: int, chunk_rows: int, dtype: DType,
-                                       fn: ChunkFn) -> None:
+@pytest.mark.parametrize(
+    "rows,chunk_rows,dtype,fn",
+    [
+        (8, 8, F32, affine),
+        (24, 8, F32, affine),
+        (64, 16, BF16, affine),
+        (32, 8, F32, minus_column_max),
+    ],
+    ids=["f32-1chunk", "f32-3chunks", "bf16-4chunks", "f32-blockwise"],
+)
+def test_same_mosaic_as_the_pltpu_twin(
+    rows: int, chunk_rows: int, dtype: DType, fn: ChunkFn
+) -> None:
     spec = jax.ShapeDtypeStruct((rows, 256), dtype)
-    assert_same_mosaic(lambda x: pipeline(x, fn, chunk_rows=chunk_rows),
-                       lambda x: twin.pipeline(x, fn, chunk_rows=chunk_rows), spec)
+    assert_same_mosaic(
+        lambda x: pipeline(x, fn, chunk_rows=chunk_rows),
+        lambda x: twin.pipeline(x, fn, chunk_rows=chunk_rows),
+        spec,
+    )
 
 
 # ------------------------------------------------------------ TPU builds

@@ -70,9 +70,16 @@ def reference(x: jax.Array, mesh: Mesh, axis: str, shift: int) -> np.ndarray:
     return np.asarray(jax.jit(jax.shard_map(xla, mesh=mesh, in_specs=s, out_specs=s))(placed))
 
 
-def check(mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, shift: int,
-          shape: tuple[int, ...], dtype: DType, collective_id: int | None = None,
-          seed: int = 0) -> None:
+def check(
+    mesh_shape: tuple[int, ...],
+    names: tuple[str, ...],
+    axis: str,
+    shift: int,
+    shape: tuple[int, ...],
+    dtype: DType,
+    collective_id: int | None = None,
+    seed: int = 0,
+) -> None:
     mesh = simulated_mesh(mesh_shape, names)
     x = blocks(int(np.prod(mesh_shape)), shape, dtype, seed)
 
@@ -94,8 +101,13 @@ def check(mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, shift:
 @pytest.mark.parametrize("shape", SHAPES, ids=["8x128", "16x256"])
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
-def test_matches_lax_ppermute(mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str,
-                              dtype: DType, shape: tuple[int, int]) -> None:
+def test_matches_lax_ppermute(
+    mesh_shape: tuple[int, ...],
+    names: tuple[str, ...],
+    axis: str,
+    dtype: DType,
+    shape: tuple[int, int],
+) -> None:
     check(mesh_shape, names, axis, 1, shape, dtype)
 
 
@@ -106,8 +118,9 @@ def test_any_shift_on_a_ring_of_four(shift: int) -> None:
 
 
 @pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
-def test_with_its_own_neighbour_barrier(mesh_shape: tuple[int, ...], names: tuple[str, ...],
-                                        axis: str) -> None:
+def test_with_its_own_neighbour_barrier(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str
+) -> None:
     check(mesh_shape, names, axis, -3, (8, 128), BF16, collective_id=7)
 
 
@@ -132,8 +145,9 @@ def test_interpret_argument_runs_without_simulate() -> None:
         return ppermute(block, axis="x", shift=-1, interpret=pltpu.InterpretParams())
 
     placed = jax.device_put(x, NamedSharding(mesh, P("x")))
-    run = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                check_vma=False))
+    run = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    )
     np.testing.assert_array_equal(np.asarray(run(placed)), reference(x, mesh, "x", -1))
 
 
@@ -148,9 +162,13 @@ def test_interpret_argument_runs_without_simulate() -> None:
     shift=st.integers(-17, 17),
     barrier=st.booleans(),
 )
-def test_any_mesh_dtype_shape_and_shift(mesh: tuple[tuple[int, ...], tuple[str, ...], str],
-                                        dtype: DType, shape: tuple[int, ...], shift: int,
-                                        barrier: bool) -> None:
+def test_any_mesh_dtype_shape_and_shift(
+    mesh: tuple[tuple[int, ...], tuple[str, ...], str],
+    dtype: DType,
+    shape: tuple[int, ...],
+    shift: int,
+    barrier: bool,
+) -> None:
     mesh_shape, names, axis = mesh
     check(mesh_shape, names, axis, shift, shape, dtype, 3 if barrier else None, seed=abs(shift))
 
@@ -162,23 +180,39 @@ def _in_mesh(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> None:
     """Trace ``fn`` inside a shard_map over a 4-device mesh "x" (preconditions only)."""
     mesh = abstract_mesh((4,), ("x",))
     spec_ = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P("x")))
-    jax.eval_shape(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                 check_vma=False), spec_)
+    jax.eval_shape(
+        jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False), spec_
+    )
 
 
-@pytest.mark.parametrize("x,kwargs,message", [
-    (jnp.zeros((32, 128)), {"axis": "z"}, "unknown mesh axis 'z'"),
-    (jnp.zeros((32, 128)), {"axis": 0}, "mesh axis name"),
-    (jnp.zeros((32, 128), jnp.bool_), {"axis": "x"}, "integer or floating"),
-    (jnp.zeros((32, 128), jnp.complex64), {"axis": "x"}, "integer or floating"),
-    (jnp.zeros((32, 128)), {"axis": "x", "shift": 1.0}, "shift must be a Python int"),
-    (jnp.zeros((32, 128)), {"axis": "x", "shift": True}, "shift must be a Python int"),
-    (jnp.zeros((32, 128)), {"axis": "x", "collective_id": -1},
-     "collective_id must be None or a non-negative Python int"),
-], ids=["unknown-axis", "axis-not-str", "bool", "complex", "float-shift", "bool-shift",
-        "negative-id"])
-def test_preconditions_are_checked_up_front(x: jax.Array, kwargs: dict[str, Any],
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    "x,kwargs,message",
+    [
+        (jnp.zeros((32, 128)), {"axis": "z"}, "unknown mesh axis 'z'"),
+        (jnp.zeros((32, 128)), {"axis": 0}, "mesh axis name"),
+        (jnp.zeros((32, 128), jnp.bool_), {"axis": "x"}, "integer or floating"),
+        (jnp.zeros((32, 128), jnp.complex64), {"axis": "x"}, "integer or floating"),
+        (jnp.zeros((32, 128)), {"axis": "x", "shift": 1.0}, "shift must be a Python int"),
+        (jnp.zeros((32, 128)), {"axis": "x", "shift": True}, "shift must be a Python int"),
+        (
+            jnp.zeros((32, 128)),
+            {"axis": "x", "collective_id": -1},
+            "collective_id must be None or a non-negative Python int",
+        ),
+    ],
+    ids=[
+        "unknown-axis",
+        "axis-not-str",
+        "bool",
+        "complex",
+        "float-shift",
+        "bool-shift",
+        "negative-id",
+    ],
+)
+def test_preconditions_are_checked_up_front(
+    x: jax.Array, kwargs: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         _in_mesh(lambda block: ppermute(block, **kwargs), x)
 
@@ -196,50 +230,73 @@ def test_outside_shard_map_names_the_fix() -> None:
 # ------------------------------------------------------------ Mosaic identity
 
 
-def _mapped(fn: Callable[..., jax.Array], mesh: Any, axis: str,
-            **kwargs: Any) -> Callable[[jax.Array], jax.Array]:
+def _mapped(
+    fn: Callable[..., jax.Array], mesh: Any, axis: str, **kwargs: Any
+) -> Callable[[jax.Array], jax.Array]:
     s = spec(tuple(mesh.axis_names))
-    mapped: Callable[[jax.Array], jax.Array] = jax.jit(jax.shard_map(
-        lambda block: fn(block, axis=axis, **kwargs), mesh=mesh, in_specs=s, out_specs=s,
-        check_vma=False))
+    mapped: Callable[[jax.Array], jax.Array] = jax.jit(
+        jax.shard_map(
+            lambda block: fn(block, axis=axis, **kwargs),
+            mesh=mesh,
+            in_specs=s,
+            out_specs=s,
+            check_vma=False,
+        )
+    )
     return mapped
 
 
-@pytest.mark.parametrize("mesh_shape,names,axis,kwargs", [
-    ((4,), ("x",), "x", {"shift": 1}),
-    ((4,), ("x",), "x", {"shift": -3}),
-    ((4,), ("x",), "x", {"shift": 4}),
-    ((2, 4), ("y", "x"), "x", {"shift": 2, "collective_id": 5}),
-    ((2, 4), ("y", "x"), "y", {"shift": 1, "collective_id": 0}),
-], ids=["right", "left", "identity", "2x4-x-barrier", "2x4-y-barrier"])
-def test_same_mosaic_as_the_pltpu_twin(mesh_shape: tuple[int, ...], names: tuple[str, ...],
-                                       axis: str, kwargs: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "mesh_shape,names,axis,kwargs",
+    [
+        ((4,), ("x",), "x", {"shift": 1}),
+        ((4,), ("x",), "x", {"shift": -3}),
+        ((4,), ("x",), "x", {"shift": 4}),
+        ((2, 4), ("y", "x"), "x", {"shift": 2, "collective_id": 5}),
+        ((2, 4), ("y", "x"), "y", {"shift": 1, "collective_id": 0}),
+    ],
+    ids=["right", "left", "identity", "2x4-x-barrier", "2x4-y-barrier"],
+)
+def test_same_mosaic_as_the_pltpu_twin(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, kwargs: dict[str, Any]
+) -> None:
     mesh = abstract_mesh(mesh_shape, names)
-    x = jax.ShapeDtypeStruct((int(np.prod(mesh_shape)) * 16, 256), BF16,
-                             sharding=NamedSharding(mesh, spec(names)))
-    assert_same_mosaic(_mapped(ppermute, mesh, axis, **kwargs),
-                       _mapped(twin.ppermute, mesh, axis, **kwargs), x)
+    x = jax.ShapeDtypeStruct(
+        (int(np.prod(mesh_shape)) * 16, 256), BF16, sharding=NamedSharding(mesh, spec(names))
+    )
+    assert_same_mosaic(
+        _mapped(ppermute, mesh, axis, **kwargs), _mapped(twin.ppermute, mesh, axis, **kwargs), x
+    )
 
 
 def test_mosaic_comparison_sees_the_shift() -> None:
     mesh = abstract_mesh((4,), ("x",))
     x = jax.ShapeDtypeStruct((32, 128), F32, sharding=NamedSharding(mesh, P("x")))
     with pytest.raises(AssertionError, match="Mosaic differs"):
-        assert_same_mosaic(_mapped(ppermute, mesh, "x", shift=1),
-                           _mapped(twin.ppermute, mesh, "x", shift=2), x)
+        assert_same_mosaic(
+            _mapped(ppermute, mesh, "x", shift=1), _mapped(twin.ppermute, mesh, "x", shift=2), x
+        )
 
 
 # ------------------------------------------------------------ TPU builds
 
 
-def _compile(topology: str, mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str,
-             **kwargs: Any) -> None:
+def _compile(
+    topology: str, mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, **kwargs: Any
+) -> None:
     def per_device(block: jax.Array) -> jax.Array:
         return ppermute(block, axis=axis, **kwargs)
 
     x = jax.ShapeDtypeStruct((int(np.prod(mesh_shape)) * 16, 256), BF16)
-    report = compile_for_tpu(per_device, x, topology=topology, mesh_shape=mesh_shape,
-                             axis_names=names, in_specs=spec(names), out_specs=spec(names))
+    report = compile_for_tpu(
+        per_device,
+        x,
+        topology=topology,
+        mesh_shape=mesh_shape,
+        axis_names=names,
+        in_specs=spec(names),
+        out_specs=spec(names),
+    )
     assert report.kernel_names == ("ppermute",)
     assert report.generated_code_size_in_bytes > 0
 
@@ -249,15 +306,19 @@ def test_compiles_for_v6e() -> None:
     _compile("v6e:2x2", (4,), ("x",), "x", shift=-1, collective_id=0)
 
 
-@pytest.mark.parametrize("mesh_shape,axis", [((4, 4), "x"), ((4, 4), "y"), ((16,), "x")],
-                         ids=["4x4-x", "4x4-y", "16"])
+@pytest.mark.parametrize(
+    "mesh_shape,axis", [((4, 4), "x"), ((4, 4), "y"), ((16,), "x")], ids=["4x4-x", "4x4-y", "16"]
+)
 def test_compiles_for_16_chips(mesh_shape: tuple[int, ...], axis: str) -> None:
     names = ("y", "x") if len(mesh_shape) == 2 else ("x",)
     _compile("v6e:4x4", mesh_shape, names, axis, shift=-3, collective_id=1)
 
 
-@pytest.mark.parametrize("mesh_shape,axis", [((16, 16), "x"), ((16, 16), "y"), ((256,), "x")],
-                         ids=["16x16-x", "16x16-y", "256"])
+@pytest.mark.parametrize(
+    "mesh_shape,axis",
+    [((16, 16), "x"), ((16, 16), "y"), ((256,), "x")],
+    ids=["16x16-x", "16x16-y", "256"],
+)
 def test_compiles_for_256_chips(mesh_shape: tuple[int, ...], axis: str) -> None:
     names = ("y", "x") if len(mesh_shape) == 2 else ("x",)
     _compile("v6e:16x16", mesh_shape, names, axis, shift=5, collective_id=1)

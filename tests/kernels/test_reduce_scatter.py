@@ -2,6 +2,7 @@
 
 The rounding bounds are explained in tests/support/reductions.py.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from safedma.testing import (
     simulated_mesh,
 )
 
+
 def psum_scatter(b: jax.Array, axis: str) -> jax.Array:
     return jax.lax.psum_scatter(b, axis, scatter_dimension=0, tiled=True)
 
@@ -44,15 +46,17 @@ def psum_scatter(b: jax.Array, axis: str) -> jax.Array:
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("shape_index", [0, 1], ids=["wide", "tall"])
 @pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
-def test_matches_psum_scatter(mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str,
-                              shape_index: int, dtype: DType) -> None:
+def test_matches_psum_scatter(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, shape_index: int, dtype: DType
+) -> None:
     mesh = simulated_mesh(mesh_shape, names)
     n = mesh.shape[axis]
     x = example(mesh, n, CHUNKS[dtype][shape_index], dtype, seed=n + shape_index)
     out = simulated(lambda b: reduce_scatter(b, axis=axis), x, mesh)
     exact, abs_sum = exact_sums(x, mesh, axis)
-    assert_sum_close(out, x, mesh, axis, psum_scatter, scatter(exact, mesh, axis),
-                     scatter(abs_sum, mesh, axis))
+    assert_sum_close(
+        out, x, mesh, axis, psum_scatter, scatter(exact, mesh, axis), scatter(abs_sum, mesh, axis)
+    )
 
 
 def test_one_device_along_the_axis_is_the_identity() -> None:
@@ -65,38 +69,59 @@ def test_one_device_along_the_axis_is_the_identity() -> None:
 # ------------------------------------------------------------ preconditions
 
 
-@pytest.mark.parametrize("shape,dtype,axis,kwargs,message", [
-    ((2, 32, 128), F32, "x", {}, "2-D"),
-    ((32, 128), np.dtype(np.int32), "x", {}, "supports dtypes"),
-    ((31, 128), F32, "x", {}, "divisible by the 2 devices"),
-    ((24, 128), F32, "x", {}, "multiple of 8"),
-    ((16, 128), BF16, "x", {}, "multiple of 16"),
-    ((32, 200), F32, "x", {}, "multiple of 128"),
-    ((32, 128), F32, "z", {}, "unknown mesh axis 'z'"),
-    ((32, 128), F32, "x", {"collective_id": -1},
-     "collective_id must be a non-negative Python int"),
-], ids=["3d", "int32", "rows", "f32-tile", "bf16-tile", "cols", "axis", "collective-id"])
-def test_preconditions_are_checked_up_front(shape: tuple[int, ...], dtype: DType, axis: str,
-                                            kwargs: dict[str, int], message: str) -> None:
+@pytest.mark.parametrize(
+    "shape,dtype,axis,kwargs,message",
+    [
+        ((2, 32, 128), F32, "x", {}, "2-D"),
+        ((32, 128), np.dtype(np.int32), "x", {}, "supports dtypes"),
+        ((31, 128), F32, "x", {}, "divisible by the 2 devices"),
+        ((24, 128), F32, "x", {}, "multiple of 8"),
+        ((16, 128), BF16, "x", {}, "multiple of 16"),
+        ((32, 200), F32, "x", {}, "multiple of 128"),
+        ((32, 128), F32, "z", {}, "unknown mesh axis 'z'"),
+        (
+            (32, 128),
+            F32,
+            "x",
+            {"collective_id": -1},
+            "collective_id must be a non-negative Python int",
+        ),
+    ],
+    ids=["3d", "int32", "rows", "f32-tile", "bf16-tile", "cols", "axis", "collective-id"],
+)
+def test_preconditions_are_checked_up_front(
+    shape: tuple[int, ...], dtype: DType, axis: str, kwargs: dict[str, int], message: str
+) -> None:
     mesh = simulated_mesh((2,), ("x",))
     rows = (shape[0] * 2, *shape[1:])
-    per_device = jax.shard_map(lambda b: reduce_scatter(b, axis=axis, **kwargs), mesh=mesh,
-                               in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    per_device = jax.shard_map(
+        lambda b: reduce_scatter(b, axis=axis, **kwargs),
+        mesh=mesh,
+        in_specs=P("x"),
+        out_specs=P("x"),
+        check_vma=False,
+    )
     with pytest.raises(ValueError, match=message):
-        jax.eval_shape(per_device, jax.ShapeDtypeStruct(rows, dtype,
-                                                        sharding=NamedSharding(mesh, P("x"))))
+        jax.eval_shape(
+            per_device, jax.ShapeDtypeStruct(rows, dtype, sharding=NamedSharding(mesh, P("x")))
+        )
 
 
 # ------------------------------------------------------------ Mosaic identity
 
 
-@pytest.mark.parametrize("sizes,names,axis,dtype", [
-    ((4,), ("x",), "x", F32),
-    ((2, 4), ("y", "x"), "y", BF16),
-    ((2, 4), ("y", "x"), "x", F32),
-], ids=["4-float32", "2x4-y-bfloat16", "2x4-x-float32"])
-def test_same_mosaic_as_the_pltpu_twin(sizes: tuple[int, ...], names: tuple[str, ...],
-                                       axis: str, dtype: DType) -> None:
+@pytest.mark.parametrize(
+    "sizes,names,axis,dtype",
+    [
+        ((4,), ("x",), "x", F32),
+        ((2, 4), ("y", "x"), "y", BF16),
+        ((2, 4), ("y", "x"), "x", F32),
+    ],
+    ids=["4-float32", "2x4-y-bfloat16", "2x4-x-float32"],
+)
+def test_same_mosaic_as_the_pltpu_twin(
+    sizes: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType
+) -> None:
     mesh = abstract_mesh(sizes, names)
     spec = P(names)
     n = sizes[names.index(axis)]
@@ -104,8 +129,9 @@ def test_same_mosaic_as_the_pltpu_twin(sizes: tuple[int, ...], names: tuple[str,
     x = jax.ShapeDtypeStruct((rows, 256), dtype, sharding=NamedSharding(mesh, spec))
 
     def mapped(fn: Callable[..., jax.Array]) -> Callable[[jax.Array], jax.Array]:
-        return jax.shard_map(lambda b: fn(b, axis=axis), mesh=mesh, in_specs=spec,
-                             out_specs=spec, check_vma=False)
+        return jax.shard_map(
+            lambda b: fn(b, axis=axis), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False
+        )
 
     assert_same_mosaic(mapped(reduce_scatter), mapped(twin.reduce_scatter), x, mesh=mesh)
 
@@ -127,18 +153,29 @@ def global_input(devices: int, ring: int, dtype: DType) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((devices * ring * 2 * TILE_ROWS[dtype], 512), dtype)
 
 
-@pytest.mark.parametrize("mesh_shape,names,axis,topology", [
-    ((4, 4), ("y", "x"), "x", "v6e:4x4"),
-    ((16, 16), ("y", "x"), "y", "v6e:16x16"),
-    ((256,), ("x",), "x", "v6e:16x16"),
-], ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"])
-def test_compiles_for_large_v6e_meshes(mesh_shape: tuple[int, ...], names: tuple[str, ...],
-                                       axis: str, topology: str) -> None:
+@pytest.mark.parametrize(
+    "mesh_shape,names,axis,topology",
+    [
+        ((4, 4), ("y", "x"), "x", "v6e:4x4"),
+        ((16, 16), ("y", "x"), "y", "v6e:16x16"),
+        ((256,), ("x",), "x", "v6e:16x16"),
+    ],
+    ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"],
+)
+def test_compiles_for_large_v6e_meshes(
+    mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, topology: str
+) -> None:
     devices = int(np.prod(mesh_shape))
     ring = mesh_shape[names.index(axis)]
-    report = compile_for_tpu(on(axis), global_input(devices, ring, BF16), topology=topology,
-                             mesh_shape=mesh_shape, axis_names=names, in_specs=P(names),
-                             out_specs=P(names))
+    report = compile_for_tpu(
+        on(axis),
+        global_input(devices, ring, BF16),
+        topology=topology,
+        mesh_shape=mesh_shape,
+        axis_names=names,
+        in_specs=P(names),
+        out_specs=P(names),
+    )
     assert report.num_devices == devices
     assert report.kernel_names == ("reduce_scatter",)
     assert report.generated_code_size_in_bytes > 0

@@ -35,8 +35,9 @@ def _one_semaphore_per_step(x: jax.Array, *, axis: str, n: int) -> jax.Array:
 
         def step(s, carry):  # type: ignore[no-untyped-def]
             chunk = o_ref.at[pl.ds((me - s + n) % n * b, b)]
-            copy = pltpu.make_async_remote_copy(chunk, chunk, send_sem, recv_sems.at[s],
-                                                device_id={axis: (me + 1) % n})
+            copy = pltpu.make_async_remote_copy(
+                chunk, chunk, send_sem, recv_sems.at[s], device_id={axis: (me + 1) % n}
+            )
             copy.start()
             copy.wait()
             return carry
@@ -45,10 +46,15 @@ def _one_semaphore_per_step(x: jax.Array, *, axis: str, n: int) -> jax.Array:
         jax.lax.fori_loop(0, n - 1, step, 0)
 
     result: jax.Array = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((n * b, x.shape[1]), x.dtype),
-        in_specs=[HBM], out_specs=HBM,
-        scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(()),
-                        pltpu.SemaphoreType.DMA((n - 1,))],
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((n * b, x.shape[1]), x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[
+            pltpu.SemaphoreType.DMA(()),
+            pltpu.SemaphoreType.DMA(()),
+            pltpu.SemaphoreType.DMA((n - 1,)),
+        ],
         name="one_semaphore_per_step",
     )(x)
     return result
@@ -61,8 +67,11 @@ def _semaphores(x: jax.Array, *, count: int) -> jax.Array:
         copy.wait()
 
     result: jax.Array = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
-        out_specs=HBM, scratch_shapes=[pltpu.SemaphoreType.DMA((count,))],
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[pltpu.SemaphoreType.DMA((count,))],
     )(x)
     return result
 
@@ -71,9 +80,14 @@ def _semaphores(x: jax.Array, *, count: int) -> jax.Array:
 @pytest.mark.parametrize("topology", ["v6e:16x16", "v5p:8x8x4"])
 def test_one_semaphore_per_step_fits_a_256_device_ring(topology: str) -> None:
     x = jax.ShapeDtypeStruct((256 * 16, 256), BF16)
-    report = compile_for_tpu(functools.partial(_one_semaphore_per_step, axis="x", n=256), x,
-                             topology=topology, mesh_shape=(256,), in_specs=P("x"),
-                             out_specs=P("x"))
+    report = compile_for_tpu(
+        functools.partial(_one_semaphore_per_step, axis="x", n=256),
+        x,
+        topology=topology,
+        mesh_shape=(256,),
+        in_specs=P("x"),
+        out_specs=P("x"),
+    )
     assert report.kernel_names == ("one_semaphore_per_step",)
 
 

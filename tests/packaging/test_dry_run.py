@@ -27,8 +27,12 @@ PLATFORMS = {
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True, timeout=900)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     (built,) = out.glob("safedma-*.whl")
     return built
 
@@ -37,11 +41,29 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_resolves_without_libtpu(wheel: Path, platform: str, tmp_path: Path) -> None:
     tags = [arg for tag in PLATFORMS[platform] for arg in ("--platform", tag)]
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--only-binary=:all:", *tags,
-         "--python-version", "3.12", "--target", str(tmp_path / "target"), str(wheel)],
-        capture_output=True, text=True, timeout=900, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--only-binary=:all:",
+            *tags,
+            "--python-version",
+            "3.12",
+            "--target",
+            str(tmp_path / "target"),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     (would,) = [line for line in result.stdout.splitlines() if line.startswith("Would install")]
     packages = would.split()[2:]
-    assert any(p.startswith("jax-0.") for p in packages) and any(p.startswith("jaxlib-") for p in packages)
+    assert any(p.startswith("jax-0.") for p in packages) and any(
+        p.startswith("jaxlib-") for p in packages
+    )
     assert not [p for p in packages if p.startswith("libtpu")]

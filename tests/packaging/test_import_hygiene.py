@@ -21,8 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Run by mypy, by type checkers' helpers and by pytest before jax is configured:
 # none of them may pull jax in.
-JAX_FREE = ["safedma", "safedma._messages", "safedma.mypy_plugin", "safedma.stubs",
-            "safedma.pytest_plugin", "safedma._version"]
+JAX_FREE = [
+    "safedma",
+    "safedma._messages",
+    "safedma.mypy_plugin",
+    "safedma.stubs",
+    "safedma.pytest_plugin",
+    "safedma._version",
+]
 
 
 def _public_modules() -> list[str]:
@@ -35,8 +41,15 @@ def _public_modules() -> list[str]:
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> str:
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO, env=env, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -49,8 +62,13 @@ def _env() -> dict[str, str]:
 
 def test_public_modules_are_found() -> None:
     found = _public_modules()
-    for expected in ("safedma.testing", "safedma.kernels", "safedma.mypy_plugin",
-                     "safedma.stubs", "safedma.pytest_plugin"):
+    for expected in (
+        "safedma.testing",
+        "safedma.kernels",
+        "safedma.mypy_plugin",
+        "safedma.stubs",
+        "safedma.pytest_plugin",
+    ):
         assert expected in found
     assert not [m for m in found if m.endswith("demo")], "the demo lives in examples/"
 
@@ -62,10 +80,19 @@ def test_typing_parts_import_no_jax(module: str) -> None:
 
 
 def test_stubs_command_imports_no_jax() -> None:
-    code = ("import runpy, sys; sys.argv = ['x', 'pyright']; "
-            "runpy.run_module('safedma.stubs', run_name='__main__', alter_sys=True)")
-    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True,
-                            text=True, cwd=REPO, env=_env(), timeout=300, check=False)
+    code = (
+        "import runpy, sys; sys.argv = ['x', 'pyright']; "
+        "runpy.run_module('safedma.stubs', run_name='__main__', alter_sys=True)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
     assert "jax" not in imported
@@ -91,8 +118,15 @@ print(json.dumps({"env": changed_env, "config": changed_config}))
 
 @pytest.mark.parametrize("module", _public_modules())
 def test_import_changes_no_environment_variable_and_no_jax_config(module: str) -> None:
-    result = subprocess.run([sys.executable, "-c", _SNAPSHOT, module], capture_output=True,
-                            text=True, cwd=REPO, env=_env(), timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", _SNAPSHOT, module],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     changed = json.loads(result.stdout.strip().splitlines()[-1])
     assert changed == {"env": [], "config": []}, f"import {module} changed {changed}"
@@ -105,5 +139,7 @@ def test_snapshot_sees_a_change() -> None:
         "os.environ['XLA_FLAGS'] = 'x'; jax.config.update('jax_enable_x64', True)",
     )
     out = _run(code, _env())
-    assert json.loads(out.strip().splitlines()[-1]) == {"env": ["XLA_FLAGS"],
-                                                        "config": ["jax_enable_x64"]}
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "env": ["XLA_FLAGS"],
+        "config": ["jax_enable_x64"],
+    }

@@ -36,15 +36,23 @@ except LibtpuMissingError as err:
 def test_compile_for_tpu_without_libtpu_names_the_extra() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TPU_LIBRARY_PATH"}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, "-c", _WITHOUT_LIBTPU], capture_output=True,
-                            text=True, cwd=REPO, env=env, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_LIBTPU],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("LibtpuMissingError: Compiling for TPU topology 'v6e:2x2'")
     assert "pip install 'safedma[tpu]'" in result.stdout
 
 
-def test_error_is_a_safedma_error_and_an_import_error(monkeypatch: pytest.MonkeyPatch,
-                                                     tmp_path: Path) -> None:
+def test_error_is_a_safedma_error_and_an_import_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import safedma as sd
 
     monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
@@ -66,4 +74,5 @@ def test_libtpu_is_seen_where_installed() -> None:
 
     path = os.environ.get("TPU_LIBRARY_PATH")
     assert _libtpu.libtpu_installed() == (
-        importlib.util.find_spec("libtpu") is not None or bool(path and os.path.isfile(path)))
+        importlib.util.find_spec("libtpu") is not None or bool(path and os.path.isfile(path))
+    )

@@ -39,8 +39,9 @@ def user_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def _run(p: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return p.runpytest_subprocess("-p", "safedma.pytest_plugin", "-p", "no:cacheprovider", *args,
-                                  timeout=300)
+    return p.runpytest_subprocess(
+        "-p", "safedma.pytest_plugin", "-p", "no:cacheprovider", *args, timeout=300
+    )
 
 
 @pytest.mark.parametrize("devices", [4, 6])
@@ -66,21 +67,25 @@ def test_command_line_overrides_the_ini(user_project: pytest.Pytester) -> None:
 
 
 def test_without_the_option_nothing_changes(user_project: pytest.Pytester) -> None:
-    user_project.makepyfile(test_user="""
+    user_project.makepyfile(
+        test_user="""
 import os
 
 def test_untouched():
     assert "XLA_FLAGS" not in os.environ and "JAX_PLATFORMS" not in os.environ
-""")
+"""
+    )
     _run(user_project).assert_outcomes(passed=1)
 
 
 def test_a_mesh_too_large_names_the_option(user_project: pytest.Pytester) -> None:
     user_project.makeini("[pytest]\nsafedma_devices = 2\n")
-    user_project.makepyfile(test_user="""
+    user_project.makepyfile(
+        test_user="""
 def test_big(simulated_mesh_factory):
     simulated_mesh_factory((2, 4), ("y", "x"))
-""")
+"""
+    )
     result = _run(user_project)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*needs 8 devices; jax has 2. Set safedma_devices = 8*"])
@@ -94,17 +99,20 @@ def test_a_bad_value_is_a_usage_error(user_project: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*safedma_devices = 'eight': expected a positive whole number*"])
 
 
-def test_environment_is_restored_after_the_session(pytester: pytest.Pytester,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_is_restored_after_the_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In-process run: the variables the plugin set are gone when pytest returns."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # set by the user: kept
     pytester.makeini("[pytest]\nsafedma_devices = 4\n")
-    pytester.makepyfile(test_user="""
+    pytester.makepyfile(
+        test_user="""
 import os
 
 def test_set():
     assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
-""")
+"""
+    )
     pytester.runpytest_inprocess("-p", "safedma.pytest_plugin").assert_outcomes(passed=1)
     assert "XLA_FLAGS" not in os.environ and os.environ["JAX_PLATFORMS"] == "cpu"

@@ -29,7 +29,13 @@ def test_first_kernel_is_clean_under_mypy_strict(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "kernel.py"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, check=False)
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -23,8 +23,15 @@ STUBBED = ("experimental/pallas/__init__.pyi", "experimental/pallas/tpu.pyi")
 
 def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "safedma.stubs", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "safedma.stubs", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("checker", stubs.CHECKERS)
@@ -47,7 +54,8 @@ def test_both_trees_hold_the_same_files() -> None:
         mypy_copy = stubs.directory("mypy") / "jax-stubs" / rel
         other = stubs.directory("pyright") / "jax" / rel
         assert mypy_copy.read_bytes() == other.read_bytes(), (
-            f"{rel}: copy {other.relative_to(REPO)} over {mypy_copy.relative_to(REPO)}")
+            f"{rel}: copy {other.relative_to(REPO)} over {mypy_copy.relative_to(REPO)}"
+        )
     assert not [p for p in stubs.directory("mypy").rglob("*") if p.is_symlink()]
 
 
@@ -86,6 +94,7 @@ def test_docs_give_each_checkers_line(checker: stubs.Checker) -> None:
     for a project whose virtual environment is .venv (Python 3.12)."""
     package = stubs.directory(checker).parents[1].as_posix()  # .../safedma
     expected = stubs.config_line(checker).replace(
-        package, ".venv/lib/python3.12/site-packages/safedma")
+        package, ".venv/lib/python3.12/site-packages/safedma"
+    )
     for doc in (DOCS, README):
         assert expected in doc.read_text(), f"{doc.name} lacks {expected!r}"

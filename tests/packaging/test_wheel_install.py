@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKERS = ("mypy", "pyright[nodejs]", "basedpyright", "pyrefly", "ty")
 
 # A raw-pltpu kernel annotated with safedma's brands; line 9 is the seed mistake.
-RAW_SEED = '''\
+RAW_SEED = """\
 from __future__ import annotations
 
 import jax
@@ -50,8 +50,8 @@ from safedma import DataRef, SemRef
 
 def ring(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     pltpu.make_async_remote_copy(x_ref, o_ref, pl.semaphore_read(send_sem), recv_sem, device_id=(jax.lax.axis_index("x") + 1) % 4).start()
-'''
-RAW_OK = '''\
+"""
+RAW_OK = """\
 from __future__ import annotations
 
 import jax
@@ -66,8 +66,8 @@ def ring(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> 
 
 def total(x: jax.Array) -> jax.Array:
     return jnp.sum(x)
-'''
-SAFEDMA_OK = '''\
+"""
+SAFEDMA_OK = """\
 from __future__ import annotations
 
 import jax
@@ -83,8 +83,8 @@ def per_device(block: jax.Array) -> jax.Array:
         ring_permute, jax.ShapeDtypeStruct(block.shape, block.dtype), in_specs=[hbm],
         out_specs=hbm, scratch_shapes=[sd.dma_semaphore(), sd.dma_semaphore()],
     )(block)
-'''
-USER_TEST = '''\
+"""
+USER_TEST = """\
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,7 +101,7 @@ def test_ring_simulates(simulated_devices, simulated_mesh_factory):
                    in_specs=P("x"), out_specs=P("x"))
     expected = np.roll(np.asarray(x).reshape(4, 8, 128), 1, axis=0).reshape(32, 128)
     np.testing.assert_array_equal(np.asarray(out), expected)
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,15 @@ class Installed:
 
 def _user_env(venv_bin: Path | None = None) -> dict[str, str]:
     """The environment with no trace of the checkout or of the suite's jax settings."""
-    drop = ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "VIRTUAL_ENV", "PYTEST_ADDOPTS",
-            "PYTEST_PLUGINS", "MYPYPATH")
+    drop = (
+        "PYTHONPATH",
+        "XLA_FLAGS",
+        "JAX_PLATFORMS",
+        "VIRTUAL_ENV",
+        "PYTEST_ADDOPTS",
+        "PYTEST_PLUGINS",
+        "MYPYPATH",
+    )
     # TPU_*: jax sets TPU_LIBRARY_PATH once it has loaded this suite's libtpu; a child
     # would find libtpu through it.
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("TPU_")}
@@ -128,10 +135,18 @@ def _user_env(venv_bin: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _run(args: Sequence[str | Path], cwd: Path, env: dict[str, str] | None = None,
-         timeout: int = 1200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=env or _user_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def _run(
+    args: Sequence[str | Path], cwd: Path, env: dict[str, str] | None = None, timeout: int = 1200
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args],
+        cwd=cwd,
+        env=env or _user_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -143,9 +158,21 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("install")
     source = root / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache",
-        ".pytest_cache", ".hypothesis"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".mypy_cache",
+            ".pytest_cache",
+            ".hypothesis",
+        ),
+    )
     builder = root / "builder"
     _ok(_run([sys.executable, "-m", "venv", builder], root))
     _ok(_run([builder / "bin" / "python", "-m", "pip", "install", "--quiet", "build"], root))
@@ -156,8 +183,23 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     project.mkdir()
     _ok(_run([sys.executable, "-m", "venv", project / ".venv"], project))
     python = project / ".venv" / "bin" / "python"
-    _ok(_run([python, "-m", "pip", "install", "--quiet", "--find-links", dist, "safedma",
-              "pytest", *CHECKERS], project))
+    _ok(
+        _run(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--find-links",
+                dist,
+                "safedma",
+                "pytest",
+                *CHECKERS,
+            ],
+            project,
+        )
+    )
     return Installed(dist=dist, project=project, python=python)
 
 
@@ -166,13 +208,20 @@ def test_sdist_carries_no_tests_and_builds_the_wheel(installed: Installed) -> No
     with tarfile.open(sdist) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
-    for expected in ("LICENSE", "README.md", "pyproject.toml", "examples/ring_permute_demo.py",
-                     "safedma/stubs/mypy/jax-stubs/py.typed"):
+    for expected in (
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "examples/ring_permute_demo.py",
+        "safedma/stubs/mypy/jax-stubs/py.typed",
+    ):
         assert expected in names
     (wheel,) = installed.dist.glob("safedma-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         files = set(zf.namelist())
-        symlinks = [i.filename for i in zf.infolist() if (i.external_attr >> 16) & 0o170000 == 0o120000]
+        symlinks = [
+            i.filename for i in zf.infolist() if (i.external_attr >> 16) & 0o170000 == 0o120000
+        ]
         metadata = zf.read(next(f for f in files if f.endswith(".dist-info/METADATA"))).decode()
         entry_points = zf.read(next(f for f in files if f.endswith("entry_points.txt"))).decode()
     assert not symlinks
@@ -204,9 +253,11 @@ def test_no_libtpu_and_compile_for_tpu_names_the_extra(installed: Installed) -> 
 
 
 def test_import_is_the_installed_one_and_imports_no_jax(installed: Installed) -> None:
-    code = ("import sys, importlib.metadata, safedma; "
-            "print(safedma.__file__); print('jax' in sys.modules); "
-            "print(safedma.__version__ == importlib.metadata.version('safedma'))")
+    code = (
+        "import sys, importlib.metadata, safedma; "
+        "print(safedma.__file__); print('jax' in sys.modules); "
+        "print(safedma.__version__ == importlib.metadata.version('safedma'))"
+    )
     lines = _ok(_run([installed.python, "-c", code], installed.project)).split()
     assert "site-packages" in lines[0] and lines[1:] == ["False", "True"]
 
@@ -217,15 +268,18 @@ def test_users_pytest_suite_simulates_with_the_plugin(installed: Installed) -> N
     (suite / "kernels_safedma.py").write_text(SAFEDMA_OK)
     (suite / "test_ring.py").write_text(USER_TEST)
     (suite / "pyproject.toml").write_text(
-        '[tool.pytest.ini_options]\nsafedma_devices = "4"\npythonpath = ["."]\n')
-    result = _run([installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "--strict-config"], suite)
+        '[tool.pytest.ini_options]\nsafedma_devices = "4"\npythonpath = ["."]\n'
+    )
+    result = _run(
+        [installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-config"], suite
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
 
 
-def _checker_command(checker: str, installed: Installed, files: list[str],
-                     stub_line: str | None) -> tuple[list[str | Path], dict[str, str], str]:
+def _checker_command(
+    checker: str, installed: Installed, files: list[str], stub_line: str | None
+) -> tuple[list[str | Path], dict[str, str], str]:
     """The command, its environment, and the pyproject.toml for one checker run."""
     env = _user_env(installed.bin)
     venv_python = ".venv/bin/python"
@@ -242,23 +296,41 @@ def _checker_command(checker: str, installed: Installed, files: list[str],
         return ([installed.bin / checker, "--pythonpath", installed.python, *files], env, config)
     if checker == "pyrefly":
         config = f'[tool.pyrefly]\npython-interpreter-path = "{venv_python}"\n{extra}'
-        return ([installed.bin / "pyrefly", "check", "--preset", "default", "--output-format",
-                 "min-text", *files], env, config)
+        return (
+            [
+                installed.bin / "pyrefly",
+                "check",
+                "--preset",
+                "default",
+                "--output-format",
+                "min-text",
+                *files,
+            ],
+            env,
+            config,
+        )
     config = f'[tool.ty.environment]\npython = ".venv"\n{extra}'
     return ([installed.bin / "ty", "check", "--output-format", "concise", *files], env, config)
 
 
 def _errors(output: str, file: str) -> list[str]:
-    return [line for line in output.splitlines()
-            if file in line and ("error" in line.lower() or line.lstrip().startswith("ERROR"))]
+    return [
+        line
+        for line in output.splitlines()
+        if file in line and ("error" in line.lower() or line.lstrip().startswith("ERROR"))
+    ]
 
 
 @pytest.mark.parametrize("checker", ["mypy", "pyright", "basedpyright", "pyrefly", "ty"])
-def test_each_checker_uses_the_stubs_from_the_printed_line(installed: Installed,
-                                                           checker: str) -> None:
+def test_each_checker_uses_the_stubs_from_the_printed_line(
+    installed: Installed, checker: str
+) -> None:
     work = installed.project
-    for name, text in (("raw_seed.py", RAW_SEED), ("raw_ok.py", RAW_OK),
-                       ("kernels_safedma.py", SAFEDMA_OK)):
+    for name, text in (
+        ("raw_seed.py", RAW_SEED),
+        ("raw_ok.py", RAW_OK),
+        ("kernels_safedma.py", SAFEDMA_OK),
+    ):
         (work / name).write_text(text)
     printed = _run([installed.python, "-m", "safedma.stubs", checker, "--config"], work)
     stub_line = _ok(printed).splitlines()[-1]
@@ -266,8 +338,9 @@ def test_each_checker_uses_the_stubs_from_the_printed_line(installed: Installed,
     files = ["raw_seed.py", "raw_ok.py", "kernels_safedma.py"]
     outputs: dict[bool, str] = {}
     for with_stubs in (True, False):
-        command, env, config = _checker_command(checker, installed, files,
-                                                stub_line if with_stubs else None)
+        command, env, config = _checker_command(
+            checker, installed, files, stub_line if with_stubs else None
+        )
         (work / "pyproject.toml").write_text(config)
         result = _run(command, work, env, timeout=600)
         outputs[with_stubs] = result.stdout + result.stderr
@@ -276,4 +349,6 @@ def test_each_checker_uses_the_stubs_from_the_printed_line(installed: Installed,
     assert seed_errors and all(":9:" in e or "raw_seed.py:9" in e for e in seed_errors), with_stubs
     assert not _errors(with_stubs, "raw_ok.py"), with_stubs
     assert not _errors(with_stubs, "kernels_safedma.py"), with_stubs
-    assert not _errors(without, "raw_seed.py"), f"the mistake is seen even without the stubs:\n{without}"
+    assert not _errors(without, "raw_seed.py"), (
+        f"the mistake is seen even without the stubs:\n{without}"
+    )

@@ -27,30 +27,38 @@ def strict_interpret() -> pltpu.InterpretParams:
     return pltpu.InterpretParams(detect_races=True, dma_execution_mode="eager")
 
 
-def _call(kernel: Callable[..., None], x: jax.ShapeDtypeStruct, scratch: list[Any],
-          interpret: Interpret) -> Callable[[jax.Array], jax.Array]:
+def _call(
+    kernel: Callable[..., None], x: jax.ShapeDtypeStruct, scratch: list[Any], interpret: Interpret
+) -> Callable[[jax.Array], jax.Array]:
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
     call = pl.pallas_call(
-        kernel, out_shape=out, in_specs=[HBM], out_specs=HBM, scratch_shapes=scratch,
+        kernel,
+        out_shape=out,
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=scratch,
         interpret=interpret,
     )
     return call  # type: ignore[no-any-return]
 
 
-def scale_copy_call(kernel: Callable[..., None], x: jax.ShapeDtypeStruct,
-                    interpret: Interpret = False) -> Callable[[jax.Array], jax.Array]:
+def scale_copy_call(
+    kernel: Callable[..., None], x: jax.ShapeDtypeStruct, interpret: Interpret = False
+) -> Callable[[jax.Array], jax.Array]:
     scratch = [pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())]
     return _call(kernel, x, scratch, interpret)
 
 
-def reverse_halves_call(kernel: Callable[..., None], x: jax.ShapeDtypeStruct,
-                        interpret: Interpret = False) -> Callable[[jax.Array], jax.Array]:
+def reverse_halves_call(
+    kernel: Callable[..., None], x: jax.ShapeDtypeStruct, interpret: Interpret = False
+) -> Callable[[jax.Array], jax.Array]:
     scratch = [pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA((2,))]
     return _call(kernel, x, scratch, interpret)
 
 
-def double_buffered_call(kernel: Callable[..., None], x: jax.ShapeDtypeStruct,
-                         interpret: Interpret = False) -> Callable[[jax.Array], jax.Array]:
+def double_buffered_call(
+    kernel: Callable[..., None], x: jax.ShapeDtypeStruct, interpret: Interpret = False
+) -> Callable[[jax.Array], jax.Array]:
     chunk = (kernels_safedma.CHUNK, *x.shape[1:])
     scratch = [
         pltpu.VMEM((2, *chunk), x.dtype),
@@ -61,23 +69,30 @@ def double_buffered_call(kernel: Callable[..., None], x: jax.ShapeDtypeStruct,
     return _call(kernel, x, scratch, interpret)
 
 
-def ring_permute_call(kernel: Callable[..., None], mesh: Mesh, axis: str = "x",
-                      interpret: Interpret = False) -> Callable[[jax.Array], jax.Array]:
+def ring_permute_call(
+    kernel: Callable[..., None], mesh: Mesh, axis: str = "x", interpret: Interpret = False
+) -> Callable[[jax.Array], jax.Array]:
     """The ring permute over ``axis`` of ``mesh``, as a jitted shard_map."""
 
     def per_device(block: jax.Array) -> jax.Array:
         out = jax.ShapeDtypeStruct(block.shape, block.dtype)
         result: jax.Array = pl.pallas_call(
-            kernel, out_shape=out, in_specs=[HBM], out_specs=HBM,
+            kernel,
+            out_shape=out,
+            in_specs=[HBM],
+            out_specs=HBM,
             scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
             interpret=interpret,
         )(block)
         return result
 
-    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
-                           check_vma=False)
+    mapped = jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(axis), out_specs=P(axis), check_vma=False
+    )
     return jax.jit(mapped)
 
 
 def example_input(shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-    return jnp.arange(int(jnp.prod(jnp.array(shape))), dtype=jnp.float32).reshape(shape).astype(dtype)
+    return (
+        jnp.arange(int(jnp.prod(jnp.array(shape))), dtype=jnp.float32).reshape(shape).astype(dtype)
+    )

@@ -37,6 +37,7 @@ LANES = 128
 
 # --- MoE-style all-to-all: one semaphore, waited by total size -----------------
 
+
 def moe_all_to_all(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
     n = sd.axis_size(AXIS)
     me = sd.my_index(AXIS)
@@ -53,12 +54,18 @@ def moe_all_to_all(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
     sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 1) * rows)])
 
 
-def moe_call(kernel: Callable[..., None], mesh: Mesh | AbstractMesh,
-             pallas: Callable[..., Any] = pl.pallas_call) -> Callable[[jax.Array], jax.Array]:
+def moe_call(
+    kernel: Callable[..., None],
+    mesh: Mesh | AbstractMesh,
+    pallas: Callable[..., Any] = pl.pallas_call,
+) -> Callable[[jax.Array], jax.Array]:
     def per_device(x: jax.Array) -> jax.Array:
         result: jax.Array = pallas(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
-            out_specs=HBM, scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=[pltpu.SemaphoreType.DMA(())],
         )(x)
         return result
 
@@ -70,8 +77,15 @@ def moe_call(kernel: Callable[..., None], mesh: Mesh | AbstractMesh,
 
 # --- ragged-paged-attention-style prefetch: 2-D semaphores and views ----------
 
-def rpa_prefetch(table_smem: DataRef, pages_hbm: DataRef, o_hbm: DataRef, buf: DataRef,
-                 sems: SemArray2, out_sem: SemRef) -> None:
+
+def rpa_prefetch(
+    table_smem: DataRef,
+    pages_hbm: DataRef,
+    o_hbm: DataRef,
+    buf: DataRef,
+    sems: SemArray2,
+    out_sem: SemRef,
+) -> None:
     step = pl.program_id(0)
     steps = pl.num_programs(0)
 
@@ -96,9 +110,13 @@ def rpa_prefetch(table_smem: DataRef, pages_hbm: DataRef, o_hbm: DataRef, buf: D
     sd.LocalCopy(flat, o_hbm.at[step], out_sem).start().wait()
 
 
-def rpa_call(kernel: Callable[..., None], steps: int, num_pages: int,
-             pallas: Callable[..., Any] = pl.pallas_call,
-             scratch: list[Any] | None = None) -> Callable[[jax.Array, jax.Array], jax.Array]:
+def rpa_call(
+    kernel: Callable[..., None],
+    steps: int,
+    num_pages: int,
+    pallas: Callable[..., Any] = pl.pallas_call,
+    scratch: list[Any] | None = None,
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
     if scratch is None:
         scratch = [
             pltpu.VMEM((2, PAGES, PAGE_ROWS, LANES), jnp.float32),
@@ -106,7 +124,10 @@ def rpa_call(kernel: Callable[..., None], steps: int, num_pages: int,
             pltpu.SemaphoreType.DMA(()),
         ]
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(steps,), in_specs=[HBM], out_specs=HBM,
+        num_scalar_prefetch=1,
+        grid=(steps,),
+        in_specs=[HBM],
+        out_specs=HBM,
         scratch_shapes=scratch,
     )
     del num_pages
@@ -128,6 +149,7 @@ def rpa_scratch() -> list[Any]:
 
 
 # --- DMA future: started by one pallas_call, waited by another -----------------
+
 
 def future_start(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
     sd.LocalCopy(x_ref, o_ref, sem).start()
@@ -181,12 +203,16 @@ def pipelined_scale(x_hbm: DataRef, o_hbm: DataRef, buf: DataRef) -> None:
     sd.sync_copy(buf, o_hbm.at[pl.ds(0, BLOCK[0])])
 
 
-def pipeline_call(kernel: Callable[..., None], scratch: list[Any],
-                  pallas: Callable[..., Any] = pl.pallas_call) -> Callable[[jax.Array], jax.Array]:
+def pipeline_call(
+    kernel: Callable[..., None], scratch: list[Any], pallas: Callable[..., Any] = pl.pallas_call
+) -> Callable[[jax.Array], jax.Array]:
     def run(x: jax.Array) -> jax.Array:
         result: jax.Array = pallas(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
-            out_specs=HBM, scratch_shapes=scratch,
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
         )(x)
         return result
 

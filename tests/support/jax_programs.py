@@ -51,8 +51,11 @@ def copy_start(x: jax.Array) -> tuple[jax.Array, Future]:
     """Start copying ``x``; returns ``x`` (aliased, still being read) and the future."""
     shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
     x, out, sem = pl.pallas_call(
-        _start_kernel, out_shape=(shape, shape, pltpu.SemaphoreType.DMA(())),
-        in_specs=[ANY], out_specs=(ANY, ANY, SEM), input_output_aliases={0: 0},
+        _start_kernel,
+        out_shape=(shape, shape, pltpu.SemaphoreType.DMA(())),
+        in_specs=[ANY],
+        out_specs=(ANY, ANY, SEM),
+        input_output_aliases={0: 0},
     )(x)
     return x, (out, sem)
 
@@ -62,8 +65,11 @@ def copy_done(x: jax.Array, future: Future, *, wait: bool = True) -> jax.Array:
     out, sem = future
     kernel = _done_kernel if wait else _done_without_wait_kernel
     result: jax.Array = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[ANY, ANY, SEM], out_specs=ANY, input_output_aliases={1: 0},
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[ANY, ANY, SEM],
+        out_specs=ANY,
+        input_output_aliases={1: 0},
     )(x, out, sem)
     return result
 
@@ -89,8 +95,9 @@ def _double(x_ref: Any, o_ref: Any) -> None:
     o_ref[...] = x_ref[...] * 2.0
 
 
-def _pipeline_with_side_copy(x_hbm: Any, o_hbm: Any, side_hbm: Any, sem: Any, *,
-                             side_into_output: bool) -> None:
+def _pipeline_with_side_copy(
+    x_hbm: Any, o_hbm: Any, side_hbm: Any, sem: Any, *, side_into_output: bool
+) -> None:
     rows = x_hbm.shape[0]
     block = pl.BlockSpec((8, x_hbm.shape[1]), lambda i: (i, 0))
     # A manual DMA runs next to the pipeline: into its own output (fine), or,
@@ -98,7 +105,8 @@ def _pipeline_with_side_copy(x_hbm: Any, o_hbm: Any, side_hbm: Any, sem: Any, *,
     side = pltpu.make_async_copy(x_hbm, o_hbm if side_into_output else side_hbm, sem)
     side.start()
     pltpu.emit_pipeline(_double, grid=(rows // 8,), in_specs=[block], out_specs=[block])(
-        x_hbm, o_hbm)
+        x_hbm, o_hbm
+    )
     side.wait()
     if side_into_output:
         # The side output still has to be written: copy it from x, done in place.
@@ -112,7 +120,10 @@ def emit_pipeline_call(x: jax.Array, *, seeded_race: bool = False) -> tuple[jax.
     shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
     kernel = functools.partial(_pipeline_with_side_copy, side_into_output=seeded_race)
     doubled, side = pl.pallas_call(
-        kernel, out_shape=(shape, shape), in_specs=[ANY], out_specs=(ANY, ANY),
+        kernel,
+        out_shape=(shape, shape),
+        in_specs=[ANY],
+        out_specs=(ANY, ANY),
         scratch_shapes=[pltpu.SemaphoreType.DMA(())],
     )(x)
     return doubled, side
@@ -221,5 +232,6 @@ def ragged_paged_attention_inputs() -> tuple[jax.Array, ...]:
 def ragged_paged_attention_fn() -> Callable[..., jax.Array]:
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
-    return functools.partial(unjitted(rpa.ragged_paged_attention), num_kv_pages_per_block=2,
-                             num_queries_per_block=8)
+    return functools.partial(
+        unjitted(rpa.ragged_paged_attention), num_kv_pages_per_block=2, num_queries_per_block=8
+    )

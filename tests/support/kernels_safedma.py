@@ -47,9 +47,7 @@ def double_buffered(
     steps = x_hbm.shape[0] // CHUNK
 
     def fetch(step: jax.Array | int, slot: jax.Array | int) -> sd.LocalCopy:
-        return sd.LocalCopy(
-            x_hbm.at[pl.ds(step * CHUNK, CHUNK)], bufs.at[slot], in_sems.at[slot]
-        )
+        return sd.LocalCopy(x_hbm.at[pl.ds(step * CHUNK, CHUNK)], bufs.at[slot], in_sems.at[slot])
 
     fetch(0, 0).start()
 

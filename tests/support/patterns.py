@@ -20,26 +20,44 @@ MESH = abstract_mesh((4,), ("x",))
 X_SHARDED = jax.ShapeDtypeStruct((4 * 32, 128), jnp.float32, sharding=NamedSharding(MESH, P("x")))
 
 
-def local_call(kernel: Callable[..., None], scratch: Sequence[object] = (), *,
-               checked: bool = True, out_dtype: Any = None,
-               **options: Any) -> Callable[[jax.Array], jax.Array]:
+def local_call(
+    kernel: Callable[..., None],
+    scratch: Sequence[object] = (),
+    *,
+    checked: bool = True,
+    out_dtype: Any = None,
+    **options: Any,
+) -> Callable[[jax.Array], jax.Array]:
     """``kernel(x_ref, o_ref, *scratch)`` with x and o in HBM; sd.pallas_call when checked."""
+
     def run(x: jax.Array) -> jax.Array:
         out = jax.ShapeDtypeStruct(x.shape, out_dtype or x.dtype)
         if checked:
-            return sd.pallas_call(kernel, out, in_specs=[HBM], out_specs=HBM,
-                                  scratch_shapes=list(scratch), **options)(x)
+            return sd.pallas_call(
+                kernel, out, in_specs=[HBM], out_specs=HBM, scratch_shapes=list(scratch), **options
+            )(x)
         raw_scratch: list[Any] = list(scratch)
-        result: jax.Array = pl.pallas_call(kernel, out_shape=out, in_specs=[HBM], out_specs=HBM,
-                                           scratch_shapes=raw_scratch, **options)(x)
+        result: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=out,
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=raw_scratch,
+            **options,
+        )(x)
         return result
 
     return run
 
 
-def mesh_call(kernel: Callable[..., None], scratch: Sequence[object] = (), *,
-              checked: bool = True, mesh: AbstractMesh = MESH,
-              **options: Any) -> Callable[[jax.Array], jax.Array]:
+def mesh_call(
+    kernel: Callable[..., None],
+    scratch: Sequence[object] = (),
+    *,
+    checked: bool = True,
+    mesh: AbstractMesh = MESH,
+    **options: Any,
+) -> Callable[[jax.Array], jax.Array]:
     """``local_call`` inside ``jax.shard_map`` over ``mesh``'s "x" axis."""
     per_device = local_call(kernel, scratch, checked=checked, **options)
     mapped: Callable[[jax.Array], jax.Array] = jax.shard_map(

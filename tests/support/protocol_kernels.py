@@ -70,22 +70,40 @@ def r5_per_device_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray) -
     sd.LocalCopy(x_ref, o_ref, sems.at[me % 2]).start().wait()
 
 
-def r6_unwritten_staging_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, stage: sd.DataRef,
-                             send: sd.SemRef, recv: sd.SemRef, local: sd.SemRef) -> None:
+def r6_unwritten_staging_bug(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    stage: sd.DataRef,
+    send: sd.SemRef,
+    recv: sd.SemRef,
+    local: sd.SemRef,
+) -> None:
     del x_ref, local
     copy = sd.RemoteCopy(stage, o_ref, recv).with_send_sem(send)  # verify: r6
     copy.to(sd.neighbour(AXIS)).start().wait()  # verify: r6
 
 
-def r6_unwritten_staging_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, stage: sd.DataRef,
-                             send: sd.SemRef, recv: sd.SemRef, local: sd.SemRef) -> None:
+def r6_unwritten_staging_fix(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    stage: sd.DataRef,
+    send: sd.SemRef,
+    recv: sd.SemRef,
+    local: sd.SemRef,
+) -> None:
     sd.LocalCopy(x_ref, stage, local).start().wait()
     copy = sd.RemoteCopy(stage, o_ref, recv).with_send_sem(send)
     copy.to(sd.neighbour(AXIS)).start().wait()
 
 
-def r7_wrong_slot_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                      res: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef) -> None:
+def r7_wrong_slot_bug(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    sems: sd.SemArray,
+    out_sem: sd.SemRef,
+) -> None:
     sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()
     sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[1]).started_elsewhere().wait()  # verify: r7
@@ -95,8 +113,14 @@ def r7_wrong_slot_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def r7_wrong_slot_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                      res: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef) -> None:
+def r7_wrong_slot_fix(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    sems: sd.SemArray,
+    out_sem: sd.SemRef,
+) -> None:
     first = sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     second = sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()
     first.wait()
@@ -106,8 +130,9 @@ def r7_wrong_slot_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def r8_signal_after_exit_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef,
-                             ready: sd.RegularSem, late: sd.RegularSem) -> None:
+def r8_signal_after_exit_bug(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef, ready: sd.RegularSem, late: sd.RegularSem
+) -> None:
     sd.LocalCopy(x_ref, o_ref, sem).start().wait()
     me = sd.my_index(AXIS)
 
@@ -121,8 +146,9 @@ def r8_signal_after_exit_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRe
         sd.signal(late, 1, device=sd.device(x=1))  # verify: r8
 
 
-def r8_signal_after_exit_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef,
-                             ready: sd.RegularSem, late: sd.RegularSem) -> None:
+def r8_signal_after_exit_fix(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef, ready: sd.RegularSem, late: sd.RegularSem
+) -> None:
     sd.LocalCopy(x_ref, o_ref, sem).start().wait()
     me = sd.my_index(AXIS)
 
@@ -137,8 +163,14 @@ def r8_signal_after_exit_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRe
         sd.signal(late, 1, device=sd.device(x=1))
 
 
-def r9_shared_sem_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                      res: sd.DataRef, sem: sd.SemRef, out_sem: sd.SemRef) -> None:
+def r9_shared_sem_bug(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    sem: sd.SemRef,
+    out_sem: sd.SemRef,
+) -> None:
     a = sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
     b = sd.LocalCopy(_second(x_ref), bufs.at[1], sem).start()
     a.wait()  # verify: r9
@@ -148,8 +180,14 @@ def r9_shared_sem_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def r9_shared_sem_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                      res: sd.DataRef, sem: sd.SemRef, out_sem: sd.SemRef) -> None:
+def r9_shared_sem_fix(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    sem: sd.SemRef,
+    out_sem: sd.SemRef,
+) -> None:
     sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
     sd.LocalCopy(_second(x_ref), bufs.at[1], sem).start()
     sd.wait_all_into(bufs, sem)
@@ -158,11 +196,22 @@ def r9_shared_sem_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def early_wait_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
-                   send: sd.SemRef, sem: sd.SemRef, out_sem: sd.SemRef) -> None:
+def early_wait_bug(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    send: sd.SemRef,
+    sem: sd.SemRef,
+    out_sem: sd.SemRef,
+) -> None:
     local = sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
-    remote = (sd.RemoteCopy(_second(x_ref), bufs.at[1], sem).with_send_sem(send)
-              .to(sd.neighbour(AXIS)).start())
+    remote = (
+        sd.RemoteCopy(_second(x_ref), bufs.at[1], sem)
+        .with_send_sem(send)
+        .to(sd.neighbour(AXIS))
+        .start()
+    )
     local.wait()  # verify: early_wait
     res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: early_wait
     remote.wait()
@@ -170,11 +219,22 @@ def early_wait_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: 
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def early_wait_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
-                   send: sd.SemRef, sem: sd.SemRef, out_sem: sd.SemRef) -> None:
+def early_wait_fix(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    send: sd.SemRef,
+    sem: sd.SemRef,
+    out_sem: sd.SemRef,
+) -> None:
     sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
-    remote = (sd.RemoteCopy(_second(x_ref), bufs.at[1], sem).with_send_sem(send)
-              .to(sd.neighbour(AXIS)).start())
+    remote = (
+        sd.RemoteCopy(_second(x_ref), bufs.at[1], sem)
+        .with_send_sem(send)
+        .to(sd.neighbour(AXIS))
+        .start()
+    )
     sd.wait_all_into(bufs, sem)  # the local fetch and the neighbour's copy: all 8 KiB
     remote.wait_send()
     res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
@@ -188,32 +248,36 @@ def _barrier_round(sem: sd.BarrierSem | sd.RegularSem) -> None:
     sd.wait(sem, 2)  # verify: r10
 
 
-def r10_one_round_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef,
-                      recv: sd.SemRef, second: sd.RegularSem) -> None:
+def r10_one_round_bug(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef, second: sd.RegularSem
+) -> None:
     del second
     _barrier_round(sd.barrier_semaphore())
     copy = sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send)  # verify: r10
     copy.to(sd.neighbour(AXIS)).start().wait()  # verify: r10
 
 
-def r10_one_round_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef,
-                      recv: sd.SemRef, second: sd.RegularSem) -> None:
+def r10_one_round_fix(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef, second: sd.RegularSem
+) -> None:
     _barrier_round(sd.barrier_semaphore())
     _barrier_round(second)
     copy = sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send)
     copy.to(sd.neighbour(AXIS)).start().wait()
 
 
-def per_slot_leak_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                      sems: sd.SemArray, out_sem: sd.SemRef) -> None:
+def per_slot_leak_bug(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
+) -> None:
     sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()  # verify: leak
     sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).started_elsewhere().wait()
     sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
 
 
-def per_slot_leak_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                      sems: sd.SemArray, out_sem: sd.SemRef) -> None:
+def per_slot_leak_fix(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
+) -> None:
     first = sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     second = sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()
     first.wait()
@@ -261,8 +325,7 @@ def when_not_when_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> N
     pl.when(me >= 1)(wait)  # verify: when_not_when
 
 
-def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                 sems: sd.SemArray) -> None:
+def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray) -> None:
     steps = x_ref.shape[0] // CHUNK
 
     def write_back(step: jax.Array | int, slot: jax.Array | int) -> sd.LocalCopy:
@@ -287,8 +350,9 @@ def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     lax.fori_loop(0, steps, body, None)
 
 
-def writeback_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
-                  sems: sd.SemArray) -> None:
+def writeback_bug(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray
+) -> None:
     steps = x_ref.shape[0] // CHUNK
 
     def write_back(step: jax.Array | int, slot: jax.Array | int) -> sd.LocalCopy:
@@ -308,16 +372,28 @@ def writeback_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef,
     lax.fori_loop(0, steps, body, None)
 
 
-def _credit_ring(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
-                 send_sems: sd.SemArray, recv_sems: sd.SemArray, credits: sd.RegularSem,
-                 out_sem: sd.SemRef, *, check_credit: bool) -> None:
+def _credit_ring(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    send_sems: sd.SemArray,
+    recv_sems: sd.SemArray,
+    credits: sd.RegularSem,
+    out_sem: sd.SemRef,
+    *,
+    check_credit: bool,
+) -> None:
     messages = raw.CREDIT_MESSAGES
     rows = x_ref.shape[0] // messages
 
     def message(t: int) -> sd.RemoteCopy[sd.Given, sd.Given]:
         slot = t % 2
-        return (sd.RemoteCopy(x_ref.at[pl.ds(t * rows, rows)], bufs.at[slot], recv_sems.at[slot])
-                .with_send_sem(send_sems.at[slot]).to(sd.neighbour(AXIS)))
+        return (
+            sd.RemoteCopy(x_ref.at[pl.ds(t * rows, rows)], bufs.at[slot], recv_sems.at[slot])
+            .with_send_sem(send_sems.at[slot])
+            .to(sd.neighbour(AXIS))
+        )
 
     sd.signal(credits, 2, device=sd.neighbour(AXIS, -1))
     for t in range(messages):
@@ -334,18 +410,32 @@ def _credit_ring(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def credit_ring_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
-                   send_sems: sd.SemArray, recv_sems: sd.SemArray, credits: sd.RegularSem,
-                   out_sem: sd.SemRef) -> None:
-    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
-                 check_credit=True)
+def credit_ring_ok(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    send_sems: sd.SemArray,
+    recv_sems: sd.SemArray,
+    credits: sd.RegularSem,
+    out_sem: sd.SemRef,
+) -> None:
+    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=True)
 
 
-def credit_ring_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, res: sd.DataRef,
-                    send_sems: sd.SemArray, recv_sems: sd.SemArray, credits: sd.RegularSem,
-                    out_sem: sd.SemRef) -> None:
-    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
-                 check_credit=False)
+def credit_ring_bug(
+    x_ref: sd.DataRef,
+    o_ref: sd.DataRef,
+    bufs: sd.DataRef,
+    res: sd.DataRef,
+    send_sems: sd.SemArray,
+    recv_sems: sd.SemArray,
+    credits: sd.RegularSem,
+    out_sem: sd.SemRef,
+) -> None:
+    _credit_ring(
+        x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=False
+    )
 
 
 # ====================================================================== expectations
@@ -377,41 +467,118 @@ _RACE = r"^RaceDetectedError$"
 _LEFT = r"^LeftoverSemaphoreError$"
 
 EXPECT: dict[str, Expect] = {
-    "r5_static": Expect("R5", r"Range|Bounds|Index", r"(?i)out of (range|bounds)|outside",
-                        ALL, ("sems",), "r5_static",
-                        r"(?i)dma_semaphores\(3\)|index|semaphores"),
-    "r5_per_device": Expect("R5", r"Range|Bounds|Index", r"(?i)out of (range|bounds)|outside",
-                            ("x=2", "x=3"), ("sems",), "r5_per_device",
-                            r"(?i)dma_semaphores\(4\)|index|semaphores"),
-    "r6_unwritten_staging": Expect("R6", r"Race|Unwritten|Uninit|NeverWritten|Unset",
-                                   r"(?i)never written|nothing (ever )?wr|unwritten|"
-                                   r"uninitiali[sz]ed|not written", ALL, ("stage",), "r6",
-                                   r"(?i)writ|copy"),
-    "r7_wrong_slot": Expect("R7", _RACE, r"(?i)race|not ordered|before", ALL,
-                            ("bufs",), "r7", r"(?i)wait"),
-    "r8_signal_after_exit": Expect("R8", r"Leftover|AfterExit|Late|Exit",
-                                   r"(?i)after .*(left|exit)|not back to zero|at (kernel )?exit",
-                                   ("x=1",), ("late",), "r8", r"(?i)wait"),
-    "r9_shared_sem": Expect("R9", _RACE, r"(?i)race|not ordered|before", ALL,
-                            ("bufs", "sem"), "r9",
-                            r"(?i)wait_all_into|separate|own semaphore|total|all"),
-    "early_wait": Expect("R9", _RACE, r"(?i)race|not ordered|before", ALL,
-                         ("bufs", "sem"), "early_wait",
-                         r"(?i)wait_all_into|separate|own semaphore|total|all"),
-    "r10_one_round": Expect("R10", r"Race|Barrier|Entry|Entered|AfterExit|Unsatisfiable|Leftover",
-                            r"(?i)barrier|collective_id|invocation|entered|second round",
-                            ALL, ("o_ref", "recv", "barrier"), "r10",
-                            r"(?i)second (barrier )?round|barrier"),
-    "per_slot_leak": Expect("R4", _LEFT, r"(?i)not back to zero|leftover|never waited",
-                            ALL, ("sems",), "leak", r"(?i)wait"),
-    "cond_each_branch": Expect("R2", r"Leftover|Race", r"(?i)not back to zero|never waited|race",
-                               ("x=1", "x=3"), ("sem", "o_ref"), "cond_each_branch", r"(?i)wait"),
-    "when_not_when": Expect("R3", r"Unsatisfiable|Deadlock", r"(?i)never|deadlock|blocked",
-                            ("x=2",), ("sem",), "when_not_when", r"(?i)wait|start|signal"),
-    "credit_ring": Expect("R1", r"Race|Leftover|AfterExit", r"(?i)race|not ordered|not back to zero",
-                          ALL, ("bufs", "credits"), "credit_ring", r"(?i)wait|signal"),
-    "writeback": Expect("R4", r"Leftover|Race", r"(?i)not back to zero|never waited|race",
-                        ALL, ("sems", "o_ref"), "writeback", r"(?i)wait"),
+    "r5_static": Expect(
+        "R5",
+        r"Range|Bounds|Index",
+        r"(?i)out of (range|bounds)|outside",
+        ALL,
+        ("sems",),
+        "r5_static",
+        r"(?i)dma_semaphores\(3\)|index|semaphores",
+    ),
+    "r5_per_device": Expect(
+        "R5",
+        r"Range|Bounds|Index",
+        r"(?i)out of (range|bounds)|outside",
+        ("x=2", "x=3"),
+        ("sems",),
+        "r5_per_device",
+        r"(?i)dma_semaphores\(4\)|index|semaphores",
+    ),
+    "r6_unwritten_staging": Expect(
+        "R6",
+        r"Race|Unwritten|Uninit|NeverWritten|Unset",
+        r"(?i)never written|nothing (ever )?wr|unwritten|"
+        r"uninitiali[sz]ed|not written",
+        ALL,
+        ("stage",),
+        "r6",
+        r"(?i)writ|copy",
+    ),
+    "r7_wrong_slot": Expect(
+        "R7", _RACE, r"(?i)race|not ordered|before", ALL, ("bufs",), "r7", r"(?i)wait"
+    ),
+    "r8_signal_after_exit": Expect(
+        "R8",
+        r"Leftover|AfterExit|Late|Exit",
+        r"(?i)after .*(left|exit)|not back to zero|at (kernel )?exit",
+        ("x=1",),
+        ("late",),
+        "r8",
+        r"(?i)wait",
+    ),
+    "r9_shared_sem": Expect(
+        "R9",
+        _RACE,
+        r"(?i)race|not ordered|before",
+        ALL,
+        ("bufs", "sem"),
+        "r9",
+        r"(?i)wait_all_into|separate|own semaphore|total|all",
+    ),
+    "early_wait": Expect(
+        "R9",
+        _RACE,
+        r"(?i)race|not ordered|before",
+        ALL,
+        ("bufs", "sem"),
+        "early_wait",
+        r"(?i)wait_all_into|separate|own semaphore|total|all",
+    ),
+    "r10_one_round": Expect(
+        "R10",
+        r"Race|Barrier|Entry|Entered|AfterExit|Unsatisfiable|Leftover",
+        r"(?i)barrier|collective_id|invocation|entered|second round",
+        ALL,
+        ("o_ref", "recv", "barrier"),
+        "r10",
+        r"(?i)second (barrier )?round|barrier",
+    ),
+    "per_slot_leak": Expect(
+        "R4",
+        _LEFT,
+        r"(?i)not back to zero|leftover|never waited",
+        ALL,
+        ("sems",),
+        "leak",
+        r"(?i)wait",
+    ),
+    "cond_each_branch": Expect(
+        "R2",
+        r"Leftover|Race",
+        r"(?i)not back to zero|never waited|race",
+        ("x=1", "x=3"),
+        ("sem", "o_ref"),
+        "cond_each_branch",
+        r"(?i)wait",
+    ),
+    "when_not_when": Expect(
+        "R3",
+        r"Unsatisfiable|Deadlock",
+        r"(?i)never|deadlock|blocked",
+        ("x=2",),
+        ("sem",),
+        "when_not_when",
+        r"(?i)wait|start|signal",
+    ),
+    "credit_ring": Expect(
+        "R1",
+        r"Race|Leftover|AfterExit",
+        r"(?i)race|not ordered|not back to zero",
+        ALL,
+        ("bufs", "credits"),
+        "credit_ring",
+        r"(?i)wait|signal",
+    ),
+    "writeback": Expect(
+        "R4",
+        r"Leftover|Race",
+        r"(?i)not back to zero|never waited|race",
+        ALL,
+        ("sems", "o_ref"),
+        "writeback",
+        r"(?i)wait",
+    ),
 }
 
 
@@ -453,32 +620,66 @@ ROWS: tuple[Row, ...] = (
     Row("r6_unwritten_staging", lambda: [_block(), *_dma(3)], "silent"),
     # The race detector's vector clocks see this one: the wait on slot 1 orders
     # nothing with the copy into slot 0.
-    Row("r7_wrong_slot", lambda: [_chunks(), _block(), pltpu.SemaphoreType.DMA((2,)),
-                                  *_dma()], "silent", simulate_bug="RaceDetectedError"),
+    Row(
+        "r7_wrong_slot",
+        lambda: [_chunks(), _block(), pltpu.SemaphoreType.DMA((2,)), *_dma()],
+        "silent",
+        simulate_bug="RaceDetectedError",
+    ),
     # Depends on the schedule: the late signal is seen only if it lands before
     # device 1's exit check.
-    Row("r8_signal_after_exit", lambda: [*_dma(), pltpu.SemaphoreType.REGULAR,
-                                         pltpu.SemaphoreType.REGULAR], "silent",
-        simulate_bug="schedule-dependent"),
+    Row(
+        "r8_signal_after_exit",
+        lambda: [*_dma(), pltpu.SemaphoreType.REGULAR, pltpu.SemaphoreType.REGULAR],
+        "silent",
+        simulate_bug="schedule-dependent",
+    ),
     Row("r9_shared_sem", lambda: [_chunks(), _block(), *_dma(2)], "silent"),
     Row("early_wait", lambda: [_chunks(), _block(), *_dma(3)], "silent"),
-    Row("r10_one_round", lambda: [*_dma(2), pltpu.SemaphoreType.REGULAR], "silent",
-        collective_id=0, invocations=2),
-    Row("per_slot_leak", lambda: [_chunks(), pltpu.SemaphoreType.DMA((2,)), *_dma()], "leak",
-        simulate_bug="LeftoverSemaphoreError"),
+    Row(
+        "r10_one_round",
+        lambda: [*_dma(2), pltpu.SemaphoreType.REGULAR],
+        "silent",
+        collective_id=0,
+        invocations=2,
+    ),
+    Row(
+        "per_slot_leak",
+        lambda: [_chunks(), pltpu.SemaphoreType.DMA((2,)), *_dma()],
+        "leak",
+        simulate_bug="LeftoverSemaphoreError",
+    ),
     Row("cond_each_branch", lambda: _dma(), "false_alarm", simulate_bug="RaceDetectedError"),
     Row("when_not_when", lambda: _dma(), "false_alarm", simulate_bug="UnsatisfiableWaitError"),
-    Row("writeback", lambda: [_chunks(), pltpu.SemaphoreType.DMA((2,))], "false_alarm",
-        x_in_vmem=True, rows=4 * CHUNK, simulate_bug="RaceDetectedError"),
+    Row(
+        "writeback",
+        lambda: [_chunks(), pltpu.SemaphoreType.DMA((2,))],
+        "false_alarm",
+        x_in_vmem=True,
+        rows=4 * CHUNK,
+        simulate_bug="RaceDetectedError",
+    ),
 )
 ROW = {r.name: r for r in ROWS}
 # Flow control by credits on a REGULAR semaphore (safedma's reduce-scatter and
 # all-reduce use it): reusing a receive slot is safe because the credit that allows
 # it is issued after the slot was read.
-ROWS += (Row("credit_ring", lambda: [
-    pltpu.VMEM((2, CHUNK, BLOCK[1]), F32), pltpu.VMEM((6 * CHUNK, BLOCK[1]), F32),
-    pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.REGULAR,
-    *_dma()], "false_alarm", rows=6 * CHUNK, simulate_bug="RaceDetectedError"),)
+ROWS += (
+    Row(
+        "credit_ring",
+        lambda: [
+            pltpu.VMEM((2, CHUNK, BLOCK[1]), F32),
+            pltpu.VMEM((6 * CHUNK, BLOCK[1]), F32),
+            pltpu.SemaphoreType.DMA((2,)),
+            pltpu.SemaphoreType.DMA((2,)),
+            pltpu.SemaphoreType.REGULAR,
+            *_dma(),
+        ],
+        "false_alarm",
+        rows=6 * CHUNK,
+        simulate_bug="RaceDetectedError",
+    ),
+)
 ROW["credit_ring"] = ROWS[-1]
 
 # Correct spellings that safedma's trace-time checks reject (none since the checks
@@ -564,20 +765,30 @@ def _variants(row: Row) -> tuple[str, str]:
 
 CASES: tuple[Case, ...] = tuple(
     Case(row, flavour, variant)
-    for row in ROWS for variant in _variants(row) for flavour in ("pltpu", "safedma")
+    for row in ROWS
+    for variant in _variants(row)
+    for flavour in ("pltpu", "safedma")
 )
 
 
-def cases(*, kind: str | None = None, variant: str | None = None,
-          flavour: str | None = None) -> list[Case]:
-    return [c for c in CASES if (kind is None or c.row.kind == kind)
-            and (variant is None or c.variant == variant)
-            and (flavour is None or c.flavour == flavour)]
+def cases(
+    *, kind: str | None = None, variant: str | None = None, flavour: str | None = None
+) -> list[Case]:
+    return [
+        c
+        for c in CASES
+        if (kind is None or c.row.kind == kind)
+        and (variant is None or c.variant == variant)
+        and (flavour is None or c.flavour == flavour)
+    ]
 
 
 def kernel_call(kernel: Kernel, row: Row, *, safedma: bool) -> Callable[[jax.Array], jax.Array]:
-    params = (pltpu.CompilerParams(collective_id=row.collective_id)
-              if row.collective_id is not None else None)
+    params = (
+        pltpu.CompilerParams(collective_id=row.collective_id)
+        if row.collective_id is not None
+        else None
+    )
     in_spec = VMEM_BLOCK if row.x_in_vmem else HBM
 
     def per_device(x: jax.Array) -> jax.Array:
@@ -585,12 +796,24 @@ def kernel_call(kernel: Kernel, row: Row, *, safedma: bool) -> Callable[[jax.Arr
         extra: dict[str, Any] = {} if params is None else {"compiler_params": params}
         if safedma:
             result: jax.Array = sd.pallas_call(
-                kernel, out, in_specs=[in_spec], out_specs=HBM,
-                scratch_shapes=row.scratch(), name=kernel.__name__, **extra)(x)
+                kernel,
+                out,
+                in_specs=[in_spec],
+                out_specs=HBM,
+                scratch_shapes=row.scratch(),
+                name=kernel.__name__,
+                **extra,
+            )(x)
         else:
             result = pl.pallas_call(
-                kernel, out_shape=out, in_specs=[in_spec], out_specs=HBM,
-                scratch_shapes=row.scratch(), name=kernel.__name__, **extra)(x)
+                kernel,
+                out_shape=out,
+                in_specs=[in_spec],
+                out_specs=HBM,
+                scratch_shapes=row.scratch(),
+                name=kernel.__name__,
+                **extra,
+            )(x)
         return result
 
     return per_device
@@ -643,11 +866,11 @@ def trace(case: Case, mesh: Any) -> None:
     """Trace ``case`` under shard_map on ``mesh``: runs every trace-time check, nothing else."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    mapped = jax.shard_map(case.program(), mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS),
-                           check_vma=False)
+    mapped = jax.shard_map(
+        case.program(), mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False
+    )
     shape = global_shape(case.row, int(np.prod(mesh.devices.shape)))
-    jax.jit(mapped).trace(jax.ShapeDtypeStruct(shape, F32,
-                                               sharding=NamedSharding(mesh, P(AXIS))))
+    jax.jit(mapped).trace(jax.ShapeDtypeStruct(shape, F32, sharding=NamedSharding(mesh, P(AXIS))))
 
 
 def abstract_ring(devices: int = RING) -> Any:
@@ -673,8 +896,10 @@ def marked_lines(path: Path, marker: str) -> tuple[int, ...]:
 def names_line(message: str, path: Path, lines: Sequence[int]) -> bool:
     """Whether ``message`` names ``path`` at one of ``lines`` (``file.py:LINE``)."""
     alternatives = "|".join(str(n) for n in lines)
-    return re.search(rf"{re.escape(path.name)}\"?(?::|, line )(?:{alternatives})\b",
-                     message) is not None
+    return (
+        re.search(rf"{re.escape(path.name)}\"?(?::|, line )(?:{alternatives})\b", message)
+        is not None
+    )
 
 
 def class_names(error: BaseException) -> list[str]:
@@ -698,8 +923,9 @@ def problems(error: BaseException, expect: Expect, source: Path) -> list[str]:
     if not any(re.search(rf"\b{re.escape(n)}\b", message) for n in expect.names):
         found.append(f"none of the parameters {expect.names} is named")
     if not names_line(message, source, marked_lines(source, expect.marker)):
-        found.append(f"the user's line ({source.name}:"
-                     f"{marked_lines(source, expect.marker)}) is not named")
+        found.append(
+            f"the user's line ({source.name}:{marked_lines(source, expect.marker)}) is not named"
+        )
     if not re.search(expect.fix, message):
         found.append(f"no fix ({expect.fix!r}) is given")
     if re.search(r"safedma/(testing/_verify|_copies|_semaphores)[^\s]*\.py:\d+", message):
@@ -720,9 +946,13 @@ def params(selected: Sequence[Case]) -> list[Any]:
         marks: list[Any] = []
         if case.trace_rejects:
             error = getattr(sd, case.trace_rejects.split(":")[0])
-            marks.append(pytest.mark.xfail(
-                strict=True, raises=error,
-                reason=f"trace-time false alarm: {case.trace_rejects}"))
+            marks.append(
+                pytest.mark.xfail(
+                    strict=True,
+                    raises=error,
+                    reason=f"trace-time false alarm: {case.trace_rejects}",
+                )
+            )
         out.append(pytest.param(case, id=case.id, marks=marks))
     return out
 
@@ -740,8 +970,10 @@ def assert_caught(case: Case, error: BaseException) -> None:
     if case.trace_catch and type(error).__name__ == case.trace_catch:
         return  # safedma's trace check already rejects this spelling, for this mistake
     found = problems(error, expect, case.source)
-    assert not found, (f"{case.id} ({expect.row}): verify raised {type(error).__name__}, "
-                       "but: " + "; ".join(found) + f"\n\nThe message:\n{error}")
+    assert not found, (
+        f"{case.id} ({expect.row}): verify raised {type(error).__name__}, "
+        "but: " + "; ".join(found) + f"\n\nThe message:\n{error}"
+    )
 
 
 def assert_clean(report: Any, devices: int = RING) -> None:

@@ -77,18 +77,25 @@ def r5_per_device_fix(x_ref: Any, o_ref: Any, sems: Any) -> None:
 # ------------------------------------------------------------------ R6: unwritten data
 
 
-def r6_unwritten_staging_bug(x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any,
-                             local: Any) -> None:
+def r6_unwritten_staging_bug(
+    x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any, local: Any
+) -> None:
     """Sends the VMEM staging buffer to the right neighbour; nothing ever wrote it."""
     del x_ref, local
-    c = pltpu.make_async_remote_copy(stage, o_ref, send, recv,  # verify: r6
-                                     device_id=_ring(1))
+    c = pltpu.make_async_remote_copy(
+        stage,
+        o_ref,
+        send,
+        recv,  # verify: r6
+        device_id=_ring(1),
+    )
     c.start()  # verify: r6
     c.wait()
 
 
-def r6_unwritten_staging_fix(x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any,
-                             local: Any) -> None:
+def r6_unwritten_staging_fix(
+    x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any, local: Any
+) -> None:
     fill = pltpu.make_async_copy(x_ref, stage, local)
     fill.start()
     fill.wait()
@@ -100,8 +107,7 @@ def r6_unwritten_staging_fix(x_ref: Any, o_ref: Any, stage: Any, send: Any, recv
 # ------------------------------------------------------------------ R7: wrong slot
 
 
-def r7_wrong_slot_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any,
-                      out_sem: Any) -> None:
+def r7_wrong_slot_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any, out_sem: Any) -> None:
     """Chunk 0's wait is on slot 1: the counts balance, chunk 0 is read unguarded."""
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).start()
@@ -112,8 +118,7 @@ def r7_wrong_slot_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any,
     _write_out(res, o_ref, out_sem)
 
 
-def r7_wrong_slot_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any,
-                      out_sem: Any) -> None:
+def r7_wrong_slot_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any, out_sem: Any) -> None:
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).start()
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).wait()
@@ -159,8 +164,7 @@ def r8_signal_after_exit_fix(x_ref: Any, o_ref: Any, sem: Any, ready: Any, late:
 # ------------------------------------------------------------------ R9: shared semaphore
 
 
-def r9_shared_sem_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any,
-                      out_sem: Any) -> None:
+def r9_shared_sem_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any, out_sem: Any) -> None:
     """Two same-sized copies on one semaphore; the first wait may count the second's bytes."""
     a = pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem)
     b = pltpu.make_async_copy(_second(x_ref), bufs.at[1], sem)
@@ -173,8 +177,7 @@ def r9_shared_sem_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any,
     _write_out(res, o_ref, out_sem)
 
 
-def r9_shared_sem_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any,
-                      out_sem: Any) -> None:
+def r9_shared_sem_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any, out_sem: Any) -> None:
     """The same copies, one aggregate wait for both before either chunk is read."""
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem).start()
     pltpu.make_async_copy(_second(x_ref), bufs.at[1], sem).start()
@@ -184,8 +187,9 @@ def r9_shared_sem_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any,
     _write_out(res, o_ref, out_sem)
 
 
-def early_wait_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any,
-                   out_sem: Any) -> None:
+def early_wait_bug(
+    x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any, out_sem: Any
+) -> None:
     """``sem`` counts a local fetch and the left neighbour's incoming copy (MoE style).
 
     The local handle's wait returns as soon as 4 KiB arrived: the neighbour's
@@ -193,8 +197,7 @@ def early_wait_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: 
     """
     local = pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem)
     local.start()
-    remote = pltpu.make_async_remote_copy(_second(x_ref), bufs.at[1], send, sem,
-                                          device_id=_ring(1))
+    remote = pltpu.make_async_remote_copy(_second(x_ref), bufs.at[1], send, sem, device_id=_ring(1))
     remote.start()
     local.wait()  # verify: early_wait
     res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: early_wait
@@ -203,12 +206,12 @@ def early_wait_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: 
     _write_out(res, o_ref, out_sem)
 
 
-def early_wait_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any,
-                   out_sem: Any) -> None:
+def early_wait_fix(
+    x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any, out_sem: Any
+) -> None:
     """Wait the total (local + incoming) before reading either chunk."""
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem).start()
-    remote = pltpu.make_async_remote_copy(_second(x_ref), bufs.at[1], send, sem,
-                                          device_id=_ring(1))
+    remote = pltpu.make_async_remote_copy(_second(x_ref), bufs.at[1], send, sem, device_id=_ring(1))
     remote.start()
     pltpu.make_async_copy(bufs, bufs, sem).wait()
     remote.wait_send()
@@ -230,8 +233,13 @@ def r10_one_round_bug(x_ref: Any, o_ref: Any, send: Any, recv: Any, second: Any)
     """A ring permute behind one barrier round: a neighbour's next call can pass it for us."""
     del second
     _barrier_round(pltpu.get_barrier_semaphore())
-    c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv,  # verify: r10
-                                     device_id=_ring(1))
+    c = pltpu.make_async_remote_copy(
+        x_ref,
+        o_ref,
+        send,
+        recv,  # verify: r10
+        device_id=_ring(1),
+    )
     c.start()  # verify: r10
     c.wait()
 
@@ -335,8 +343,9 @@ def writeback_ok(x_ref: Any, o_ref: Any, bufs: Any, sems: Any) -> None:
     steps = x_ref.shape[0] // CHUNK
 
     def write_back(step: Any, slot: Any) -> Any:
-        return pltpu.make_async_copy(bufs.at[slot], o_ref.at[pl.ds(step * CHUNK, CHUNK)],
-                                     sems.at[slot])
+        return pltpu.make_async_copy(
+            bufs.at[slot], o_ref.at[pl.ds(step * CHUNK, CHUNK)], sems.at[slot]
+        )
 
     def body(step: Any, carry: None) -> None:
         slot = step % 2
@@ -363,8 +372,9 @@ def writeback_bug(x_ref: Any, o_ref: Any, bufs: Any, sems: Any) -> None:
     steps = x_ref.shape[0] // CHUNK
 
     def write_back(step: Any, slot: Any) -> Any:
-        return pltpu.make_async_copy(bufs.at[slot], o_ref.at[pl.ds(step * CHUNK, CHUNK)],
-                                     sems.at[slot])
+        return pltpu.make_async_copy(
+            bufs.at[slot], o_ref.at[pl.ds(step * CHUNK, CHUNK)], sems.at[slot]
+        )
 
     def body(step: Any, carry: None) -> None:
         slot = step % 2
@@ -393,8 +403,18 @@ def local_ring(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
 CREDIT_MESSAGES = 6
 
 
-def _credit_ring(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any, recv_sems: Any,
-                 credits: Any, out_sem: Any, *, check_credit: bool) -> None:
+def _credit_ring(
+    x_ref: Any,
+    o_ref: Any,
+    bufs: Any,
+    res: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    credits: Any,
+    out_sem: Any,
+    *,
+    check_credit: bool,
+) -> None:
     """Each device sends CREDIT_MESSAGES chunks to its right neighbour through two receive
     slots; a slot is reused only after the receiver read it and returned a credit.
 
@@ -409,8 +429,12 @@ def _credit_ring(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any, re
     def message(t: int) -> Any:
         slot = t % 2
         return pltpu.make_async_remote_copy(
-            x_ref.at[pl.ds(t * rows, rows)], bufs.at[slot], send_sems.at[slot],
-            recv_sems.at[slot], device_id=_ring(1))
+            x_ref.at[pl.ds(t * rows, rows)],
+            bufs.at[slot],
+            send_sems.at[slot],
+            recv_sems.at[slot],
+            device_id=_ring(1),
+        )
 
     pl.semaphore_signal(credits, 2, device_id=_ring(-1))
     for t in range(CREDIT_MESSAGES):
@@ -428,24 +452,51 @@ def _credit_ring(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any, re
     _write_out(res, o_ref, out_sem)
 
 
-def credit_ring_ok(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any,
-                   recv_sems: Any, credits: Any, out_sem: Any) -> None:
-    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
-                 check_credit=True)
+def credit_ring_ok(
+    x_ref: Any,
+    o_ref: Any,
+    bufs: Any,
+    res: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    credits: Any,
+    out_sem: Any,
+) -> None:
+    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=True)
 
 
-def credit_ring_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, send_sems: Any,
-                    recv_sems: Any, credits: Any, out_sem: Any) -> None:
-    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem,
-                 check_credit=False)
+def credit_ring_bug(
+    x_ref: Any,
+    o_ref: Any,
+    bufs: Any,
+    res: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    credits: Any,
+    out_sem: Any,
+) -> None:
+    _credit_ring(
+        x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=False
+    )
 
 
 # ------------------------------------------------------------------ property tests
 
 
-def chunked_ring(x_ref: Any, o_ref: Any, buf: Any, send_sems: Any, recv_sems: Any,
-                 out_sem: Any, *, shift: int, chunks: int, slots: int, drop: int | None = None,
-                 shifted: int | None = None) -> None:
+def chunked_ring(
+    x_ref: Any,
+    o_ref: Any,
+    buf: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    out_sem: Any,
+    *,
+    shift: int,
+    chunks: int,
+    slots: int,
+    drop: int | None = None,
+    shifted: int | None = None,
+) -> None:
     """Send ``x`` in ``chunks`` row chunks to the device ``shift`` along the ring into
     ``buf``, chunk c on semaphore slot ``c % slots``; wait every chunk, then copy ``buf``
     out. Seeded bugs: ``drop`` leaves chunk ``drop``'s waits out; ``shifted`` waits chunk
@@ -455,8 +506,12 @@ def chunked_ring(x_ref: Any, o_ref: Any, buf: Any, send_sems: Any, recv_sems: An
     for c in range(chunks):
         slot = c % slots
         copy = pltpu.make_async_remote_copy(
-            x_ref.at[pl.ds(c * rows, rows)], buf.at[pl.ds(c * rows, rows)],
-            send_sems.at[slot], recv_sems.at[slot], device_id=_ring(shift))
+            x_ref.at[pl.ds(c * rows, rows)],
+            buf.at[pl.ds(c * rows, rows)],
+            send_sems.at[slot],
+            recv_sems.at[slot],
+            device_id=_ring(shift),
+        )
         copy.start()
         copies.append(copy)
     for c, copy in enumerate(copies):
@@ -465,8 +520,9 @@ def chunked_ring(x_ref: Any, o_ref: Any, buf: Any, send_sems: Any, recv_sems: An
         copy.wait_send()
         if c == shifted:
             wrong = (c + 1) % slots
-            pltpu.make_async_copy(buf.at[pl.ds(c * rows, rows)], buf.at[pl.ds(c * rows, rows)],
-                                  recv_sems.at[wrong]).wait()
+            pltpu.make_async_copy(
+                buf.at[pl.ds(c * rows, rows)], buf.at[pl.ds(c * rows, rows)], recv_sems.at[wrong]
+            ).wait()
         else:
             copy.wait_recv()
     _write_out(buf, o_ref, out_sem)

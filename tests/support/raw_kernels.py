@@ -75,8 +75,12 @@ def _uses(fn: ast.FunctionDef, name: str) -> tuple[int, bool]:
         count = len(node.slice.elts) if isinstance(node.slice, ast.Tuple) else 1
         if isinstance(target, ast.Name) and target.id == name:
             plain = True
-        if (isinstance(target, ast.Attribute) and target.attr == "at"
-                and isinstance(target.value, ast.Name) and target.value.id == name):
+        if (
+            isinstance(target, ast.Attribute)
+            and target.attr == "at"
+            and isinstance(target.value, ast.Name)
+            and target.value.id == name
+        ):
             at_rank = max(at_rank, count)
     return at_rank, plain
 
@@ -97,14 +101,17 @@ def _brand(fn: ast.FunctionDef, arg: ast.arg, ranks: bool) -> str | None:
     return None
 
 
-def _forwarded(tree: ast.Module, fn: ast.FunctionDef, name: str,
-               brands: dict[tuple[str, str], str]) -> str | None:
+def _forwarded(
+    tree: ast.Module, fn: ast.FunctionDef, name: str, brands: dict[tuple[str, str], str]
+) -> str | None:
     """The brand of the kernel parameter that ``fn`` passes its parameter ``name`` to."""
     for node in ast.walk(fn):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
             continue
-        callee = next((d for d in tree.body if isinstance(d, ast.FunctionDef)
-                       and d.name == node.func.id), None)
+        callee = next(
+            (d for d in tree.body if isinstance(d, ast.FunctionDef) and d.name == node.func.id),
+            None,
+        )
         if callee is None:
             continue
         params = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]]
@@ -184,16 +191,29 @@ def prepare(workdir: Path, *, ranks: bool = True) -> tuple[list[Path], int]:
     return copies, total
 
 
-_MYPY_LINE = re.compile(r"^(?P<path>.+?):(?P<line>\d+): error: (?P<msg>.*?)(?:  \[(?P<code>[a-z0-9-]+)\])?$")
+_MYPY_LINE = re.compile(
+    r"^(?P<path>.+?):(?P<line>\d+): error: (?P<msg>.*?)(?:  \[(?P<code>[a-z0-9-]+)\])?$"
+)
 
 
 def run_mypy(files: Iterable[Path], workdir: Path, stubs: Path | None) -> list[Finding]:
     """mypy as a user runs it on an existing kernel: default strictness with bodies checked."""
     paths = [str(REPO)] + ([str(stubs / "mypy")] if stubs is not None else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    cmd = [sys.executable, "-m", "mypy", "--check-untyped-defs", "--no-error-summary",
-           "--show-error-codes", "--no-pretty", "--no-color-output", "--follow-imports=silent",
-           "--cache-dir", str(workdir / ".mypy_cache"), *(f.name for f in files)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--check-untyped-defs",
+        "--no-error-summary",
+        "--show-error-codes",
+        "--no-pretty",
+        "--no-color-output",
+        "--follow-imports=silent",
+        "--cache-dir",
+        str(workdir / ".mypy_cache"),
+        *(f.name for f in files),
+    ]
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"mypy crashed:\n{proc.stdout}\n{proc.stderr}")
@@ -204,8 +224,9 @@ def run_mypy(files: Iterable[Path], workdir: Path, stubs: Path | None) -> list[F
             continue
         path = workdir / match["path"]
         text = path.read_text().splitlines()[int(match["line"]) - 1]
-        findings.append(Finding("mypy", path.name, int(match["line"]), match["code"] or "",
-                                match["msg"], text))
+        findings.append(
+            Finding("mypy", path.name, int(match["line"]), match["code"] or "", match["msg"], text)
+        )
     return findings
 
 
@@ -219,8 +240,15 @@ def run_pyright(files: Iterable[Path], workdir: Path, stubs: Path | None) -> lis
     (workdir / "pyrightconfig.json").write_text(json.dumps(config))
     exe = Path(sys.executable).parent / "pyright"
     pyright = str(exe) if exe.exists() else (shutil.which("pyright") or "pyright")
-    cmd = [pyright, "-p", str(workdir), "--pythonpath", sys.executable, "--outputjson",
-           *(str(f) for f in files)]
+    cmd = [
+        pyright,
+        "-p",
+        str(workdir),
+        "--pythonpath",
+        sys.executable,
+        "--outputjson",
+        *(str(f) for f in files),
+    ]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, check=False)
     data = json.loads(proc.stdout)
     findings = []
@@ -230,6 +258,14 @@ def run_pyright(files: Iterable[Path], workdir: Path, stubs: Path | None) -> lis
         path = Path(d["file"])
         line = d["range"]["start"]["line"] + 1
         text = path.read_text().splitlines()[line - 1]
-        findings.append(Finding("pyright", path.name, line, d.get("rule") or "",
-                                d["message"].replace("\xa0", " ").splitlines()[0], text))
+        findings.append(
+            Finding(
+                "pyright",
+                path.name,
+                line,
+                d.get("rule") or "",
+                d["message"].replace("\xa0", " ").splitlines()[0],
+                text,
+            )
+        )
     return findings

@@ -61,8 +61,9 @@ def gamma(k: int, u: float) -> float:
     return k * u / (1 - k * u)
 
 
-def example(mesh: Mesh, ring: int, chunk: tuple[int, int], dtype: DType,
-            seed: int = 0) -> jax.Array:
+def example(
+    mesh: Mesh, ring: int, chunk: tuple[int, int], dtype: DType, seed: int = 0
+) -> jax.Array:
     """Standard normal values: each device's block holds ``ring`` chunks."""
     rows = mesh.devices.size * ring * chunk[0]
     values = np.random.default_rng(seed).standard_normal((rows, chunk[1]))
@@ -109,9 +110,15 @@ def scatter(full: np.ndarray, mesh: Mesh, axis: str) -> np.ndarray:
     return np.concatenate(chunks)
 
 
-def assert_sum_close(out: jax.Array, x: jax.Array, mesh: Mesh, axis: str,
-                     collective: Callable[[jax.Array, str], jax.Array],
-                     exact: np.ndarray, abs_sum: np.ndarray) -> None:
+def assert_sum_close(
+    out: jax.Array,
+    x: jax.Array,
+    mesh: Mesh,
+    axis: str,
+    collective: Callable[[jax.Array, str], jax.Array],
+    exact: np.ndarray,
+    abs_sum: np.ndarray,
+) -> None:
     """``out`` is ``collective(x, axis)`` within the module docstring's bounds."""
     n = mesh.shape[axis]
     dtype = np.dtype(x.dtype)

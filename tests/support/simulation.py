@@ -42,8 +42,12 @@ def hbm_call(
 
     def call(x: jax.Array) -> jax.Array:
         out: jax.Array = pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM], out_specs=HBM, scratch_shapes=list(scratch), **extra,
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=list(scratch),
+            **extra,
         )(x)
         return out
 
@@ -63,7 +67,8 @@ def ring_kernel(axis: str = "x", names: Sequence[str] = ("x",)) -> Kernel:
 
     def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
         target: Any = {
-            n: (jax.lax.axis_index(n) + 1) % jax.lax.axis_size(n) if n == axis
+            n: (jax.lax.axis_index(n) + 1) % jax.lax.axis_size(n)
+            if n == axis
             else jax.lax.axis_index(n)
             for n in names
         }
@@ -76,13 +81,15 @@ def ring_kernel(axis: str = "x", names: Sequence[str] = ("x",)) -> Kernel:
 
 def run_ring(mesh: Mesh, axis: str = "x") -> None:
     """A clean ring permute along ``axis``; checks the result."""
-    shape = tuple(b * s for b, s in zip(BLOCK, mesh.devices.shape)) if mesh.devices.ndim == 2 \
+    shape = (
+        tuple(b * s for b, s in zip(BLOCK, mesh.devices.shape))
+        if mesh.devices.ndim == 2
         else (BLOCK[0] * mesh.devices.size, BLOCK[1])
+    )
     x = example(shape)
     spec = P(*mesh.axis_names)
     kernel = ring_kernel(axis, tuple(str(n) for n in mesh.axis_names))
-    out = simulate(hbm_call(kernel, dma(2)), x, mesh=mesh, in_specs=spec,
-                   out_specs=spec)
+    out = simulate(hbm_call(kernel, dma(2)), x, mesh=mesh, in_specs=spec, out_specs=spec)
     dim = list(mesh.axis_names).index(axis)
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), BLOCK[dim], axis=dim))
 
@@ -141,8 +148,7 @@ def slow_sender(steps: int) -> Callable[..., None]:
 
     def kernel(x_ref: Any, o_ref: Any, buf: Any, send: Any, recv: Any) -> None:
         me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv,
-                                            device_id={"x": (me + 1) % n})
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": (me + 1) % n})
 
         @pl.when(me == 0)
         def _() -> None:

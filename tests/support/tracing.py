@@ -21,8 +21,19 @@ from jax.sharding import PartitionSpec as P
 import safedma
 
 __all__ = [
-    "ANY", "DMA", "ENTRIES", "F32", "SHAPE", "TWO_DMA", "VMEM", "Kernel",
-    "assert_mentions", "mesh_of", "ring", "trace", "trace_on_mesh",
+    "ANY",
+    "DMA",
+    "ENTRIES",
+    "F32",
+    "SHAPE",
+    "TWO_DMA",
+    "VMEM",
+    "Kernel",
+    "assert_mentions",
+    "mesh_of",
+    "ring",
+    "trace",
+    "trace_on_mesh",
 ]
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -30,6 +41,7 @@ F32 = jnp.float32
 SHAPE = (2, 8, 128)  # the shape of x_ref / o_ref seen by each kernel instance
 
 Kernel = Callable[..., None]
+
 
 def _call(
     kernel: Kernel,
@@ -96,9 +108,11 @@ def trace_on_mesh(
         out = jax.ShapeDtypeStruct(x.shape, x.dtype)
         return _call(kernel, out, scratch, entry=entry, compiler_params=params)(x)
 
-    global_shape = tuple(n * s for n, s in zip(SHAPE, mesh_shape)) + SHAPE[len(mesh_shape):]
+    global_shape = tuple(n * s for n, s in zip(SHAPE, mesh_shape)) + SHAPE[len(mesh_shape) :]
     x = jax.ShapeDtypeStruct(global_shape, F32, sharding=NamedSharding(mesh, spec))
-    f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+    f = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    )
     jax.eval_shape(f, x)
 
 
@@ -122,5 +136,3 @@ def ring(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> Any:
         .with_send_sem(send_sem)
         .to(safedma.neighbour("x"))
     )
-
-

@@ -50,9 +50,7 @@ def local_copy_kernel(x_ref, o_ref, sem):
 def ring_kernel(x_ref, o_ref, send_sem, recv_sem):
     me = jax.lax.axis_index("x")
     n = jax.lax.axis_size("x")
-    copy = pltpu.make_async_remote_copy(
-        x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,)
-    )
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,))
     copy.start()
     copy.wait()
 
@@ -87,9 +85,7 @@ local_copy = _hbm_call(local_copy_kernel, [DMA])
 ring = _hbm_call(ring_kernel, [DMA, DMA])
 ring_2d = _hbm_call(ring_2d_kernel, [DMA, DMA])
 # 2**21 x 128 float32 = 1 GiB of VMEM, far beyond any TPU's.
-huge_scratch = _hbm_call(
-    huge_scratch_kernel, [pltpu.VMEM((2**21, 128), jnp.float32), DMA]
-)
+huge_scratch = _hbm_call(huge_scratch_kernel, [pltpu.VMEM((2**21, 128), jnp.float32), DMA])
 
 
 def _global(rows_per_device: int, devices: int) -> jax.ShapeDtypeStruct:
@@ -130,13 +126,9 @@ def test_already_sharded_function():
     mesh = tpu_mesh("tpu7x:2x2x1")
 
     def permute(x):
-        return jax.shard_map(
-            ring, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False
-        )(x)
+        return jax.shard_map(ring, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)(x)
 
-    report = compile_for_tpu(
-        permute, _global(8, 4), topology="tpu7x:2x2x1", per_device=False
-    )
+    report = compile_for_tpu(permute, _global(8, 4), topology="tpu7x:2x2x1", per_device=False)
     _check(report, "tpu7x:2x2x1", "test_already_sharded_function.<locals>.permute")
     assert report.kernel_names == ("ring_kernel",)
 

@@ -56,8 +56,11 @@ def test_unsatisfiable_safedma_wait_is_located_at_the_users_line() -> None:
         sd.LocalCopy(buf, o_ref, out_sem).start().wait()
 
     with pytest.raises(UnsatisfiableWaitError) as info:
-        simulate(hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]),
-                 example((32, 128)), timeout_s=30.0)
+        simulate(
+            hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]),
+            example((32, 128)),
+            timeout_s=30.0,
+        )
     [stuck] = info.value.waits
     assert stuck.location is not None
     assert f"{__file__}:{_line_of('marker: aggregate wait')} " in stuck.location
@@ -68,21 +71,24 @@ def test_copies_started_from_different_lines_are_reported_separately() -> None:
     # Before: every start was "safedma/copies.py:127", merged as "started 5 times".
     def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any, out_sem: Any) -> None:
         for i in range(4):
-            sd.LocalCopy(x_ref.at[pl.ds(8 * i, 8)], buf.at[pl.ds(8 * i, 8)],
-                         sem).start()  # marker: page loop
+            sd.LocalCopy(
+                x_ref.at[pl.ds(8 * i, 8)], buf.at[pl.ds(8 * i, 8)], sem
+            ).start()  # marker: page loop
         sd.LocalCopy(x_ref.at[pl.ds(0, 8)], buf.at[pl.ds(0, 8)], sem).start()  # marker: extra
         sd.wait_all_into(buf, sem)  # waits for four pages: the fifth is left over
         sd.LocalCopy(buf, o_ref, out_sem).start().wait()
 
     with pytest.raises(LeftoverSemaphoreError) as info:
-        simulate(hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]),
-                 example((32, 128)))
+        simulate(
+            hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), example((32, 128))
+        )
     [leftover] = info.value.leftovers
     loop_line, extra_line = _line_of("marker: page loop"), _line_of("marker: extra")
     # The loop's start is one statement over two lines: Python 3.11 reports its
     # first line, 3.12 the line of the .start() call.
-    assert re.search(rf"{THIS_FILE}:({loop_line - 1}|{loop_line}) .*\(started 4 times\)",
-                     leftover.hint), leftover.hint
+    assert re.search(
+        rf"{THIS_FILE}:({loop_line - 1}|{loop_line}) .*\(started 4 times\)", leftover.hint
+    ), leftover.hint
     assert re.search(rf"{THIS_FILE}:{extra_line} ", leftover.hint)
     assert not SAFEDMA_LINE.search(str(info.value)), str(info.value)
     assert_clean_afterwards()
@@ -160,7 +166,8 @@ def test_barrier_leftover_on_8_devices_is_always_a_leftover_report() -> None:
         with pytest.raises(LeftoverSemaphoreError) as info:
             simulate(call, example((64, 128)), mesh=mesh)
         assert [(x.device_id, x.kind, x.count) for x in info.value.leftovers] == [
-            (d, "BARRIER", 1) for d in range(8)]
+            (d, "BARRIER", 1) for d in range(8)
+        ]
 
 
 def test_leftover_on_4_devices_is_complete() -> None:

@@ -7,7 +7,8 @@ import importlib
 import jax
 import pytest
 
-from safedma.testing import simulate
+from safedma.testing import SimulationError, simulate
+
 from safedma.testing import _interpret_probes as probes
 from tests.support.simulation import BLOCK, dma, example, hbm_call
 
@@ -31,9 +32,10 @@ def test_probes_are_put_back_after_a_simulation_even_a_failing_one() -> None:
 
     def leaky(x_ref: object, o_ref: object, sem: object) -> None:
         from jax.experimental.pallas import tpu as pltpu
+
         pltpu.make_async_copy(x_ref, o_ref, sem).start()  # never waited: a race at exit
 
-    with pytest.raises(Exception):
+    with pytest.raises(SimulationError):  # the leftover copy fails the run
         simulate(hbm_call(leaky, dma()), example(BLOCK))
     after = {(p.module, p.owner, p.name): _current(p) for p in probes._PROBES}
     assert after == before

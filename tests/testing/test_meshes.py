@@ -16,8 +16,9 @@ def test_simulated_mesh_shapes() -> None:
 
 
 def test_simulated_mesh_with_too_few_devices_says_how_to_get_more() -> None:
-    with pytest.raises(NotEnoughDevicesError,
-                       match=r"XLA_FLAGS=--xla_force_host_platform_device_count=16.*before"):
+    with pytest.raises(
+        NotEnoughDevicesError, match=r"XLA_FLAGS=--xla_force_host_platform_device_count=16.*before"
+    ):
         simulated_mesh((4, 4), ("x", "y"))
 
 
@@ -28,7 +29,8 @@ def test_simulated_mesh_rejects_mismatched_names() -> None:
 
 @pytest.mark.parametrize(("shape", "names"), [((0,), ("x",)), ((2, 2), ("x", "x"))])
 def test_simulated_mesh_rejects_bad_shapes_and_repeated_names(
-    shape: tuple[int, ...], names: tuple[str, ...],
+    shape: tuple[int, ...],
+    names: tuple[str, ...],
 ) -> None:
     with pytest.raises(ValueError, match="positive integers|distinct"):
         simulated_mesh(shape, names)

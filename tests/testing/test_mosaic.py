@@ -99,33 +99,25 @@ staged_twin_call = _hbm_call(staged_twin, _STAGED_SCRATCH)
 def ring_kernel(x_ref, o_ref, send_sem, recv_sem):
     me = jax.lax.axis_index("x")
     n = jax.lax.axis_size("x")
-    copy = pltpu.make_async_remote_copy(
-        x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,)
-    )
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,))
     copy.start()
     copy.wait()
 
 
-ring_call = _hbm_call(
-    ring_kernel, [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())]
-)
+ring_call = _hbm_call(ring_kernel, [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())])
 MESH = abstract_mesh((4,), ("x",))
-X_SHARDED = jax.ShapeDtypeStruct(
-    (32, 128), jnp.float32, sharding=NamedSharding(MESH, P("x"))
-)
+X_SHARDED = jax.ShapeDtypeStruct((32, 128), jnp.float32, sharding=NamedSharding(MESH, P("x")))
 
 
 def ring_permute(x):
-    return jax.shard_map(
-        ring_call, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False
-    )(x)
+    return jax.shard_map(ring_call, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False)(
+        x
+    )
 
 
 def ring_permute_ambient(x):
     # No mesh=: relies on mosaic_text(..., mesh=MESH) setting the current mesh.
-    return jax.shard_map(
-        ring_call, in_specs=P("x"), out_specs=P("x"), check_vma=False
-    )(x)
+    return jax.shard_map(ring_call, in_specs=P("x"), out_specs=P("x"), check_vma=False)(x)
 
 
 # --- tests ------------------------------------------------------------------
@@ -159,9 +151,7 @@ def test_different_kernels_raise_with_a_diff():
     assert "fn_a=" in message and "fn_b=" in message
     assert "--- fn_a=" in message and "+++ fn_b=" in message
     added = [
-        line
-        for line in message.splitlines()
-        if line.startswith("+") and not line.startswith("+++")
+        line for line in message.splitlines() if line.startswith("+") and not line.startswith("+++")
     ]
     assert any("enqueue_dma" in line for line in added), message
     assert info.value.text_a == mosaic_text(copy_lib, X)

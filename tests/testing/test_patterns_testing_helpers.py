@@ -36,7 +36,9 @@ def _sync_copy_kernel(x: Any, o: Any) -> None:
 
 def _call(x: jax.Array) -> jax.Array:
     result: jax.Array = pl.pallas_call(
-        _sync_copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
+        _sync_copy_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[HBM],
         out_specs=HBM,
     )(x)
     return result
@@ -80,9 +82,14 @@ def test_split_physical_axes_mesh_fails_as_a_safedma_error() -> None:
 
 def test_allow_split_physical_axes_compiles_the_64_by_4_mesh() -> None:
     report = compile_for_tpu(
-        _local, jax.ShapeDtypeStruct((256 * 8, 128), jnp.float32), topology="v6e:16x16",
-        mesh_shape=(64, 4), axis_names=("x", "y"), allow_split_physical_axes=True,
-        in_specs=P(("x", "y")), out_specs=P(("x", "y")),
+        _local,
+        jax.ShapeDtypeStruct((256 * 8, 128), jnp.float32),
+        topology="v6e:16x16",
+        mesh_shape=(64, 4),
+        axis_names=("x", "y"),
+        allow_split_physical_axes=True,
+        in_specs=P(("x", "y")),
+        out_specs=P(("x", "y")),
     )
     assert report.mesh_shape == (64, 4) and report.num_devices == 256
 

@@ -40,7 +40,6 @@ from safedma.testing import _interpret_probes
 from tests.support.simulation import (
     BLOCK,
     F32,
-    HBM,
     assert_clean_afterwards,
     dma,
     example,
@@ -80,7 +79,9 @@ def alarm() -> Iterator[Callable[[float], None]]:
 
 @pytest.mark.parametrize("after_s", [0.2, 2.5], ids=["while_compiling", "while_running"])
 def test_interrupt_during_4_device_simulate_leaves_the_process_usable(
-    alarm: Callable[[float], None], mesh4: Mesh, after_s: float,
+    alarm: Callable[[float], None],
+    mesh4: Mesh,
+    after_s: float,
 ) -> None:
     # Before: 10 of 11 such interrupts broke every later simulate (timeouts,
     # blocked device threads, exit 134).  After: the run is failed on every
@@ -89,8 +90,7 @@ def test_interrupt_during_4_device_simulate_leaves_the_process_usable(
     alarm(after_s)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        simulate(call, example((32, 128)), mesh=mesh4, timeout_s=120,
-                 uninitialized_memory="zero")
+        simulate(call, example((32, 128)), mesh=mesh4, timeout_s=120, uninitialized_memory="zero")
     assert time.monotonic() - start < after_s + 20.0  # bounded, with room for a loaded machine
     assert _interpret_probes.current_interpret_run() is None  # interpreter state reset
     assert_clean_afterwards()  # and the next simulate works
@@ -98,7 +98,8 @@ def test_interrupt_during_4_device_simulate_leaves_the_process_usable(
 
 def test_interrupted_process_exits_normally(tmp_path: Any) -> None:
     script = tmp_path / "interrupted.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, signal
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -120,10 +121,17 @@ def test_interrupted_process_exits_normally(tmp_path: Any) -> None:
             print("interrupted")
         simulate(hbm_call(ring_kernel(), dma(2)), example((32, 128)), mesh=mesh)
         print("next run clean")
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=180, env=env, cwd=os.getcwd())
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=os.getcwd(),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "interrupted\nnext run clean\n" in result.stdout
 
@@ -138,8 +146,13 @@ def test_slow_sender_outliving_timeout_is_a_timeout_saying_it_was_still_running(
     # comes", for a kernel that was only slow.
     start = time.monotonic()
     with pytest.raises(SimulationTimeoutError, match="still running") as info:
-        simulate(hbm_call(slow_sender(10**9), slow_scratch()), example((32, 128)),
-                 mesh=mesh4, timeout_s=2.0, uninitialized_memory="zero")
+        simulate(
+            hbm_call(slow_sender(10**9), slow_scratch()),
+            example((32, 128)),
+            mesh=mesh4,
+            timeout_s=2.0,
+            uninitialized_memory="zero",
+        )
     assert not isinstance(info.value, UnsatisfiableWaitError)
     assert time.monotonic() - start < 2.0 + 25.0  # compilation included
     text = str(info.value)
@@ -152,8 +165,13 @@ def test_slow_sender_outliving_timeout_is_a_timeout_saying_it_was_still_running(
 
 def test_slow_sender_within_timeout_passes(mesh4: Mesh) -> None:
     x = example((32, 128))
-    out = simulate(hbm_call(slow_sender(300), slow_scratch()), x, mesh=mesh4,
-                   timeout_s=60.0, uninitialized_memory="zero")
+    out = simulate(
+        hbm_call(slow_sender(300), slow_scratch()),
+        x,
+        mesh=mesh4,
+        timeout_s=60.0,
+        uninitialized_memory="zero",
+    )
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 8, 0))
 
 
@@ -162,8 +180,7 @@ def test_unsatisfiable_wait_is_reported_as_soon_as_every_device_is_blocked(
 ) -> None:
     def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
         me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv,
-                                            device_id={"x": (me + 1) % n})
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": (me + 1) % n})
 
         @pl.when(me != 0)
         def _() -> None:
@@ -247,8 +264,11 @@ def test_out_of_bounds_dma_on_one_device_names_the_index_error_every_time(
 
 def test_out_of_bounds_dma_names_the_index_error_and_the_users_line(mesh4: Mesh) -> None:
     call = hbm_call(_out_of_bounds_on_device_1(), [pltpu.VMEM(BLOCK, F32), *dma(3)])
-    with pytest.raises(KernelFailedError, match=r"on device 1 \(x=1\) at .*test_runner\.py:\d+ "
-                       r"\(.*kernel\): IndexError"):
+    with pytest.raises(
+        KernelFailedError,
+        match=r"on device 1 \(x=1\) at .*test_runner\.py:\d+ "
+        r"\(.*kernel\): IndexError",
+    ):
         simulate(call, example((32, 128)), mesh=mesh4, timeout_s=60.0)
     assert_clean_afterwards()
 
@@ -319,8 +339,13 @@ def test_plain_interpret_kernel_in_another_thread_is_refused_and_the_simulation_
     thread.start()
     try:
         x = example((32, 128))
-        out = simulate(hbm_call(slow_sender(400), slow_scratch()), x, mesh=mesh4,
-                       timeout_s=60.0, uninitialized_memory="zero")
+        out = simulate(
+            hbm_call(slow_sender(400), slow_scratch()),
+            x,
+            mesh=mesh4,
+            timeout_s=60.0,
+            uninitialized_memory="zero",
+        )
     finally:
         thread.join(60.0)
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 8, 0))
@@ -341,8 +366,7 @@ def test_simulate_refuses_to_start_while_another_thread_runs_an_interpret_kernel
         copy.wait()
 
     lenient = pltpu.InterpretParams(uninitialized_memory="zero")
-    other = jax.jit(hbm_call(long_kernel, [pltpu.VMEM(BLOCK, F32), *dma()],
-                             interpret=lenient))
+    other = jax.jit(hbm_call(long_kernel, [pltpu.VMEM(BLOCK, F32), *dma()], interpret=lenient))
     y = example(BLOCK)
     np.testing.assert_array_equal(np.asarray(other(y)), np.asarray(y))  # compiled, works
     results: list[object] = []

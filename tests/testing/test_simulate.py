@@ -94,13 +94,15 @@ def test_several_arguments_and_outputs_with_per_argument_specs(mesh4: Mesh) -> N
 
     def body(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
         outs = (jax.ShapeDtypeStruct(y.shape, y.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
-        o1, o2 = pl.pallas_call(kernel, out_shape=outs, in_specs=[HBM, HBM],
-                                out_specs=(HBM, HBM), scratch_shapes=dma(2))(x, y)
+        o1, o2 = pl.pallas_call(
+            kernel, out_shape=outs, in_specs=[HBM, HBM], out_specs=(HBM, HBM), scratch_shapes=dma(2)
+        )(x, y)
         return o1, o2
 
     x, y = example((32, 128)), example((8, 512)) + 1.0
-    o1, o2 = simulate(body, x, y, mesh=mesh4, in_specs=[P("x"), P(None, "x")],
-                      out_specs=(P(None, "x"), P("x")))
+    o1, o2 = simulate(
+        body, x, y, mesh=mesh4, in_specs=[P("x"), P(None, "x")], out_specs=(P(None, "x"), P("x"))
+    )
     np.testing.assert_array_equal(np.asarray(o1), np.asarray(y))
     np.testing.assert_array_equal(np.asarray(o2), np.asarray(x))
 
@@ -131,12 +133,16 @@ def test_wait_all_into_with_sizes_that_do_not_add_up_is_unsatisfiable() -> None:
 
     x = example((32, 128))
     with pytest.raises(UnsatisfiableWaitError):
-        simulate(hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x,
-                 timeout_s=SHORT)
+        simulate(
+            hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), x, timeout_s=SHORT
+        )
 
 
-@pytest.mark.parametrize("body", [kernels_pltpu.double_buffered, sd.checked(sdk.double_buffered)],
-                         ids=["pltpu", "safedma"])
+@pytest.mark.parametrize(
+    "body",
+    [kernels_pltpu.double_buffered, sd.checked(sdk.double_buffered)],
+    ids=["pltpu", "safedma"],
+)
 def test_double_buffering_waits_the_previous_iterations_copy(body: Kernel) -> None:
     x = example((40, 128))
     call = calls.double_buffered_call(body, jax.ShapeDtypeStruct(x.shape, x.dtype))
@@ -147,8 +153,11 @@ def test_receive_side_wait_for_another_devices_send(mesh4: Mesh) -> None:
     # Even devices send to the odd device after them; odd devices only wait.
     def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any, local: Any) -> None:
         me = sd.my_index("x")
-        pair = (sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send)
-                .to(sd.device(x=me + 1 - 2 * (me % 2))))
+        pair = (
+            sd.RemoteCopy(x_ref, o_ref, recv)
+            .with_send_sem(send)
+            .to(sd.device(x=me + 1 - 2 * (me % 2)))
+        )
 
         @pl.when(me % 2 == 0)
         def _() -> None:
@@ -166,8 +175,17 @@ def test_receive_side_wait_for_another_devices_send(mesh4: Mesh) -> None:
 
 
 def test_remote_copy_into_vmem_and_hbm(mesh4: Mesh) -> None:
-    def kernel(x_ref: Any, o_ref: Any, buf: Any, out_buf: Any, s1: Any, r1: Any, s2: Any,
-               r2: Any, local: Any) -> None:
+    def kernel(
+        x_ref: Any,
+        o_ref: Any,
+        buf: Any,
+        out_buf: Any,
+        s1: Any,
+        r1: Any,
+        s2: Any,
+        r2: Any,
+        local: Any,
+    ) -> None:
         right = sd.neighbour("x")
         # Into the neighbour's VMEM, then on to HBM locally ...
         sd.RemoteCopy(x_ref, buf, r1).with_send_sem(s1).to(right).start().wait()
@@ -181,20 +199,32 @@ def test_remote_copy_into_vmem_and_hbm(mesh4: Mesh) -> None:
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 16, 0) + 0.5)
 
 
-@pytest.mark.parametrize(("target", "shift"), [
-    (lambda: sd.device({"x": (sd.my_index("x") + 1) % 2, "y": (sd.my_index("y") + 3) % 4}),
-     (1, 3)),
-    (lambda: sd.device({"y": (sd.my_index("y") + 1) % 4}), (0, 1)),
-], ids=["both_axes", "one_axis"])
-def test_dict_device_ids_on_2x4_mesh(target: Callable[[], sd.Device],
-                                     shift: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("target", "shift"),
+    [
+        (
+            lambda: sd.device({"x": (sd.my_index("x") + 1) % 2, "y": (sd.my_index("y") + 3) % 4}),
+            (1, 3),
+        ),
+        (lambda: sd.device({"y": (sd.my_index("y") + 1) % 4}), (0, 1)),
+    ],
+    ids=["both_axes", "one_axis"],
+)
+def test_dict_device_ids_on_2x4_mesh(
+    target: Callable[[], sd.Device], shift: tuple[int, int]
+) -> None:
     def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
         sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send).to(target()).start().wait()
 
     mesh = simulated_mesh((2, 4), ("x", "y"))
     x = example((16, 512))
-    out = simulate(hbm_call(sd.checked(kernel), dma(2)), x, mesh=mesh, in_specs=P("x", "y"),
-                   out_specs=P("x", "y"))
+    out = simulate(
+        hbm_call(sd.checked(kernel), dma(2)),
+        x,
+        mesh=mesh,
+        in_specs=P("x", "y"),
+        out_specs=P("x", "y"),
+    )
     expected = np.roll(np.asarray(x), (8 * shift[0], 128 * shift[1]), axis=(0, 1))
     np.testing.assert_array_equal(np.asarray(out), expected)
 
@@ -213,8 +243,11 @@ def test_r1_destination_read_before_its_wait() -> None:
         out.wait()
 
     scratch = [pltpu.VMEM(BLOCK, F32), pltpu.VMEM(BLOCK, F32), *dma()]
-    with pytest.raises(RaceDetectedError, match=r"data race \(R1\): a read of a VMEM buffer "
-                       r"on device 0 by device 0 at .*test_simulate.py:\d+.*kernel\)") as info:
+    with pytest.raises(
+        RaceDetectedError,
+        match=r"data race \(R1\): a read of a VMEM buffer "
+        r"on device 0 by device 0 at .*test_simulate.py:\d+.*kernel\)",
+    ) as info:
         simulate(hbm_call(kernel, scratch), example(BLOCK))
     assert info.value.races[0].access == "read"
     assert "read only after its wait" in str(info.value)
@@ -227,16 +260,18 @@ def test_r1_source_overwritten_before_wait_send(mesh4: Mesh) -> None:
         fill.start()
         fill.wait()
         me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-        copy = pltpu.make_async_remote_copy(src, o_ref, send, recv,
-                                            device_id={"x": (me + 1) % n})
+        copy = pltpu.make_async_remote_copy(src, o_ref, send, recv, device_id={"x": (me + 1) % n})
         copy.start()
         src[...] = jnp.zeros(BLOCK, F32)  # too early: the send may still read src
         copy.wait_send()
         copy.wait_recv()
 
     scratch = [pltpu.VMEM(BLOCK, F32), *dma(3)]
-    with pytest.raises(RaceDetectedError, match=r"a write of a VMEM buffer on device \d "
-                       r"\(x=\d\) by device \d \(x=\d\)") as info:
+    with pytest.raises(
+        RaceDetectedError,
+        match=r"a write of a VMEM buffer on device \d "
+        r"\(x=\d\) by device \d \(x=\d\)",
+    ) as info:
         simulate(hbm_call(kernel, scratch), example((32, 128)), mesh=mesh4)
     assert info.value.races[0].access == "write"
     assert "wait_send" in str(info.value)
@@ -249,8 +284,11 @@ def test_r1_copy_into_an_output_still_in_flight_when_the_body_returns() -> None:
     def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
         pltpu.make_async_copy(x_ref, o_ref, sem).start()
 
-    with pytest.raises(RaceDetectedError, match=r"a read of an HBM buffer on device 0 by "
-                       r"device 0 while copying the kernel's outputs back.*still in flight"):
+    with pytest.raises(
+        RaceDetectedError,
+        match=r"a read of an HBM buffer on device 0 by "
+        r"device 0 while copying the kernel's outputs back.*still in flight",
+    ):
         simulate(hbm_call(kernel, dma()), example(BLOCK))
     assert_clean_afterwards()
 
@@ -276,9 +314,14 @@ def test_strict_mode_wins_over_the_kernels_own_interpret_argument(built: str) ->
     if built == "inside_fn":
         call = hbm_call(_early_read, scratch, interpret=lenient)
     else:
-        call = pl.pallas_call(_early_read, out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
-                              in_specs=[HBM], out_specs=HBM, scratch_shapes=scratch,
-                              interpret=lenient)
+        call = pl.pallas_call(
+            _early_read,
+            out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
+            interpret=lenient,
+        )
     with pytest.raises(RaceDetectedError):
         simulate(call, example(BLOCK))
     assert_clean_afterwards()
@@ -295,9 +338,12 @@ def test_r2_local_copy_never_waited() -> None:
         copy.wait()
 
     scratch = [pltpu.VMEM(BLOCK, F32), *dma(2)]
-    with pytest.raises(LeftoverSemaphoreError, match=r"1 semaphore count not back to zero.*\n"
-                       rf"  device 0: DMA semaphore \d+ holds {BLOCK_BYTES} bytes: a copy "
-                       r"started at .*test_simulate.py:\d+.* was never waited") as info:
+    with pytest.raises(
+        LeftoverSemaphoreError,
+        match=r"1 semaphore count not back to zero.*\n"
+        rf"  device 0: DMA semaphore \d+ holds {BLOCK_BYTES} bytes: a copy "
+        r"started at .*test_simulate.py:\d+.* was never waited",
+    ) as info:
         simulate(hbm_call(kernel, scratch), example(BLOCK))
     [leftover] = info.value.leftovers
     assert (leftover.kind, leftover.device_id, leftover.count) == ("DMA", 0, BLOCK_BYTES)
@@ -308,8 +354,7 @@ def test_r2_reports_every_semaphore_on_every_device(mesh4: Mesh) -> None:
     # jax prints only the first leftover of each device; all eight are reported.
     def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any, flag: Any) -> None:
         me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv,
-                                            device_id={"x": (me + 1) % n})
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": (me + 1) % n})
         copy.start()
         copy.wait_recv()  # wait_send forgotten
         pl.semaphore_signal(flag, 1)  # a signal nobody waits for
@@ -319,7 +364,8 @@ def test_r2_reports_every_semaphore_on_every_device(mesh4: Mesh) -> None:
         simulate(hbm_call(kernel, scratch), example((32, 128)), mesh=mesh4)
     leftovers = info.value.leftovers
     assert sorted((x.device_id, x.kind) for x in leftovers) == sorted(
-        (d, k) for d in range(4) for k in ("DMA", "REGULAR"))
+        (d, k) for d in range(4) for k in ("DMA", "REGULAR")
+    )
     for item in leftovers:
         if item.kind == "DMA":
             assert item.count == BLOCK_BYTES
@@ -355,8 +401,7 @@ def test_r2_over_signalled_barrier(mesh4: Mesh) -> None:
 def test_r3_receiver_waits_for_a_send_that_never_comes(mesh4: Mesh) -> None:
     def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
         me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv,
-                                            device_id={"x": (me + 1) % n})
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": (me + 1) % n})
 
         @pl.when(me != 0)  # device 0 never sends, so device 1 waits forever
         def _() -> None:
@@ -366,10 +411,14 @@ def test_r3_receiver_waits_for_a_send_that_never_comes(mesh4: Mesh) -> None:
         copy.wait_recv()
 
     start = time.monotonic()
-    with pytest.raises(UnsatisfiableWaitError, match=(
+    with pytest.raises(
+        UnsatisfiableWaitError,
+        match=(
             r"unsatisfiable wait \(R3\).*timeout_s=2 s.*\n  device 1 \(x=1\) waits at "
             r".*test_simulate.py:\d+.* on DMA semaphore \d+ for 4096 bytes, the count is 0: "
-            r"no copy signalling this semaphore.*never comes")) as info:
+            r"no copy signalling this semaphore.*never comes"
+        ),
+    ) as info:
         simulate(hbm_call(kernel, dma(2)), example((32, 128)), mesh=mesh4, timeout_s=SHORT)
     elapsed = time.monotonic() - start
     [stuck] = info.value.waits
@@ -389,10 +438,15 @@ def test_r3_over_waited_barrier(mesh4: Mesh) -> None:
         copy.wait()
 
     with pytest.raises(UnsatisfiableWaitError, match="over-waited barrier") as info:
-        simulate(hbm_call(kernel, dma(), collective_id=0), example((32, 128)), mesh=mesh4,
-                 timeout_s=SHORT)
+        simulate(
+            hbm_call(kernel, dma(), collective_id=0),
+            example((32, 128)),
+            mesh=mesh4,
+            timeout_s=SHORT,
+        )
     assert sorted((w.device_id, w.kind, w.value, w.count) for w in info.value.waits) == [
-        (d, "BARRIER", 2, 1) for d in range(4)]
+        (d, "BARRIER", 2, 1) for d in range(4)
+    ]
     assert_clean_afterwards()
 
 
@@ -403,9 +457,12 @@ def test_r3_handle_waited_twice() -> None:
         copy.wait()
         copy.wait()  # nothing left to wait for
 
-    with pytest.raises(UnsatisfiableWaitError, match=r"device 0 waits .* on DMA semaphore \d+ "
-                       r"for 4096 bytes, the count is 0: more is waited than was copied "
-                       r"\(1 copy signalled it here\): a handle waited twice"):
+    with pytest.raises(
+        UnsatisfiableWaitError,
+        match=r"device 0 waits .* on DMA semaphore \d+ "
+        r"for 4096 bytes, the count is 0: more is waited than was copied "
+        r"\(1 copy signalled it here\): a handle waited twice",
+    ):
         simulate(hbm_call(kernel, dma()), example(BLOCK), timeout_s=SHORT)
     assert_clean_afterwards()
 
@@ -414,10 +471,14 @@ def test_r3_regular_semaphore_never_signalled() -> None:
     def kernel(x_ref: Any, o_ref: Any, flag: Any) -> None:
         pl.semaphore_wait(flag, 1)
 
-    with pytest.raises(UnsatisfiableWaitError, match="REGULAR semaphore .* for 1, the count is "
-                       "0: the semaphore_signal this wait needs never comes"):
-        simulate(hbm_call(kernel, [pltpu.SemaphoreType.REGULAR(())]), example(BLOCK),
-                 timeout_s=SHORT)
+    with pytest.raises(
+        UnsatisfiableWaitError,
+        match="REGULAR semaphore .* for 1, the count is "
+        "0: the semaphore_signal this wait needs never comes",
+    ):
+        simulate(
+            hbm_call(kernel, [pltpu.SemaphoreType.REGULAR(())]), example(BLOCK), timeout_s=SHORT
+        )
     assert_clean_afterwards()
 
 
@@ -430,8 +491,12 @@ def test_slow_kernel_without_a_waiter_is_stopped_too() -> None:
         jax.lax.fori_loop(0, 10**9, body, 0)
 
     with pytest.raises(SimulationTimeoutError, match="no device was waiting") as info:
-        simulate(hbm_call(kernel, [pltpu.VMEM(BLOCK, F32), *dma()]), example(BLOCK),
-                 timeout_s=1.0, uninitialized_memory="zero")
+        simulate(
+            hbm_call(kernel, [pltpu.VMEM(BLOCK, F32), *dma()]),
+            example(BLOCK),
+            timeout_s=1.0,
+            uninitialized_memory="zero",
+        )
     assert info.value.stopped
     assert_clean_afterwards()
 
@@ -444,8 +509,9 @@ def test_hard_upper_bound_when_the_watchdog_cannot_stop_the_run(
 
     held: list[tuple[_interpret_probes.InterpretRun, Exception]] = []
     real_fail = _interpret_probes.InterpretRun.fail
-    monkeypatch.setattr(_interpret_probes.InterpretRun, "fail",
-                        lambda run, error: held.append((run, error)))
+    monkeypatch.setattr(
+        _interpret_probes.InterpretRun, "fail", lambda run, error: held.append((run, error))
+    )
     monkeypatch.setattr(_interpret_probes.InterpretRun, "abort_barriers", lambda run: None)
     monkeypatch.setattr(_runner, "_GRACE_S", 0.5)
 
@@ -482,8 +548,7 @@ def _prefetch_loop(wait_last: bool) -> Kernel:
         steps = x_ref.shape[0] // 8
 
         def fetch(i: Any) -> Any:
-            return pltpu.make_async_copy(x_ref.at[pl.ds(i * 8, 8)], bufs.at[i % 2],
-                                         sems.at[i % 2])
+            return pltpu.make_async_copy(x_ref.at[pl.ds(i * 8, 8)], bufs.at[i % 2], sems.at[i % 2])
 
         def body(i: Any, carry: Any) -> Any:
             fetch(i).start()
@@ -491,8 +556,9 @@ def _prefetch_loop(wait_last: bool) -> Kernel:
             @pl.when(i > 0)
             def _() -> None:  # wait the previous iteration's copy, write it out
                 fetch(i - 1).wait()
-                out = pltpu.make_async_copy(bufs.at[(i - 1) % 2],
-                                            o_ref.at[pl.ds((i - 1) * 8, 8)], out_sem)
+                out = pltpu.make_async_copy(
+                    bufs.at[(i - 1) % 2], o_ref.at[pl.ds((i - 1) * 8, 8)], out_sem
+                )
                 out.start()
                 out.wait()
 
@@ -501,8 +567,9 @@ def _prefetch_loop(wait_last: bool) -> Kernel:
         jax.lax.fori_loop(0, steps, body, 0)
         if wait_last:  # the fix: wait the last iteration's copy after the loop
             fetch(steps - 1).wait()
-            out = pltpu.make_async_copy(bufs.at[(steps - 1) % 2],
-                                        o_ref.at[pl.ds((steps - 1) * 8, 8)], out_sem)
+            out = pltpu.make_async_copy(
+                bufs.at[(steps - 1) % 2], o_ref.at[pl.ds((steps - 1) * 8, 8)], out_sem
+            )
             out.start()
             out.wait()
 
@@ -512,9 +579,12 @@ def _prefetch_loop(wait_last: bool) -> Kernel:
 def test_r4_copy_left_in_flight_by_the_last_loop_iteration() -> None:
     scratch = [pltpu.VMEM((2, *BLOCK), F32), pltpu.SemaphoreType.DMA((2,)), *dma()]
     x = example((40, 128))
-    with pytest.raises(LeftoverSemaphoreError, match=r"DMA semaphore \d+ holds 4096 bytes: a "
-                       r"copy started at .* \(started 3 times\) was never waited.*left in "
-                       r"flight: wait for it after the loop \(R4\)") as info:
+    with pytest.raises(
+        LeftoverSemaphoreError,
+        match=r"DMA semaphore \d+ holds 4096 bytes: a "
+        r"copy started at .* \(started 3 times\) was never waited.*left in "
+        r"flight: wait for it after the loop \(R4\)",
+    ) as info:
         simulate(hbm_call(_prefetch_loop(wait_last=False), scratch), x)
     assert len(info.value.leftovers) == 1
     out = simulate(hbm_call(_prefetch_loop(wait_last=True), scratch), x)

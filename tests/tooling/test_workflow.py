@@ -31,7 +31,10 @@ def test_lock_pins_one_jax_per_python() -> None:
     oldest, newest = versions
     assert oldest == "0.10.2"
     assert newest.startswith("0.12."), newest
-    markers = {str(p["version"]): " ".join(map(str, p.get("resolution-markers", []))) for p in _locked("jax")}
+    markers = {
+        str(p["version"]): " ".join(map(str, p.get("resolution-markers", [])))
+        for p in _locked("jax")
+    }
     assert "python_full_version < '3.12'" in markers[oldest]
     assert "python_full_version == '3.12.*'" in markers[newest]
 
@@ -49,7 +52,11 @@ def test_dev_tools_are_a_dependency_group_not_an_extra() -> None:
     tools = {"mypy", "pytest", "pyright", "basedpyright", "pyrefly", "ty", "ruff", "hypothesis"}
     published = {re.split(r"[\[<>=!; ]", req)[0] for reqs in extras.values() for req in reqs}
     assert not (tools & published), f"dev tools in a published extra: {sorted(tools & published)}"
-    group = {re.split(r"[\[<>=!; ]", req)[0] for req in PYPROJECT["dependency-groups"]["dev"] if isinstance(req, str)}
+    group = {
+        re.split(r"[\[<>=!; ]", req)[0]
+        for req in PYPROJECT["dependency-groups"]["dev"]
+        if isinstance(req, str)
+    }
     assert tools <= group, f"missing from the dev group: {sorted(tools - group)}"
 
 
@@ -57,13 +64,19 @@ def test_pre_commit_runs_the_locked_ruff() -> None:
     (ruff,) = _locked("ruff")
     config = (REPO / ".pre-commit-config.yaml").read_text()
     pins = re.findall(r'"ruff==([^"]+)"', config)
-    assert pins and set(pins) == {ruff["version"]}, f"pre-commit pins {pins}, uv.lock has {ruff['version']}"
+    assert pins and set(pins) == {ruff["version"]}, (
+        f"pre-commit pins {pins}, uv.lock has {ruff['version']}"
+    )
 
 
 def test_editable_install_is_visible_to_type_checkers() -> None:
     """setuptools' compat mode: a .pth path entry, not an import hook (which mypy and pyright cannot follow)."""
     # The installed one (a build also leaves safedma.egg-info in the checkout, on sys.path).
-    installed = [d for d in importlib.metadata.distributions(name="safedma") if d.read_text("direct_url.json")]
+    installed = [
+        d
+        for d in importlib.metadata.distributions(name="safedma")
+        if d.read_text("direct_url.json")
+    ]
     if not installed:
         pytest.skip("safedma is not installed in this interpreter (run through ./dev)")
     (dist,) = installed
@@ -71,5 +84,9 @@ def test_editable_install_is_visible_to_type_checkers() -> None:
     assert pths, "no .pth file: not an editable install"
     finders = [f for f in dist.files or [] if "_finder" in str(f)]
     assert not finders, f"an import-hook editable install ({finders}): use editable_mode=compat"
-    entries = {line.strip() for pth in pths for line in Path(str(dist.locate_file(pth))).read_text().splitlines()}
+    entries = {
+        line.strip()
+        for pth in pths
+        for line in Path(str(dist.locate_file(pth))).read_text().splitlines()
+    }
     assert any((Path(e) / "safedma" / "__init__.py").exists() for e in entries), entries

@@ -124,9 +124,18 @@ def _resolve(path: str, cwd: Path) -> Path:
 def _mypy(targets: Sequence[Path], setup: Setup, tmp: Path) -> tuple[list[str], dict[str, str]]:
     cache = REPO / ".mypy_cache" / f"{setup.cache}-{ENV_TAG}"
     command = [
-        sys.executable, "-m", "mypy", "--config-file", str(setup.mypy_config),
-        "--strict", "--warn-unused-ignores", "--no-error-summary", "--output", "json",
-        "--cache-dir", str(cache),
+        sys.executable,
+        "-m",
+        "mypy",
+        "--config-file",
+        str(setup.mypy_config),
+        "--strict",
+        "--warn-unused-ignores",
+        "--no-error-summary",
+        "--output",
+        "json",
+        "--cache-dir",
+        str(cache),
         # Given relative to the repo: mypy names cached modules by the path it saw.
         *(str(t.relative_to(REPO)) if t.is_relative_to(REPO) else str(t) for t in targets),
     ]
@@ -143,8 +152,14 @@ def _parse_mypy(stdout: str, cwd: Path) -> list[Diagnostic]:
         item = json.loads(raw)
         message = item["message"] + (f"\n{item['hint']}" if item.get("hint") else "")
         found.append(
-            Diagnostic("mypy", _resolve(item["file"], cwd), int(item["line"]), item.get("code"),
-                       item["severity"], message)
+            Diagnostic(
+                "mypy",
+                _resolve(item["file"], cwd),
+                int(item["line"]),
+                item.get("code"),
+                item["severity"],
+                message,
+            )
         )
     return found
 
@@ -159,7 +174,9 @@ def pyright_settings() -> dict[str, object]:
     return loaded
 
 
-def _pyright(name: str, targets: Sequence[Path], setup: Setup, tmp: Path) -> tuple[list[str], dict[str, str]]:
+def _pyright(
+    name: str, targets: Sequence[Path], setup: Setup, tmp: Path
+) -> tuple[list[str], dict[str, str]]:
     # The project's settings, with the import roots (and stubPath) of this set-up.
     settings = {k: v for k, v in pyright_settings().items() if k not in ("include", "exclude")}
     settings["extraPaths"] = [str(p) for p in setup.roots]
@@ -167,8 +184,15 @@ def _pyright(name: str, targets: Sequence[Path], setup: Setup, tmp: Path) -> tup
         settings["stubPath"] = str(stubs_root() / "pyright")
     config = tmp / "pyrightconfig.json"
     config.write_text(json.dumps(settings, indent=2))
-    command = [executable(name), "--outputjson", "-p", str(config), "--pythonpath", sys.executable,
-               *(str(t) for t in targets)]
+    command = [
+        executable(name),
+        "--outputjson",
+        "-p",
+        str(config),
+        "--pythonpath",
+        sys.executable,
+        *(str(t) for t in targets),
+    ]
     return command, {}
 
 
@@ -176,7 +200,10 @@ def _parse_pyright(name: str, stdout: str, cwd: Path) -> list[Diagnostic]:
     report = json.loads(stdout)
     return [
         Diagnostic(
-            name, _resolve(item["file"], cwd), int(item["range"]["start"]["line"]) + 1, item.get("rule"),
+            name,
+            _resolve(item["file"], cwd),
+            int(item["range"]["start"]["line"]) + 1,
+            item.get("rule"),
             str(item["severity"]),
             str(item["message"]).replace("\xa0", " "),  # continuation lines are indented with nbsp
         )
@@ -192,8 +219,16 @@ def _site_packages() -> list[str]:
 
 
 def _pyrefly(targets: Sequence[Path], setup: Setup, tmp: Path) -> tuple[list[str], dict[str, str]]:
-    command = [executable("pyrefly"), "check", "-c", str(PYPROJECT), "--output-format", "json",
-               "--python-interpreter-path", sys.executable]
+    command = [
+        executable("pyrefly"),
+        "check",
+        "-c",
+        str(PYPROJECT),
+        "--output-format",
+        "json",
+        "--python-interpreter-path",
+        sys.executable,
+    ]
     for root in setup.roots:
         command += ["--search-path", str(root)]
     if setup.stubs:
@@ -207,8 +242,14 @@ def _pyrefly(targets: Sequence[Path], setup: Setup, tmp: Path) -> tuple[list[str
 def _parse_pyrefly(stdout: str, cwd: Path) -> list[Diagnostic]:
     report = json.loads(stdout)
     return [
-        Diagnostic("pyrefly", _resolve(item["path"], cwd), int(item["line"]), item["name"],
-                   item["severity"], item["description"])
+        Diagnostic(
+            "pyrefly",
+            _resolve(item["path"], cwd),
+            int(item["line"]),
+            item["name"],
+            item["severity"],
+            item["description"],
+        )
         for item in report["errors"]
     ]
 
@@ -217,15 +258,31 @@ def _parse_pyrefly(stdout: str, cwd: Path) -> list[Diagnostic]:
 
 
 def _ty(targets: Sequence[Path], setup: Setup, tmp: Path) -> tuple[list[str], dict[str, str]]:
-    command = [executable("ty"), "check", "--project", str(REPO), "--python", sys.prefix,
-               "--output-format", "gitlab", "--no-progress", "--exit-zero"]
+    command = [
+        executable("ty"),
+        "check",
+        "--project",
+        str(REPO),
+        "--python",
+        sys.prefix,
+        "--output-format",
+        "gitlab",
+        "--no-progress",
+        "--exit-zero",
+    ]
     paths = ([stubs_root() / "pyright"] if setup.stubs else []) + list(setup.roots)
     for path in paths:
         command += ["--extra-search-path", str(path)]
     return [*command, *(str(t) for t in targets)], {}
 
 
-_SEVERITY_TY = {"info": "note", "minor": "warning", "major": "error", "critical": "error", "blocker": "error"}
+_SEVERITY_TY = {
+    "info": "note",
+    "minor": "warning",
+    "major": "error",
+    "critical": "error",
+    "blocker": "error",
+}
 
 
 def _parse_ty(stdout: str, cwd: Path) -> list[Diagnostic]:
@@ -234,8 +291,16 @@ def _parse_ty(stdout: str, cwd: Path) -> list[Diagnostic]:
         code = item["check_name"]
         message = item["description"].removeprefix(f"{code}: ")
         line = int(item["location"]["positions"]["begin"]["line"])
-        found.append(Diagnostic("ty", _resolve(item["location"]["path"], cwd), line, code,
-                                _SEVERITY_TY.get(item["severity"], item["severity"]), message))
+        found.append(
+            Diagnostic(
+                "ty",
+                _resolve(item["location"]["path"], cwd),
+                line,
+                code,
+                _SEVERITY_TY.get(item["severity"], item["severity"]),
+                message,
+            )
+        )
     return found
 
 
@@ -258,8 +323,15 @@ def run(checker: str, targets: Iterable[Path], setup: Setup = Setup()) -> Run:
         else:
             raise ValueError(f"unknown checker {checker!r}; one of {CHECKERS}")
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=REPO, env={**os.environ, **env}, capture_output=True,
-                              text=True, check=False, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            command,
+            cwd=REPO,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
         seconds = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise RuntimeError(
@@ -276,7 +348,9 @@ def run(checker: str, targets: Iterable[Path], setup: Setup = Setup()) -> Run:
         else:
             diagnostics = _parse_ty(proc.stdout, REPO)
     except (ValueError, KeyError) as exc:
-        raise RuntimeError(f"{checker}: output not understood ({exc}):\n{proc.stdout[-4000:]}") from exc
+        raise RuntimeError(
+            f"{checker}: output not understood ({exc}):\n{proc.stdout[-4000:]}"
+        ) from exc
     return Run(checker, tuple(command), proc.returncode, tuple(diagnostics), proc.stderr, seconds)
 
 

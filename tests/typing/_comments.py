@@ -33,8 +33,13 @@ CHECKERS = ("mypy", "pyright", "basedpyright", "pyrefly", "ty")
 _IGNORE = re.compile(
     r"#\s*(?P<tool>type|pyright|basedpyright|pyrefly|ty):\s*ignore(?P<names>\[[^\]]*\])?"
 )
-_TOOL_TO_CHECKER = {"type": "mypy", "pyright": "pyright", "basedpyright": "basedpyright",
-                    "pyrefly": "pyrefly", "ty": "ty"}
+_TOOL_TO_CHECKER = {
+    "type": "mypy",
+    "pyright": "pyright",
+    "basedpyright": "basedpyright",
+    "pyrefly": "pyrefly",
+    "ty": "ty",
+}
 _EXPECT = re.compile(r"^\s*# expect\[(?P<code>[a-z0-9-]+)\](?:: (?P<message>.+))?$")
 PLUGIN_CODE_PREFIX = "safedma-"
 
@@ -109,7 +114,9 @@ def plugin_expectations(path: Path) -> list[Expected]:
     return found
 
 
-def expected_codes(path: Path, *, mypy_plugin: bool = False) -> dict[str, dict[int, frozenset[str]]]:
+def expected_codes(
+    path: Path, *, mypy_plugin: bool = False
+) -> dict[str, dict[int, frozenset[str]]]:
     """``{checker: {line: codes}}``: every error each checker must report in ``path``, and only those.
 
     mypy's expectations come from ``# type: ignore[...]`` and, in the plugin corpus, from
@@ -122,7 +129,9 @@ def expected_codes(path: Path, *, mypy_plugin: bool = False) -> dict[str, dict[i
     for expected in plugin_expectations(path):
         if expected.code.startswith(PLUGIN_CODE_PREFIX) and not mypy_plugin:
             continue
-        result["mypy"][expected.line] = result["mypy"].get(expected.line, frozenset()) | {expected.code}
+        result["mypy"][expected.line] = result["mypy"].get(expected.line, frozenset()) | {
+            expected.code
+        }
     return result
 
 

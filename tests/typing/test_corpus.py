@@ -90,7 +90,9 @@ EQUIVALENT_CODES: dict[str, dict[str, frozenset[str]]] = {
         "dict-item": frozenset({"invalid-argument-type"}),
         "attr-defined": frozenset({"missing-attribute"}),
         "misc": frozenset({"invalid-argument-type"}),
-        "call-arg": frozenset({"missing-argument", "unknown-argument", "too-many-positional-arguments"}),
+        "call-arg": frozenset(
+            {"missing-argument", "unknown-argument", "too-many-positional-arguments"}
+        ),
         "index": frozenset({"not-subscriptable", "invalid-assignment"}),
         "return-value": frozenset({"invalid-return-type", "invalid-explicit-return"}),
         "assignment": frozenset({"invalid-assignment"}),
@@ -114,15 +116,21 @@ PYRIGHTS = ("pyright", "basedpyright")
 # Lines of the fail and plugin files that not every checker reports, by file and code
 # (docs/type-checkers.md, "Where the checkers disagree").
 DISAGREEMENTS: dict[tuple[str, str], Disagreement] = {
-    ("extra_checker_differences.py", "copy = copy.with_send_sem(send)"): Disagreement("D1", _by("mypy")),
-    ("extra_checker_differences.py", 'copy = copy.to(safedma.neighbour("x"))'): Disagreement("D1", _by("mypy")),
+    ("extra_checker_differences.py", "copy = copy.with_send_sem(send)"): Disagreement(
+        "D1", _by("mypy")
+    ),
+    ("extra_checker_differences.py", 'copy = copy.to(safedma.neighbour("x"))'): Disagreement(
+        "D1", _by("mypy")
+    ),
     ("extra_checker_differences.py", "copy.start().wait()"): Disagreement("D1", _by("mypy")),
     (
         "extra_checker_differences.py",
         "safedma.LocalCopy(x, o, sem).start(priority=slot).wait()",
     ): Disagreement("D2", _by("mypy")),
     ("extra_checker_differences.py", "handle.wait()"): Disagreement("D3", _by(*PYRIGHTS)),
-    ("s1_semaphore_value.py", "sem_val = pl.semaphore_read(send_sem)"): Disagreement("D4", _by(*PYRIGHTS)),
+    ("s1_semaphore_value.py", "sem_val = pl.semaphore_read(send_sem)"): Disagreement(
+        "D4", _by(*PYRIGHTS)
+    ),
     ("values_for_refs.py", "sem_val = pl.semaphore_read(send)"): Disagreement("D4", _by(*PYRIGHTS)),
 }
 
@@ -192,7 +200,9 @@ def test_output_is_all_understood(corpus: CorpusRuns, checker: str) -> None:
     """Nothing the checker said is lost: every finding is in the library or the corpus."""
     run = corpus.get(checker)
     known = set(corpus.copies)
-    stray = [d for d in run.diagnostics if d.path not in known and not d.path.is_relative_to(LIBRARY)]
+    stray = [
+        d for d in run.diagnostics if d.path not in known and not d.path.is_relative_to(LIBRARY)
+    ]
     assert not stray, f"{checker} reported outside the corpus:\n" + _report(stray)
     if checker in ("mypy", "pyright", "basedpyright"):
         assert not run.stderr.strip(), run.stderr
@@ -218,7 +228,11 @@ def test_file(corpus: CorpusRuns, checker: str, path: Path) -> None:
 @pytest.mark.parametrize("checker", CHECKERS)
 def test_seed_message(corpus: CorpusRuns, checker: str) -> None:
     """The seed's mistake, in each checker's own words (the mechanism can fail: it shows them)."""
-    lines = [n for n, text in enumerate(SEED_FILE.read_text().splitlines(), 1) if "with_send_sem(sem_val)" in text]
+    lines = [
+        n
+        for n, text in enumerate(SEED_FILE.read_text().splitlines(), 1)
+        if "with_send_sem(sem_val)" in text
+    ]
     assert len(lines) == 2
     found = corpus.found(checker, SEED_FILE)
     for line in lines:
@@ -242,7 +256,12 @@ def test_pass_file_expects_nothing(path: Path) -> None:
     if path == JAX_SHIM:
         # The shim may only silence jax's own unknowns, for pyright and basedpyright.
         assert set(expected) == set(PYRIGHTS), f"{_relative(path)}: {sorted(expected)}"
-        other = {n: codes for c in PYRIGHTS for n, codes in expected[c].items() if not codes <= UNKNOWN_RULES}
+        other = {
+            n: codes
+            for c in PYRIGHTS
+            for n, codes in expected[c].items()
+            if not codes <= UNKNOWN_RULES
+        }
         assert not other, f"{_relative(path)}: only reportUnknown* rules: {other}"
         return
     assert not expected, f"{_relative(path)} must expect no error: {expected}"
@@ -257,7 +276,12 @@ def _expectation_lines(path: Path) -> Iterator[int]:
 def test_expectations_name_codes_and_rows(path: Path) -> None:
     """No bare ignore; each expected error has its catalogue row ("# S3: ...") just above."""
     written = comment_expectations(path.read_text())
-    bare = [(c, n) for c, lines in written.items() for n, e in lines.items() if not e.names or "" in e.names]
+    bare = [
+        (c, n)
+        for c, lines in written.items()
+        for n, e in lines.items()
+        if not e.names or "" in e.names
+    ]
     assert not bare, f"{_relative(path)}: ignore comments without [code] (checker, line): {bare}"
     lines = path.read_text().splitlines()
     unexplained = [
@@ -281,8 +305,10 @@ def test_checkers_agree_except_where_decided(path: Path) -> None:
         decided = DISAGREEMENTS.get((path.name, code))
         if decided is not None:
             if reporters != decided.reported_by:
-                problems.append(f"line {line} ({code!r}): {decided.case} says {sorted(decided.reported_by)}, "
-                                f"the comments say {sorted(reporters)}")
+                problems.append(
+                    f"line {line} ({code!r}): {decided.case} says {sorted(decided.reported_by)}, "
+                    f"the comments say {sorted(reporters)}"
+                )
             continue
         if reporters != frozenset(CHECKERS):
             problems.append(f"line {line} ({code!r}): only {sorted(reporters)} expect an error")
@@ -292,8 +318,10 @@ def test_checkers_agree_except_where_decided(path: Path) -> None:
             wanted = frozenset().union(*(table.get(c, {f"<nothing for {c}>"}) for c in mypy_codes))
             codes = per_checker[checker][line] - UNKNOWN_RULES
             if not codes or not codes <= wanted:
-                problems.append(f"line {line} ({code!r}): mypy {sorted(mypy_codes)} corresponds to {checker} "
-                                f"{sorted(wanted)}, the comment says {sorted(per_checker[checker][line])}")
+                problems.append(
+                    f"line {line} ({code!r}): mypy {sorted(mypy_codes)} corresponds to {checker} "
+                    f"{sorted(wanted)}, the comment says {sorted(per_checker[checker][line])}"
+                )
     assert not problems, f"{_relative(path)}:\n" + "\n".join(problems)
 
 
@@ -301,9 +329,15 @@ def test_every_disagreement_exists_and_is_documented() -> None:
     doc = DOC.read_text()
     for (name, code), decision in DISAGREEMENTS.items():
         (path,) = [p for p in FAIL_FILES + PLUGIN_FILES if p.name == name]
-        lines = [n for n, text in enumerate(path.read_text().splitlines(), 1) if text.split("#", 1)[0].strip() == code]
+        lines = [
+            n
+            for n, text in enumerate(path.read_text().splitlines(), 1)
+            if text.split("#", 1)[0].strip() == code
+        ]
         assert len(lines) == 1, f"DISAGREEMENTS names {code!r}, found on lines {lines} of {name}"
-        assert re.search(rf"^#+ {decision.case}\b", doc, re.M), f"{DOC.name} has no section for {decision.case}"
+        assert re.search(rf"^#+ {decision.case}\b", doc, re.M), (
+            f"{DOC.name} has no section for {decision.case}"
+        )
 
 
 def test_every_s_row_has_a_fail_file() -> None:
@@ -330,11 +364,18 @@ def test_pyright_config_is_strict_with_no_rule_relaxed() -> None:
     assert config.get("typeCheckingMode") == "strict"
     assert config.get("enableTypeIgnoreComments") is False
     assert config.get("reportUnnecessaryTypeIgnoreComment") == "error"
-    relaxed = sorted(k for k in config if k.startswith("report") and k != "reportUnnecessaryTypeIgnoreComment")
+    relaxed = sorted(
+        k for k in config if k.startswith("report") and k != "reportUnnecessaryTypeIgnoreComment"
+    )
     assert not relaxed, f"pyrightconfig.json relaxes strict mode: {relaxed}"
     include = config.get("include")
     assert isinstance(include, list)
-    assert set(include) >= {"safedma", "tests/typing/pass", "tests/typing/fail", "tests/typing/plugin"}
+    assert set(include) >= {
+        "safedma",
+        "tests/typing/pass",
+        "tests/typing/fail",
+        "tests/typing/plugin",
+    }
 
 
 def test_pyrefly_and_ty_read_only_their_own_comments() -> None:

@@ -101,7 +101,9 @@ def test_plugin_messages(plugin_run: Run, path: Path) -> None:
     expected: list[Expected] = plugin_expectations(path)
     assert expected, f"{_relative(path)} expects nothing"
     found = plugin_run.for_path(path)
-    assert not [d for d in plugin_run.for_path(path, errors_only=False) if d.severity != "error"], _report(found)
+    assert not [d for d in plugin_run.for_path(path, errors_only=False) if d.severity != "error"], (
+        _report(found)
+    )
     want = collections.Counter((e.line, e.code) for e in expected)
     got = collections.Counter((d.line, d.code) for d in found)
     problems = [f"line {line}: expected [{code}], not reported" for (line, code) in want - got]

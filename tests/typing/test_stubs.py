@@ -82,7 +82,9 @@ class StubRuns:
     def get(self, checker: str) -> Run:
         if checker not in self.runs:
             try:
-                run = _checkers.run(checker, list(self.copies), Setup(stubs=True, cache="typing-stubs"))
+                run = _checkers.run(
+                    checker, list(self.copies), Setup(stubs=True, cache="typing-stubs")
+                )
             except _checkers.CheckerMissing as missing:
                 pytest.fail(str(missing), pytrace=False)
             print(f"\nstubs corpus: {checker} over {len(self.copies)} files in {run.seconds:.1f} s")
@@ -102,13 +104,17 @@ def stub_runs() -> StubRuns:
 def test_corpus_is_present() -> None:
     assert PASS_FILES and FAIL_FILES and MESSAGE_FILES
     stems = [p.stem for p in ALL_FILES]
-    assert len(stems) == len(set(stems)), "mypy names each corpus file by its stem: stems must be unique"
+    assert len(stems) == len(set(stems)), (
+        "mypy names each corpus file by its stem: stems must be unique"
+    )
     for path in FAIL_FILES:
         expected = expected_codes(path)
         missing = [c for c in CHECKERS if not expected[c]]
         assert not missing, f"{_rel(path)} expects no error from {missing}"
         lines = [set(lines) for lines in expected.values()]
-        assert all(x == lines[0] for x in lines), f"{_rel(path)}: the checkers expect errors on different lines"
+        assert all(x == lines[0] for x in lines), (
+            f"{_rel(path)}: the checkers expect errors on different lines"
+        )
     for path in PASS_FILES + MESSAGE_FILES:
         assert "ignore[" not in path.read_text(), f"{_rel(path)} must not suppress anything"
 
@@ -128,15 +134,21 @@ def test_corpus_file(checker: str, path: Path, stub_runs: StubRuns) -> None:
     mismatches = _checkers.compare(expected_codes(path)[checker], found)
     if mismatches:
         pytest.fail(
-            f"{checker} on {_rel(path)}:\n" + "\n".join(m.render() for m in mismatches)
-            + "\nreported:\n" + _report(found),
+            f"{checker} on {_rel(path)}:\n"
+            + "\n".join(m.render() for m in mismatches)
+            + "\nreported:\n"
+            + _report(found),
             pytrace=False,
         )
 
 
 def _marker_lines(path: Path) -> dict[str, int]:
     lines = path.read_text().splitlines()
-    return {m.group(1): n for n, text in enumerate(lines, 1) if (m := re.search(r"# expect: (\w+)", text))}
+    return {
+        m.group(1): n
+        for n, text in enumerate(lines, 1)
+        if (m := re.search(r"# expect: (\w+)", text))
+    }
 
 
 _PYRIGHT_MESSAGES = {
@@ -148,7 +160,10 @@ _PYRIGHT_MESSAGES = {
         )
     },
     "wait_send": {
-        ("reportAttributeAccessIssue", 'Cannot access attribute "wait_send" for class "LocalCopyDescriptor"\n  Attribute "wait_send" is unknown'),
+        (
+            "reportAttributeAccessIssue",
+            'Cannot access attribute "wait_send" for class "LocalCopyDescriptor"\n  Attribute "wait_send" is unknown',
+        ),
         ("reportUnknownMemberType", 'Type of "wait_send" is unknown'),
     },
     "signal": {
@@ -162,10 +177,18 @@ _PYRIGHT_MESSAGES = {
 }
 EXPECTED_MESSAGES = {
     "mypy": {
-        "seed": {("arg-type", 'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "SemRef"')},
+        "seed": {
+            (
+                "arg-type",
+                'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "SemRef"',
+            )
+        },
         "wait_send": {("attr-defined", '"LocalCopyDescriptor" has no attribute "wait_send"')},
         "signal": {
-            ("arg-type", 'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "RegularSem | BarrierSem"')
+            (
+                "arg-type",
+                'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "RegularSem | BarrierSem"',
+            )
         },
     },
     "pyright": _PYRIGHT_MESSAGES,
@@ -178,7 +201,12 @@ EXPECTED_MESSAGES = {
                 "`jax.experimental.pallas.tpu.make_async_remote_copy`",
             )
         },
-        "wait_send": {("missing-attribute", "Object of class `LocalCopyDescriptor` has no attribute `wait_send`")},
+        "wait_send": {
+            (
+                "missing-attribute",
+                "Object of class `LocalCopyDescriptor` has no attribute `wait_send`",
+            )
+        },
         "signal": {
             (
                 "bad-argument-type",
@@ -194,7 +222,12 @@ EXPECTED_MESSAGES = {
                 "Argument to function `make_async_remote_copy` is incorrect: Expected `SemRef`, found `Array`",
             )
         },
-        "wait_send": {("missing-attribute", "Object of type `LocalCopyDescriptor` has no attribute `wait_send`")},
+        "wait_send": {
+            (
+                "missing-attribute",
+                "Object of type `LocalCopyDescriptor` has no attribute `wait_send`",
+            )
+        },
         "signal": {
             (
                 "invalid-argument-type",
@@ -214,7 +247,11 @@ def test_messages_name_the_mistake(checker: str, stub_runs: StubRuns) -> None:
     assert set(markers) == set(expected)
     found = stub_runs.found(checker, path)
     got = {(d.line, d.code, d.message) for d in found}
-    want = {(markers[name], code, message) for name, pairs in expected.items() for code, message in pairs}
+    want = {
+        (markers[name], code, message)
+        for name, pairs in expected.items()
+        for code, message in pairs
+    }
     assert got == want, f"{checker} messages differ:\n{_report(found)}"
 
 
@@ -226,7 +263,10 @@ def test_messages_name_the_mistake(checker: str, stub_runs: StubRuns) -> None:
 def _allowlists() -> list[Path]:
     version_file = STUBTEST_DIR / f"allowlist-jax{JAX_MINOR}.txt"
     if not version_file.exists():
-        pytest.fail(f"no stubtest allowlist for jax {jax.__version__}: create {version_file.relative_to(REPO)}", pytrace=False)
+        pytest.fail(
+            f"no stubtest allowlist for jax {jax.__version__}: create {version_file.relative_to(REPO)}",
+            pytrace=False,
+        )
     return [STUBTEST_DIR / "allowlist-common.txt", version_file]
 
 
@@ -236,7 +276,9 @@ def _entries(path: Path) -> Iterator[tuple[str, str]]:
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         entry, sep, reason = raw.partition("  # ")
-        assert sep and reason.strip(), f"{path.name}:{n}: entry without a reason ('entry  # reason'): {raw!r}"
+        assert sep and reason.strip(), (
+            f"{path.name}:{n}: entry without a reason ('entry  # reason'): {raw!r}"
+        )
         yield entry.strip(), reason.strip()
 
 
@@ -252,9 +294,15 @@ def _stubtest_mypy_config(directory: Path) -> Path:
     followed = {"jax._src.basearray"}  # jax.Array
     for module in STUB_FILES:
         for node in _stub_tree(module).body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jax._src"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("jax._src")
+            ):
                 followed.add(node.module)
-                followed |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from jax._src import core`
+                followed |= {
+                    f"{node.module}.{alias.name}" for alias in node.names
+                }  # `from jax._src import core`
     config = directory / "stubtest-mypy.ini"
     config.write_text(
         "[mypy]\n[mypy-jax._src.*]\nfollow_imports = skip\n"
@@ -274,7 +322,9 @@ def test_stubtest_against_installed_jax(tmp_path: Path) -> None:
     for path in allowlists:
         cmd += ["--allowlist", str(path)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env_with_stubs(), capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=_env_with_stubs(), capture_output=True, text=True, check=False
+    )
     print(f"\nstubtest (jax {jax.__version__}) in {time.perf_counter() - start:.1f} s")
     assert proc.returncode == 0, f"stubtest failed:\n{proc.stdout}\n{proc.stderr}"
     assert "Success: no issues found" in proc.stdout, proc.stdout
@@ -285,9 +335,15 @@ def test_stubtest_against_installed_jax(tmp_path: Path) -> None:
 # parameters the stub leaves out (-) or adds (+). Any further drift fails this test.
 ALLOWLISTED_SIGNATURES: dict[str, dict[str, tuple[str, set[str], set[str]]]] = {
     "0.12": {
-        "jax.experimental.pallas.tpu.make_async_copy": ("(src_ref, dst_ref, sem=None, *, src_sem=None)", {"src_sem"}, set()),
+        "jax.experimental.pallas.tpu.make_async_copy": (
+            "(src_ref, dst_ref, sem=None, *, src_sem=None)",
+            {"src_sem"},
+            set(),
+        ),
         "jax.experimental.pallas.tpu.async_copy": (
-            "(src_ref, dst_ref, sem=None, *, src_sem=None, priority: 'int' = 0, add: 'bool' = False)", {"src_sem"}, set()
+            "(src_ref, dst_ref, sem=None, *, src_sem=None, priority: 'int' = 0, add: 'bool' = False)",
+            {"src_sem"},
+            set(),
         ),
     },
     "0.10": {
@@ -301,14 +357,30 @@ def test_allowlisted_functions_differ_only_as_listed() -> None:
 
     pinned = ALLOWLISTED_SIGNATURES.get(JAX_MINOR, {})
     listed = {entry for entry, _ in _entries(STUBTEST_DIR / f"allowlist-jax{JAX_MINOR}.txt")}
-    runtime_functions = {e for e in listed if callable(getattr(importlib.import_module(e.rsplit(".", 1)[0]), e.rsplit(".", 1)[1], None))}
-    assert runtime_functions == set(pinned), "pin every allowlisted function's signature in ALLOWLISTED_SIGNATURES"
+    runtime_functions = {
+        e
+        for e in listed
+        if callable(
+            getattr(importlib.import_module(e.rsplit(".", 1)[0]), e.rsplit(".", 1)[1], None)
+        )
+    }
+    assert runtime_functions == set(pinned), (
+        "pin every allowlisted function's signature in ALLOWLISTED_SIGNATURES"
+    )
     for full_name, (runtime_sig, left_out, added) in pinned.items():
         module, name = full_name.rsplit(".", 1)
         runtime = getattr(importlib.import_module(module), name)
-        assert str(inspect.signature(runtime).replace(return_annotation=inspect.Signature.empty)) == runtime_sig, f"{full_name} changed in jax {jax.__version__}"
-        (stub_def,) = [n for n in _stub_tree(module).body if isinstance(n, ast.FunctionDef) and n.name == name]
-        stub_params = [a.arg for a in (*stub_def.args.posonlyargs, *stub_def.args.args, *stub_def.args.kwonlyargs)]
+        assert (
+            str(inspect.signature(runtime).replace(return_annotation=inspect.Signature.empty))
+            == runtime_sig
+        ), f"{full_name} changed in jax {jax.__version__}"
+        (stub_def,) = [
+            n for n in _stub_tree(module).body if isinstance(n, ast.FunctionDef) and n.name == name
+        ]
+        stub_params = [
+            a.arg
+            for a in (*stub_def.args.posonlyargs, *stub_def.args.args, *stub_def.args.kwonlyargs)
+        ]
         runtime_params = list(inspect.signature(runtime).parameters)
         assert stub_params == [p for p in runtime_params if p not in left_out] + sorted(added), (
             f"{full_name}: stub parameters {stub_params} differ from jax's {runtime_params} beyond -{left_out} +{added}"
@@ -338,9 +410,13 @@ def _stub_public_names(tree: ast.Module) -> set[str]:
 def _runtime_public_names(mod: types.ModuleType) -> set[str]:
     """dir() without submodule attributes, plus names served by jax's deprecation __getattr__."""
     names = {
-        n for n in dir(mod)
+        n
+        for n in dir(mod)
         if not n.startswith("_")
-        and not (isinstance(v := getattr(mod, n), types.ModuleType) and v.__name__.startswith(mod.__name__ + "."))
+        and not (
+            isinstance(v := getattr(mod, n), types.ModuleType)
+            and v.__name__.startswith(mod.__name__ + ".")
+        )
     }
     deprecations: dict[str, tuple[str, object]] = getattr(mod, "_deprecations", {})
     return names | {n for n, (_, replacement) in deprecations.items() if replacement is not None}
@@ -377,8 +453,12 @@ def test_public_names_match_jax(module: str) -> None:
     only_stub = {f"{module}.{n}" for n in stub - runtime} - in_stubtest
     only_runtime = {f"{module}.{n}" for n in runtime - stub} - in_stubtest
     prefix = module + "."
-    want_plus = {n for n in _listed_names("+") if n.startswith(prefix) and "." not in n[len(prefix):]}
-    want_minus = {n for n in _listed_names("-") if n.startswith(prefix) and "." not in n[len(prefix):]}
+    want_plus = {
+        n for n in _listed_names("+") if n.startswith(prefix) and "." not in n[len(prefix) :]
+    }
+    want_minus = {
+        n for n in _listed_names("-") if n.startswith(prefix) and "." not in n[len(prefix) :]
+    }
     assert only_stub == want_plus, (
         f"declared by the stub but missing from jax {jax.__version__} (list with '+' and a reason, or fix): "
         f"unlisted {sorted(only_stub - want_plus)}, listed but not different {sorted(want_plus - only_stub)}"
@@ -397,13 +477,21 @@ def test_reexports_are_the_runtime_objects(module: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         for node in _stub_tree(module).body:
-            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jax")):
+            if not (
+                isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jax")
+            ):
                 continue
-            source = importlib.import_module(node.module) if importlib.util.find_spec(node.module) else None
+            source = (
+                importlib.import_module(node.module)
+                if importlib.util.find_spec(node.module)
+                else None
+            )
             for alias in node.names:
                 if alias.asname != alias.name or not hasattr(public, alias.name):
                     continue  # private helpers, and names this jax lacks (listed, see above)
-                assert source is not None and hasattr(source, alias.name), f"{node.module}.{alias.name} is gone"
+                assert source is not None and hasattr(source, alias.name), (
+                    f"{node.module}.{alias.name} is gone"
+                )
                 assert getattr(source, alias.name) is getattr(public, alias.name), (
                     f"{module}.{alias.name} is not {node.module}.{alias.name} in jax {jax.__version__}"
                 )
@@ -431,11 +519,27 @@ def test_layout_keeps_jax_inline_types() -> None:
     Neither has an ``__init__.pyi`` for ``jax`` or ``jax.experimental``: those stay jax's.
     """
     assert (MYPY_TREE / "jax-stubs" / "py.typed").read_bytes() == b"partial\n"
-    assert not list(PYRIGHT_TREE.rglob("*-stubs")), "a -stubs directory on pyright's stubPath hides jax's .pyi files"
+    assert not list(PYRIGHT_TREE.rglob("*-stubs")), (
+        "a -stubs directory on pyright's stubPath hides jax's .pyi files"
+    )
     for tree in (PYRIGHT_TREE / "jax", MYPY_TREE / "jax-stubs"):
-        assert not (tree / "__init__.pyi").exists() and not (tree / "experimental" / "__init__.pyi").exists()
-    mypy_files, pyright_files = _pyi_files(MYPY_TREE / "jax-stubs"), _pyi_files(PYRIGHT_TREE / "jax")
-    assert mypy_files == pyright_files == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
+        assert (
+            not (tree / "__init__.pyi").exists()
+            and not (tree / "experimental" / "__init__.pyi").exists()
+        )
+    mypy_files, pyright_files = (
+        _pyi_files(MYPY_TREE / "jax-stubs"),
+        _pyi_files(PYRIGHT_TREE / "jax"),
+    )
+    assert (
+        mypy_files
+        == pyright_files
+        == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
+    )
     for rel in mypy_files:
-        same = (MYPY_TREE / "jax-stubs" / rel).read_bytes() == (PYRIGHT_TREE / "jax" / rel).read_bytes()
-        assert same, f"{rel}: the mypy and pyright copies differ (the wheel ships real files: copy safedma/stubs/pyright/jax/experimental/pallas/*.pyi into safedma/stubs/mypy/jax-stubs/experimental/pallas/)"
+        same = (MYPY_TREE / "jax-stubs" / rel).read_bytes() == (
+            PYRIGHT_TREE / "jax" / rel
+        ).read_bytes()
+        assert same, (
+            f"{rel}: the mypy and pyright copies differ (the wheel ships real files: copy safedma/stubs/pyright/jax/experimental/pallas/*.pyi into safedma/stubs/mypy/jax-stubs/experimental/pallas/)"
+        )

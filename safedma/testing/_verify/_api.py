@@ -38,8 +38,7 @@ def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
     if isinstance(mesh, Mesh):
         return contextlib.nullcontext()
-    return cast("contextlib.AbstractContextManager[object]",
-                jax.sharding.use_abstract_mesh(mesh))
+    return cast("contextlib.AbstractContextManager[object]", jax.sharding.use_abstract_mesh(mesh))
 
 
 def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | None:
@@ -51,17 +50,20 @@ def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | 
             name = eqn.primitive.name
             if name == "shard_map":
                 body, consts = _jax.jaxpr_of(eqn.params["jaxpr"])
-                args = [mapping.get(v, -1) if not _jax.is_literal(v) else -1
-                        for v in eqn.invars]
+                args = [mapping.get(v, -1) if not _jax.is_literal(v) else -1 for v in eqn.invars]
                 return body, consts, eqn.params["mesh"], args
             for sub in _jax.sub_jaxprs(eqn.params):
                 inner, _ = _jax.jaxpr_of(sub)
-                inner_map = {iv: mapping[ov] for iv, ov in zip(inner.invars, eqn.invars)
-                             if not _jax.is_literal(ov) and ov in mapping}
+                inner_map = {
+                    iv: mapping[ov]
+                    for iv, ov in zip(inner.invars, eqn.invars)
+                    if not _jax.is_literal(ov) and ov in mapping
+                }
                 found = walk(inner, inner_map)
                 if found is not None:
                     return found
         return None
+
     return walk(jaxpr, top)
 
 
@@ -106,19 +108,20 @@ def verify(
     sizes: tuple[int, ...] = ()
     if mesh is not None:
         names = tuple(str(n) for n in mesh.axis_names)
-        sizes = tuple(int(s) for s in (mesh.axis_sizes if hasattr(mesh, "axis_sizes")
-                                       else mesh.devices.shape))
+        sizes = tuple(
+            int(s) for s in (mesh.axis_sizes if hasattr(mesh, "axis_sizes") else mesh.devices.shape)
+        )
         default = _partition_spec(names[0] if len(names) == 1 else names)
         ins = _specs(in_specs, default, True)
         outs = _specs(out_specs, default, False)
-        program = jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=outs,
-                                check_vma=False)
+        program = jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=outs, check_vma=False)
         if isinstance(mesh, Mesh):
             # jax 0.12 checks the specs against the arguments' shardings.
             per_arg = _local_specs(in_specs, names, len(structs))
-            structs = [jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                            sharding=NamedSharding(mesh, spec))
-                       for s, spec in zip(structs, per_arg)]
+            structs = [
+                jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
+                for s, spec in zip(structs, per_arg)
+            ]
 
     def fresh(*xs: Any) -> Any:
         return program(*xs)
@@ -141,8 +144,9 @@ def verify(
     core_axis, cores = _cores_in(body)
     engine = Engine(names, sizes, cores, core_axis)
     compiled = compile_jaxpr(body, consts, outer=True)
-    local_specs = (_local_specs(in_specs, names, len(args)) if mesh is not None
-                   else _inner_specs(top, found))
+    local_specs = (
+        _local_specs(in_specs, names, len(args)) if mesh is not None else _inner_specs(top, found)
+    )
     programs: list[Generator[Blocked, None, None]] = []
     for p in range(engine.participants):
         if p % engine.cores:
@@ -166,14 +170,20 @@ def verify(
         peaks[key] = max(peaks.get(key, 0), s.peak)
     kernels = tuple(sorted({k for k in _kernel_names(body)}))
     return VerifyReport(
-        devices=engine.devices, kernels=kernels, invocations=invocations, dmas=m.dmas,
-        remote_dmas=m.remote_dmas, waits=m.waits, signals=m.signals,
+        devices=engine.devices,
+        kernels=kernels,
+        invocations=invocations,
+        dmas=m.dmas,
+        remote_dmas=m.remote_dmas,
+        waits=m.waits,
+        signals=m.signals,
         max_bytes_in_flight=peaks,
     )
 
 
-def _repeat(compiled: Compiled, inputs: list[Any], ctx: Ctx,
-            times: int) -> Generator[Blocked, None, None]:
+def _repeat(
+    compiled: Compiled, inputs: list[Any], ctx: Ctx, times: int
+) -> Generator[Blocked, None, None]:
     for _ in range(times):
         yield from run(compiled, inputs, ctx)
 
@@ -227,15 +237,19 @@ def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:
     return list(in_specs)
 
 
-def _local_shard(value: np.ndarray[Any, Any], spec: Any, coords: dict[str, int],
-                 sizes: dict[str, int]) -> np.ndarray[Any, Any]:
+def _local_shard(
+    value: np.ndarray[Any, Any], spec: Any, coords: dict[str, int], sizes: dict[str, int]
+) -> np.ndarray[Any, Any]:
     index: list[slice] = []
     for d, entry in enumerate(tuple(spec)):
         if entry is None or d >= value.ndim:
             index.append(slice(None))
             continue
-        axes: tuple[str, ...] = (tuple(str(a) for a in cast("tuple[object, ...]", entry))
-                                 if isinstance(entry, tuple) else (str(entry),))
+        axes: tuple[str, ...] = (
+            tuple(str(a) for a in cast("tuple[object, ...]", entry))
+            if isinstance(entry, tuple)
+            else (str(entry),)
+        )
         parts, pos = 1, 0
         for a in axes:
             pos = pos * sizes[a] + coords[a]

@@ -52,7 +52,8 @@ class _CoreKernel:
         if len(jaxprs) != 1 or len(meshes) != 1:
             raise VerificationUnsupportedError(
                 f"pl.kernel with {len(jaxprs)} bodies at {location(eqn)}: the verifier "
-                "models one body over one TensorCoreMesh")
+                "models one body over one TensorCoreMesh"
+            )
         jaxpr, consts = _jax.jaxpr_of(jaxprs[0])
         self.body = compile_jaxpr(jaxpr, consts)
         self.axis, self.cores = mesh_cores(meshes[0])
@@ -60,8 +61,9 @@ class _CoreKernel:
         self.name = str(p.get("name") or "pl.kernel")
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         names = _jax.kernel_param_names(jaxpr)
-        self.param_names: list[str] = [names[i] if i < len(names) else f"operand {i}"
-                                       for i in range(len(self.avals))]
+        self.param_names: list[str] = [
+            names[i] if i < len(names) else f"operand {i}" for i in range(len(self.avals))
+        ]
         self.n_in = len(eqn.invars)
         self.n_out = len(tuple(p.get("out_avals", ())))
         aliases = dict(cast("dict[int, int]", p.get("input_output_aliases") or {}))
@@ -80,23 +82,24 @@ class _Run:
         self.sems: list[Buffer] = []
 
     def scoped_buffer(self, ctx: Ctx, key: object, aval: Any, where: str) -> Buffer:
-        return ctx.engine.buffer(ctx.p, ("s", self.instance, key), aval,
-                                 f"a run_scoped buffer at {where}")
+        return ctx.engine.buffer(
+            ctx.p, ("s", self.instance, key), aval, f"a run_scoped buffer at {where}"
+        )
 
     def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
         ctx.machine.leave_scope(ctx.p, sems, lambda s: describe_leftover(ctx, s))
 
     def barrier_semaphore(self, ctx: Ctx, where: str) -> Buffer:
         raise VerificationUnsupportedError(
-            f"a barrier semaphore in a pl.kernel body at {where} is not modelled yet")
+            f"a barrier semaphore in a pl.kernel body at {where} is not modelled yet"
+        )
 
 
 def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal]) -> Gen:
     eng, m, p = ctx.engine, ctx.machine, ctx.p
     run_ = _Run(desc, instance)
     saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
-    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = (
-        run_, (), (), (), {})
+    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = (run_, (), (), (), {})
     if p % eng.cores != 0:
         m.enter(p, instance)
     args: list[Any] = list(shared)
@@ -118,15 +121,16 @@ def _mpmd_map(c: Compiler, eqn: Any) -> Op:
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
         return _run(ctx, desc, [r(env) for r in ins], outs, env)
+
     return op
 
 
-def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int],
-         env: list[Any]) -> Gen:
+def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env: list[Any]) -> Gen:
     eng, m, p = ctx.engine, ctx.machine, ctx.p
     if eng.cores != desc.cores:
         raise VerificationUnsupportedError(
-            f"pl.kernel meshes with different core counts in one program ({desc.where})")
+            f"pl.kernel meshes with different core counts in one program ({desc.where})"
+        )
     instance = m.enter(p)
     shared: list[RefVal] = []
     outputs: list[Buffer] = []
@@ -149,8 +153,12 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int],
 
     for k, q in enumerate(helpers, start=1):
         m.clocks.acquire(q, launch)
-        eng.launch(q, _helper_job(eng.core_ctx(q, desc.axis, k), desc, instance, shared,
-                                  lambda q=q: finished(q)))
+        eng.launch(
+            q,
+            _helper_job(
+                eng.core_ctx(q, desc.axis, k), desc, instance, shared, lambda q=q: finished(q)
+            ),
+        )
     own = dict(ctx.axis_index)
     ctx.axis_index[desc.axis] = 0
     yield from _core_body(ctx, desc, instance, shared)
@@ -162,17 +170,20 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int],
         m.clocks.acquire(p, m.clocks.rows[q].copy())
     for buf in outputs:
         view = View(buf, buf.full_box(), buf.shape, buf.itemsize)
-        m.check_written(p, view, "the kernel returns output", desc.where,
-                        "Write (or copy into) every part of each output before the kernel "
-                        "returns.")
+        m.check_written(
+            p,
+            view,
+            "the kernel returns output",
+            desc.where,
+            "Write (or copy into) every part of each output before the kernel returns.",
+        )
         m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
     for s, buf in zip(outs, outputs):
         env[s] = RefVal(buf)
     return None
 
 
-def _helper_job(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal],
-                done: Any) -> Gen:
+def _helper_job(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal], done: Any) -> Gen:
     yield from _core_body(ctx, desc, instance, shared)
     ctx.machine.clocks.release(ctx.p)
     done()

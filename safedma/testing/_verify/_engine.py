@@ -18,7 +18,9 @@ from safedma.testing._verify._semantics import Blocked, Machine, SemState
 __all__ = ["Engine"]
 
 _MAX_KNOWN = 1 << 16
-_IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
+_IDS = itertools.count(
+    1
+)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
 
 
 class _Barrier:
@@ -33,8 +35,13 @@ class _Barrier:
 class Engine:
     """Mesh geometry, the buffer registry and the scheduler of one ``verify`` run."""
 
-    def __init__(self, axis_names: tuple[str, ...], axis_sizes: tuple[int, ...],
-                 cores: int = 1, core_axis: str = "core") -> None:
+    def __init__(
+        self,
+        axis_names: tuple[str, ...],
+        axis_sizes: tuple[int, ...],
+        cores: int = 1,
+        core_axis: str = "core",
+    ) -> None:
         self.axis_names = axis_names
         self.axis_sizes = dict(zip(axis_names, axis_sizes))
         self.shape = axis_sizes
@@ -77,20 +84,31 @@ class Engine:
 
     # ------------------------------------------------------------ buffers
 
-    def new_buffer(self, owner: int, name: str, shape: tuple[int, ...], itemsize: int,
-                   space: str, sem_kind: str | None, kernel_scoped: bool = True) -> Buffer:
-        return Buffer(next(_IDS), owner, name, shape, itemsize, space, sem_kind,
-                      kernel_scoped=kernel_scoped)
+    def new_buffer(
+        self,
+        owner: int,
+        name: str,
+        shape: tuple[int, ...],
+        itemsize: int,
+        space: str,
+        sem_kind: str | None,
+        kernel_scoped: bool = True,
+    ) -> Buffer:
+        return Buffer(
+            next(_IDS), owner, name, shape, itemsize, space, sem_kind, kernel_scoped=kernel_scoped
+        )
 
-    def buffer(self, owner: int, role: object, aval: Any, name: str,
-               shape: tuple[int, ...] | None = None) -> Buffer:
+    def buffer(
+        self, owner: int, role: object, aval: Any, name: str, shape: tuple[int, ...] | None = None
+    ) -> Buffer:
         key = (owner, role)
         buf = self._registry.get(key)
         if buf is None:
             kind = _jax.semaphore_kind(aval)
             space = "SEMAPHORE" if kind is not None else _jax.memory_space(aval)
-            buf = self.new_buffer(owner, name, shape or _jax.aval_shape(aval),
-                                  _jax.aval_itemsize(aval), space, kind)
+            buf = self.new_buffer(
+                owner, name, shape or _jax.aval_shape(aval), _jax.aval_itemsize(aval), space, kind
+            )
             self._registry[key] = buf
             self._roles[buf.ident] = (role, aval, name, shape)
         return buf
@@ -99,15 +117,16 @@ class Engine:
         """The buffer playing ``buf``'s role on participant ``owner``."""
         if buf.owner == owner:
             return buf
-        if (buf.owner // self.cores == owner // self.cores
-                and buf.space in ("HBM", "ANY", "HOST")):
+        if buf.owner // self.cores == owner // self.cores and buf.space in ("HBM", "ANY", "HOST"):
             return buf  # the cores of a device share its HBM
         role = self._roles.get(buf.ident)
         if role is None:
             from safedma.testing._verify._report import VerificationUnsupportedError
+
             raise VerificationUnsupportedError(
                 f"a remote copy or signal addresses {buf.name}, which is not a kernel operand, "
-                "scratch buffer or semaphore; the verifier cannot find it on the other device")
+                "scratch buffer or semaphore; the verifier cannot find it on the other device"
+            )
         r, aval, name, shape = role
         if buf.sem_kind == "BARRIER" and aval is None:
             return self.barrier_buffer(owner, cast(tuple[str, Any], r)[1])
@@ -122,8 +141,17 @@ class Engine:
         self._roles[buf.ident] = (role, aval, name, None)
         return buf
 
-    def operand_buffer(self, ctx: Ctx, instance: int, pos: int, desc: Any, src: Any,
-                       smem: bool, output: bool = False, block: bool = False) -> Buffer:
+    def operand_buffer(
+        self,
+        ctx: Ctx,
+        instance: int,
+        pos: int,
+        desc: Any,
+        src: Any,
+        smem: bool,
+        output: bool = False,
+        block: bool = False,
+    ) -> Buffer:
         aval = desc.avals[pos]
         name = desc.param_names[pos]
         role = ("k", instance, pos)
@@ -131,7 +159,9 @@ class Engine:
             # An array computed outside the kernels (known values when small).
             known: np.ndarray[Any, Any] | None = (
                 np.asarray(cast(object, src))
-                if isinstance(src, (np.ndarray, np.generic, int, float, bool)) else None)
+                if isinstance(src, (np.ndarray, np.generic, int, float, bool))
+                else None
+            )
             src = self.input_value(ctx.p, aval, known, name)
         if isinstance(src, RefVal) and not block and not smem:
             if src.buffer.name.startswith("argument ") and not name.startswith("operand "):
@@ -148,8 +178,11 @@ class Engine:
                 buf.values = list[object](values)
             else:
                 from safedma.testing._verify._scalars import Unknown
-                why = (f"the contents of operand {name} (pass it as a concrete array, "
-                       "not a ShapeDtypeStruct)")
+
+                why = (
+                    f"the contents of operand {name} (pass it as a concrete array, "
+                    "not a ShapeDtypeStruct)"
+                )
                 unknown: list[object] = [Unknown(why)] * math.prod(buf.shape)
                 buf.values = unknown
         return buf
@@ -158,24 +191,35 @@ class Engine:
         key = (p, ("b", collective_id))
         buf = self._registry.get(key)
         if buf is None:
-            buf = self.new_buffer(p, f"the barrier semaphore (collective_id={collective_id})",
-                                  (), 4, "SEMAPHORE", "BARRIER", kernel_scoped=False)
+            buf = self.new_buffer(
+                p,
+                f"the barrier semaphore (collective_id={collective_id})",
+                (),
+                4,
+                "SEMAPHORE",
+                "BARRIER",
+                kernel_scoped=False,
+            )
             self._registry[key] = buf
             self._roles[buf.ident] = (("b", collective_id), None, buf.name, None)
         return buf
 
     def _describe_future(self, s: SemState) -> str:
         unit = " bytes" if s.kind == "DMA" else ""
-        return (f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
-                f"passed between kernels, holds {s.total()}{unit} at the end of the "
-                "program: a copy started by one pallas_call (a DMA future) was never "
-                "waited by a later one")
+        return (
+            f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
+            f"passed between kernels, holds {s.total()}{unit} at the end of the "
+            "program: a copy started by one pallas_call (a DMA future) was never "
+            "waited by a later one"
+        )
 
     def _describe_barrier(self, s: SemState) -> str:
         unit = ""
-        return (f"{self.labels[s.buffer.owner]}: BARRIER semaphore {self.sem_name(s)} holds "
-                f"{s.total()}{unit} after the last call: every barrier signal needs a wait "
-                "(the barrier semaphore is shared by every call with this collective_id)")
+        return (
+            f"{self.labels[s.buffer.owner]}: BARRIER semaphore {self.sem_name(s)} holds "
+            f"{s.total()}{unit} after the last call: every barrier signal needs a wait "
+            "(the barrier semaphore is shared by every call with this collective_id)"
+        )
 
     def sem_name(self, s: SemState) -> str:
         buf = s.buffer
@@ -184,18 +228,21 @@ class Engine:
         idx = np.unravel_index(s.index, buf.shape)
         return f"{buf.name}[{', '.join(str(int(i)) for i in idx)}]"
 
-    def outer_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
-                    name: str) -> object:
+    def outer_value(
+        self, p: int, aval: Any, value: np.ndarray[Any, Any] | None, name: str
+    ) -> object:
         """An argument of the per-device program: its values when small and known."""
         if value is not None and value.size <= _MAX_KNOWN:
             return value
         return self.input_value(p, aval, None, name)
 
-    def input_value(self, p: int, aval: Any, value: np.ndarray[Any, Any] | None,
-                    name: str) -> RefVal:
+    def input_value(
+        self, p: int, aval: Any, value: np.ndarray[Any, Any] | None, name: str
+    ) -> RefVal:
         shape = _jax.aval_shape(aval)
-        buf = self.new_buffer(p, name, shape, _jax.aval_itemsize(aval), "HBM", None,
-                              kernel_scoped=False)
+        buf = self.new_buffer(
+            p, name, shape, _jax.aval_itemsize(aval), "HBM", None, kernel_scoped=False
+        )
         self.machine.mark_written(buf)
         if value is not None and value.size <= _MAX_KNOWN:
             buf.values = [v.item() for v in value.reshape(-1)]
@@ -216,9 +263,14 @@ class Engine:
             st.waiters = []
         while not st.done:
             st.waiters.append(ctx.p)
-            yield Blocked(ctx.p, None, 0, where,
-                          "the other devices at Mosaic's default device barrier before the "
-                          "kernel (collective_id unset)")
+            yield Blocked(
+                ctx.p,
+                None,
+                0,
+                where,
+                "the other devices at Mosaic's default device barrier before the "
+                "kernel (collective_id unset)",
+            )
         return None
 
     # ------------------------------------------------------------ cores
@@ -245,7 +297,9 @@ class Engine:
             self._jobs[q] = None
             yield from job
 
-    def main(self, p: int, program: Generator[Blocked, None, None]) -> Generator[Blocked, None, None]:
+    def main(
+        self, p: int, program: Generator[Blocked, None, None]
+    ) -> Generator[Blocked, None, None]:
         """Core 0's program; when it ends, the device's other cores stop."""
         yield from program
         device = p // self.cores
@@ -267,6 +321,7 @@ class Engine:
                 queued[p] = True
                 blocked.pop(p, None)
                 runnable.append(p)
+
         m.wake = wake
         while runnable:
             p = runnable.popleft()
@@ -280,8 +335,11 @@ class Engine:
         stuck = [b for b in blocked.values() if b.what != "idle"]
         if stuck:
             raise m.deadlock(stuck, sorted(done))
-        barriers = [b for (_, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
-                    if isinstance(role, tuple) and role and role[0] == "b"]
+        barriers = [
+            b
+            for (_, role), b in sorted(self._registry.items(), key=lambda kv: kv[0][0])
+            if isinstance(role, tuple) and role and role[0] == "b"
+        ]
         if barriers:
             # The barrier semaphore persists across calls: it must be back to zero
             # once every call is over.

@@ -21,15 +21,33 @@ import numpy as np
 
 # Why: Var/Literal/Jaxpr/ClosedJaxpr are the program representation itself.
 from jax._src import core as _core
+
 # Why: the semaphore dtypes tell DMA, REGULAR and BARRIER semaphores apart.
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas.mosaic import core as _mosaic_core
 
 __all__ = [
-    "Jaxpr", "Var", "Literal", "is_literal", "literal_value", "jaxpr_of", "consts_of",
-    "sub_jaxprs", "unflatten", "split_transformed", "transform_parts",
-    "semaphore_kind", "memory_space", "aval_shape", "aval_itemsize", "is_ref_aval",
-    "scan_split", "kernel_params", "user_frame", "kernel_param_names", "bind_concrete",
+    "Jaxpr",
+    "Var",
+    "Literal",
+    "is_literal",
+    "literal_value",
+    "jaxpr_of",
+    "consts_of",
+    "sub_jaxprs",
+    "unflatten",
+    "split_transformed",
+    "transform_parts",
+    "semaphore_kind",
+    "memory_space",
+    "aval_shape",
+    "aval_itemsize",
+    "is_ref_aval",
+    "scan_split",
+    "kernel_params",
+    "user_frame",
+    "kernel_param_names",
+    "bind_concrete",
     "JaxprEqn",
 ]
 
@@ -68,8 +86,9 @@ def consts_of(obj: Any) -> list[object]:
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
     """Every jaxpr (open or closed) among an equation's parameters."""
     for value in params.values():
-        items: Sequence[Any] = (cast("Sequence[Any]", value) if isinstance(value, (tuple, list))
-                                else (value,))
+        items: Sequence[Any] = (
+            cast("Sequence[Any]", value) if isinstance(value, (tuple, list)) else (value,)
+        )
         for item in items:
             if isinstance(item, _JAXPR_TYPES):
                 yield item
@@ -128,7 +147,7 @@ def is_ref_aval(aval: Any) -> bool:
 
 
 def semaphore_kind(aval: Any) -> str | None:
-    """"DMA", "REGULAR", "BARRIER" for a semaphore ref aval, else None."""
+    """ "DMA", "REGULAR", "BARRIER" for a semaphore ref aval, else None."""
     dtype = getattr(_inner(aval), "dtype", None)
     if dtype is None:
         return None
@@ -145,11 +164,16 @@ def semaphore_kind(aval: Any) -> str | None:
 
 
 def memory_space(aval: Any) -> str:
-    """"HBM", "VMEM", "SMEM", "SEMAPHORE", "HOST" or "ANY" for a ref aval."""
+    """ "HBM", "VMEM", "SMEM", "SEMAPHORE", "HOST" or "ANY" for a ref aval."""
     space = getattr(aval, "memory_space", None)
     text = str(space).lower() if space is not None else "any"
-    for key, name in (("semaphore", "SEMAPHORE"), ("smem", "SMEM"), ("vmem", "VMEM"),
-                      ("hbm", "HBM"), ("host", "HOST")):
+    for key, name in (
+        ("semaphore", "SEMAPHORE"),
+        ("smem", "SMEM"),
+        ("vmem", "VMEM"),
+        ("hbm", "HBM"),
+        ("host", "HOST"),
+    ):
         if key in text:
             return name
     return "ANY"
@@ -197,13 +221,15 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
     for bm in gm.block_mappings:
         aval = bm.transformed_block_aval
         index_map = bm.index_map_jaxpr
-        blocks.append({
-            "space": memory_space(aval),
-            "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
-            "array_shape": tuple(int(d) for d in bm.array_aval.shape),
-            "index_map": index_map,
-            "origin": str(getattr(bm, "origin", "")),
-        })
+        blocks.append(
+            {
+                "space": memory_space(aval),
+                "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
+                "array_shape": tuple(int(d) for d in bm.array_aval.shape),
+                "index_map": index_map,
+                "origin": str(getattr(bm, "origin", "")),
+            }
+        )
     mesh = p.get("mesh")
     name = p.get("name")
     if name is None:
@@ -211,8 +237,10 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         name = getattr(nsi, "name", None)
     return {
         "jaxpr": p["jaxpr"],
-        "grid": tuple(int(cast(int, g)) if isinstance(g, (int, np.integer)) else -1
-                      for g in cast("tuple[object, ...]", gm.grid)),
+        "grid": tuple(
+            int(cast(int, g)) if isinstance(g, (int, np.integer)) else -1
+            for g in cast("tuple[object, ...]", gm.grid)
+        ),
         "grid_names": tuple(gm.grid_names) if gm.grid_names else (),
         "num_index_operands": int(gm.num_index_operands),
         "num_inputs": int(gm.num_inputs),
@@ -263,7 +291,7 @@ def _is_library(path: str) -> bool:
 
 
 def user_frame(source_info: Any) -> str | None:
-    """"file:line (function)" of the first frame outside jax and safedma's library.
+    """ "file:line (function)" of the first frame outside jax and safedma's library.
 
     Why: ``source_info.traceback.frames`` is jax's record of where the
     equation was traced; safedma's wrappers bind primitives from
@@ -283,8 +311,10 @@ def user_frame(source_info: Any) -> str | None:
     # Kernels shipped inside jax itself (jax/experimental/pallas/ops): their own line.
     for frame in frames:
         path = frame.file_name
-        if (f"{os.sep}jax{os.sep}experimental{os.sep}" in path
-                and f"{os.sep}pallas{os.sep}ops{os.sep}" in path):
+        if (
+            f"{os.sep}jax{os.sep}experimental{os.sep}" in path
+            and f"{os.sep}pallas{os.sep}ops{os.sep}" in path
+        ):
             return f"{path}:{frame.line_num} ({frame.function_name})"
     return None
 

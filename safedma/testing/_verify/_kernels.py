@@ -37,8 +37,9 @@ class KernelDesc:
         self.body = compile_jaxpr(jaxpr, consts)
         self.where = location(eqn)
         names = _jax.kernel_param_names(jaxpr)
-        self.param_names: list[str] = [names[i] if i < len(names) else f"operand {i}"
-                            for i in range(len(jaxpr.invars))]
+        self.param_names: list[str] = [
+            names[i] if i < len(names) else f"operand {i}" for i in range(len(jaxpr.invars))
+        ]
         self.name = kp["name"] or "kernel"
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         self.n_index = int(kp["num_index_operands"])
@@ -49,7 +50,8 @@ class KernelDesc:
         if any(g < 0 for g in self.grid):
             raise VerificationUnsupportedError(
                 f"kernel {self.name} at {self.where} has a dynamic grid; the verifier needs "
-                "static grid sizes")
+                "static grid sizes"
+            )
         self.index_maps = [compile_jaxpr(*_jax.jaxpr_of(b["index_map"])) for b in kp["blocks"]]
         self.blocks = kp["blocks"]
         self.aliases = {int(o): int(i) for i, o in kp["aliases"]}
@@ -94,18 +96,20 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             d = c.dma
             side = "send side of the copy" if c.side == "read" else "copy"
             frm = "" if d.issuer == s.buffer.owner else f" from {eng.labels[d.issuer]}"
-            hints.append(f"the {side}{frm} started at {d.where} was never waited "
-                         f"({c.amount}{unit})")
+            hints.append(
+                f"the {side}{frm} started at {d.where} was never waited ({c.amount}{unit})"
+            )
         else:
             frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
             hints.append(f"a signal{frm} at {c.where} was never waited")
     if len(s.pending) > 3:
         hints.append(f"and {len(s.pending) - 3} more")
-    fix = ("; ".join(hints) if hints else
-           "more was waited than it received")
+    fix = "; ".join(hints) if hints else "more was waited than it received"
     if s.kind == "DMA":
-        fix += (". Wait for every copy before the kernel returns (in a loop, the last "
-                "iteration's copy too: R4)")
+        fix += (
+            ". Wait for every copy before the kernel returns (in a loop, the last "
+            "iteration's copy too: R4)"
+        )
     else:
         fix += ". Every signal needs a matching wait"
     return f"{label}: {s.kind} semaphore {eng.sem_name(s)} holds {total}{unit}: {fix}"
@@ -118,20 +122,26 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
         return _run_kernel(ctx, desc, [r(env) for r in ins], outs, env)
+
     return op
 
 
-def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int],
-                env: list[Any]) -> Gen:
+def _run_kernel(
+    ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int], env: list[Any]
+) -> Gen:
     eng, m, p = ctx.engine, ctx.machine, ctx.p
     instance = m.enter(p)
     run_ = KernelRun(desc, instance)
     saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
     ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
-        run_, desc.grid, tuple(desc.params["grid_names"]), {})
+        run_,
+        desc.grid,
+        tuple(desc.params["grid_names"]),
+        {},
+    )
     if desc.barrier and eng.participants > 1:
         yield from eng.entry_barrier(ctx, instance, desc.where)
-    operands = operands[desc.n_dynamic:]
+    operands = operands[desc.n_dynamic :]
     args: list[Any] = []
     # scalar prefetch operands: SMEM with known values
     for i in range(desc.n_index):
@@ -155,15 +165,26 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
             if is_out:
                 outer_out.append(buf)
         else:
-            buf = eng.operand_buffer(ctx, instance, pos, desc, src,
-                                     smem=bool(block["space"] == "SMEM"), output=is_out,
-                                     block=True)
+            buf = eng.operand_buffer(
+                ctx,
+                instance,
+                pos,
+                desc,
+                src,
+                smem=bool(block["space"] == "SMEM"),
+                output=is_out,
+                block=True,
+            )
             args.append(RefVal(buf))
             blocked.append((j, buf, is_out))
             if is_out:
-                res = eng.buffer(p, ("r", instance, pos), desc.avals[pos],
-                                 desc.param_names[pos],
-                                 shape=_ints(block["array_shape"]))
+                res = eng.buffer(
+                    p,
+                    ("r", instance, pos),
+                    desc.avals[pos],
+                    desc.param_names[pos],
+                    shape=_ints(block["array_shape"]),
+                )
                 m.mark_written(res)  # the pipeline copies every output block into it
                 outer_out.append(res)
     for k in range(desc.n_scratch):
@@ -175,7 +196,7 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
     points = list(itertools.product(*[range(g) for g in desc.grid])) or [()]
     for n, point in enumerate(points):
         ctx.grid_point = point
-        for j, buf, is_out in blocked:
+        for _, buf, is_out in blocked:
             if not is_out:
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
@@ -184,8 +205,13 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
         for j, buf, is_out in blocked:
             if is_out and (last or _block_changes(desc, ctx, j, points[n], points[n + 1])):
                 view = _full(buf)
-                m.check_written(p, view, "the pipeline copies out", desc.where,
-                                "Write every output block before the grid step ends.")
+                m.check_written(
+                    p,
+                    view,
+                    "the pipeline copies out",
+                    desc.where,
+                    "Write every output block before the grid step ends.",
+                )
                 m.access(p, view, False, "copies the output block out of", desc.where)
     sems = list(run_.sems)
     before = len(m.leftovers)
@@ -197,9 +223,14 @@ def _run_kernel(ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int]
     for buf in outer_out if len(m.leftovers) == before and not future else ():
         if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:
             view = _full(buf)
-            m.check_written(p, view, "the kernel returns output", desc.where,
-                            "Write (or copy into) every part of each output before the "
-                            "kernel returns, or alias it to an input.")
+            m.check_written(
+                p,
+                view,
+                "the kernel returns output",
+                desc.where,
+                "Write (or copy into) every part of each output before the "
+                "kernel returns, or alias it to an input.",
+            )
             m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
     for s, buf in zip(outs, outer_out):
         env[s] = RefVal(buf)
@@ -211,8 +242,9 @@ def _ints(shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in cast("tuple[Any, ...]", shape))
 
 
-def _block_changes(desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...],
-                   nxt: tuple[int, ...]) -> bool:
+def _block_changes(
+    desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...], nxt: tuple[int, ...]
+) -> bool:
     try:
         a = run_plain(desc.index_maps[j], list(now), ctx)
         b = run_plain(desc.index_maps[j], list(nxt), ctx)
@@ -225,6 +257,7 @@ def _block_changes(desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...],
 
 def _full(buf: Buffer) -> Any:
     from safedma.testing._verify._regions import View
+
     return View(buf, buf.full_box(), buf.shape, buf.itemsize)
 
 

@@ -49,13 +49,17 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
     core = ctx.p % eng.cores
     if isinstance(device_id, dict):
         for k, raw in cast("dict[object, object]", device_id).items():
-            keys = (tuple(str(a) for a in cast("tuple[object, ...]", k))
-                    if isinstance(k, tuple) else (str(k),))
+            keys = (
+                tuple(str(a) for a in cast("tuple[object, ...]", k))
+                if isinstance(k, tuple)
+                else (str(k),)
+            )
             v = need_int(raw, "a device id")
             if keys == (eng.core_axis,) and eng.cores > 1:
                 if not 0 <= v < eng.cores:
                     raise VerifyKernelError(
-                        f"core index {v} at {where} is outside the {eng.cores} cores")
+                        f"core index {v} at {where} is outside the {eng.cores} cores"
+                    )
                 core = v
                 continue
             for name in reversed(keys):
@@ -64,25 +68,31 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
                 coords[name] = v % eng.axis_sizes[name]
                 v //= eng.axis_sizes[name]
     else:
-        ids: tuple[object, ...] = (tuple(cast("tuple[object, ...]", device_id))
-                                   if isinstance(device_id, (tuple, list)) else (device_id,))
+        ids: tuple[object, ...] = (
+            tuple(cast("tuple[object, ...]", device_id))
+            if isinstance(device_id, (tuple, list))
+            else (device_id,)
+        )
         vals = [need_int(v, "a device id") for v in ids]
         if logical or len(vals) == 1 and len(names) != 1:
             flat = vals[0]
             if not 0 <= flat < eng.devices:
                 raise VerifyKernelError(
-                    f"device id {flat} at {where} is outside the mesh of {eng.devices} devices")
+                    f"device id {flat} at {where} is outside the mesh of {eng.devices} devices"
+                )
             return flat * eng.cores + ctx.p % eng.cores
         if len(vals) != len(names):
             raise VerifyKernelError(
                 f"device id {tuple(vals)} at {where} has {len(vals)} coordinates for a mesh "
-                f"with axes {names}")
+                f"with axes {names}"
+            )
         coords = dict(zip(names, vals))
     for name in names:
         if not 0 <= coords[name] < eng.axis_sizes[name]:
             raise VerifyKernelError(
                 f"device id at {where}: {name}={coords[name]} is outside the mesh "
-                f"({name} has {eng.axis_sizes[name]} devices)")
+                f"({name} has {eng.axis_sizes[name]} devices)"
+            )
     return eng.participant(coords, core)
 
 
@@ -104,8 +114,10 @@ def _sem_state_uncached(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str
         ref = RefVal(buf, ref.steps)
     view = view_of(ref, where, what, ctx.engine.labels[ctx.p])
     if view.shape != ():
-        raise VerifyKernelError(f"{what} at {where} is a semaphore array of shape "
-                                f"{view.shape}; index one semaphore with .at[i]")
+        raise VerifyKernelError(
+            f"{what} at {where} is a semaphore array of shape "
+            f"{view.shape}; index one semaphore with .at[i]"
+        )
     return ctx.machine.sem(buf, _sem_index(view))
 
 
@@ -133,15 +145,24 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         ssem_ref = g_ssem(env)
         kernel = ctx.kernel
         if target != ctx.p:
-            ctx.machine.check_reach(ctx.p, target, kernel.instance,
-                                    f"a remote copy into {d.buffer.name}", where,
-                                    barrier=False)
+            ctx.machine.check_reach(
+                ctx.p,
+                target,
+                kernel.instance,
+                f"a remote copy into {d.buffer.name}",
+                where,
+                barrier=False,
+            )
         dsem = _sem_state(ctx, dsem_ref, target, where, "the copy's semaphore")
-        ssem = (_sem_state(ctx, ssem_ref, ctx.p, where, "the copy's send semaphore")
-                if ssem_ref is not None else None)
+        ssem = (
+            _sem_state(ctx, ssem_ref, ctx.p, where, "the copy's send semaphore")
+            if ssem_ref is not None
+            else None
+        )
         if target == ctx.p and ssem is not None and ssem is dsem:
             ssem = None
         ctx.machine.dma_start(ctx.p, target, sv, dv, dsem, ssem, where, kernel.name)
+
     return op
 
 
@@ -153,12 +174,14 @@ def _device_getter(c: Compiler, dev: Any) -> Callable[[list[Any]], Any]:
 
         def as_dict(env: list[Any]) -> object:
             return {k: g(env) for k, g in items}
+
         return as_dict
     if isinstance(dev, (tuple, list)):
         gs = [c.value_getter(v) for v in cast("tuple[object, ...]", dev)]
 
         def as_tuple(env: list[Any]) -> object:
             return tuple(g(env) for g in gs)
+
         return as_tuple
     g = c.value_getter(dev)
     return g
@@ -187,6 +210,7 @@ def _dma_wait(c: Compiler, eqn: Any) -> Op:
         s = _sem_state(ctx, sem_ref, ctx.p, where, "the waited semaphore")
         amount = nbytes if s.kind == "DMA" else 1
         return _wait_gen(ctx, s, amount, where, True)
+
     return op
 
 
@@ -203,11 +227,17 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_sem(env), "the signalled semaphore", where)
         barrier = ref.buffer.sem_kind == "BARRIER"
         if target != ctx.p:
-            ctx.machine.check_reach(ctx.p, target, ctx.kernel.instance,
-                                    f"a signal on semaphore {ref.buffer.name}", where,
-                                    barrier=barrier)
+            ctx.machine.check_reach(
+                ctx.p,
+                target,
+                ctx.kernel.instance,
+                f"a signal on semaphore {ref.buffer.name}",
+                where,
+                barrier=barrier,
+            )
         s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
         ctx.machine.signal(ctx.p, s, need_int(g_inc(env), "a signal increment"), where)
+
     return op
 
 
@@ -223,8 +253,14 @@ def _semaphore_wait(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_sem(env), "the waited semaphore", where)
         s = _sem_state(ctx, ref, ctx.p, where, "the waited semaphore")
         dec = g_dec(env)
-        return _wait_gen(ctx, s, need_int(g_val(env), "a wait value"), where,
-                         True if isinstance(dec, Unknown) else bool(dec))
+        return _wait_gen(
+            ctx,
+            s,
+            need_int(g_val(env), "a wait value"),
+            where,
+            True if isinstance(dec, Unknown) else bool(dec),
+        )
+
     return op
 
 
@@ -233,6 +269,7 @@ def _semaphore_read(c: Compiler, eqn: Any) -> Op:
 
     def op(env: list[Any], ctx: Ctx) -> None:
         env[out] = Unknown("a semaphore_read (its value depends on the schedule)")
+
     return op
 
 
@@ -245,6 +282,7 @@ def _transformed(c: Compiler, ref: Any, transforms: Any) -> Callable[[list[Any]]
         if not isinstance(r, RefVal) or not steps:
             return r
         return RefVal(r.buffer, r.steps + tuple(s(env) for s in steps))
+
     return get
 
 
@@ -254,11 +292,20 @@ def _barrier_semaphore(c: Compiler, eqn: Any) -> Op:
 
     def op(env: list[Any], ctx: Ctx) -> None:
         env[out] = RefVal(ctx.kernel.barrier_semaphore(ctx, where))
+
     return op
 
 
-def _access(c: Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree: Any,
-            write: bool, read: bool, value_atom: Any = None) -> Op:
+def _access(
+    c: Compiler,
+    eqn: Any,
+    ref_atom: Any,
+    index_atoms: list[Any],
+    tree: Any,
+    write: bool,
+    read: bool,
+    value_atom: Any = None,
+) -> Op:
     g_ref = c.reader(ref_atom)
     transforms = _jax.unflatten(tree, index_atoms) if tree is not None else ()
     steps = [c.transform(t) for t in transforms]
@@ -292,10 +339,12 @@ def _access(c: Compiler, eqn: Any, ref_atom: Any, index_atoms: list[Any], tree: 
             m.access(ctx.p, view, True, "writes", where)
             if buf.values is not None:
                 val = g_val(env) if g_val is not None else VECTOR
-                _smem_set(buf, view, val if not read or eqn.primitive.name != "addupdate"
-                          else VECTOR)
+                _smem_set(
+                    buf, view, val if not read or eqn.primitive.name != "addupdate" else VECTOR
+                )
         for s in outs:
             env[s] = old
+
     return op
 
 
@@ -313,10 +362,11 @@ def _smem_get(buf: Any, view: View) -> Any:
 def _smem_set(buf: Any, view: View, val: Any) -> None:
     if view.shape != () and any(n != 1 for n in view.shape):
         n = 1
-        for (lo, hi) in view.box:
+        for lo, hi in view.box:
             n *= hi - lo
         # a vector store into SMEM: its elements become unknown
         import itertools
+
         for idx in itertools.product(*[range(lo, hi) for lo, hi in view.box]):
             flat = 0
             for i, size in zip(idx, buf.shape):
@@ -327,18 +377,35 @@ def _smem_set(buf: Any, view: View, val: Any) -> None:
 
 
 def _get(c: Compiler, eqn: Any) -> Op:
-    return _access(c, eqn, eqn.invars[0], list(eqn.invars[1:]), eqn.params.get("tree"),
-                   write=False, read=True)
+    return _access(
+        c, eqn, eqn.invars[0], list(eqn.invars[1:]), eqn.params.get("tree"), write=False, read=True
+    )
 
 
 def _swap(c: Compiler, eqn: Any) -> Op:
-    return _access(c, eqn, eqn.invars[0], list(eqn.invars[2:]), eqn.params.get("tree"),
-                   write=True, read=False, value_atom=eqn.invars[1])
+    return _access(
+        c,
+        eqn,
+        eqn.invars[0],
+        list(eqn.invars[2:]),
+        eqn.params.get("tree"),
+        write=True,
+        read=False,
+        value_atom=eqn.invars[1],
+    )
 
 
 def _addupdate(c: Compiler, eqn: Any) -> Op:
-    return _access(c, eqn, eqn.invars[0], list(eqn.invars[2:]), eqn.params.get("tree"),
-                   write=True, read=True, value_atom=eqn.invars[1])
+    return _access(
+        c,
+        eqn,
+        eqn.invars[0],
+        list(eqn.invars[2:]),
+        eqn.params.get("tree"),
+        write=True,
+        read=True,
+        value_atom=eqn.invars[1],
+    )
 
 
 def _masked_load(c: Compiler, eqn: Any) -> Op:
@@ -353,8 +420,9 @@ def _masked_swap(c: Compiler, eqn: Any) -> Op:
     return _access_tr(c, eqn, ref, transforms, write=True, read=False, value=val)
 
 
-def _access_tr(c: Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, read: bool,
-               value: Any = None) -> Op:
+def _access_tr(
+    c: Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, read: bool, value: Any = None
+) -> Op:
     g = _transformed(c, ref, transforms)
     outs = c.outs(eqn)
     g_val = c.value_getter(value) if value is not None else None
@@ -369,6 +437,7 @@ def _access_tr(c: Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, re
                 _smem_set(view.buffer, view, g_val(env))
         for s in outs:
             env[s] = VECTOR
+
     return op
 
 
@@ -378,6 +447,7 @@ def _nothing(c: Compiler, eqn: Any) -> Op:
     def op(env: list[Any], ctx: Ctx) -> None:
         for s in outs:
             env[s] = VECTOR
+
     return op
 
 
@@ -392,6 +462,14 @@ register("swap", _swap)
 register("addupdate", _addupdate)
 register("masked_load", _masked_load)
 register("masked_swap", _masked_swap)
-for _name in ("delay", "trace_value", "prng_seed", "add_dependency", "debug_print",
-              "debug_callback", "trace_start", "trace_stop"):
+for _name in (
+    "delay",
+    "trace_value",
+    "prng_seed",
+    "add_dependency",
+    "debug_print",
+    "debug_callback",
+    "trace_start",
+    "trace_stop",
+):
     register(_name, _nothing)

@@ -68,8 +68,9 @@ _CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 
 
-def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False,
-                  consts_are_args: bool = False) -> Compiled:
+def compile_jaxpr(
+    jaxpr: Any, consts: Sequence[object] = (), outer: bool = False, consts_are_args: bool = False
+) -> Compiled:
     """``jaxpr`` as closures; ``outer`` for the program around the kernels, where small
     arrays built from known values (page tables, flags) are computed concretely.
     ``consts_are_args``: the constvars are fed by the equation's operands (run_scoped
@@ -89,6 +90,7 @@ def compile_jaxpr(jaxpr: Any, consts: Sequence[object] = (), outer: bool = False
 def _const(v: object, outer: bool = False) -> object:
     try:
         import numpy as np
+
         a = np.asarray(v)
         if a.dtype.kind not in "biuf":
             return VECTOR
@@ -184,30 +186,41 @@ class Compiler:
         outs = self.outs(eqn)
         out_avals = [v.aval for v in eqn.outvars]
         scalar_out = all(_is_scalar(a) for a in out_avals)
-        if any(_jax.is_ref_aval(getattr(a, "aval", None)) for a in eqn.invars if not _jax.is_literal(a)):
+        if any(
+            _jax.is_ref_aval(getattr(a, "aval", None)) for a in eqn.invars if not _jax.is_literal(a)
+        ):
             where = location(eqn)
 
             def unsupported(env: list[Any], ctx: Ctx) -> None:
                 raise VerificationUnsupportedError(
                     f"the verifier does not model the primitive {name!r} on a ref (at "
-                    f"{where}); check this kernel with safedma.testing.simulate instead")
+                    f"{where}); check this kernel with safedma.testing.simulate instead"
+                )
+
             return unsupported
-        if any(_jax.is_ref_aval(v.aval) for sub in _jax.sub_jaxprs(eqn.params)
-               for v in _jax.jaxpr_of(sub)[0].invars):
+        if any(
+            _jax.is_ref_aval(v.aval)
+            for sub in _jax.sub_jaxprs(eqn.params)
+            for v in _jax.jaxpr_of(sub)[0].invars
+        ):
             where = location(eqn)
 
             def kernel_like(env: list[Any], ctx: Ctx) -> None:
                 raise VerificationUnsupportedError(
                     f"{name!r} at {where} runs a kernel body the verifier does not model "
                     "(it knows pallas_call and pl.kernel over a TensorCoreMesh); check it "
-                    "with safedma.testing.simulate")
+                    "with safedma.testing.simulate"
+                )
+
             return kernel_like
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
         if not scalar_out or not outs:
+
             def vector(env: list[Any], ctx: Ctx) -> None:
                 for s in outs:
                     env[s] = VECTOR
+
             return vector
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
@@ -242,19 +255,21 @@ class Compiler:
                 res = [VECTOR] * len(outs)
             for s, v in zip(outs, res):
                 env[s] = v
+
         return scalar
 
     def concrete(self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
         """Outside kernels: evaluate small arrays of known values with jax itself."""
         import numpy as np
-        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= _OUTER_LIMIT
-                    for v in eqn.outvars)
+
+        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= _OUTER_LIMIT for v in eqn.outvars)
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
             known = small and all(
-                isinstance(v, (int, float, bool, np.ndarray, np.generic)) for v in vals)
+                isinstance(v, (int, float, bool, np.ndarray, np.generic)) for v in vals
+            )
             if known:
                 key = tuple(_key(v) for v in vals)
                 res = memo.get(key)
@@ -269,6 +284,7 @@ class Compiler:
                 return
             for s in outs:
                 env[s] = VECTOR
+
         return op
 
     # --- calls and control flow
@@ -278,7 +294,11 @@ class Compiler:
         body = compile_jaxpr(jaxpr, consts, self.outer)
         ins = [self.atom(a) for a in eqn.invars]
         outs = self.outs(eqn)
-        pure = not self.outer and all(_is_scalar(v.aval) for v in eqn.outvars) and not _has_effects(jaxpr)
+        pure = (
+            not self.outer
+            and all(_is_scalar(v.aval) for v in eqn.outvars)
+            and not _has_effects(jaxpr)
+        )
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> Gen | None:
@@ -300,6 +320,7 @@ class Compiler:
                     env[s] = v
                 return None
             return _call_gen(body, vals, outs, env, ctx)
+
         return op
 
     def cond(self, eqn: Any) -> Op:
@@ -315,6 +336,7 @@ class Compiler:
                 raise _data_dependent("a lax.cond / pl.when predicate", i, where)
             i = max(0, min(int(i), len(branches) - 1))
             return _call_gen(branches[i], [r(env) for r in ins], outs, env, ctx)
+
         return op
 
     def scan(self, eqn: Any) -> Op:
@@ -328,7 +350,11 @@ class Compiler:
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             vals = [r(env) for r in ins]
-            cs, carry, xs = vals[:nconsts], vals[nconsts:nconsts + ncarry], vals[nconsts + ncarry:]
+            cs, carry, xs = (
+                vals[:nconsts],
+                vals[nconsts : nconsts + ncarry],
+                vals[nconsts + ncarry :],
+            )
             xs_each = [VECTOR if not isinstance(x, RefVal) else x for x in xs]
             for _ in range(length):
                 res = yield from run(body, [*cs, *carry, *xs_each], ctx)
@@ -336,6 +362,7 @@ class Compiler:
             for s, v in zip(outs, [*carry, *([VECTOR] * nys)]):
                 env[s] = v
             return None
+
         return gen
 
     def while_(self, eqn: Any) -> Op:
@@ -349,7 +376,7 @@ class Compiler:
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             vals = [r(env) for r in ins]
-            cc, bc, carry = vals[:nc], vals[nc:nc + nb], vals[nc + nb:]
+            cc, bc, carry = vals[:nc], vals[nc : nc + nb], vals[nc + nb :]
             while True:
                 (pred,) = yield from run(cond, [*cc, *carry], ctx)
                 if isinstance(pred, Unknown) or pred is None:
@@ -360,6 +387,7 @@ class Compiler:
             for s, v in zip(outs, carry):
                 env[s] = v
             return None
+
         return gen
 
     def run_scoped(self, eqn: Any) -> Op:
@@ -368,15 +396,17 @@ class Compiler:
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
         every = [*jaxpr.constvars, *jaxpr.invars]
-        avals = [v.aval for v in every[len(eqn.invars):]]
+        avals = [v.aval for v in every[len(eqn.invars) :]]
         key = id(eqn)
         where = location(eqn)
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             n = ctx.scoped_counts.get(key, 0)
             ctx.scoped_counts[key] = n + 1
-            allocs = [RefVal(ctx.kernel.scoped_buffer(ctx, (key, n, i), aval, where))
-                      for i, aval in enumerate(avals)]
+            allocs = [
+                RefVal(ctx.kernel.scoped_buffer(ctx, (key, n, i), aval, where))
+                for i, aval in enumerate(avals)
+            ]
             res = yield from run(body, [*[r(env) for r in ins], *allocs], ctx)
             sems = [a.buffer for a in allocs if a.buffer.sem_kind is not None]
             if sems:
@@ -384,6 +414,7 @@ class Compiler:
             for s, v in zip(outs, res):
                 env[s] = v
             return None
+
         return gen
 
     # --- indices
@@ -391,8 +422,11 @@ class Compiler:
     def axis_index(self, eqn: Any) -> Op:
         name: object = eqn.params["axis_name"]
         (out,) = self.outs(eqn)
-        names: tuple[str, ...] = (tuple(str(n) for n in cast("tuple[object, ...]", name))
-                                  if isinstance(name, tuple) else (str(name),))
+        names: tuple[str, ...] = (
+            tuple(str(n) for n in cast("tuple[object, ...]", name))
+            if isinstance(name, tuple)
+            else (str(name),)
+        )
 
         def op(env: list[Any], ctx: Ctx) -> None:
             if len(names) == 1 and names[0] in ctx.grid_names:
@@ -403,6 +437,7 @@ class Compiler:
                 size = ctx.engine.axis_sizes.get(n, ctx.engine.cores)
                 value = value * size + ctx.axis_index[n]
             env[out] = value
+
         return op
 
     def program_id(self, eqn: Any) -> Op:
@@ -411,6 +446,7 @@ class Compiler:
 
         def op(env: list[Any], ctx: Ctx) -> None:
             env[out] = ctx.grid_point[axis]
+
         return op
 
     def num_programs(self, eqn: Any) -> Op:
@@ -419,6 +455,7 @@ class Compiler:
 
         def op(env: list[Any], ctx: Ctx) -> None:
             env[out] = ctx.grid[axis]
+
         return op
 
     # --- refs
@@ -438,6 +475,7 @@ class Compiler:
             if not steps:
                 return r
             return RefVal(r.buffer, r.steps + tuple(s(env) for s in steps))
+
         return resolve_ref
 
     def transform(self, t: Any) -> Callable[[list[Any]], tuple[str, object]]:
@@ -446,16 +484,20 @@ class Compiler:
             indices, int_shape = arg
             parts: list[Callable[[list[Any]], tuple[str, int, int, int]]] = []
             if int_shape:
+
                 def gather(env: list[Any]) -> tuple[str, object]:
                     raise VerificationUnsupportedError(
                         "a ref indexed by an array (gather) in a copy or ref access; the "
-                        "verifier models slices and scalar indices only")
+                        "verifier models slices and scalar indices only"
+                    )
+
                 return gather
             for idx in indices:
                 parts.append(self.index_entry(idx))
 
             def index(env: list[Any]) -> tuple[str, object]:
                 return ("index", tuple(p(env) for p in parts))
+
             return index
         if kind == "bitcast":
             size = int(arg.itemsize)
@@ -465,6 +507,7 @@ class Compiler:
 
         def other(env: list[Any]) -> tuple[str, object]:
             raise VerificationUnsupportedError(f"the ref transform {arg}")
+
         return other
 
     def index_entry(self, idx: Any) -> Callable[[list[Any]], tuple[str, int, int, int]]:
@@ -474,13 +517,19 @@ class Compiler:
             st = int(stride) if stride is not None else 1
 
             def sl(env: list[Any]) -> tuple[str, int, int, int]:
-                return ("slice", need_int(gs(env), "a slice start"),
-                        need_int(gz(env), "a slice size"), st)
+                return (
+                    "slice",
+                    need_int(gs(env), "a slice start"),
+                    need_int(gz(env), "a slice size"),
+                    st,
+                )
+
             return sl
         g = self.value_getter(idx)
 
         def it(env: list[Any]) -> tuple[str, int, int, int]:
             return ("int", need_int(g(env), "an index"), 1, 1)
+
         return it
 
     def value_getter(self, x: Any) -> Callable[[list[Any]], Any]:
@@ -506,7 +555,8 @@ def need_int(v: Any, what: str) -> int:
         raise VerificationUnsupportedError(
             f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
             "the verifier needs it as a scalar (pass the operand it comes from as a concrete "
-            "array, or check this kernel with safedma.testing.simulate)")
+            "array, or check this kernel with safedma.testing.simulate)"
+        )
     return int(v)
 
 
@@ -516,11 +566,11 @@ def _data_dependent(what: str, v: Any, where: str) -> VerificationUnsupportedErr
         f"{what} at {where} depends on {why}, which the verifier does not compute "
         "(it proves protocols without vector data). Pass the operand it comes from as a "
         "concrete array if it is a scalar-prefetch/SMEM value, or check this kernel with "
-        "safedma.testing.simulate.")
+        "safedma.testing.simulate."
+    )
 
 
-def _call_gen(body: Compiled, vals: list[Any], outs: list[int], env: list[Any],
-              ctx: Ctx) -> Gen:
+def _call_gen(body: Compiled, vals: list[Any], outs: list[int], env: list[Any], ctx: Ctx) -> Gen:
     res = yield from run(body, vals, ctx)
     for s, v in zip(outs, res):
         env[s] = v
@@ -532,8 +582,14 @@ def _has_effects(jaxpr: Any) -> bool:
         return True
     for e in jaxpr.eqns:
         if e.primitive.name in _BUILDERS and e.primitive.name not in ("pjit", "jit", "closed_call"):
-            if e.primitive.name not in ("cond", "scan", "while", "axis_index", "program_id",
-                                        "num_programs"):
+            if e.primitive.name not in (
+                "cond",
+                "scan",
+                "while",
+                "axis_index",
+                "program_id",
+                "num_programs",
+            ):
                 return True
         for sub in _jax.sub_jaxprs(e.params):
             if _has_effects(_jax.jaxpr_of(sub)[0]):
@@ -562,14 +618,17 @@ def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
                 f"semaphore index out of range (R5) on {p_label}: {what} {buf.name} at "
                 f"{where}: {err} (the array holds {buf.shape}); on a TPU this silently "
                 "uses another semaphore's memory. Allocate enough semaphores or fix the "
-                "index.") from None
+                "index."
+            ) from None
         raise OutOfBoundsDmaError(
             f"out-of-range window on {p_label}: {what} {buf.name} (shape {buf.shape}) at "
-            f"{where}: {err}. Keep the window inside the buffer.") from None
+            f"{where}: {err}. Keep the window inside the buffer."
+        ) from None
     except UnsupportedView as err:
         raise VerificationUnsupportedError(
             f"{what} {ref.buffer.name} at {where} uses {err}, which the verifier does not "
-            "model; check this kernel with safedma.testing.simulate") from None
+            "model; check this kernel with safedma.testing.simulate"
+        ) from None
 
 
 _BUILDERS: dict[str, Callable[[Compiler, Any], Op]] = {

@@ -90,7 +90,7 @@ def flat_to_box(shape: tuple[int, ...], lo: int, hi: int) -> Box:
         a, b = lo // stride, last // stride
         if a != b:
             box.append((a, b + 1))
-            box.extend((0, s) for s in shape[d + 1:])
+            box.extend((0, s) for s in shape[d + 1 :])
             return tuple(box)
         box.append((a, a + 1))
         lo -= a * stride
@@ -117,8 +117,9 @@ class _Mapping:
             return
         strides = _row_major_strides(self.buf.shape)
         first = sum(o * s for o, s in zip(self.origin, strides))
-        last = first + sum((n - 1) * st * strides[d]
-                           for n, (d, st) in zip(self.shape, self.axes) if n > 0)
+        last = first + sum(
+            (n - 1) * st * strides[d] for n, (d, st) in zip(self.shape, self.axes) if n > 0
+        )
         if any(n == 0 for n in self.shape):
             self.byte_lo = self.byte_hi = first * self.buf.itemsize
         else:
@@ -130,15 +131,20 @@ class _Mapping:
         """Apply an NDIndexer: entries are ("slice", start, size, stride) or ("int", i, 1, 1)."""
         if len(entries) != len(self.shape):
             raise UnsupportedView(
-                f"an index of {len(entries)} entries on a view of rank {len(self.shape)}")
+                f"an index of {len(entries)} entries on a view of rank {len(self.shape)}"
+            )
         for d, (kind, start, size, stride) in enumerate(entries):
             extent = self.shape[d]
             end = start + (size - 1) * stride + 1 if size > 0 else start
             if start < 0 or end > extent or (size > 0 and start >= extent):
-                what = (f"index {start}" if kind == "int"
-                        else f"window [{start}, {start + size * stride})")
-                raise RegionError(f"{what} is outside dimension {d} of size {extent}",
-                                  d, start, size, extent)
+                what = (
+                    f"index {start}"
+                    if kind == "int"
+                    else f"window [{start}, {start + size * stride})"
+                )
+                raise RegionError(
+                    f"{what} is outside dimension {d} of size {extent}", d, start, size, extent
+                )
         if self.origin is not None:
             new_axes: list[tuple[int, int]] = []
             new_shape: list[int] = []
@@ -195,8 +201,7 @@ class _Mapping:
         root = self.buf.itemsize
         lo = self.byte_lo // root
         hi = -(-self.byte_hi // root)
-        return View(self.buf, flat_to_box(self.buf.shape, lo, hi), tuple(self.shape),
-                    self.itemsize)
+        return View(self.buf, flat_to_box(self.buf.shape, lo, hi), tuple(self.shape), self.itemsize)
 
 
 def resolve(buf: Buffer, steps: Sequence[tuple[str, object]]) -> View:
@@ -247,7 +252,7 @@ def merge(a: Box, b: Box) -> Box | None:
     (alo, ahi), (blo, bhi) = a[diff], b[diff]
     if alo > bhi or blo > ahi:
         return None
-    return a[:diff] + ((min(alo, blo), max(ahi, bhi)),) + a[diff + 1:]
+    return a[:diff] + ((min(alo, blo), max(ahi, bhi)),) + a[diff + 1 :]
 
 
 class Coverage:
@@ -295,9 +300,9 @@ class Coverage:
         if cells > 100_000:
             return True  # too fine to check cheaply: assume covered (no false alarm)
         import itertools
+
         for cell in itertools.product(*[range(len(c) - 1) for c in cuts]):
             point = tuple(cuts[d][i] for d, i in enumerate(cell))
             if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
                 return False
         return True
-

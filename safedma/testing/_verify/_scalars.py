@@ -94,7 +94,7 @@ def _rshift(a: Any, b: Any) -> Any:
 
 
 def _pow(a: Any, b: Any) -> Any:
-    return a ** b
+    return a**b
 
 
 def _same(a: Any) -> Any:
@@ -137,10 +137,25 @@ _UNARY: dict[str, Callable[[Any], Any]] = {
     "sqrt": math.sqrt,
     "exp": math.exp,
     "log": math.log,
-    **{name: _same for name in (
-        "stop_gradient", "optimization_barrier", "copy", "copy_p", "multiple_of",
-        "reduce_precision", "squeeze", "reshape", "broadcast_in_dim", "reduce_max",
-        "reduce_min", "reduce_sum", "reduce_or", "reduce_and")},
+    **{
+        name: _same
+        for name in (
+            "stop_gradient",
+            "optimization_barrier",
+            "copy",
+            "copy_p",
+            "multiple_of",
+            "reduce_precision",
+            "squeeze",
+            "reshape",
+            "broadcast_in_dim",
+            "reduce_max",
+            "reduce_min",
+            "reduce_sum",
+            "reduce_or",
+            "reduce_and",
+        )
+    },
 }
 
 
@@ -168,12 +183,14 @@ def scalar_rule(name: str, params: dict[str, Any]) -> Callable[..., Any] | None:
         y = int(params["y"])
 
         def power(a: Any) -> Any:
-            return a ** y
+            return a**y
+
         return power
     if name == "convert_element_type":
         dtype = params["new_dtype"]
 
         def converted(a: Any) -> Any:
             return convert(a, dtype)
+
         return converted
     return None

@@ -40,11 +40,31 @@ __all__ = ["Machine", "Dma", "SemState", "Blocked"]
 class Dma:
     """One started copy."""
 
-    __slots__ = ("issuer", "target", "src", "dst", "nbytes", "where", "clock", "src_rec",
-                 "dst_rec", "kernel", "number")
+    __slots__ = (
+        "issuer",
+        "target",
+        "src",
+        "dst",
+        "nbytes",
+        "where",
+        "clock",
+        "src_rec",
+        "dst_rec",
+        "kernel",
+        "number",
+    )
 
-    def __init__(self, issuer: int, target: int, src: View, dst: View, where: str,
-                 clock: Clock, kernel: str, number: int) -> None:
+    def __init__(
+        self,
+        issuer: int,
+        target: int,
+        src: View,
+        dst: View,
+        where: str,
+        clock: Clock,
+        kernel: str,
+        number: int,
+    ) -> None:
         self.issuer, self.target, self.src, self.dst = issuer, target, src, dst
         self.nbytes = src.nbytes
         self.where, self.clock, self.kernel, self.number = where, clock, kernel, number
@@ -57,8 +77,9 @@ class Record:
 
     __slots__ = ("box", "write", "part", "clock", "dma", "what", "where", "alt", "origin")
 
-    def __init__(self, box: Box, write: bool, part: int, clock: int, dma: Dma | None,
-                 what: str, where: str) -> None:
+    def __init__(
+        self, box: Box, write: bool, part: int, clock: int, dma: Dma | None, what: str, where: str
+    ) -> None:
         self.box, self.write, self.part, self.clock = box, write, part, clock
         self.dma, self.what, self.where = dma, what, where
         # other epochs that also follow this access (a copy's read is known complete
@@ -80,8 +101,18 @@ class Contribution:
 class SemState:
     """One semaphore on one participant."""
 
-    __slots__ = ("buffer", "index", "kind", "credit", "pending", "waiters", "label",
-                 "contributors", "peak", "last_wait")
+    __slots__ = (
+        "buffer",
+        "index",
+        "kind",
+        "credit",
+        "pending",
+        "waiters",
+        "label",
+        "contributors",
+        "peak",
+        "last_wait",
+    )
 
     def __init__(self, buffer: Buffer, index: int, label: str) -> None:
         self.buffer, self.index, self.label = buffer, index, label
@@ -172,8 +203,9 @@ class Machine:
                 f"{view.buffer.name} before (its contents are garbage). {fix}"
             )
 
-    def access(self, p: int, view: View, write: bool, what: str, where: str,
-               dma: Dma | None = None) -> Record | None:
+    def access(
+        self, p: int, view: View, write: bool, what: str, where: str, dma: Dma | None = None
+    ) -> Record | None:
         """Check an access against the history of its buffer, then record it."""
         if view.empty:
             return None
@@ -191,8 +223,9 @@ class Machine:
                     seen.add(id(r))
                 if not (write or r.write) or not overlaps(r.box, box):
                     continue
-                if r.part < 0 or (r.clock > row[r.part] and not (
-                        r.alt and any(c <= row[q] for q, c in r.alt))):
+                if r.part < 0 or (
+                    r.clock > row[r.part] and not (r.alt and any(c <= row[q] for q, c in r.alt))
+                ):
                     self._race(p, view, write, what, where, r, dma)
         if dma is not None:
             rec = Record(box, write, -1, 0, dma, what, where)
@@ -201,9 +234,16 @@ class Machine:
         for b in span:
             bucket = h.buckets[b]
             if dma is None:
-                bucket = [r for r in bucket
-                          if not (r.part >= 0 and (write or not r.write)
-                                  and contains(box, r.box) and r.clock <= row[r.part])]
+                bucket = [
+                    r
+                    for r in bucket
+                    if not (
+                        r.part >= 0
+                        and (write or not r.write)
+                        and contains(box, r.box)
+                        and r.clock <= row[r.part]
+                    )
+                ]
             bucket.append(rec)
             h.buckets[b] = bucket
         if write:
@@ -221,29 +261,39 @@ class Machine:
                 rec.alt = []
             rec.alt.append((p, self.clocks.now(p)))
 
-    def _race(self, p: int, view: View, write: bool, what: str, where: str, other: Record,
-              dma: Dma | None) -> None:
-        who = f"the copy started on {self.labels[dma.issuer]} at {dma.where}" if dma else (
-            f"{self.labels[p]}")
+    def _race(
+        self, p: int, view: View, write: bool, what: str, where: str, other: Record, dma: Dma | None
+    ) -> None:
+        who = (
+            f"the copy started on {self.labels[dma.issuer]} at {dma.where}"
+            if dma
+            else (f"{self.labels[p]}")
+        )
         if other.dma is not None:
             od = other.dma
-            them = (f"{'writes' if other.write else 'reads'} it in the copy started on "
-                    f"{self.labels[od.issuer]} at {od.where}, which no wait has guaranteed "
-                    "complete yet")
-            fix = ("Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
-                   "side that touches this buffer) before this access; on a semaphore "
-                   "shared by several copies, a wait guarantees only the copies whose bytes "
-                   "it cannot do without (R7/R9): wait for all of them, or use one "
-                   "semaphore per copy.")
+            them = (
+                f"{'writes' if other.write else 'reads'} it in the copy started on "
+                f"{self.labels[od.issuer]} at {od.where}, which no wait has guaranteed "
+                "complete yet"
+            )
+            fix = (
+                "Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
+                "side that touches this buffer) before this access; on a semaphore "
+                "shared by several copies, a wait guarantees only the copies whose bytes "
+                "it cannot do without (R7/R9): wait for all of them, or use one "
+                "semaphore per copy."
+            )
         else:
             if other.origin != other.part:
                 by = f"the copy started on {self.labels[other.origin]}"
             else:
                 by = self.labels[other.part]
-            them = (f"{by} {other.what} it at {other.where}, and nothing orders the two")
-            fix = ("Order them: wait for the copy before touching its buffers, and have the "
-                   "device that owns the memory signal (e.g. a barrier or a REGULAR "
-                   "semaphore) before others write into it.")
+            them = f"{by} {other.what} it at {other.where}, and nothing orders the two"
+            fix = (
+                "Order them: wait for the copy before touching its buffers, and have the "
+                "device that owns the memory signal (e.g. a barrier or a REGULAR "
+                "semaphore) before others write into it."
+            )
         raise VerifiedRaceError(
             f"data race on {self.labels[view.buffer.owner]}'s buffer {view.buffer.name}"
             f"{_fmt_box(view.box)}: {who} {what} it at {where}; {them}. {fix}"
@@ -277,8 +327,9 @@ class Machine:
                 self.wake(w)
             sem.waiters = []
 
-    def check_reach(self, p: int, target: int, kernel: int, what: str, where: str,
-                    barrier: bool) -> None:
+    def check_reach(
+        self, p: int, target: int, kernel: int, what: str, where: str, barrier: bool
+    ) -> None:
         """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call."""
         if target == p:
             return
@@ -307,8 +358,17 @@ class Machine:
                 "collective_id unset for Mosaic's default device barrier."
             )
 
-    def dma_start(self, p: int, target: int, src: View, dst: View, dst_sem: SemState,
-                  src_sem: SemState | None, where: str, kernel: str) -> None:
+    def dma_start(
+        self,
+        p: int,
+        target: int,
+        src: View,
+        dst: View,
+        dst_sem: SemState,
+        src_sem: SemState | None,
+        where: str,
+        kernel: str,
+    ) -> None:
         if src.nbytes != dst.nbytes or src.shape != dst.shape and src.itemsize == dst.itemsize:
             raise VerifyKernelError(
                 f"copy at {where} on {self.labels[p]}: source {src.buffer.name} "
@@ -318,9 +378,13 @@ class Machine:
         self.dmas += 1
         if target != p:
             self.remote_dmas += 1
-        self.check_written(p, src, "the copy reads", where,
-                           "Write the source (or wait for the copy that fills it) before "
-                           "starting a copy from it.")
+        self.check_written(
+            p,
+            src,
+            "the copy reads",
+            where,
+            "Write the source (or wait for the copy that fills it) before starting a copy from it.",
+        )
         clock = self.clocks.release(p)
         d = Dma(p, target, src, dst, where, clock, kernel, self.dmas)
         # The copy's accesses may happen any time after the start: check them with
@@ -340,8 +404,15 @@ class Machine:
         clock = self.clocks.release(p)
         self._contribute(sem, Contribution(amount, clock, None, "signal", p, where))
 
-    def _early(self, sem: SemState, c: Contribution, waiter: int, wait_where: str,
-               issuer: int, g_where: str) -> None:
+    def _early(
+        self,
+        sem: SemState,
+        c: Contribution,
+        waiter: int,
+        wait_where: str,
+        issuer: int,
+        g_where: str,
+    ) -> None:
         what = "copy" if c.dma is not None else "signal"
         raise VerifiedRaceError(
             f"a wait may be satisfied by the wrong {what} (R7/R9/R10): the wait on "
@@ -355,8 +426,9 @@ class Machine:
             "jax PR #27963)."
         )
 
-    def try_wait(self, p: int, sem: SemState, amount: int, decrement: bool = True,
-                 where: str = "") -> bool:
+    def try_wait(
+        self, p: int, sem: SemState, amount: int, decrement: bool = True, where: str = ""
+    ) -> bool:
         total = sem.total()
         if total < amount:
             return False
@@ -376,9 +448,15 @@ class Machine:
                     if c.side in ("write", "both"):
                         self.settle(d.dst_rec, p)
                     self.settle(d.src_rec, p)
-            sem.last_wait = (p, self.clocks.now(p), where, [
-                (c.issuer, int(c.clock[c.issuer]) if c.clock is not None else 0, c.where)
-                for c in guaranteed])
+            sem.last_wait = (
+                p,
+                self.clocks.now(p),
+                where,
+                [
+                    (c.issuer, int(c.clock[c.issuer]) if c.clock is not None else 0, c.where)
+                    for c in guaranteed
+                ],
+            )
         if decrement:
             sem.credit -= amount
         return True
@@ -394,16 +472,22 @@ class Machine:
         self.entry[p][call] = self.clocks.now(p)
         return call
 
-    def leave(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str],
-              call: int) -> None:
+    def leave(
+        self, p: int, sems: list[Buffer], describe: Callable[[SemState], str], call: int
+    ) -> None:
         """Exit checks: every semaphore of this call back to zero, on this device."""
         self.leave_scope(p, sems, describe, "leaves the kernel")
         self.inside[p] = False
         self.exits[p][call] = self.clocks.now(p)
         self.clocks.release(p)
 
-    def leave_scope(self, p: int, sems: list[Buffer], describe: Callable[[SemState], str],
-                    when: str = "leaves a run_scoped region") -> None:
+    def leave_scope(
+        self,
+        p: int,
+        sems: list[Buffer],
+        describe: Callable[[SemState], str],
+        when: str = "leaves a run_scoped region",
+    ) -> None:
         leftovers: list[str] = []
         for buf in sems:
             count = 1
@@ -441,22 +525,32 @@ class Machine:
             unit = " bytes" if s.kind == "DMA" else ""
             have = s.total()
             who = sorted(s.contributors)
-            fed = (", fed so far by " + ", ".join(self.labels[w] for w in who[:4])
-                   + (" ..." if len(who) > 4 else "")) if who else ", which nothing signalled"
+            fed = (
+                (
+                    ", fed so far by "
+                    + ", ".join(self.labels[w] for w in who[:4])
+                    + (" ..." if len(who) > 4 else "")
+                )
+                if who
+                else ", which nothing signalled"
+            )
             lines.append(
                 f"  {self.labels[b.participant]} waits at {b.where} on {s.kind} semaphore "
                 f"{self.sem_names(s)} for {b.amount}{unit}; it holds {have}{unit}{fed}"
             )
-        hint = ("No device can move: each wait above needs a start or signal that no "
-                "running device will issue (a copy or signal skipped by a condition, aimed "
-                "at another device, waited twice, or a wait-for cycle between devices).")
+        hint = (
+            "No device can move: each wait above needs a start or signal that no "
+            "running device will issue (a copy or signal skipped by a condition, aimed "
+            "at another device, waited twice, or a wait-for cycle between devices)."
+        )
         if done:
-            hint += (f" {len(done)} device(s) already left the kernel, e.g. "
-                     f"{self.labels[done[0]]}: a signal they should have sent never came.")
+            hint += (
+                f" {len(done)} device(s) already left the kernel, e.g. "
+                f"{self.labels[done[0]]}: a signal they should have sent never came."
+            )
         return DeadlockError(
             "deadlock (R3): every device is blocked or finished and nothing in flight can "
-            "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines)
-            + "\n" + hint
+            "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines) + "\n" + hint
         )
 
 

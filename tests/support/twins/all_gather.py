@@ -26,8 +26,9 @@ def _neighbour_barrier(left: Any, right: Any) -> None:
     pl.semaphore_wait(barrier, 2)
 
 
-def _send(src: Any, dst: Any, step: Any, *, downstream: Any, send_sem: Any, recv_sems: Any,
-          capacity: Any) -> Any:
+def _send(
+    src: Any, dst: Any, step: Any, *, downstream: Any, send_sem: Any, recv_sems: Any, capacity: Any
+) -> Any:
     @pl.when(step >= RECV_SLOTS)
     def _() -> None:
         pl.semaphore_wait(capacity, 1)
@@ -46,8 +47,16 @@ def _received(step: Any, steps: int, *, upstream: Any, capacity: Any) -> None:
 
 
 def all_gather_kernel(
-    x_ref: Any, o_ref: Any, local_sem: Any, send_sem: Any, recv_sems: Any, capacity: Any,
-    *, axis: str, concat_axis: int, barrier: bool,
+    x_ref: Any,
+    o_ref: Any,
+    local_sem: Any,
+    send_sem: Any,
+    recv_sems: Any,
+    capacity: Any,
+    *,
+    axis: str,
+    concat_axis: int,
+    barrier: bool,
 ) -> None:
     n = jax.lax.axis_size(axis)
     me = jax.lax.axis_index(axis)
@@ -80,8 +89,17 @@ def all_gather_kernel(
 
 
 def all_gather_bidirectional_kernel(
-    x_ref: Any, o_ref: Any, local_sem: Any, send_sems: Any, recv_sems: Any, capacity: Any,
-    *, axis: str, concat_axis: int, split_axis: int, barrier: bool,
+    x_ref: Any,
+    o_ref: Any,
+    local_sem: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    capacity: Any,
+    *,
+    axis: str,
+    concat_axis: int,
+    split_axis: int,
+    barrier: bool,
 ) -> None:
     n = jax.lax.axis_size(axis)
     me = jax.lax.axis_index(axis)
@@ -96,22 +114,31 @@ def all_gather_bidirectional_kernel(
             return _window(o_ref, {concat_axis: pl.ds(owner * size + which * half, half)})
         return _window(o_ref, {concat_axis: pl.ds(owner * size, size), **part(which)})
 
-    own = pltpu.make_async_copy(x_ref, _window(o_ref, {concat_axis: pl.ds(me * size, size)}),
-                                local_sem)
+    own = pltpu.make_async_copy(
+        x_ref, _window(o_ref, {concat_axis: pl.ds(me * size, size)}), local_sem
+    )
     own.start()
     if n > 1:
         steps = n - 1
         right, left = neighbour(axis, 1), neighbour(axis, -1)
-        rightward = dict(downstream=right, send_sem=send_sems.at[0],
-                         recv_sems=recv_sems.at[pl.ds(0, RECV_SLOTS)], capacity=capacity.at[0])
-        leftward = dict(downstream=left, send_sem=send_sems.at[1],
-                        recv_sems=recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)],
-                        capacity=capacity.at[1])
+        rightward = dict(
+            downstream=right,
+            send_sem=send_sems.at[0],
+            recv_sems=recv_sems.at[pl.ds(0, RECV_SLOTS)],
+            capacity=capacity.at[0],
+        )
+        leftward = dict(
+            downstream=left,
+            send_sem=send_sems.at[1],
+            recv_sems=recv_sems.at[pl.ds(RECV_SLOTS, RECV_SLOTS)],
+            capacity=capacity.at[1],
+        )
         if barrier:
             _neighbour_barrier(left, right)
 
-        def step(src_right: Any, src_left: Any, owner_right: Any, owner_left: Any,
-                 index: Any) -> None:
+        def step(
+            src_right: Any, src_left: Any, owner_right: Any, owner_left: Any, index: Any
+        ) -> None:
             to_right = _send(src_right, piece(owner_right, 0), index, **rightward)
             to_left = _send(src_left, piece(owner_left, 1), index, **leftward)
             to_right.wait()
@@ -141,8 +168,14 @@ def _params(barrier: bool, collective_id: int | None) -> Any:
     return pltpu.CompilerParams(collective_id=collective_id) if barrier else None
 
 
-def all_gather(x: jax.Array, *, axis: str, concat_axis: int = 0,
-               collective_id: int | None = None, interpret: Any = False) -> jax.Array:
+def all_gather(
+    x: jax.Array,
+    *,
+    axis: str,
+    concat_axis: int = 0,
+    collective_id: int | None = None,
+    interpret: Any = False,
+) -> jax.Array:
     concat = concat_axis % x.ndim
     n = jax.lax.axis_size(axis)
     barrier = n > 1 and collective_id is not None
@@ -168,16 +201,27 @@ def all_gather(x: jax.Array, *, axis: str, concat_axis: int = 0,
     return result
 
 
-def all_gather_bidirectional(x: jax.Array, *, axis: str, concat_axis: int = 0,
-                             split_axis: int = 0, collective_id: int | None = None,
-                             interpret: Any = False) -> jax.Array:
+def all_gather_bidirectional(
+    x: jax.Array,
+    *,
+    axis: str,
+    concat_axis: int = 0,
+    split_axis: int = 0,
+    collective_id: int | None = None,
+    interpret: Any = False,
+) -> jax.Array:
     concat = concat_axis % x.ndim
     split = split_axis % x.ndim
     n = jax.lax.axis_size(axis)
     barrier = n > 1 and collective_id is not None
     body = functools.update_wrapper(
-        functools.partial(all_gather_bidirectional_kernel, axis=axis, concat_axis=concat,
-                          split_axis=split, barrier=barrier),
+        functools.partial(
+            all_gather_bidirectional_kernel,
+            axis=axis,
+            concat_axis=concat,
+            split_axis=split,
+            barrier=barrier,
+        ),
         all_gather_bidirectional_kernel,
     )
     result: jax.Array = pl.pallas_call(

@@ -26,8 +26,7 @@ from tests.support.twins.reduce_scatter import (
 )
 
 
-def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *,
-                    axis: str) -> None:
+def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *, axis: str) -> None:
     n = jax.lax.axis_size(axis)
     m = o_hbm.shape[0] // n
     me = jax.lax.axis_index(axis)
@@ -37,8 +36,15 @@ def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *,
 
     def forward(step: Any, carry: None) -> None:
         chunk = o_hbm.at[pl.ds((me - step + n) % n * m, m)]
-        _send(chunk, chunk, step, downstream=right, send_sem=send_sem, recv_sems=recv_sems,
-              capacity=capacity).wait()
+        _send(
+            chunk,
+            chunk,
+            step,
+            downstream=right,
+            send_sem=send_sem,
+            recv_sems=recv_sems,
+            capacity=capacity,
+        ).wait()
         _received(step, steps, upstream=left, capacity=capacity)
         return carry
 
@@ -46,9 +52,22 @@ def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *,
 
 
 def all_reduce_kernel(
-    x_hbm: Any, o_hbm: Any, x_bufs: Any, recv_bufs: Any, send_bufs: Any, x_sems: Any,
-    send_sems: Any, recv_sems: Any, capacity: Any, out_buf: Any, out_sem: Any,
-    gather_send_sem: Any, gather_recv_sems: Any, gather_capacity: Any, *, axis: str,
+    x_hbm: Any,
+    o_hbm: Any,
+    x_bufs: Any,
+    recv_bufs: Any,
+    send_bufs: Any,
+    x_sems: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    capacity: Any,
+    out_buf: Any,
+    out_sem: Any,
+    gather_send_sem: Any,
+    gather_recv_sems: Any,
+    gather_capacity: Any,
+    *,
+    axis: str,
 ) -> None:
     m = out_buf.shape[0]
     mine = o_hbm.at[pl.ds(jax.lax.axis_index(axis) * m, m)]
@@ -61,18 +80,28 @@ def all_reduce_kernel(
 
     neighbour_barrier(axis)
     reduce_scatter_ring(
-        x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
-        axis=axis, finish=store,
+        x_hbm,
+        x_bufs,
+        recv_bufs,
+        send_bufs,
+        x_sems,
+        send_sems,
+        recv_sems,
+        capacity,
+        axis=axis,
+        finish=store,
     )
     all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, gather_capacity, axis=axis)
 
 
-def all_reduce(x: jax.Array, *, axis: str, fused: bool = True, collective_id: int = 0,
-               interpret: Any = False) -> jax.Array:
+def all_reduce(
+    x: jax.Array, *, axis: str, fused: bool = True, collective_id: int = 0, interpret: Any = False
+) -> jax.Array:
     if not fused:
         chunk = reduce_scatter(x, axis=axis, collective_id=collective_id, interpret=interpret)
-        return all_gather(chunk, axis=axis, concat_axis=0, collective_id=collective_id,
-                          interpret=interpret)
+        return all_gather(
+            chunk, axis=axis, concat_axis=0, collective_id=collective_id, interpret=interpret
+        )
     n = jax.lax.axis_size(axis)
     m, cols = x.shape[0] // n, x.shape[1]
     body = functools.update_wrapper(

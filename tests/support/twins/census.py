@@ -32,8 +32,9 @@ def moe_all_to_all(x_ref: Any, o_ref: Any, sem: Any) -> None:
     pltpu.make_async_copy(part, part, sem).wait()
 
 
-def rpa_prefetch(table_smem: Any, pages_hbm: Any, o_hbm: Any, buf: Any, sems: Any,
-                 out_sem: Any) -> None:
+def rpa_prefetch(
+    table_smem: Any, pages_hbm: Any, o_hbm: Any, buf: Any, sems: Any, out_sem: Any
+) -> None:
     step = pl.program_id(0)
     steps = pl.num_programs(0)
 

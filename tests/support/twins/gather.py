@@ -11,8 +11,7 @@ from jax.experimental.pallas import tpu as pltpu
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def gather_pages_kernel(indices_smem: Any, pages_hbm: Any, o_hbm: Any, buf: Any,
-                        sem: Any) -> None:
+def gather_pages_kernel(indices_smem: Any, pages_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
     k = buf.shape[0]
 
     def body(j: Any, carry: None) -> None:

@@ -14,8 +14,14 @@ HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 def pipeline_kernel(
-    x_hbm: Any, o_hbm: Any, in_bufs: Any, out_bufs: Any, in_sems: Any, out_sems: Any,
-    *, fn: Callable[[jax.Array], jax.Array],
+    x_hbm: Any,
+    o_hbm: Any,
+    in_bufs: Any,
+    out_bufs: Any,
+    in_sems: Any,
+    out_sems: Any,
+    *,
+    fn: Callable[[jax.Array], jax.Array],
 ) -> None:
     chunk_rows = in_bufs.shape[1]
     steps = x_hbm.shape[0] // chunk_rows
@@ -54,8 +60,9 @@ def pipeline_kernel(
         write_back(step, step % 2).wait()
 
 
-def pipeline(x: jax.Array, fn: Callable[[jax.Array], jax.Array], *, chunk_rows: int,
-             interpret: Any = False) -> jax.Array:
+def pipeline(
+    x: jax.Array, fn: Callable[[jax.Array], jax.Array], *, chunk_rows: int, interpret: Any = False
+) -> jax.Array:
     chunk = (chunk_rows, x.shape[1])
     body = functools.update_wrapper(functools.partial(pipeline_kernel, fn=fn), pipeline_kernel)
     result: jax.Array = pl.pallas_call(

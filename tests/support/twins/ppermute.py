@@ -25,8 +25,17 @@ def _meet(sem: Any, target: Any, source: Any) -> None:
     pl.semaphore_wait(sem, 2)
 
 
-def ppermute_kernel(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any, second_round: Any,
-                    *, axis: str, shift: int, barrier: bool) -> None:
+def ppermute_kernel(
+    x_ref: Any,
+    o_ref: Any,
+    send_sem: Any,
+    recv_sem: Any,
+    second_round: Any,
+    *,
+    axis: str,
+    shift: int,
+    barrier: bool,
+) -> None:
     n = jax.lax.axis_size(axis)
     if shift % n == 0:
         copy = pltpu.make_async_copy(x_ref, o_ref, recv_sem)
@@ -43,8 +52,14 @@ def ppermute_kernel(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any, second
     remote.wait()
 
 
-def ppermute(x: jax.Array, *, axis: str, shift: int = 1, collective_id: int | None = None,
-             interpret: Any = False) -> jax.Array:
+def ppermute(
+    x: jax.Array,
+    *,
+    axis: str,
+    shift: int = 1,
+    collective_id: int | None = None,
+    interpret: Any = False,
+) -> jax.Array:
     barrier = shift % jax.lax.axis_size(axis) != 0 and collective_id is not None
     body = functools.update_wrapper(
         functools.partial(ppermute_kernel, axis=axis, shift=shift, barrier=barrier),
@@ -55,8 +70,11 @@ def ppermute(x: jax.Array, *, axis: str, shift: int = 1, collective_id: int | No
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         in_specs=[HBM],
         out_specs=HBM,
-        scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(()),
-                        pltpu.SemaphoreType.REGULAR(())],
+        scratch_shapes=[
+            pltpu.SemaphoreType.DMA(()),
+            pltpu.SemaphoreType.DMA(()),
+            pltpu.SemaphoreType.REGULAR(()),
+        ],
         compiler_params=pltpu.CompilerParams(collective_id=collective_id) if barrier else None,
         interpret=interpret,
         name="ppermute",

@@ -27,8 +27,17 @@ def neighbour_barrier(axis: str) -> None:
 
 
 def reduce_scatter_ring(
-    x_hbm: Any, x_bufs: Any, recv_bufs: Any, send_bufs: Any, x_sems: Any, send_sems: Any,
-    recv_sems: Any, capacity: Any, *, axis: str, finish: Any,
+    x_hbm: Any,
+    x_bufs: Any,
+    recv_bufs: Any,
+    send_bufs: Any,
+    x_sems: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    capacity: Any,
+    *,
+    axis: str,
+    finish: Any,
 ) -> None:
     n = jax.lax.axis_size(axis)
     m = x_bufs.shape[1]
@@ -42,7 +51,10 @@ def reduce_scatter_ring(
 
     def message(slot: Any) -> Any:
         return pltpu.make_async_remote_copy(
-            send_bufs.at[slot], recv_bufs.at[slot], send_sems.at[slot], recv_sems.at[slot],
+            send_bufs.at[slot],
+            recv_bufs.at[slot],
+            send_sems.at[slot],
+            recv_sems.at[slot],
             device_id=neighbour_id(axis, 1),
         )
 
@@ -95,16 +107,33 @@ def reduce_scatter_ring(
 
 
 def reduce_scatter_kernel(
-    x_hbm: Any, o_ref: Any, x_bufs: Any, recv_bufs: Any, send_bufs: Any, x_sems: Any,
-    send_sems: Any, recv_sems: Any, capacity: Any, *, axis: str,
+    x_hbm: Any,
+    o_ref: Any,
+    x_bufs: Any,
+    recv_bufs: Any,
+    send_bufs: Any,
+    x_sems: Any,
+    send_sems: Any,
+    recv_sems: Any,
+    capacity: Any,
+    *,
+    axis: str,
 ) -> None:
     def store(total: Any) -> None:
         o_ref[...] = total.astype(o_ref.dtype)
 
     neighbour_barrier(axis)
     reduce_scatter_ring(
-        x_hbm, x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity,
-        axis=axis, finish=store,
+        x_hbm,
+        x_bufs,
+        recv_bufs,
+        send_bufs,
+        x_sems,
+        send_sems,
+        recv_sems,
+        capacity,
+        axis=axis,
+        finish=store,
     )
 
 
@@ -121,8 +150,9 @@ def reduce_scatter_scratch(chunk_rows: int, cols: int, dtype: Any) -> list[Any]:
     ]
 
 
-def reduce_scatter(x: jax.Array, *, axis: str, collective_id: int = 0,
-                   interpret: Any = False) -> jax.Array:
+def reduce_scatter(
+    x: jax.Array, *, axis: str, collective_id: int = 0, interpret: Any = False
+) -> jax.Array:
     n = jax.lax.axis_size(axis)
     m, cols = x.shape[0] // n, x.shape[1]
     body = functools.update_wrapper(

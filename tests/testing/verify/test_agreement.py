@@ -36,8 +36,12 @@ from tests.support import protocol_kernels as pk
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 F32 = jnp.float32
-MESHES = {"2": ((2,), ("x",)), "4": ((4,), ("x",)), "8": ((8,), ("x",)),
-          "2x4": ((2, 4), ("y", "x"))}
+MESHES = {
+    "2": ((2,), ("x",)),
+    "4": ((4,), ("x",)),
+    "8": ((8,), ("x",)),
+    "2x4": ((2, 4), ("y", "x")),
+}
 FAST_SIMULATE = ("4",)
 
 
@@ -59,15 +63,20 @@ class Kernel:
 def _local(make: Callable[..., Any], body: Callable[..., None]) -> Callable[[jax.Array], Any]:
     def per_device(x: jax.Array) -> Any:
         return make(body, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
     return per_device
 
 
 def _ring_permute(body: Callable[..., None]) -> Callable[[jax.Array], Any]:
     def per_device(x: jax.Array) -> Any:
-        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                              in_specs=[HBM], out_specs=HBM,
-                              scratch_shapes=[pltpu.SemaphoreType.DMA(()),
-                                              pltpu.SemaphoreType.DMA(())])(x)
+        return pl.pallas_call(
+            body,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
+        )(x)
+
     return per_device
 
 
@@ -87,36 +96,69 @@ KERNELS: list[Kernel] = []
 for flavour, module in (("pltpu", kernels_pltpu), ("safedma", kernels_safedma)):
     wrap = sd.checked if flavour == "safedma" else (lambda f: f)
     KERNELS += [
-        Kernel(f"scale_copy-{flavour}", _local(calls.scale_copy_call, wrap(module.scale_copy)),
-               _rows(16)),
-        Kernel(f"reverse_halves-{flavour}",
-               _local(calls.reverse_halves_call, wrap(module.reverse_halves)), _rows(16)),
-        Kernel(f"double_buffered-{flavour}",
-               _local(calls.double_buffered_call, wrap(module.double_buffered)), _rows(40)),
+        Kernel(
+            f"scale_copy-{flavour}",
+            _local(calls.scale_copy_call, wrap(module.scale_copy)),
+            _rows(16),
+        ),
+        Kernel(
+            f"reverse_halves-{flavour}",
+            _local(calls.reverse_halves_call, wrap(module.reverse_halves)),
+            _rows(16),
+        ),
+        Kernel(
+            f"double_buffered-{flavour}",
+            _local(calls.double_buffered_call, wrap(module.double_buffered)),
+            _rows(40),
+        ),
         Kernel(f"ring_permute-{flavour}", _ring_permute(wrap(module.ring_permute)), _rows(8)),
     ]
 KERNELS += [
     Kernel("kernels.ppermute", functools.partial(sk.ppermute, axis="x", shift=1), _rows(8)),
-    Kernel("kernels.ppermute(shift=3)", functools.partial(sk.ppermute, axis="x", shift=3),
-           _rows(8)),
-    Kernel("kernels.ppermute(barrier)",
-           functools.partial(sk.ppermute, axis="x", shift=1, collective_id=0), _rows(8),
-           collective_id=True),
+    Kernel(
+        "kernels.ppermute(shift=3)", functools.partial(sk.ppermute, axis="x", shift=3), _rows(8)
+    ),
+    Kernel(
+        "kernels.ppermute(barrier)",
+        functools.partial(sk.ppermute, axis="x", shift=1, collective_id=0),
+        _rows(8),
+        collective_id=True,
+    ),
     Kernel("kernels.all_gather", functools.partial(sk.all_gather, axis="x"), _rows(8)),
-    Kernel("kernels.all_gather(barrier)",
-           functools.partial(sk.all_gather, axis="x", collective_id=0), _rows(8),
-           collective_id=True),
-    Kernel("kernels.all_gather_bidirectional",
-           functools.partial(sk.all_gather_bidirectional, axis="x"), _rows(16)),
-    Kernel("kernels.reduce_scatter", functools.partial(sk.reduce_scatter, axis="x"),
-           _ring_rows, collective_id=True),
-    Kernel("kernels.all_reduce(fused)", functools.partial(sk.all_reduce, axis="x"),
-           _ring_rows, collective_id=True),
-    Kernel("kernels.all_reduce(composed)",
-           functools.partial(sk.all_reduce, axis="x", fused=False), _ring_rows,
-           collective_id=True),
-    Kernel("kernels.pipeline",
-           functools.partial(sk.pipeline, fn=lambda c: c * 2.0 + 1.0, chunk_rows=8), _rows(32)),
+    Kernel(
+        "kernels.all_gather(barrier)",
+        functools.partial(sk.all_gather, axis="x", collective_id=0),
+        _rows(8),
+        collective_id=True,
+    ),
+    Kernel(
+        "kernels.all_gather_bidirectional",
+        functools.partial(sk.all_gather_bidirectional, axis="x"),
+        _rows(16),
+    ),
+    Kernel(
+        "kernels.reduce_scatter",
+        functools.partial(sk.reduce_scatter, axis="x"),
+        _ring_rows,
+        collective_id=True,
+    ),
+    Kernel(
+        "kernels.all_reduce(fused)",
+        functools.partial(sk.all_reduce, axis="x"),
+        _ring_rows,
+        collective_id=True,
+    ),
+    Kernel(
+        "kernels.all_reduce(composed)",
+        functools.partial(sk.all_reduce, axis="x", fused=False),
+        _ring_rows,
+        collective_id=True,
+    ),
+    Kernel(
+        "kernels.pipeline",
+        functools.partial(sk.pipeline, fn=lambda c: c * 2.0 + 1.0, chunk_rows=8),
+        _rows(32),
+    ),
     Kernel("kernels.gather_pages", sk.gather_pages, lambda n: (4, 8, 128), (_indices,)),
 ]
 BY_NAME = {k.name: k for k in KERNELS}
@@ -132,14 +174,17 @@ def arguments(kernel: Kernel, mesh_id: str, concrete: bool) -> tuple[list[Any], 
     block = kernel.block(ring(mesh_id))
     full = (block[0] * int(np.prod(shape)), *block[1:])
     split = P(names[0] if len(names) == 1 else tuple(names))
-    first: Any = (jnp.asarray(np.random.default_rng(0).standard_normal(full), F32) if concrete
-                  else jax.ShapeDtypeStruct(full, F32))
+    first: Any = (
+        jnp.asarray(np.random.default_rng(0).standard_normal(full), F32)
+        if concrete
+        else jax.ShapeDtypeStruct(full, F32)
+    )
     # Values the protocol depends on (the gather's indices) are always given.
     return [first, *(make() for make in kernel.extra)], [split, *(P() for _ in kernel.extra)]
 
 
 def verdict(run: Callable[[], object]) -> str:
-    """"clean", or the name of the SimulationError the run raised."""
+    """ "clean", or the name of the SimulationError the run raised."""
     try:
         run()
     except SimulationError as err:
@@ -151,15 +196,31 @@ def verified(kernel: Kernel, mesh_id: str, *, device_free: bool, invocations: in
     shape, names = MESHES[mesh_id]
     mesh = abstract_mesh(shape, names) if device_free else simulated_mesh(shape, names)
     args, specs = arguments(kernel, mesh_id, concrete=not device_free)
-    return verdict(lambda: pk.verify(kernel.fn, *args, mesh=mesh, in_specs=specs,
-                                  out_specs=P(*specs[0]), invocations=invocations))
+    return verdict(
+        lambda: pk.verify(
+            kernel.fn,
+            *args,
+            mesh=mesh,
+            in_specs=specs,
+            out_specs=P(*specs[0]),
+            invocations=invocations,
+        )
+    )
 
 
 def simulated(kernel: Kernel, mesh_id: str) -> str:
     shape, names = MESHES[mesh_id]
     args, specs = arguments(kernel, mesh_id, concrete=True)
-    return verdict(lambda: simulate(kernel.fn, *args, mesh=simulated_mesh(shape, names),
-                                    in_specs=specs, out_specs=P(*specs[0]), timeout_s=30))
+    return verdict(
+        lambda: simulate(
+            kernel.fn,
+            *args,
+            mesh=simulated_mesh(shape, names),
+            in_specs=specs,
+            out_specs=P(*specs[0]),
+            timeout_s=30,
+        )
+    )
 
 
 MATRIX = [(k.name, m) for k in KERNELS for m in MESHES]
@@ -170,9 +231,10 @@ def test_verify_proves_the_kernel_clean_on_a_device_free_mesh(name: str, mesh_id
     assert verified(BY_NAME[name], mesh_id, device_free=True) == "clean"
 
 
-@pytest.mark.parametrize(("name", "mesh_id"), [
-    pytest.param(n, m, marks=[] if m in FAST_SIMULATE else [pytest.mark.slow]) for n, m in MATRIX
-])
+@pytest.mark.parametrize(
+    ("name", "mesh_id"),
+    [pytest.param(n, m, marks=[] if m in FAST_SIMULATE else [pytest.mark.slow]) for n, m in MATRIX],
+)
 def test_verify_and_simulate_agree(name: str, mesh_id: str) -> None:
     kernel = BY_NAME[name]
     by_simulate = simulated(kernel, mesh_id)

@@ -22,8 +22,9 @@ def _buf(shape: tuple[int, ...], itemsize: int = 4, sem: str | None = None) -> B
 def test_index_keeps_views_exact() -> None:
     view = resolve(_buf((32, 128)), [("index", (("slice", 8, 8, 1), ("slice", 0, 128, 1)))])
     assert view.box == ((8, 16), (0, 128)) and view.shape == (8, 128) and view.nbytes == 4096
-    row = resolve(_buf((4, 8, 128)), [("index", (("int", 2, 1, 1), ("slice", 0, 8, 1),
-                                                 ("slice", 0, 128, 1)))])
+    row = resolve(
+        _buf((4, 8, 128)), [("index", (("int", 2, 1, 1), ("slice", 0, 8, 1), ("slice", 0, 128, 1)))]
+    )
     assert row.box == ((2, 3), (0, 8), (0, 128)) and row.shape == (8, 128)
 
 
@@ -32,8 +33,13 @@ def test_whole_ref_reshape_and_bitcast_cover_the_buffer_exactly() -> None:
     assert resolve(buf, [("reshape", (4, 8, 128))]).box == buf.full_box()
     cast = resolve(buf, [("bitcast", 2)])
     assert cast.box == buf.full_box() and cast.nbytes == buf.nbytes
-    part = resolve(buf, [("reshape", (4, 8, 128)),
-                         ("index", (("int", 1, 1, 1), ("slice", 0, 8, 1), ("slice", 0, 128, 1)))])
+    part = resolve(
+        buf,
+        [
+            ("reshape", (4, 8, 128)),
+            ("index", (("int", 1, 1, 1), ("slice", 0, 8, 1), ("slice", 0, 128, 1))),
+        ],
+    )
     assert part.box == ((8, 16), (0, 128))
 
 
@@ -49,8 +55,7 @@ def test_out_of_range_windows_are_errors() -> None:
     with pytest.raises(RegionError):
         resolve(_buf((32, 128)), [("index", (("slice", 30, 8, 1), ("slice", 0, 128, 1)))])
     # a zero-size window (predication) at the end is fine
-    assert resolve(_buf((32, 128)), [("index", (("slice", 32, 0, 1),
-                                                ("slice", 0, 128, 1)))]).empty
+    assert resolve(_buf((32, 128)), [("index", (("slice", 32, 0, 1), ("slice", 0, 128, 1)))]).empty
 
 
 def test_coverage_merges_slots_and_finds_holes() -> None:

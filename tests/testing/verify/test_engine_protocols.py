@@ -47,27 +47,42 @@ X = jax.ShapeDtypeStruct((32, 128), jnp.float32)
 HERE = __file__.rsplit("/", 1)[-1]
 
 
-def _local(kernel: Callable[..., None], scratch: list[Any], x: Any = X,
-           **kw: Any) -> Callable[[jax.Array], jax.Array]:
-    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          in_specs=[HBM], out_specs=HBM, scratch_shapes=scratch, **kw)
+def _local(
+    kernel: Callable[..., None], scratch: list[Any], x: Any = X, **kw: Any
+) -> Callable[[jax.Array], jax.Array]:
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=scratch,
+        **kw,
+    )
 
 
-def _ring(kernel: Callable[..., None], scratch: list[Any],
-          **kw: Any) -> Callable[[jax.Array], jax.Array]:
+def _ring(
+    kernel: Callable[..., None], scratch: list[Any], **kw: Any
+) -> Callable[[jax.Array], jax.Array]:
     def per_device(block: jax.Array) -> jax.Array:
         out: jax.Array = pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
-            in_specs=[HBM], out_specs=HBM, scratch_shapes=scratch, **kw)(block)
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
+            **kw,
+        )(block)
         return out
+
     return per_device
 
 
 # ------------------------------------------------------------------ clean kernels
 
 
-@pytest.mark.parametrize("make", [calls.scale_copy_call, calls.reverse_halves_call,
-                                  calls.double_buffered_call])
+@pytest.mark.parametrize(
+    "make", [calls.scale_copy_call, calls.reverse_halves_call, calls.double_buffered_call]
+)
 def test_local_twins_verify_clean(make: Callable[..., Any]) -> None:
     name = make.__name__.removesuffix("_call")
     report = verify(make(getattr(kp, name), X), X)
@@ -77,8 +92,11 @@ def test_local_twins_verify_clean(make: Callable[..., Any]) -> None:
 
 
 def test_ring_permute_clean_on_four_devices() -> None:
-    report = verify(_ring(kp.ring_permute, [pltpu.SemaphoreType.DMA(())] * 2), X,
-                    mesh=abstract_mesh((4,), ("x",)))
+    report = verify(
+        _ring(kp.ring_permute, [pltpu.SemaphoreType.DMA(())] * 2),
+        X,
+        mesh=abstract_mesh((4,), ("x",)),
+    )
     assert (report.devices, report.dmas, report.remote_dmas, report.waits) == (4, 4, 4, 8)
 
 
@@ -87,14 +105,14 @@ COLLECTIVES: dict[str, tuple[Callable[..., Any], Callable[[int], int]]] = {
     "ppermute": (functools.partial(ppermute, axis="x"), lambda n: 8),
     "ppermute_barrier": (functools.partial(ppermute, axis="x", collective_id=0), lambda n: 8),
     "all_gather": (functools.partial(all_gather, axis="x"), lambda n: 8),
-    "all_gather_barrier": (functools.partial(all_gather, axis="x", collective_id=0),
-                           lambda n: 8),
-    "all_gather_bidirectional": (functools.partial(all_gather_bidirectional, axis="x"),
-                                 lambda n: 16),
+    "all_gather_barrier": (functools.partial(all_gather, axis="x", collective_id=0), lambda n: 8),
+    "all_gather_bidirectional": (
+        functools.partial(all_gather_bidirectional, axis="x"),
+        lambda n: 16,
+    ),
     "reduce_scatter": (functools.partial(reduce_scatter, axis="x"), lambda n: 8 * n),
     "all_reduce": (functools.partial(all_reduce, axis="x"), lambda n: 8 * n),
-    "all_reduce_unfused": (functools.partial(all_reduce, axis="x", fused=False),
-                           lambda n: 8 * n),
+    "all_reduce_unfused": (functools.partial(all_reduce, axis="x", fused=False), lambda n: 8 * n),
 }
 
 
@@ -110,15 +128,19 @@ def test_safedma_collectives_clean(name: str, n: int, invocations: int) -> None:
 
 
 def test_all_gather_on_2x4_mesh_along_second_axis() -> None:
-    report = verify(functools.partial(all_gather, axis="y"),
-                    jax.ShapeDtypeStruct((64, 128), jnp.float32),
-                    mesh=abstract_mesh((2, 4), ("x", "y")))
+    report = verify(
+        functools.partial(all_gather, axis="y"),
+        jax.ShapeDtypeStruct((64, 128), jnp.float32),
+        mesh=abstract_mesh((2, 4), ("x", "y")),
+    )
     assert report.devices == 8 and report.remote_dmas == 8 * 3
 
 
 def test_pipeline_and_gather_pages_clean() -> None:
-    verify(functools.partial(pipeline, fn=lambda c: c * 2.0, chunk_rows=8),
-           jax.ShapeDtypeStruct((64, 128), jnp.float32))
+    verify(
+        functools.partial(pipeline, fn=lambda c: c * 2.0, chunk_rows=8),
+        jax.ShapeDtypeStruct((64, 128), jnp.float32),
+    )
     pages = jax.ShapeDtypeStruct((6, 8, 128), jnp.float32)
     report = verify(gather_pages, pages, np.array([4, 0, 5], np.int32))
     assert report.dmas == 4
@@ -150,18 +172,21 @@ def test_r2_copy_never_waited_is_leftover() -> None:
 def test_r3_receive_that_never_comes_is_a_deadlock() -> None:
     def kernel(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
         me = jax.lax.axis_index("x")
-        c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
-                                         device_id={"x": (me + 1) % 4})
+        c = pltpu.make_async_remote_copy(
+            x_ref, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % 4}
+        )
 
         @pl.when(me != 0)  # device 0 never sends, device 1 waits forever
         def _() -> None:
             c.start()
             c.wait_send()
+
         c.wait_recv()
 
     with pytest.raises(DeadlockError, match=r"device 1 \(x=1\)") as err:
-        verify(_ring(kernel, [pltpu.SemaphoreType.DMA(())] * 2), X,
-               mesh=abstract_mesh((4,), ("x",)))
+        verify(
+            _ring(kernel, [pltpu.SemaphoreType.DMA(())] * 2), X, mesh=abstract_mesh((4,), ("x",))
+        )
     assert "recv_sem" in str(err.value) and HERE in str(err.value)
 
 
@@ -172,8 +197,14 @@ def test_r5_semaphore_index_outside_its_array() -> None:
         c.start()
         c.wait()
 
-    call = pl.pallas_call(kernel, out_shape=X, grid=(1,), in_specs=[HBM], out_specs=HBM,
-                          scratch_shapes=[pltpu.SemaphoreType.DMA((2,))])
+    call = pl.pallas_call(
+        kernel,
+        out_shape=X,
+        grid=(1,),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[pltpu.SemaphoreType.DMA((2,))],
+    )
     with pytest.raises(SemaphoreIndexError, match="R5"):
         verify(call, X)
 
@@ -181,13 +212,17 @@ def test_r5_semaphore_index_outside_its_array() -> None:
 def test_r6_sending_a_buffer_nothing_wrote() -> None:
     def kernel(x_ref: Any, o_ref: Any, staging: Any, send_sem: Any, recv_sem: Any) -> None:
         me = jax.lax.axis_index("x")
-        c = pltpu.make_async_remote_copy(staging, o_ref, send_sem, recv_sem,
-                                         device_id={"x": (me + 1) % 4})
+        c = pltpu.make_async_remote_copy(
+            staging, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % 4}
+        )
         c.start()
         c.wait()
 
-    scratch = [pltpu.VMEM((8, 128), X.dtype), pltpu.SemaphoreType.DMA(()),
-               pltpu.SemaphoreType.DMA(())]
+    scratch = [
+        pltpu.VMEM((8, 128), X.dtype),
+        pltpu.SemaphoreType.DMA(()),
+        pltpu.SemaphoreType.DMA(()),
+    ]
     with pytest.raises(UnwrittenReadError, match="staging"):
         verify(_ring(kernel, scratch), X, mesh=abstract_mesh((4,), ("x",)))
 
@@ -250,8 +285,11 @@ def test_r8_signal_to_a_device_that_never_waits_it() -> None:
             pl.semaphore_signal(sem, 1, device_id={"x": 1})
 
     with pytest.raises((SignalAfterExitError, LeftoverSemaphoreError)) as err:
-        verify(_ring(kernel, [pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(())]),
-               X, mesh=abstract_mesh((4,), ("x",)))
+        verify(
+            _ring(kernel, [pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(())]),
+            X,
+            mesh=abstract_mesh((4,), ("x",)),
+        )
     assert "device 1 (x=1)" in str(err.value)
 
 
@@ -262,25 +300,32 @@ def _single_barrier_permute(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any
     pl.semaphore_signal(barrier, 1, device_id={"x": left})
     pl.semaphore_signal(barrier, 1, device_id={"x": right})
     pl.semaphore_wait(barrier, 2)
-    c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
-                                     device_id={"x": right})
+    c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id={"x": right})
     c.start()
     c.wait()
 
 
 def test_r10_single_barrier_one_call_is_clean() -> None:
-    fn = _ring(_single_barrier_permute, [pltpu.SemaphoreType.DMA(())] * 2,
-               compiler_params=pltpu.CompilerParams(collective_id=0))
+    fn = _ring(
+        _single_barrier_permute,
+        [pltpu.SemaphoreType.DMA(())] * 2,
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )
     verify(fn, X, mesh=abstract_mesh((4,), ("x",)))
 
 
-@pytest.mark.xfail(reason="open: with exact wait knowledge this ring's single barrier is "
-                   "not flagged across calls in the explored schedule; whether the "
-                   "hazard of jax PR #27963 exists for a one-directional ring is unsettled",
-                   strict=False)
+@pytest.mark.xfail(
+    reason="open: with exact wait knowledge this ring's single barrier is "
+    "not flagged across calls in the explored schedule; whether the "
+    "hazard of jax PR #27963 exists for a one-directional ring is unsettled",
+    strict=False,
+)
 def test_r10_single_barrier_reused_across_calls() -> None:
-    fn = _ring(_single_barrier_permute, [pltpu.SemaphoreType.DMA(())] * 2,
-               compiler_params=pltpu.CompilerParams(collective_id=0))
+    fn = _ring(
+        _single_barrier_permute,
+        [pltpu.SemaphoreType.DMA(())] * 2,
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )
     with pytest.raises(SimulationError, match="R10|R7/R9"):
         verify(fn, X, mesh=abstract_mesh((4,), ("x",)), invocations=2)
 
@@ -302,8 +347,14 @@ def test_handle_waited_in_each_branch_of_a_cond() -> None:
         def _() -> None:
             c.wait()
 
-    call = pl.pallas_call(kernel, out_shape=X, grid=(3,), in_specs=[HBM], out_specs=HBM,
-                          scratch_shapes=[pltpu.SemaphoreType.DMA(())])
+    call = pl.pallas_call(
+        kernel,
+        out_shape=X,
+        grid=(3,),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+    )
     assert verify(call, X).waits == 3
 
 
@@ -314,11 +365,16 @@ def test_trip_count_read_from_smem() -> None:
             c.start()
             c.wait()
             return carry
+
         jax.lax.fori_loop(0, n_ref[0], body, None)
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(1,), in_specs=[HBM], out_specs=HBM,
-        scratch_shapes=[pltpu.SemaphoreType.DMA(())])
+        num_scalar_prefetch=1,
+        grid=(1,),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+    )
     call = pl.pallas_call(kernel, out_shape=X, grid_spec=grid_spec)
     assert verify(call, np.array([4], np.int32), X).dmas == 4
     with pytest.raises(UnwrittenReadError, match="o_hbm"):
@@ -363,12 +419,18 @@ def test_sync_copy() -> None:
 
 
 def _two_cores(kernel: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
-    mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=2) if hasattr(
-        pltpu, "TensorCoreMesh") and "num_cores" in str(
-        getattr(pltpu.TensorCoreMesh, "__dataclass_fields__", "")) else (
-        pltpu.create_tensorcore_mesh("core", num_cores=2))
-    return pl.kernel(kernel, out_type=X, mesh=mesh,  # type: ignore[no-any-return]
-                     scratch_types=[pltpu.SemaphoreType.DMA(())])
+    mesh = (
+        pltpu.TensorCoreMesh(axis_name="core", num_cores=2)
+        if hasattr(pltpu, "TensorCoreMesh")
+        and "num_cores" in str(getattr(pltpu.TensorCoreMesh, "__dataclass_fields__", ""))
+        else (pltpu.create_tensorcore_mesh("core", num_cores=2))
+    )
+    return pl.kernel(
+        kernel,
+        out_type=X,
+        mesh=mesh,  # type: ignore[no-any-return]
+        scratch_types=[pltpu.SemaphoreType.DMA(())],
+    )
 
 
 def test_pl_kernel_cores_are_participants() -> None:
@@ -405,8 +467,14 @@ def test_jax_paged_attention_schedule_verified_and_bad_page_caught() -> None:
     with pytest.raises(SimulationError, match="index 99 is outside dimension 0 of size 16"):
         verify(fn, q, pages, pages, lengths, bad)
     with pytest.raises(VerificationUnsupportedError, match="lengths_ref"):
-        verify(fn, q, pages, pages, jax.ShapeDtypeStruct((2,), jnp.int32),
-               np.arange(8, dtype=np.int32).reshape(2, 4))
+        verify(
+            fn,
+            q,
+            pages,
+            pages,
+            jax.ShapeDtypeStruct((2,), jnp.int32),
+            np.arange(8, dtype=np.int32).reshape(2, 4),
+        )
 
 
 # ------------------------------------------------------------------ DMA futures
@@ -419,11 +487,18 @@ def _copy_start(x: jax.Array) -> Any:
         del aliased
         pltpu.make_async_copy(x_ref, o_ref, sem).start()
 
-    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
-           pltpu.SemaphoreType.DMA(()))
-    return pl.pallas_call(kernel, out_shape=out, in_specs=[ANY],
-                          out_specs=(ANY, ANY, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
-                          input_output_aliases={0: 0})(x)
+    out = (
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        pltpu.SemaphoreType.DMA(()),
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=out,
+        in_specs=[ANY],
+        out_specs=(ANY, ANY, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+        input_output_aliases={0: 0},
+    )(x)
 
 
 def _copy_done(x: jax.Array, o: jax.Array, sem: jax.Array) -> Any:
@@ -431,9 +506,13 @@ def _copy_done(x: jax.Array, o: jax.Array, sem: jax.Array) -> Any:
         del aliased
         pltpu.make_async_copy(x_ref, o_ref, sem).wait()
 
-    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          in_specs=[ANY, ANY, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)],
-                          out_specs=ANY, input_output_aliases={1: 0})(x, o, sem)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[ANY, ANY, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)],
+        out_specs=ANY,
+        input_output_aliases={1: 0},
+    )(x, o, sem)
 
 
 def test_dma_future_started_in_one_call_waited_in_another() -> None:
@@ -457,8 +536,10 @@ def test_jax_all_gather_without_flow_control_is_reported() -> None:
     mesh = abstract_mesh((4,), ("x",))
     fn = getattr(jag.all_gather, "__wrapped__", jag.all_gather)
     with pytest.raises(RaceDetectedError, match="all_gather.py"):
-        verify(functools.partial(fn, mesh=mesh, axis_name="x"),
-               jax.ShapeDtypeStruct((32, 128), jnp.float32))
+        verify(
+            functools.partial(fn, mesh=mesh, axis_name="x"),
+            jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        )
 
 
 def test_emit_pipeline_under_a_tpu_abstract_mesh() -> None:

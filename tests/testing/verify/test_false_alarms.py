@@ -55,8 +55,9 @@ def test_the_leak_is_reported_on_slot_1_only() -> None:
     assert "sems[0]" not in message and "sems.at[0]" not in message, message
 
 
-@pytest.mark.parametrize("case", pk.params([c for c in pk.CASES
-                                            if c.flavour == "safedma" and not c.is_bug]))
+@pytest.mark.parametrize(
+    "case", pk.params([c for c in pk.CASES if c.flavour == "safedma" and not c.is_bug])
+)
 def test_no_trace_time_check_rejects_a_kernel_verify_proves_sound(case: pk.Case) -> None:
     # Tracing alone runs every trace-time check (sd.pallas_call's kernel scope).
     pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
@@ -69,17 +70,19 @@ def test_the_trace_time_checks_catch_the_per_slot_leak() -> None:
         pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CORRECT
-                                  if c.flavour == "pltpu"])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id) for c in CORRECT if c.flavour == "pltpu"]
+)
 def test_simulate_agrees_the_correct_kernels_are_clean(case: pk.Case) -> None:
-    simulate(case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS),
-             timeout_s=10)
+    simulate(
+        case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS), timeout_s=10
+    )
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in BROKEN
-                                  if c.flavour == "pltpu"])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in BROKEN if c.flavour == "pltpu"])
 def test_simulate_catches_the_broken_twins_too(case: pk.Case) -> None:
     with pytest.raises(SimulationError) as caught:
-        simulate(case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS),
-                 timeout_s=5)
+        simulate(
+            case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS), timeout_s=5
+        )
     assert type(caught.value).__name__ == case.row.simulate_bug

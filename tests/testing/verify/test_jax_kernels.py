@@ -81,8 +81,10 @@ def test_a_future_never_waited_is_caught() -> None:
     with pytest.raises(Exception) as err:
         verify(jp.futures_never_waited, X)
     caught(err.value, PROGRAMS)
-    assert isinstance(err.value, (LeftoverSemaphoreError, RaceDetectedError)) or \
-        "Unwritten" in type(err.value).__name__, type(err.value).__name__
+    assert (
+        isinstance(err.value, (LeftoverSemaphoreError, RaceDetectedError))
+        or "Unwritten" in type(err.value).__name__
+    ), type(err.value).__name__
 
 
 def test_simulate_cannot_run_dma_futures() -> None:
@@ -162,7 +164,8 @@ def test_ragged_paged_attention_verifies_clean() -> None:
 
 
 def test_ragged_paged_attention_with_a_dropped_wait_is_caught(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     module = _ragged_module()
     seeded = jp.DropWait(module.pltpu, drop=0)
     monkeypatch.setattr(module, "pltpu", seeded)
@@ -175,8 +178,7 @@ def test_ragged_paged_attention_with_a_dropped_wait_is_caught(
 def test_simulate_cannot_run_ragged_paged_attention() -> None:
     """Its copies go through ref .reshape views, which the interpreter cannot run."""
     with pytest.raises(SimulationError):
-        simulate(jp.ragged_paged_attention_fn(), *jp.ragged_paged_attention_inputs(),
-                 timeout_s=30)
+        simulate(jp.ragged_paged_attention_fn(), *jp.ragged_paged_attention_inputs(), timeout_s=30)
 
 
 def _jax_all_gather(n: int, *, real_mesh: bool = False) -> tuple[Any, Any]:
@@ -192,8 +194,10 @@ def _jax_all_gather(n: int, *, real_mesh: bool = False) -> tuple[Any, Any]:
     x: Any
     if real_mesh:
         mesh = simulated_mesh(n, "x")
-        x = jax.device_put(jnp.arange(shape[0] * shape[1], dtype=jnp.float32).reshape(shape),
-                           NamedSharding(mesh, P("x")))
+        x = jax.device_put(
+            jnp.arange(shape[0] * shape[1], dtype=jnp.float32).reshape(shape),
+            NamedSharding(mesh, P("x")),
+        )
     else:
         mesh = abstract_mesh((n,), ("x",))
         x = jax.ShapeDtypeStruct(shape, jnp.float32)

@@ -43,16 +43,27 @@ GRID = abstract_mesh((2, 4), ("y", "x"))
 def call(kernel: Any, scratch: list[Any]) -> Any:
     def per_device(x: jax.Array) -> jax.Array:
         out: jax.Array = pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
-            out_specs=HBM, scratch_shapes=scratch)(x)
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
+        )(x)
         return out
+
     return per_device
 
 
 def checked(kernel: Any, scratch: list[Any]) -> Any:
     def per_device(x: jax.Array) -> jax.Array:
-        return sd.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
-                              out_specs=HBM, scratch_shapes=scratch)(x)
+        return sd.pallas_call(
+            kernel,
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
+        )(x)
+
     return per_device
 
 
@@ -73,10 +84,12 @@ def raised(fn: Any, mesh: Any) -> BaseException:
 
 def assert_names_line(error: BaseException, marker: str) -> None:
     lines = pk.marked_lines(HERE, marker)
-    assert pk.names_line(str(error), HERE, lines), \
+    assert pk.names_line(str(error), HERE, lines), (
         f"the user's line {HERE.name}:{lines} is not named:\n{error}"
-    assert not re.search(r"safedma/[\w/]+\.py:\d+", str(error)), \
+    )
+    assert not re.search(r"safedma/[\w/]+\.py:\d+", str(error)), (
         f"a line inside safedma is named:\n{error}"
+    )
 
 
 def vmem() -> Any:
@@ -134,8 +147,9 @@ def test_a_leak_on_one_device_names_it_the_line_and_the_fix() -> None:
     assert_names_line(error, "msg_leak")
 
 
-def safedma_leak_on_device_2(x_ref: sd.DataRef, o_ref: sd.DataRef, buf: sd.DataRef,
-                             sem: sd.SemRef, out_sem: sd.SemRef) -> None:
+def safedma_leak_on_device_2(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef, out_sem: sd.SemRef
+) -> None:
     @pl.when(sd.my_index("x") == 2)
     def _() -> None:
         sd.LocalCopy(x_ref, buf, sem).start()  # verify: msg_sd_leak
@@ -143,20 +157,27 @@ def safedma_leak_on_device_2(x_ref: sd.DataRef, o_ref: sd.DataRef, buf: sd.DataR
     sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
 
 
-@pytest.mark.xfail(strict=True, raises=sd.CopyNeverWaitedError,
-                   reason="the trace-time check rejects a copy under pl.when with no wait "
-                          "anywhere, correctly: this is the same leak, caught earlier")
+@pytest.mark.xfail(
+    strict=True,
+    raises=sd.CopyNeverWaitedError,
+    reason="the trace-time check rejects a copy under pl.when with no wait "
+    "anywhere, correctly: this is the same leak, caught earlier",
+)
 def test_a_safedma_leak_names_the_users_line_never_safedmas() -> None:
-    error = raised(checked(safedma_leak_on_device_2, [sd.vmem(BLOCK, jnp.float32),
-                                                      sd.dma_semaphore(), sd.dma_semaphore()]),
-                   RING)
+    error = raised(
+        checked(
+            safedma_leak_on_device_2,
+            [sd.vmem(BLOCK, jnp.float32), sd.dma_semaphore(), sd.dma_semaphore()],
+        ),
+        RING,
+    )
     assert "x=2" in str(error)
     assert_names_line(error, "msg_sd_leak")
 
 
-def safedma_leak_through_started_elsewhere(x_ref: sd.DataRef, o_ref: sd.DataRef,
-                                           bufs: sd.DataRef, sems: sd.SemArray,
-                                           out_sem: sd.SemRef) -> None:
+def safedma_leak_through_started_elsewhere(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
+) -> None:
     # The second slot is computed at run time, so the trace-time check (which
     # compares static slots) cannot tell the copies apart: the leak is verify's.
     other = sd.my_index("x") * 0 + 1
@@ -167,8 +188,10 @@ def safedma_leak_through_started_elsewhere(x_ref: sd.DataRef, o_ref: sd.DataRef,
 
 
 def test_a_safedma_copy_is_located_at_the_users_start_not_inside_safedma() -> None:
-    fn = checked(safedma_leak_through_started_elsewhere,
-                 [sd.vmem((2, *BLOCK), jnp.float32), sd.dma_semaphores(2), sd.dma_semaphore()])
+    fn = checked(
+        safedma_leak_through_started_elsewhere,
+        [sd.vmem((2, *BLOCK), jnp.float32), sd.dma_semaphores(2), sd.dma_semaphore()],
+    )
     error = raised(fn, RING)
     assert isinstance(error, LeftoverSemaphoreError), type(error).__name__
     assert_names_line(error, "msg_sd_slot")
@@ -259,8 +282,9 @@ def test_a_needed_value_given_only_as_a_shape_names_the_operand() -> None:
     pages = jax.ShapeDtypeStruct((4 * 4, 8, 128), jnp.float32)
     indices = jax.ShapeDtypeStruct((4,), jnp.int32)
     with pytest.raises(Exception) as caught:
-        pk.verify(sk.gather_pages, pages, indices, mesh=RING, in_specs=(P("x"), P()),
-                  out_specs=P("x"))
+        pk.verify(
+            sk.gather_pages, pages, indices, mesh=RING, in_specs=(P("x"), P()), out_specs=P("x")
+        )
     error = caught.value
     if isinstance(error, pk.NOT_A_VERDICT):
         raise error

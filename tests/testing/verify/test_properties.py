@@ -25,8 +25,9 @@ from safedma.testing import SimulationError, abstract_mesh
 from tests.support import protocol_kernels as pk
 from tests.support import protocol_kernels_pltpu as raw
 
-BOUNDED = settings(max_examples=20, deadline=None, database=None,
-                   suppress_health_check=[HealthCheck.too_slow])
+BOUNDED = settings(
+    max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 ROWS_PER_CHUNK = 8
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -42,10 +43,16 @@ def chunked(shift: int, chunks: int, slots: int, **bug: int) -> Any:
 
     def per_device(x: jax.Array) -> jax.Array:
         out: jax.Array = pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[HBM],
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
             out_specs=HBM,
-            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA((slots,)),
-                            pltpu.SemaphoreType.DMA((slots,)), pltpu.SemaphoreType.DMA(())],
+            scratch_shapes=[
+                pltpu.VMEM(x.shape, x.dtype),
+                pltpu.SemaphoreType.DMA((slots,)),
+                pltpu.SemaphoreType.DMA((slots,)),
+                pltpu.SemaphoreType.DMA(()),
+            ],
         )(x)
         return out
 
@@ -58,15 +65,22 @@ rings = st.integers(2, 16)
 @BOUNDED
 @given(n=rings, shift=st.integers(-20, 20), chunks=st.integers(1, 6), slots=st.integers(1, 3))
 def test_a_chunked_ring_is_clean_for_every_size_shift_and_chunk_count(
-        n: int, shift: int, chunks: int, slots: int) -> None:
+    n: int, shift: int, chunks: int, slots: int
+) -> None:
     pk.assert_clean(verify(chunked(shift, chunks, slots), n, (chunks * ROWS_PER_CHUNK, 128)), n)
 
 
 @BOUNDED
-@given(n=rings, shift=st.integers(-20, 20), chunks=st.integers(1, 6), slots=st.integers(1, 3),
-       data=st.data())
-def test_a_dropped_wait_is_always_caught(n: int, shift: int, chunks: int, slots: int,
-                                         data: st.DataObject) -> None:
+@given(
+    n=rings,
+    shift=st.integers(-20, 20),
+    chunks=st.integers(1, 6),
+    slots=st.integers(1, 3),
+    data=st.data(),
+)
+def test_a_dropped_wait_is_always_caught(
+    n: int, shift: int, chunks: int, slots: int, data: st.DataObject
+) -> None:
     drop = data.draw(st.integers(0, chunks - 1), label="drop")
     with pytest.raises(Exception) as caught:
         verify(chunked(shift, chunks, slots, drop=drop), n, (chunks * ROWS_PER_CHUNK, 128))
@@ -75,10 +89,16 @@ def test_a_dropped_wait_is_always_caught(n: int, shift: int, chunks: int, slots:
 
 
 @BOUNDED
-@given(n=rings, shift=st.integers(-20, 20), chunks=st.integers(1, 6), slots=st.integers(2, 3),
-       data=st.data())
+@given(
+    n=rings,
+    shift=st.integers(-20, 20),
+    chunks=st.integers(1, 6),
+    slots=st.integers(2, 3),
+    data=st.data(),
+)
 def test_a_receive_waited_on_the_next_slot_is_always_caught(
-        n: int, shift: int, chunks: int, slots: int, data: st.DataObject) -> None:
+    n: int, shift: int, chunks: int, slots: int, data: st.DataObject
+) -> None:
     shifted = data.draw(st.integers(0, chunks - 1), label="shifted")
     with pytest.raises(Exception) as caught:
         verify(chunked(shift, chunks, slots, shifted=shifted), n, (chunks * ROWS_PER_CHUNK, 128))
@@ -88,18 +108,29 @@ def test_a_receive_waited_on_the_next_slot_is_always_caught(
 
 @BOUNDED
 @given(n=rings, shift=st.integers(-20, 20), barrier=st.booleans())
-def test_safedma_ppermute_is_clean_for_every_ring_and_shift(n: int, shift: int,
-                                                            barrier: bool) -> None:
-    fn = functools.partial(sk.ppermute, axis="x", shift=shift,
-                           collective_id=0 if barrier else None)
+def test_safedma_ppermute_is_clean_for_every_ring_and_shift(
+    n: int, shift: int, barrier: bool
+) -> None:
+    fn = functools.partial(sk.ppermute, axis="x", shift=shift, collective_id=0 if barrier else None)
     pk.assert_clean(verify(fn, n, (8, 128)), n)
 
 
-@settings(max_examples=12, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(n=rings, kind=st.sampled_from(["all_gather", "all_gather_bidirectional",
-                                       "reduce_scatter", "all_reduce", "all_reduce_composed"]),
-       chunk_rows=st.sampled_from([8, 16]))
+@settings(
+    max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    n=rings,
+    kind=st.sampled_from(
+        [
+            "all_gather",
+            "all_gather_bidirectional",
+            "reduce_scatter",
+            "all_reduce",
+            "all_reduce_composed",
+        ]
+    ),
+    chunk_rows=st.sampled_from([8, 16]),
+)
 def test_safedma_collectives_are_clean_for_every_ring(n: int, kind: str, chunk_rows: int) -> None:
     if kind == "all_gather":
         fn: Any = functools.partial(sk.all_gather, axis="x")
@@ -108,8 +139,11 @@ def test_safedma_collectives_are_clean_for_every_ring(n: int, kind: str, chunk_r
         fn = functools.partial(sk.all_gather_bidirectional, axis="x")
         block = (2 * chunk_rows, 128)
     else:
-        make: Any = {"reduce_scatter": sk.reduce_scatter, "all_reduce": sk.all_reduce,
-                "all_reduce_composed": functools.partial(sk.all_reduce, fused=False)}[kind]
+        make: Any = {
+            "reduce_scatter": sk.reduce_scatter,
+            "all_reduce": sk.all_reduce,
+            "all_reduce_composed": functools.partial(sk.all_reduce, fused=False),
+        }[kind]
         fn = functools.partial(make, axis="x")
         block = (n * chunk_rows, 128)
     pk.assert_clean(verify(fn, n, block), n)

@@ -70,8 +70,9 @@ def test_what_simulate_says_of_the_bug_today(case: pk.Case) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", pk.params(FIXES))
 def test_simulate_runs_the_fix_clean(case: pk.Case) -> None:
-    simulate(case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS),
-             timeout_s=10)
+    simulate(
+        case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS), timeout_s=10
+    )
 
 
 def test_every_row_has_four_kernels_and_each_bug_a_marked_line() -> None:
