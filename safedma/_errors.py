@@ -5,6 +5,8 @@ lowering, so the traceback points at the kernel line that made the mistake.
 Each message says what was wrong, on which refs, and how to fix it. All derive
 from :class:`SafeDmaError`; those that replace a jax ``ValueError`` or
 ``TypeError`` also derive from it, so existing ``except`` clauses keep working.
+The codes in the docstrings (S1, T7, ...) are the anchors of the mistakes in
+docs/catalogue.md.
 """
 
 from __future__ import annotations
