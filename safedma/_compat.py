@@ -17,7 +17,7 @@ import enum
 import operator
 import warnings
 from collections.abc import Callable, Generator, Mapping
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Protocol, SupportsIndex, TypeAlias, cast
 
 import numpy as np
 
@@ -195,7 +195,7 @@ def static_int(value: object) -> int | None:
     if get_const is None:
         if getattr(value, "shape", None) == () and hasattr(value, "__index__"):
             try:
-                return int(value.__index__())  # numpy integer scalars  # pyright: ignore
+                return operator.index(cast(SupportsIndex, value))  # numpy integer scalars
             except TypeError:
                 return None
         return None

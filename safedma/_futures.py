@@ -117,8 +117,10 @@ def _name_like(
 ) -> None:
     """Give the generated kernel ``body``'s name, and a signature whose parameter
     names are ``body``'s arranged as the kernel receives them (for error messages)."""
-    kernel.__name__ = _body_name(body)
-    kernel.__qualname__ = str(getattr(body, "__qualname__", kernel.__name__))
+    name = _body_name(body)
+    # setattr: a callable's __name__ is not part of its type (ty reports the assignment).
+    setattr(kernel, "__name__", name)
+    setattr(kernel, "__qualname__", str(getattr(body, "__qualname__", name)))
     try:
         names = list(inspect.signature(body).parameters)
     except (TypeError, ValueError):

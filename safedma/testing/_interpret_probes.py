@@ -389,7 +389,9 @@ class Installed:
     stopping: str | None = None
     # The user's line per source_info: a kernel equation keeps one source_info
     # object, so a loop pays for the traceback walk once, not every iteration.
-    _locations: dict[int, tuple[object, str | None]] = dataclasses.field(default_factory=lambda: {})
+    _locations: dict[int, tuple[object, str | None]] = dataclasses.field(
+        default_factory=dict[int, tuple[object, str | None]]
+    )
 
     def location(self, source_info: object) -> str | None:
         if source_info is None:

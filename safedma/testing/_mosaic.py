@@ -64,15 +64,14 @@ def mosaic_ir_context() -> Generator[ir.Context, None, None]:
     """
     jmlir = private_module("jax._src.interpreters.mlir")
     jtpu = private_module("jax._src.lib.tpu")
-    if hasattr(jmlir, "_create_ir_context"):
-        factory = private_callable(jmlir, "_create_ir_context")
-    else:
-        factory = private_callable(jmlir, "make_ir_context")
+    # The name is kept: a callable's __name__ is not part of its type (ty reports it).
+    name = "_create_ir_context" if hasattr(jmlir, "_create_ir_context") else "make_ir_context"
+    factory = private_callable(jmlir, name)
     register_tpu = private_callable(jtpu, "register_dialect")
     ctx = factory()
     if not isinstance(ctx, ir.Context):
         raise moved(
-            f"{jmlir.__name__}.{factory.__name__}",
+            f"{jmlir.__name__}.{name}",
             f"returned {type(ctx).__name__}, not an MLIR Context",
         )
     register_tpu(ctx)
@@ -191,10 +190,8 @@ def _exported_stablehlo(
     fn: Callable[..., object], args: tuple[object, ...], mesh: Mesh | AbstractMesh | None
 ) -> str:
     with _mesh_context(mesh):
-        exported = jax.export.export(
-            jax.jit(fn),
-            platforms=["tpu"],  # pyright: ignore[reportUnknownMemberType]
-        )(*args)
+        jitted = jax.jit(fn)  # pyright: ignore[reportUnknownMemberType]
+        exported = jax.export.export(jitted, platforms=["tpu"])(*args)
     return str(exported.mlir_module())
 
 

@@ -55,10 +55,9 @@ _POLL_S = 0.05
 _CONFIRM_S = 0.3
 
 # jaxlib's exception class is untyped for pyright.
-_JaxRuntimeError = cast(
-    "type[Exception]",
-    jax.errors.JaxRuntimeError,  # pyright: ignore[reportUnknownMemberType]
-)
+# getattr into a declared variable, not cast(): pyright and basedpyright disagree on
+# whether an expression passed straight to cast() is reported.
+_JaxRuntimeError: type[Exception] = getattr(jax.errors, "JaxRuntimeError")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +191,9 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         with probes.force_interpret_params(params):
             lowered = jax.jit(fresh).lower(*placed)  # pyright: ignore[reportUnknownMemberType]
             # Output infos carry their global shape and (under a mesh) sharding.
-            outputs = cast("list[object]", jax.tree.leaves(cast(object, lowered.out_info)))  # pyright: ignore[reportUnknownMemberType]
+            leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
+            out_info: object = getattr(lowered, "out_info")
+            outputs = leaves(out_info)
             _refuse_unsupported(devices, [*placed, *outputs])
             many = (
                 _jax_before(0, 11) and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES

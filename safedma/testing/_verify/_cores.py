@@ -99,7 +99,13 @@ def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal])
     eng, m, p = ctx.engine, ctx.machine, ctx.p
     run_ = _Run(desc, instance)
     saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
-    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = (run_, (), (), (), {})
+    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = (
+        run_,
+        (),
+        (),
+        (),
+        dict[int, int](),
+    )
     if p % eng.cores != 0:
         m.enter(p, instance)
     args: list[Any] = list(shared)

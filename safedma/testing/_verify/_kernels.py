@@ -137,7 +137,7 @@ def _run_kernel(
         run_,
         desc.grid,
         tuple(desc.params["grid_names"]),
-        {},
+        dict[int, int](),
     )
     if desc.barrier and eng.participants > 1:
         yield from eng.entry_barrier(ctx, instance, desc.where)

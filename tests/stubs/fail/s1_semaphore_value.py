@@ -17,9 +17,7 @@ from safedma import DataRef, RegularSem, SemRef
 def seed(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     # The seed scenario, verbatim: the send semaphore is the value pl.semaphore_read returned.
     me = jax.lax.axis_index("x")
-    copy = pltpu.make_async_remote_copy(
-        x_ref, o_ref, pl.semaphore_read(send_sem), recv_sem, device_id={"x": (me + 1) % 4}
-    )  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, pl.semaphore_read(send_sem), recv_sem, device_id={"x": (me + 1) % 4})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     copy.start()
     copy.wait()
 

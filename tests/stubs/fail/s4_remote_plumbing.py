@@ -13,9 +13,7 @@ def missing_parts(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: Se
     pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, device_id=1)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[missing-argument]  # ty: ignore[missing-argument]
 
 
-def send_sem_on_a_local_copy(
-    x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef
-) -> None:
+def send_sem_on_a_local_copy(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     # jax 0.12's src_sem= runs in interpret mode but fails TPU lowering ("not implemented on TensorCore").
     pltpu.make_async_copy(x_ref, o_ref, recv_sem, src_sem=send_sem)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[unexpected-keyword]  # ty: ignore[unknown-argument]
     pltpu.async_copy(x_ref, o_ref, recv_sem, src_sem=send_sem)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[unexpected-keyword]  # ty: ignore[unknown-argument]

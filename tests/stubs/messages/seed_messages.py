@@ -15,9 +15,7 @@ from safedma import DataRef, SemRef
 
 def seed(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     me = jax.lax.axis_index("x")
-    copy = pltpu.make_async_remote_copy(
-        x_ref, o_ref, pl.semaphore_read(send_sem), recv_sem, device_id={"x": (me + 1) % 4}
-    )  # expect: seed
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, pl.semaphore_read(send_sem), recv_sem, device_id={"x": (me + 1) % 4})  # expect: seed
     copy.start()
     copy.wait()
 

@@ -36,12 +36,7 @@ def reverse_halves(x_hbm: DataRef, o_hbm: DataRef, buf: DataRef, sems: SemArray)
 
 
 def double_buffered(
-    x_hbm: DataRef,
-    o_hbm: DataRef,
-    bufs: DataRef,
-    out_buf: DataRef,
-    in_sems: SemArray,
-    out_sem: SemRef,
+    x_hbm: DataRef, o_hbm: DataRef, bufs: DataRef, out_buf: DataRef, in_sems: SemArray, out_sem: SemRef
 ) -> None:
     steps = x_hbm.shape[0] // CHUNK
 
@@ -70,7 +65,9 @@ def double_buffered(
 
 def aggregate_wait(pages_hbm: DataRef, buf: DataRef, sem: SemRef) -> None:
     """Paged-attention style: several copies signal one semaphore; one wait per copy size."""
-    copies = [pltpu.make_async_copy(pages_hbm.at[i], buf.at[i], sem) for i in range(4)]
+    copies = [
+        pltpu.make_async_copy(pages_hbm.at[i], buf.at[i], sem) for i in range(4)
+    ]
     for c in copies:
         c.start()
     for c in copies:

@@ -12,9 +12,7 @@ from safedma import DataRef, SemArray, SemRef
 def ring_permute(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     me = jax.lax.axis_index("x")
     n = jax.lax.axis_size("x")
-    c = pltpu.make_async_remote_copy(
-        x_ref, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % n}
-    )
+    c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % n})
     c.start()
     c.wait()
 
@@ -47,9 +45,7 @@ def sender_and_receiver_sides(
     me = jax.lax.axis_index("x")
     to_right = pltpu.async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=(me + 1) % 4)
     to_right.wait_send()
-    from_left = pltpu.make_async_remote_copy(
-        x_ref, o_ref, send_sem, recv_sem, device_id=(me + 3) % 4
-    )
+    from_left = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=(me + 3) % 4)
     from_left.wait_recv()
 
 

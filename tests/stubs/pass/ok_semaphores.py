@@ -35,9 +35,7 @@ def barrier_then_send(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem
 
     @pl.when(in_flight == 0)
     def _() -> None:
-        pltpu.async_remote_copy(
-            x_ref, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % 4}
-        ).wait()
+        pltpu.async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % 4}).wait()
 
 
 def cores_meet(flag: RegularSem, barrier: BarrierSem) -> None:

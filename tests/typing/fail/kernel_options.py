@@ -24,6 +24,6 @@ def kernel(x_ref: DataRef, o_ref: DataRef) -> None:
 def misspelt(x: jax.Array, mesh: object) -> None:
     out = ShapeDtype(x.shape, x.dtype)
     # Extra: an option pl.kernel does not have (scratch_types is the name) ...
-    safedma.core_kernel(kernel, out, mesh=mesh, scratch_shapes=[])  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]
+    safedma.core_kernel(kernel, out, mesh=mesh, scratch_shapes=[])  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[unexpected-keyword]
     # Extra: ... and one of the wrong type.
-    safedma.core_kernel(kernel, out, mesh=mesh, name=3)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.core_kernel(kernel, out, mesh=mesh, name=3)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -16,24 +16,24 @@ from safedma import DataRef, RegularSemArray2, SemArray, SemArray2, SemArray3
 
 def too_few(x_hbm: DataRef, buf: DataRef, sems: SemArray2, sems3: SemArray3) -> None:
     # S2: a row of a 2-D array (or a 3-D array indexed twice) is not one semaphore.
-    safedma.LocalCopy(x_hbm, buf, sems.at[0]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    safedma.LocalCopy(x_hbm, buf, sems3.at[0, 1]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    safedma.LocalCopy(x_hbm, buf, sems.at[pl.ds(0, 1), 0]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.LocalCopy(x_hbm, buf, sems.at[0]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    safedma.LocalCopy(x_hbm, buf, sems3.at[0, 1]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    safedma.LocalCopy(x_hbm, buf, sems.at[pl.ds(0, 1), 0]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def too_many(sems: SemArray, sems2: SemArray2) -> None:
     # S2: more positions than the array's rank.
-    sems.at[0, 1]  # type: ignore[call-overload]  # pyright: ignore[reportCallIssue, reportArgumentType]
+    sems.at[0, 1]  # type: ignore[call-overload]  # pyright: ignore[reportCallIssue, reportArgumentType]  # pyrefly: ignore[bad-index]  # ty: ignore[invalid-argument-type]
     # (sems2.at[0, 1, i] is rejected too: mypy says [index], pyright reportCallIssue.)
     sems2.at[0]  # fine: a row
 
 
 def regular_row(flags: RegularSemArray2) -> None:
     # S2: a row of REGULAR semaphores signalled as one.
-    safedma.signal(flags.at[1])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.signal(flags.at[1])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def view_is_not_a_semaphore(x_hbm: DataRef, buf: DataRef) -> None:
     # S6: a view of data is still data, not a semaphore; Extra: reshape takes ints.
-    safedma.LocalCopy(x_hbm, buf, x_hbm.reshape(1))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    x_hbm.reshape((16, 256))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    safedma.LocalCopy(x_hbm, buf, x_hbm.reshape(1))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    x_hbm.reshape((16, 256))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -34,7 +34,9 @@ def seed_send_sem_from_safedma_read(
     copy.with_send_sem(sem_val).to(safedma.neighbour("x")).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
-def recv_sem_is_a_value(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
+def recv_sem_is_a_value(
+    x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef
+) -> None:
     # S1: the destination (receive) semaphore is a value.
     value = safedma.read(recv_sem)
     safedma.RemoteCopy(x_ref, o_ref, value)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from typing import assert_type
+from typing_extensions import assert_type
 
 import safedma
 from safedma import DataRef, RegularSem, SemArray, SemRef

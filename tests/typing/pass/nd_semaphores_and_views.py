@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
-from typing import assert_type
+from typing_extensions import assert_type
 
 import safedma
 from safedma import (
@@ -97,4 +97,6 @@ def scoped_many(x_hbm: DataRef, o_hbm: DataRef) -> None:
         safedma.LocalCopy(x_hbm, buf, sem).start().wait()
 
     safedma.run_scoped(named, buf=safedma.vmem((8, 128), np.float32), sem=safedma.dma_semaphore())
-    safedma.run_scoped(lambda flag: None, safedma.regular_semaphore(), collective_axes="x")
+    safedma.run_scoped(
+        lambda flag: None, safedma.regular_semaphore(), collective_axes="x"
+    )

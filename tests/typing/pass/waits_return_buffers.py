@@ -9,7 +9,7 @@ readable), ``wait_send()`` the source (now free to overwrite), and a remote
 from __future__ import annotations
 
 import jax
-from typing import assert_type
+from typing_extensions import assert_type
 
 import safedma
 from safedma import DataRef, SemRef
