@@ -474,8 +474,10 @@ def semaphore_read(sem: object) -> jax.Array:
     return result
 
 
-# Typed as a plain callable: jax 0.10.2 leaves it unannotated (and has no tag), 0.12 does not.
-_get_barrier_semaphore: Callable[..., object] = pltpu.get_barrier_semaphore
+# Typed as a plain callable: jax 0.10.2 leaves it unannotated (and has no tag), 0.12 does
+# not. getattr, so that no checker keeps the installed jax's signature (ty would, and
+# reject tag= on 0.10.2, where barrier_semaphore() never passes it).
+_get_barrier_semaphore: Callable[..., object] = getattr(pltpu, "get_barrier_semaphore")
 
 
 def barrier_semaphore(tag: object = None) -> object:
