@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
+import os
 import warnings
-from collections.abc import Callable, Generator, Mapping
+import weakref
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol, SupportsIndex, TypeAlias, cast
 
 import numpy as np
@@ -28,6 +30,7 @@ from jax._src.pallas import core as _pallas_core
 from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.pallas.mosaic import core as _mosaic_core
 from jax._src import indexing as _indexing
+from jax._src import source_info_util as _source_info
 from jax._src.state import indexing as _state_indexing
 from jax._src.state import types as _state_types
 from jax.experimental import pallas as pl
@@ -47,6 +50,7 @@ __all__ = [
     "RefAval",
     "FlowKind",
     "current_frame",
+    "raw_dma_waits",
     "frame_parent",
     "frame_kind",
     "static_positions",
@@ -290,6 +294,94 @@ def current_frame() -> object:
 
 # Unannotated in jax; typed here so the lookup costs nothing per call.
 _trace_context: Any = _jax_core.trace_ctx
+
+
+# Waits written in raw pltpu inside a checked kernel. The ledger pairs only
+# the waits made through safedma; a body that starts a copy with safedma and
+# waits it with ``pltpu.make_async_copy(...).wait()`` is correct, and the
+# truth is in the body's jaxpr: its ``dma_wait`` equations. jax keeps the
+# equations traced so far on the trace's frame (``frame.tracing_eqns``: the
+# equations or weak references to them, holding the operand tracers as
+# ``in_tracers``); waits inside ``cond`` / loops / ``run_scoped`` sit in the
+# closed jaxprs of those equations' params. A wait is safedma's own when the
+# innermost frame of its source traceback outside jax is a safedma library
+# module. tests/core/test_raw_waits.py pins all of this on both jax versions.
+
+RawWait: TypeAlias = "tuple[object | None, object | None]"
+"""A raw wait's semaphore as ``(root, view)``: ``view`` None means any slot of
+``root``; ``root`` None means a semaphore the check cannot name (any)."""
+
+_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_safedmas_own(eqn: Any) -> bool:
+    traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    frame = _source_info.user_frame(traceback) if traceback is not None else None
+    if frame is None:
+        return False
+    return os.path.dirname(os.path.abspath(frame.file_name)) == _LIBRARY_DIR
+
+
+def _sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
+    for value in params.values():
+        items = cast("Sequence[object]", value) if isinstance(value, Sequence) else (value,)
+        for item in items:
+            jaxpr = getattr(item, "jaxpr", item)
+            if isinstance(jaxpr, _jax_core.Jaxpr):
+                yield jaxpr
+
+
+def _has_raw_wait(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dma_wait" and not _is_safedmas_own(eqn):
+            return True
+        if any(_has_raw_wait(sub) for sub in _sub_jaxprs(eqn.params)):
+            return True
+    return False
+
+
+def _is_semaphore(value: object) -> bool:
+    return is_ref(value) and ref_kind(value) is not SemaphoreKind.DATA
+
+
+def _dereference(entry: object) -> Any:
+    """A traced equation, or None if only a dead weak reference to it is left."""
+    if isinstance(entry, weakref.ReferenceType):
+        return cast("weakref.ReferenceType[object]", entry)()
+    return entry
+
+
+# Unannotated in jax's pytree module as seen by some checkers; typed here.
+_tree_unflatten = cast(
+    "Callable[[object, list[object]], object]", getattr(jax.tree_util, "tree_unflatten")
+)
+
+
+def raw_dma_waits(frame: object) -> list[RawWait]:
+    """The semaphores waited by raw-pltpu ``dma_wait``s traced so far into ``frame``."""
+    found: list[RawWait] = []
+    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+    for entry in entries:
+        eqn = _dereference(entry)
+        if eqn is None:
+            continue
+        operands: list[object] = list(eqn.in_tracers)
+        if eqn.primitive.name == "dma_wait":
+            if _is_safedmas_own(eqn):
+                continue
+            try:
+                args = _tree_unflatten(eqn.params["tree"], operands)
+            except (KeyError, TypeError, ValueError):
+                found.append((None, None))
+                continue
+            views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
+            found += [(root_of(view), view) for view in views] or [(None, None)]
+        elif any(_has_raw_wait(sub) for sub in _sub_jaxprs(eqn.params)):
+            # The wait's slot inside the block is not mapped back to the operands:
+            # any slot of any semaphore the block receives (or any, if none).
+            roots = [root_of(a) for a in operands if _is_semaphore(a)]
+            found += [(root, None) for root in roots] or [(None, None)]
+    return found
 
 
 def frame_parent(frame: object) -> object | None:

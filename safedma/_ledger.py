@@ -6,7 +6,7 @@ a device takes. They therefore reject only what is wrong on *every* path:
 
 * a copy started and waited nowhere in the body: not through its handle (in
   any branch or loop), and not through any ``started_elsewhere()``,
-  ``incoming()`` or aggregate wait whose semaphore slot could be its own
+  ``incoming()``, aggregate or raw-pltpu wait whose semaphore slot could be its own
   (:class:`~safedma.CopyNeverWaitedError`, T7);
 * one handle waited twice in the same straight-line block, so whenever that
   block runs the second wait hangs (:class:`~safedma.HandleWaitedTwiceError`, T8);
@@ -89,8 +89,29 @@ def _slot(sem: object) -> _Slot:
     return id(_compat.root_of(sem)), _compat.static_positions(sem)
 
 
+_ANY_SEMAPHORE = -1
+"""The root id of a raw wait whose semaphore the check cannot name: it meets every slot."""
+
+
+def _raw_wait_slots() -> list[_Slot]:
+    """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far.
+
+    They stand for any safedma copy on the same slot, like started_elsewhere():
+    the body's jaxpr, not safedma's bookkeeping, says what is waited.
+    """
+    slots: list[_Slot] = []
+    for root, view in _compat.raw_dma_waits(_compat.current_frame()):
+        if root is None:
+            slots.append((_ANY_SEMAPHORE, None))
+        else:
+            slots.append((id(root), None if view is None else _compat.static_positions(view)))
+    return slots
+
+
 def _slots_meet(a: _Slot, b: _Slot) -> bool:
     """Could two semaphore views be the same semaphore? (Unknown positions: yes.)"""
+    if _ANY_SEMAPHORE in (a[0], b[0]):
+        return True
     if a[0] != b[0]:
         return False
     return a[1] is None or b[1] is None or not a[1].isdisjoint(b[1])
@@ -120,6 +141,7 @@ class Ledger:
                 if elsewhere is None:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
+                    elsewhere += _raw_wait_slots()
                 slot = _slot(sem)
                 if not any(_slots_meet(slot, other) for other in elsewhere):
                     missing.append(side)
