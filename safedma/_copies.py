@@ -30,6 +30,7 @@ exactly as written by hand.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Generic, Literal, NoReturn, cast, final
 
@@ -136,7 +137,7 @@ class LocalHandle(Handle):
         """Block until the copy's bytes have landed; return the destination, now readable."""
         self._state.record_wait(Side.LOCAL)
         self._descriptor.wait()
-        return self._dst
+        return _give_back(self._dst)
 
 
 @final
@@ -151,18 +152,19 @@ class RemoteHandle(Handle):
         """Block until the source has been read; return the source, now free to overwrite."""
         self._state.record_wait(Side.SEND)
         self._descriptor.wait_send()
-        return self._src
+        return _give_back(self._src)
 
     def wait_recv(self) -> DataRef:
         """Block until the incoming copy has landed; return this device's destination."""
         self._state.record_wait(Side.RECV)
         self._descriptor.wait_recv()
-        return self._dst
+        return _give_back(self._dst)
 
     def wait(self) -> DataRef:
         """``wait_send()`` then ``wait_recv()``; return the destination, now readable."""
         self.wait_send()
-        return self.wait_recv()
+        self.wait_recv()
+        return _give_back(self._dst)
 
 
 @final
@@ -176,7 +178,24 @@ class IncomingHandle(Handle):
         """Block until the incoming copy has landed; return this device's destination."""
         self._state.record_wait(Side.RECV)
         self._descriptor.wait_recv()
-        return self._dst
+        return _give_back(self._dst)
+
+
+def _give_back(buffer: DataRef) -> DataRef:
+    """The buffer a wait made safe, for its caller; None when jax itself called the wait.
+
+    ``pl.when(c)(handle.wait)`` and ``lax.cond(c, handle.wait, ...)`` hand the
+    bound method to jax as a branch, and a branch may not return a ref ("Cannot
+    return `Ref`s from `cond`"). When the wait's caller is jax's tracing
+    machinery, no user code can read the result, so the wait returns nothing,
+    as the raw ``pltpu`` wait does. (A lambda that returns the wait's result is
+    the user's code: the kernel scope turns jax's error into
+    :class:`~safedma.BranchReturnedRefError` with the fix.)
+    """
+    caller = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]  # documented CPython API
+    if str(caller.f_globals.get("__name__", "")).startswith("jax."):
+        return cast(DataRef, None)
+    return buffer
 
 
 @final

@@ -21,6 +21,7 @@ from typing_extensions import Unpack
 import jax
 from jax.experimental import pallas as pl
 
+from safedma._jax_errors import rewrite
 from safedma._ledger import ledger_scope
 from safedma._scope import KernelConfig, kernel_config, kernel_scope
 
@@ -73,7 +74,13 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
             ledger_scope() as ledger,
         ):
-            body(*args, **kwargs)
+            try:
+                body(*args, **kwargs)
+            except ValueError as error:
+                rewritten = rewrite(error)
+                if rewritten is None:
+                    raise
+                raise rewritten from error
             ledger.check_all_waited(name)
 
     # jax names a kernel after its function, looking through functools.partial;

@@ -27,6 +27,7 @@ __all__ = [
     "CopyNeverWaitedError",
     "HandleWaitedTwiceError",
     "HandleEscapedError",
+    "BranchReturnedRefError",
     "UnsupportedByJaxError",
     "MissingCollectiveIdError",
     "InvalidAmountError",
@@ -99,6 +100,14 @@ class HandleEscapedError(SafeDmaError, ValueError):
 
     Derives from ``ValueError``, which jax raises for the same code ("captures
     constants"), so existing ``except`` clauses keep working.
+    """
+
+
+class BranchReturnedRefError(SafeDmaError, ValueError):
+    """A ``pl.when`` / ``lax.cond`` branch returned a ref, typically the buffer a wait gave back.
+
+    Derives from ``ValueError``, which jax raises for the same code ("Cannot
+    return `Ref`s from `cond`"), so existing ``except`` clauses keep working.
     """
 
 
