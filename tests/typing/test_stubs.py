@@ -161,10 +161,9 @@ _PYRIGHT_MESSAGES = {
     },
     "wait_send": {
         (
-            "reportAttributeAccessIssue",
-            'Cannot access attribute "wait_send" for class "LocalCopyDescriptor"\n  Attribute "wait_send" is unknown',
+            "reportCallIssue",
+            'Argument missing for parameter "local_copy_has_no_send_side_use_wait"',
         ),
-        ("reportUnknownMemberType", 'Type of "wait_send" is unknown'),
     },
     "signal": {
         (
@@ -183,7 +182,13 @@ EXPECTED_MESSAGES = {
                 'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "SemRef"',
             )
         },
-        "wait_send": {("attr-defined", '"LocalCopyDescriptor" has no attribute "wait_send"')},
+        "wait_send": {
+            (
+                "call-arg",
+                'Missing named argument "local_copy_has_no_send_side_use_wait" for "wait_send" of "LocalCopyDescriptor"'
+                '\n"wait_send" defined in "jax.experimental.pallas.tpu"',
+            )
+        },
         "signal": {
             (
                 "arg-type",
@@ -203,8 +208,9 @@ EXPECTED_MESSAGES = {
         },
         "wait_send": {
             (
-                "missing-attribute",
-                "Object of class `LocalCopyDescriptor` has no attribute `wait_send`",
+                "missing-argument",
+                "Missing argument `local_copy_has_no_send_side_use_wait` in function "
+                "`jax.experimental.pallas.tpu.LocalCopyDescriptor.wait_send`",
             )
         },
         "signal": {
@@ -224,8 +230,9 @@ EXPECTED_MESSAGES = {
         },
         "wait_send": {
             (
-                "missing-attribute",
-                "Object of type `LocalCopyDescriptor` has no attribute `wait_send`",
+                "missing-argument",
+                "No argument provided for required parameter `local_copy_has_no_send_side_use_wait` "
+                "of bound method `LocalCopyDescriptor.wait_send`",
             )
         },
         "signal": {
