@@ -517,12 +517,14 @@ def _pyi_files(root: Path) -> list[Path]:
 
 
 def test_layout_keeps_jax_inline_types() -> None:
-    """The layout docs/stubs.md measures: one set of files, two entry points, nothing above pallas/.
+    """The layout docs/stubs.md measures: one source per stub, two entry points, nothing above pallas/.
 
+    * pyright: ``stubs/pyright/jax`` for ``stubPath`` holds the stub files (a partial
+      ``jax-stubs`` anywhere on pyright's paths hides jax's own .pyi files, e.g. jax.numpy's);
     * mypy: ``stubs/mypy/jax-stubs`` with py.typed = "partial\\n" (mypy reads partial stub
-      packages only from the interpreter's sys.path, not from mypy_path);
-    * pyright: ``stubs/pyright/jax`` for ``stubPath`` (a partial ``jax-stubs`` anywhere on
-      pyright's paths hides jax's own .pyi files, e.g. jax.numpy's).
+      packages only from the interpreter's sys.path, not from mypy_path), whose .pyi files
+      are relative symlinks to the pyright tree's: one source, which setuptools copies into
+      the sdist and the wheel as real files (test_wheel_install.py checks the wheel).
     Neither has an ``__init__.pyi`` for ``jax`` or ``jax.experimental``: those stay jax's.
     """
     assert (MYPY_TREE / "jax-stubs" / "py.typed").read_bytes() == b"partial\n"
@@ -543,10 +545,11 @@ def test_layout_keeps_jax_inline_types() -> None:
         == pyright_files
         == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
     )
-    for rel in mypy_files:
-        same = (MYPY_TREE / "jax-stubs" / rel).read_bytes() == (
-            PYRIGHT_TREE / "jax" / rel
-        ).read_bytes()
-        assert same, (
-            f"{rel}: the mypy and pyright copies differ (the wheel ships real files: copy safedma/stubs/pyright/jax/experimental/pallas/*.pyi into safedma/stubs/mypy/jax-stubs/experimental/pallas/)"
+    for rel in pyright_files:
+        source, entry = PYRIGHT_TREE / "jax" / rel, MYPY_TREE / "jax-stubs" / rel
+        assert not source.is_symlink(), f"{source.relative_to(REPO)} is the one source: a real file"
+        link = os.readlink(entry) if entry.is_symlink() else None
+        assert link is not None and not os.path.isabs(link) and entry.resolve() == source.resolve(), (
+            f"{entry.relative_to(REPO)} must be a relative symlink to {source.relative_to(REPO)} "
+            f"(one source; the wheel gets a copy): ln -sf {os.path.relpath(source, entry.parent)} {entry.relative_to(REPO)}"
         )
