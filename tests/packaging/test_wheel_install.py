@@ -228,7 +228,9 @@ def test_sdist_carries_no_tests_and_builds_the_wheel(installed: Installed) -> No
         for rel in ("experimental/pallas/__init__.pyi", "experimental/pallas/tpu.pyi"):
             # The checkout's symlink arrives as a real copy of the one source.
             mypy_copy = zf.read(f"safedma/stubs/mypy/jax-stubs/{rel}")
-            assert mypy_copy == zf.read(f"safedma/stubs/pyright/jax/{rel}") and len(mypy_copy) > 1000
+            assert (
+                mypy_copy == zf.read(f"safedma/stubs/pyright/jax/{rel}") and len(mypy_copy) > 1000
+            )
     assert not symlinks
     assert not [f for f in files if f.startswith(("tests/", "examples/", "benchmarks/"))]
     assert "safedma/py.typed" in files and any(f.endswith("licenses/LICENSE") for f in files)

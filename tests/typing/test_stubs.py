@@ -549,7 +549,9 @@ def test_layout_keeps_jax_inline_types() -> None:
         source, entry = PYRIGHT_TREE / "jax" / rel, MYPY_TREE / "jax-stubs" / rel
         assert not source.is_symlink(), f"{source.relative_to(REPO)} is the one source: a real file"
         link = os.readlink(entry) if entry.is_symlink() else None
-        assert link is not None and not os.path.isabs(link) and entry.resolve() == source.resolve(), (
+        assert (
+            link is not None and not os.path.isabs(link) and entry.resolve() == source.resolve()
+        ), (
             f"{entry.relative_to(REPO)} must be a relative symlink to {source.relative_to(REPO)} "
             f"(one source; the wheel gets a copy): ln -sf {os.path.relpath(source, entry.parent)} {entry.relative_to(REPO)}"
         )
