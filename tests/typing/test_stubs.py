@@ -151,12 +151,18 @@ def _marker_lines(path: Path) -> dict[str, int]:
     }
 
 
+# The semaphore parameters also take a jax.Ref and ``sems.at[i]`` of a jax.Array-annotated
+# array (an _IndexUpdateRef), so the messages list those; a bare jax.Array is still refused.
+_SEM = "SemRef | Ref | _IndexUpdateRef"
+_SIGNALLED = "RegularSem | BarrierSem | Ref | _IndexUpdateRef"
 _PYRIGHT_MESSAGES = {
     "seed": {
         (
             "reportArgumentType",
-            'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "SemRef" in function '
-            '"make_async_remote_copy"\n  "Array" is not assignable to "SemRef"',
+            f'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "{_SEM}" in function '
+            f'"make_async_remote_copy"\n  Type "Array" is not assignable to type "{_SEM}"\n'
+            '    "Array" is not assignable to "SemRef"\n    "Array" is not assignable to "Ref"\n'
+            '    "Array" is not assignable to "_IndexUpdateRef"',
         )
     },
     "wait_send": {
@@ -168,9 +174,10 @@ _PYRIGHT_MESSAGES = {
     "signal": {
         (
             "reportArgumentType",
-            'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "RegularSem | BarrierSem" '
-            'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "RegularSem | BarrierSem"\n'
-            '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"',
+            f'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "{_SIGNALLED}" '
+            f'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "{_SIGNALLED}"\n'
+            '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"\n'
+            '    "SemRef" is not assignable to "Ref"\n    "SemRef" is not assignable to "_IndexUpdateRef"',
         )
     },
 }
@@ -179,7 +186,7 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "arg-type",
-                'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "SemRef"',
+                f'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "{_SEM}"',
             )
         },
         "wait_send": {
@@ -192,7 +199,7 @@ EXPECTED_MESSAGES = {
         "signal": {
             (
                 "arg-type",
-                'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "RegularSem | BarrierSem"',
+                f'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "{_SIGNALLED}"',
             )
         },
     },
@@ -202,8 +209,8 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "bad-argument-type",
-                "Argument `Array` is not assignable to parameter `send_sem` with type `SemRef` in function "
-                "`jax.experimental.pallas.tpu.make_async_remote_copy`",
+                "Argument `Array` is not assignable to parameter `send_sem` with type `Ref | SemRef | _IndexUpdateRef` "
+                "in function `jax.experimental.pallas.tpu.make_async_remote_copy`",
             )
         },
         "wait_send": {
@@ -216,8 +223,8 @@ EXPECTED_MESSAGES = {
         "signal": {
             (
                 "bad-argument-type",
-                "Argument `SemRef` is not assignable to parameter `sem_or_view` with type `BarrierSem | RegularSem` "
-                "in function `jax.experimental.pallas.semaphore_signal`",
+                "Argument `SemRef` is not assignable to parameter `sem_or_view` with type "
+                "`BarrierSem | Ref | RegularSem | _IndexUpdateRef` in function `jax.experimental.pallas.semaphore_signal`",
             )
         },
     },
@@ -225,7 +232,7 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "invalid-argument-type",
-                "Argument to function `make_async_remote_copy` is incorrect: Expected `SemRef`, found `Array`",
+                f"Argument to function `make_async_remote_copy` is incorrect: Expected `{_SEM}`, found `Array`",
             )
         },
         "wait_send": {
@@ -238,7 +245,7 @@ EXPECTED_MESSAGES = {
         "signal": {
             (
                 "invalid-argument-type",
-                "Argument to function `semaphore_signal` is incorrect: Expected `RegularSem | BarrierSem`, found `SemRef`",
+                f"Argument to function `semaphore_signal` is incorrect: Expected `{_SIGNALLED}`, found `SemRef`",
             )
         },
     },

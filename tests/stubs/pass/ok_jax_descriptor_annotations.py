@@ -156,3 +156,29 @@ def sem_through_helpers(x_hbm: DataRef, buf: DataRef, sems: SemArray) -> None:
     for c in cps:
         c.start()
         c.wait()
+
+
+def all_to_all_jax_annotated(
+    x_ref: jax.Array,
+    o_ref: jax.Array,
+    send_sems: jax.Array,
+    recv_sems: jax.Array,
+    flags: jax.Array,
+    copy_sem: jax.Ref,
+) -> None:
+    """Semaphore arrays annotated ``jax.Array`` and indexed, and a semaphore annotated ``jax.Ref``."""
+    me = jax.lax.axis_index("x")
+    for k in range(1, 4):
+        c = pltpu.make_async_remote_copy(
+            x_ref.at[k], o_ref.at[k], send_sems.at[k], recv_sems.at[k], device_id=(me + k) % 4
+        )
+        c.start()
+        c.wait_send()
+        c.wait_recv()
+    pl.semaphore_signal(flags.at[0], 1, device_id=(me + 1) % 4)
+    pl.semaphore_wait(flags.at[0], 1)
+    local = pltpu.make_async_copy(x_ref, o_ref, copy_sem)
+    local.start()
+    local.wait()
+    seen = local.dst_ref
+    del seen

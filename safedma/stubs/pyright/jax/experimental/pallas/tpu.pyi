@@ -111,10 +111,12 @@ from safedma._refs import BarrierSem, DataRef, RegularSem, SemRef
 _Index: TypeAlias = int | jax.Array
 _DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
-_Data: TypeAlias = DataRef | jax.Array | jax.Ref | _IndexUpdateRef
-"""A data ref: a ``DataRef``, or a ref its kernel annotates with jax's own types (``x_ref:
-jax.Array``, ``jax.Ref``; ``.at[...]`` of a ``jax.Array`` is an ``_IndexUpdateRef``).
-Never a semaphore brand (S6)."""
+# Data refs and DMA semaphores are spelled out in each signature (an alias would stand in
+# pyright's messages under its own name). A data ref: a ``DataRef``, or a ref its kernel
+# annotates with jax's own types (``x_ref: jax.Array`` or ``jax.Ref``; ``.at[...]`` of a
+# ``jax.Array`` is an ``_IndexUpdateRef``), never a semaphore brand (S6). A DMA semaphore:
+# a ``SemRef``, or a ``jax.Ref`` or ``sems.at[i]`` of an array annotated ``jax.Array``;
+# a bare ``jax.Array`` stays an error, as it is what a value read from a semaphore is (S1).
 
 PARALLEL = GridDimensionSemantics.PARALLEL
 CORE_PARALLEL = GridDimensionSemantics.CORE_PARALLEL
@@ -179,13 +181,17 @@ class RemoteCopyDescriptor(CopyDescriptor):
     def wait_send(self) -> None: ...
     def wait_recv(self) -> None: ...
 
-def make_async_copy(src_ref: _Data, dst_ref: _Data, sem: SemRef) -> LocalCopyDescriptor:
+def make_async_copy(
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _IndexUpdateRef,
+) -> LocalCopyDescriptor:
     """Describe a copy on this device; ``sem`` (one DMA semaphore) is required."""
 
 def async_copy(
-    src_ref: _Data,
-    dst_ref: _Data,
-    sem: SemRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _IndexUpdateRef,
     *,
     priority: Literal[0, 1] = 0,
     add: Literal[False] = False,
@@ -193,20 +199,20 @@ def async_copy(
     """Describe and start a copy on this device."""
 
 def make_async_remote_copy(
-    src_ref: _Data,
-    dst_ref: _Data,
-    send_sem: SemRef,
-    recv_sem: SemRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    send_sem: SemRef | jax.Ref | _IndexUpdateRef,
+    recv_sem: SemRef | jax.Ref | _IndexUpdateRef,
     device_id: _DeviceId,
     device_id_type: _DeviceIdType | None = ...,
 ) -> RemoteCopyDescriptor:
     """Describe a copy to ``device_id``; both semaphores and the device are required."""
 
 def async_remote_copy(
-    src_ref: _Data,
-    dst_ref: _Data,
-    send_sem: SemRef,
-    recv_sem: SemRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    send_sem: SemRef | jax.Ref | _IndexUpdateRef,
+    recv_sem: SemRef | jax.Ref | _IndexUpdateRef,
     device_id: _DeviceId,
     device_id_type: _DeviceIdType | None = ...,
 ) -> RemoteCopyDescriptor:
@@ -215,5 +221,7 @@ def async_remote_copy(
 def get_barrier_semaphore(tag: Hashable | None = ...) -> BarrierSem:
     """The kernel's barrier semaphore (``tag`` is jax 0.12 only)."""
 
-def core_barrier(sem: RegularSem | BarrierSem, *, core_axis_name: str) -> None:
+def core_barrier(
+    sem: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef, *, core_axis_name: str
+) -> None:
     """Synchronise the cores along ``core_axis_name`` with a REGULAR or BARRIER semaphore."""
