@@ -2,8 +2,10 @@
 
 They give kernels written against pltpu directly (annotated with safedma's
 brands) safedma's static checks before any migration; docs/stubs.md explains
-what they check. Two trees hold the same two ``.pyi`` files, because the
-checkers look for stubs in two incompatible ways:
+what they check. The two ``.pyi`` files are served under two names (one
+source: the ``mypy`` tree's entries are symlinks to the ``pyright`` tree's in the
+repository, real copies in the wheel), because the checkers look for stubs in
+two incompatible ways:
 
 * ``pyright/jax/...``: a plain ``jax`` tree with no ``jax/__init__.pyi``, for
   pyright and basedpyright (``stubPath``), pyrefly (``search-path``) and ty
@@ -12,7 +14,7 @@ checkers look for stubs in two incompatible ways:
 * ``mypy/jax-stubs``: a partial PEP 561 stub package, for mypy, which reads
   partial stub packages only from ``sys.path`` (so: ``PYTHONPATH``). A partial
   ``jax-stubs`` on pyright's path would hide jax's own ``.pyi`` files, so the
-  trees cannot be one.
+  two names cannot be one directory.
 
 ``python -m safedma.stubs CHECKER`` prints the directory to hand a checker, or
 with ``--config`` the one line of configuration. This package must not import

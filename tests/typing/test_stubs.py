@@ -151,27 +151,33 @@ def _marker_lines(path: Path) -> dict[str, int]:
     }
 
 
+# The semaphore parameters also take a jax.Ref and ``sems.at[i]`` of a jax.Array-annotated
+# array (an _IndexUpdateRef), so the messages list those; a bare jax.Array is still refused.
+_SEM = "SemRef | Ref | _IndexUpdateRef"
+_SIGNALLED = "RegularSem | BarrierSem | Ref | _IndexUpdateRef"
 _PYRIGHT_MESSAGES = {
     "seed": {
         (
             "reportArgumentType",
-            'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "SemRef" in function '
-            '"make_async_remote_copy"\n  "Array" is not assignable to "SemRef"',
+            f'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "{_SEM}" in function '
+            f'"make_async_remote_copy"\n  Type "Array" is not assignable to type "{_SEM}"\n'
+            '    "Array" is not assignable to "SemRef"\n    "Array" is not assignable to "Ref"\n'
+            '    "Array" is not assignable to "_IndexUpdateRef"',
         )
     },
     "wait_send": {
         (
-            "reportAttributeAccessIssue",
-            'Cannot access attribute "wait_send" for class "LocalCopyDescriptor"\n  Attribute "wait_send" is unknown',
+            "reportCallIssue",
+            'Argument missing for parameter "local_copy_has_no_send_side_use_wait"',
         ),
-        ("reportUnknownMemberType", 'Type of "wait_send" is unknown'),
     },
     "signal": {
         (
             "reportArgumentType",
-            'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "RegularSem | BarrierSem" '
-            'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "RegularSem | BarrierSem"\n'
-            '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"',
+            f'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "{_SIGNALLED}" '
+            f'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "{_SIGNALLED}"\n'
+            '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"\n'
+            '    "SemRef" is not assignable to "Ref"\n    "SemRef" is not assignable to "_IndexUpdateRef"',
         )
     },
 }
@@ -180,14 +186,20 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "arg-type",
-                'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "SemRef"',
+                f'Argument 3 to "make_async_remote_copy" has incompatible type "Array"; expected "{_SEM}"',
             )
         },
-        "wait_send": {("attr-defined", '"LocalCopyDescriptor" has no attribute "wait_send"')},
+        "wait_send": {
+            (
+                "call-arg",
+                'Missing named argument "local_copy_has_no_send_side_use_wait" for "wait_send" of "LocalCopyDescriptor"'
+                '\n"wait_send" defined in "jax.experimental.pallas.tpu"',
+            )
+        },
         "signal": {
             (
                 "arg-type",
-                'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "RegularSem | BarrierSem"',
+                f'Argument 1 to "semaphore_signal" has incompatible type "SemRef"; expected "{_SIGNALLED}"',
             )
         },
     },
@@ -197,21 +209,22 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "bad-argument-type",
-                "Argument `Array` is not assignable to parameter `send_sem` with type `SemRef` in function "
-                "`jax.experimental.pallas.tpu.make_async_remote_copy`",
+                "Argument `Array` is not assignable to parameter `send_sem` with type `Ref | SemRef | _IndexUpdateRef` "
+                "in function `jax.experimental.pallas.tpu.make_async_remote_copy`",
             )
         },
         "wait_send": {
             (
-                "missing-attribute",
-                "Object of class `LocalCopyDescriptor` has no attribute `wait_send`",
+                "missing-argument",
+                "Missing argument `local_copy_has_no_send_side_use_wait` in function "
+                "`jax.experimental.pallas.tpu.LocalCopyDescriptor.wait_send`",
             )
         },
         "signal": {
             (
                 "bad-argument-type",
-                "Argument `SemRef` is not assignable to parameter `sem_or_view` with type `BarrierSem | RegularSem` "
-                "in function `jax.experimental.pallas.semaphore_signal`",
+                "Argument `SemRef` is not assignable to parameter `sem_or_view` with type "
+                "`BarrierSem | Ref | RegularSem | _IndexUpdateRef` in function `jax.experimental.pallas.semaphore_signal`",
             )
         },
     },
@@ -219,19 +232,20 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "invalid-argument-type",
-                "Argument to function `make_async_remote_copy` is incorrect: Expected `SemRef`, found `Array`",
+                f"Argument to function `make_async_remote_copy` is incorrect: Expected `{_SEM}`, found `Array`",
             )
         },
         "wait_send": {
             (
-                "missing-attribute",
-                "Object of type `LocalCopyDescriptor` has no attribute `wait_send`",
+                "missing-argument",
+                "No argument provided for required parameter `local_copy_has_no_send_side_use_wait` "
+                "of bound method `LocalCopyDescriptor.wait_send`",
             )
         },
         "signal": {
             (
                 "invalid-argument-type",
-                "Argument to function `semaphore_signal` is incorrect: Expected `RegularSem | BarrierSem`, found `SemRef`",
+                f"Argument to function `semaphore_signal` is incorrect: Expected `{_SIGNALLED}`, found `SemRef`",
             )
         },
     },
@@ -510,12 +524,14 @@ def _pyi_files(root: Path) -> list[Path]:
 
 
 def test_layout_keeps_jax_inline_types() -> None:
-    """The layout docs/stubs.md measures: one set of files, two entry points, nothing above pallas/.
+    """The layout docs/stubs.md measures: one source per stub, two entry points, nothing above pallas/.
 
+    * pyright: ``stubs/pyright/jax`` for ``stubPath`` holds the stub files (a partial
+      ``jax-stubs`` anywhere on pyright's paths hides jax's own .pyi files, e.g. jax.numpy's);
     * mypy: ``stubs/mypy/jax-stubs`` with py.typed = "partial\\n" (mypy reads partial stub
-      packages only from the interpreter's sys.path, not from mypy_path);
-    * pyright: ``stubs/pyright/jax`` for ``stubPath`` (a partial ``jax-stubs`` anywhere on
-      pyright's paths hides jax's own .pyi files, e.g. jax.numpy's).
+      packages only from the interpreter's sys.path, not from mypy_path), whose .pyi files
+      are relative symlinks to the pyright tree's: one source, which setuptools copies into
+      the sdist and the wheel as real files (test_wheel_install.py checks the wheel).
     Neither has an ``__init__.pyi`` for ``jax`` or ``jax.experimental``: those stay jax's.
     """
     assert (MYPY_TREE / "jax-stubs" / "py.typed").read_bytes() == b"partial\n"
@@ -536,10 +552,13 @@ def test_layout_keeps_jax_inline_types() -> None:
         == pyright_files
         == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
     )
-    for rel in mypy_files:
-        same = (MYPY_TREE / "jax-stubs" / rel).read_bytes() == (
-            PYRIGHT_TREE / "jax" / rel
-        ).read_bytes()
-        assert same, (
-            f"{rel}: the mypy and pyright copies differ (the wheel ships real files: copy safedma/stubs/pyright/jax/experimental/pallas/*.pyi into safedma/stubs/mypy/jax-stubs/experimental/pallas/)"
+    for rel in pyright_files:
+        source, entry = PYRIGHT_TREE / "jax" / rel, MYPY_TREE / "jax-stubs" / rel
+        assert not source.is_symlink(), f"{source.relative_to(REPO)} is the one source: a real file"
+        link = os.readlink(entry) if entry.is_symlink() else None
+        assert (
+            link is not None and not os.path.isabs(link) and entry.resolve() == source.resolve()
+        ), (
+            f"{entry.relative_to(REPO)} must be a relative symlink to {source.relative_to(REPO)} "
+            f"(one source; the wheel gets a copy): ln -sf {os.path.relpath(source, entry.parent)} {entry.relative_to(REPO)}"
         )

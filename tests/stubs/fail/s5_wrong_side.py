@@ -1,4 +1,9 @@
-"""S5: waiting on a side a copy does not have: a local copy has only ``wait()``."""
+"""S5: waiting on a side a copy does not have: a local copy has only ``wait()``.
+
+The descriptors subclass jax's ``AsyncCopyDescriptor`` (so code annotating jax's
+class accepts them), so the wrong side is a method whose required keyword argument
+(typed ``Never``) names the mistake, not a missing attribute.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from safedma import DataRef, SemRef
 def local_waits_like_remote(x_hbm: DataRef, buf: DataRef, sem: SemRef) -> None:
     c = pltpu.make_async_copy(x_hbm, buf, sem)
     c.start()
-    c.wait_send()  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
-    c.wait_recv()  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
-    c.wait_read()  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
-    pltpu.async_copy(x_hbm, buf, sem).wait_send()  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]  # pyrefly: ignore[missing-attribute]  # ty: ignore[missing-attribute]
+    c.wait_send()  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[missing-argument]  # ty: ignore[missing-argument]
+    c.wait_recv()  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[missing-argument]  # ty: ignore[missing-argument]
+    c.wait_read()  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[missing-argument]  # ty: ignore[missing-argument]
+    pltpu.async_copy(x_hbm, buf, sem).wait_send()  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[missing-argument]  # ty: ignore[missing-argument]

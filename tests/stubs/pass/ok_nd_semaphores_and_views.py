@@ -22,5 +22,8 @@ def views(x_hbm: DataRef, buf: DataRef, sems: SemArray3, flags: RegularSemArray2
     copy = pltpu.make_async_copy(x_hbm.reshape(16, 256).bitcast(jnp.int32), buf, sems.at[0, 1, 2])
     copy.start()
     copy.wait()
+    by_tuple = pltpu.make_async_copy(x_hbm.reshape((16, 256)), buf.reshape(-1, 256), sems.at[1, 0, 0])
+    by_tuple.start()
+    by_tuple.wait()
     pl.semaphore_signal(flags.at[0, 1])
     pl.semaphore_wait(flags.at[0, 1])

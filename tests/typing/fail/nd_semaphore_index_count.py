@@ -34,6 +34,5 @@ def regular_row(flags: RegularSemArray2) -> None:
 
 
 def view_is_not_a_semaphore(x_hbm: DataRef, buf: DataRef) -> None:
-    # S6: a view of data is still data, not a semaphore; Extra: reshape takes ints.
+    # S6: a view of data is still data, not a semaphore.
     safedma.LocalCopy(x_hbm, buf, x_hbm.reshape(1))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
-    x_hbm.reshape((16, 256))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

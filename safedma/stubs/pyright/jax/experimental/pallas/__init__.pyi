@@ -15,6 +15,7 @@ from typing import TypeAlias
 
 import jax
 from jax._src import core as _jax_core
+from jax._src.basearray import _IndexUpdateRef
 from jax._src.pallas.core import BlockDim as BlockDim
 from jax._src.pallas.core import Blocked as Blocked
 from jax._src.pallas.core import BlockSpec as BlockSpec
@@ -72,16 +73,22 @@ from safedma._refs import BarrierSem, RegularSem, SemRef
 _Index: TypeAlias = int | jax.Array
 _DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
+# A semaphore may also be one its kernel annotates with jax's own types (spelled out in
+# each signature, so that pyright's messages show it): a ``jax.Ref``, or ``sems.at[i]``
+# of an array annotated ``jax.Array`` (an ``_IndexUpdateRef``). A bare ``jax.Array``
+# stays an error: it is what a value read from a semaphore is (S1).
 
 ANY = MemorySpace.ANY
 HOST: MemorySpace | _jax_core.MemorySpace
 """``pl.HOST``: a pallas ``MemorySpace`` member in jax 0.10.2, jax's core ``MemorySpace.Host`` in 0.12."""
 
-def semaphore_read(sem_or_view: SemRef | RegularSem | BarrierSem) -> jax.Array:
+def semaphore_read(
+    sem_or_view: SemRef | RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef,
+) -> jax.Array:
     """The current value of one semaphore: a ``jax.Array``, never a semaphore."""
 
 def semaphore_signal(
-    sem_or_view: RegularSem | BarrierSem,
+    sem_or_view: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef,
     inc: _Index = 1,
     *,
     device_id: _DeviceId | None = None,
@@ -91,7 +98,7 @@ def semaphore_signal(
     """Add ``inc`` to a REGULAR or BARRIER semaphore, here or on ``device_id``."""
 
 def semaphore_wait(
-    sem_or_view: RegularSem | BarrierSem,
+    sem_or_view: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef,
     value: _Index = 1,
     *,
     decrement: bool = True,

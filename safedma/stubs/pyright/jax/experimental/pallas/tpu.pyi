@@ -17,10 +17,11 @@ so code still using them is flagged before the upgrade breaks it.
 
 import enum
 from collections.abc import Hashable, Mapping
-from typing import Literal, TypeAlias, type_check_only
+from typing import Literal, Never, TypeAlias, type_check_only
 
 import jax
 from jax._src import core as _jax_core
+from jax._src.basearray import _IndexUpdateRef
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas.einshape import einshape as einshape
 from jax._src.pallas.mosaic import core as core
@@ -54,6 +55,7 @@ from jax._src.pallas.mosaic.pipeline import emit_pipeline as emit_pipeline
 from jax._src.pallas.mosaic.pipeline import (
     emit_pipeline_with_allocations as emit_pipeline_with_allocations,
 )
+from jax._src.pallas.mosaic.primitives import AsyncCopyDescriptor as _AsyncCopyDescriptor
 from jax._src.pallas.mosaic.primitives import bitcast as bitcast
 from jax._src.pallas.mosaic.primitives import load as load
 from jax._src.pallas.mosaic.primitives import matmul_acc_lhs as matmul_acc_lhs
@@ -109,6 +111,12 @@ from safedma._refs import BarrierSem, DataRef, RegularSem, SemRef
 _Index: TypeAlias = int | jax.Array
 _DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
+# Data refs and DMA semaphores are spelled out in each signature (an alias would stand in
+# pyright's messages under its own name). A data ref: a ``DataRef``, or a ref its kernel
+# annotates with jax's own types (``x_ref: jax.Array`` or ``jax.Ref``; ``.at[...]`` of a
+# ``jax.Array`` is an ``_IndexUpdateRef``), never a semaphore brand (S6). A DMA semaphore:
+# a ``SemRef``, or a ``jax.Ref`` or ``sems.at[i]`` of an array annotated ``jax.Array``;
+# a bare ``jax.Array`` stays an error, as it is what a value read from a semaphore is (S1).
 
 PARALLEL = GridDimensionSemantics.PARALLEL
 CORE_PARALLEL = GridDimensionSemantics.CORE_PARALLEL
@@ -138,26 +146,33 @@ class SemaphoreType(enum.Enum):
     def get_ref_aval(self) -> _AbstractRef: ...
 
 @type_check_only
-class CopyDescriptor:
+class CopyDescriptor(_AsyncCopyDescriptor):
     """What every copy descriptor offers: start it, wait for all of it.
 
-    At run time both kinds are jax's ``AsyncCopyDescriptor``; the checker tells
-    them apart so that a local copy cannot be waited on a side it lacks.
+    At run time both kinds are jax's ``AsyncCopyDescriptor``, and for the
+    checker they are subclasses of it, so code that annotates jax's class (a
+    helper returning one, a ``list[AsyncCopyDescriptor]``) accepts them. The
+    checker tells the kinds apart so that a local copy cannot be waited on a
+    side it lacks: a method a kind must not offer takes a keyword argument no
+    value can fill (``Never``), whose name says the mistake.
     """
 
-    @property
-    def is_remote(self) -> bool: ...
-    def start(self, priority: Literal[0] = 0, *, add: Literal[False] = False) -> None:
+    def start(self, priority: Literal[0] = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
         """Start the DMA. ``add=True`` is unsupported (T5)."""
 
     def wait(self) -> None: ...
+    def wait_read(self, *, jax_0_12_only_use_wait_send: Never) -> None: ...  # type: ignore[override, unused-ignore]
+    def wait_write(self, *, jax_0_12_only_use_wait_recv: Never) -> None: ...  # type: ignore[override, unused-ignore]
 
 @type_check_only
 class LocalCopyDescriptor(CopyDescriptor):
     """A copy on this device: one semaphore, waited with ``wait()`` only."""
 
-    def start(self, priority: Literal[0, 1] = 0, *, add: Literal[False] = False) -> None:
+    def start(self, priority: Literal[0, 1] = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
         """Start the DMA; local copies take priority 0 or 1 (T4)."""
+
+    def wait_send(self, *, local_copy_has_no_send_side_use_wait: Never) -> None: ...  # type: ignore[override]
+    def wait_recv(self, *, local_copy_has_no_recv_side_use_wait: Never) -> None: ...  # type: ignore[override]
 
 @type_check_only
 class RemoteCopyDescriptor(CopyDescriptor):
@@ -166,13 +181,17 @@ class RemoteCopyDescriptor(CopyDescriptor):
     def wait_send(self) -> None: ...
     def wait_recv(self) -> None: ...
 
-def make_async_copy(src_ref: DataRef, dst_ref: DataRef, sem: SemRef) -> LocalCopyDescriptor:
+def make_async_copy(
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _IndexUpdateRef,
+) -> LocalCopyDescriptor:
     """Describe a copy on this device; ``sem`` (one DMA semaphore) is required."""
 
 def async_copy(
-    src_ref: DataRef,
-    dst_ref: DataRef,
-    sem: SemRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _IndexUpdateRef,
     *,
     priority: Literal[0, 1] = 0,
     add: Literal[False] = False,
@@ -180,20 +199,20 @@ def async_copy(
     """Describe and start a copy on this device."""
 
 def make_async_remote_copy(
-    src_ref: DataRef,
-    dst_ref: DataRef,
-    send_sem: SemRef,
-    recv_sem: SemRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    send_sem: SemRef | jax.Ref | _IndexUpdateRef,
+    recv_sem: SemRef | jax.Ref | _IndexUpdateRef,
     device_id: _DeviceId,
     device_id_type: _DeviceIdType | None = ...,
 ) -> RemoteCopyDescriptor:
     """Describe a copy to ``device_id``; both semaphores and the device are required."""
 
 def async_remote_copy(
-    src_ref: DataRef,
-    dst_ref: DataRef,
-    send_sem: SemRef,
-    recv_sem: SemRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
+    send_sem: SemRef | jax.Ref | _IndexUpdateRef,
+    recv_sem: SemRef | jax.Ref | _IndexUpdateRef,
     device_id: _DeviceId,
     device_id_type: _DeviceIdType | None = ...,
 ) -> RemoteCopyDescriptor:
@@ -202,5 +221,7 @@ def async_remote_copy(
 def get_barrier_semaphore(tag: Hashable | None = ...) -> BarrierSem:
     """The kernel's barrier semaphore (``tag`` is jax 0.12 only)."""
 
-def core_barrier(sem: RegularSem | BarrierSem, *, core_axis_name: str) -> None:
+def core_barrier(
+    sem: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef, *, core_axis_name: str
+) -> None:
     """Synchronise the cores along ``core_axis_name`` with a REGULAR or BARRIER semaphore."""
