@@ -41,7 +41,6 @@ in flight.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -51,6 +50,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma.kernels._call import hbm_call
 from safedma.kernels._preconditions import check_int
 from safedma.kernels._typed_jax import eval_shape, fori_loop
 
@@ -61,7 +61,6 @@ ChunkFn: TypeAlias = Callable[[jax.Array], jax.Array]
 
 _LANES = 128
 _TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(np.int32): 8, np.dtype(jax.numpy.bfloat16): 16}
-_HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 def pipeline_kernel(
@@ -161,13 +160,9 @@ def pipeline(
     """
     _check(x, fn, chunk_rows)
     chunk = (chunk_rows, x.shape[1])
-    # update_wrapper keeps the body's name in safedma's error messages ("partial" otherwise).
-    body = functools.update_wrapper(functools.partial(pipeline_kernel, fn=fn), pipeline_kernel)
-    call = sd.pallas_call(
-        body,
+    call = hbm_call(
+        pipeline_kernel,
         jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[_HBM],
-        out_specs=_HBM,
         scratch_shapes=[
             sd.vmem((2, *chunk), x.dtype),
             sd.vmem((2, *chunk), x.dtype),
@@ -176,5 +171,6 @@ def pipeline(
         ],
         interpret=interpret,
         name="pipeline",
+        fn=fn,
     )
     return call(x)
