@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
@@ -22,6 +23,7 @@ __all__ = [
     "check_block",
     "check_collective_id",
     "check_int",
+    "check_reduction",
     "check_ring_input",
 ]
 
@@ -110,3 +112,12 @@ def check_ring_input(
             f"{kernel}: cols={cols} must be a positive multiple of {LANES}, the lanes of a "
             "VMEM tile"
         )
+
+
+def check_reduction(x: jax.Array, axis: str, collective_id: object, kernel: str) -> int:
+    """The reduce-scatter's and all-reduce's preconditions (a known axis, a ring input, a
+    collective_id); returns the ring size ``n``."""
+    n = check_axis(axis, kernel)
+    check_ring_input(x.shape, x.dtype, n, axis, kernel)
+    check_collective_id(collective_id, kernel, optional=False)
+    return n

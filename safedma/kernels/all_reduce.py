@@ -85,7 +85,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma as sd
 from safedma.kernels._barrier import neighbour_barrier
 from safedma.kernels._call import hbm_call
-from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._preconditions import check_reduction
 from safedma.kernels._ring import RECV_SLOTS, RingDirection
 from safedma.kernels._typed_jax import fori_loop
 from safedma.kernels.all_gather import all_gather
@@ -191,9 +191,7 @@ def all_reduce(
     ``axis`` the sum is ``x`` itself and no kernel runs. Raises
     ``ValueError`` when a precondition of the module docstring fails.
     """
-    n = check_axis(axis, "all_reduce")
-    check_ring_input(x.shape, x.dtype, n, axis, "all_reduce")
-    check_collective_id(collective_id, "all_reduce", optional=False)
+    n = check_reduction(x, axis, collective_id, "all_reduce")
     if n == 1:
         return x
     if not fused:

@@ -102,7 +102,7 @@ from jax.typing import DTypeLike
 import safedma as sd
 from safedma.kernels._barrier import neighbour_barrier
 from safedma.kernels._call import hbm_call
-from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._preconditions import check_reduction
 from safedma.kernels._ring import Credits
 from safedma.kernels._typed_jax import fori_loop
 
@@ -264,9 +264,7 @@ def reduce_scatter(
     ``axis`` the sum is ``x`` itself and no kernel runs. Raises
     ``ValueError`` when a precondition of the module docstring fails.
     """
-    n = check_axis(axis, "reduce_scatter")
-    check_ring_input(x.shape, x.dtype, n, axis, "reduce_scatter")
-    check_collective_id(collective_id, "reduce_scatter", optional=False)
+    n = check_reduction(x, axis, collective_id, "reduce_scatter")
     if n == 1:
         return x
     m, cols = x.shape[0] // n, x.shape[1]
