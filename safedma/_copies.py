@@ -30,7 +30,7 @@ exactly as written by hand.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, Generic, Literal, NoReturn, cast, final
 
 from typing_extensions import TypeVar
@@ -124,6 +124,12 @@ class Handle:
         self._src = src
         self._dst = dst
 
+    def _waited(self, side: Side, wait: Callable[[], object], ready: DataRef) -> DataRef:
+        """Record the wait on ``side`` with the kernel scope, wait, hand back ``ready``."""
+        self._state.record_wait(side)
+        wait()
+        return ready
+
 
 @final
 class LocalHandle(Handle):
@@ -134,9 +140,7 @@ class LocalHandle(Handle):
 
     def wait(self) -> DataRef:
         """Block until the copy's bytes have landed; return the destination, now readable."""
-        self._state.record_wait(Side.LOCAL)
-        self._descriptor.wait()
-        return self._dst
+        return self._waited(Side.LOCAL, self._descriptor.wait, self._dst)
 
 
 @final
@@ -149,15 +153,11 @@ class RemoteHandle(Handle):
 
     def wait_send(self) -> DataRef:
         """Block until the source has been read; return the source, now free to overwrite."""
-        self._state.record_wait(Side.SEND)
-        self._descriptor.wait_send()
-        return self._src
+        return self._waited(Side.SEND, self._descriptor.wait_send, self._src)
 
     def wait_recv(self) -> DataRef:
         """Block until the incoming copy has landed; return this device's destination."""
-        self._state.record_wait(Side.RECV)
-        self._descriptor.wait_recv()
-        return self._dst
+        return self._waited(Side.RECV, self._descriptor.wait_recv, self._dst)
 
     def wait(self) -> DataRef:
         """``wait_send()`` then ``wait_recv()``; return the destination, now readable."""
@@ -174,9 +174,7 @@ class IncomingHandle(Handle):
 
     def wait_recv(self) -> DataRef:
         """Block until the incoming copy has landed; return this device's destination."""
-        self._state.record_wait(Side.RECV)
-        self._descriptor.wait_recv()
-        return self._dst
+        return self._waited(Side.RECV, self._descriptor.wait_recv, self._dst)
 
 
 @final
