@@ -42,6 +42,27 @@ def _call(
     return call  # type: ignore[no-any-return]
 
 
+def hbm_call(
+    kernel: Callable[..., None], scratch: list[Any], **options: Any
+) -> Callable[[jax.Array], jax.Array]:
+    """A per-device function running ``kernel`` by ``pl.pallas_call`` on its input's
+    shape and dtype, input and output left in HBM."""
+
+    def call(x: jax.Array) -> jax.Array:
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        result: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=out,
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
+            **options,
+        )(x)
+        return result
+
+    return call
+
+
 def scale_copy_call(
     kernel: Callable[..., None], x: jax.ShapeDtypeStruct, interpret: Interpret = False
 ) -> Callable[[jax.Array], jax.Array]:
