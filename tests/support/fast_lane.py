@@ -56,6 +56,21 @@ SLOW_NODE_IDS = (
     "tests/kernels/test_all_gather.py::test_float32_16x256_on_8_devices*",
     "tests/kernels/test_all_gather.py::test_both_kernels_back_to_back_share_a_collective_id",
     "tests/kernels/test_*.py::test_compiles_for_v6e*",
+    # Tests that start a type checker or a pytest/python subprocess (seconds to minutes
+    # each, cold): the cheapest test of each module stays in the fast lane (the README's
+    # install section, the migration guide's pyright lines, the import hygiene of
+    # `safedma` itself, the plugin's usage error, libtpu's error class).
+    "tests/packaging/test_readme.py::test_first_kernel_is_clean_under_mypy_strict",
+    "tests/docs/test_migration_messages.py::test_quoted_mypy_messages_are_printed_at_their_lines",
+    "tests/packaging/test_import_hygiene.py::test_import_changes_no_environment_variable_and_no_jax_config[safedma.*",
+    "tests/packaging/test_import_hygiene.py::test_snapshot_sees_a_change",
+    "tests/packaging/test_pytest_plugin.py::test_ini_option_sets_the_device_count*",
+    "tests/packaging/test_pytest_plugin.py::test_a_mesh_too_large_names_the_option",
+    "tests/packaging/test_pytest_plugin.py::test_a_conftest_that_imports_jax_first_still_gets_the_devices",
+    "tests/packaging/test_pytest_plugin.py::test_command_line_overrides_the_ini",
+    "tests/packaging/test_pytest_plugin.py::test_without_the_option_nothing_changes",
+    "tests/packaging/test_libtpu_missing.py::test_compile_for_tpu_without_libtpu_names_the_extra",
+    "tests/typing/test_corpus.py::test_library_is_clean[ty]",
     # Watchdog tests that wait out a timeout on purpose (about 5 s each).
     "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
     "tests/testing/test_simulate.py::test_r3_receiver_waits_for_a_send_that_never_comes",
