@@ -45,22 +45,18 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 import jax
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.kernels._call import hbm_call
-from safedma.kernels._preconditions import check_int
+from safedma.kernels._preconditions import LANES, check_int, check_tile_dtype
 from safedma.kernels._typed_jax import eval_shape, fori_loop
 
 __all__ = ["ChunkFn", "pipeline", "pipeline_kernel"]
 
 ChunkFn: TypeAlias = Callable[[jax.Array], jax.Array]
 """The per-chunk compute: a ``(chunk_rows, cols)`` array to one of the same shape and dtype."""
-
-_LANES = 128
-_TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(np.int32): 8, np.dtype(jax.numpy.bfloat16): 16}
 
 
 def pipeline_kernel(
@@ -119,22 +115,18 @@ def pipeline_kernel(
 def _check(x: jax.Array, fn: ChunkFn, chunk_rows_arg: object) -> None:
     if x.ndim != 2:
         raise ValueError(f"pipeline streams a 2-D array (rows, cols); got shape {x.shape}")
-    dtype = np.dtype(x.dtype)
-    if dtype not in _TILE_ROWS:
-        supported = ", ".join(d.name for d in _TILE_ROWS)
-        raise ValueError(f"pipeline supports dtypes {supported}; got {dtype.name}")
+    dtype, tile = check_tile_dtype(x.dtype, "pipeline")
     rows, cols = x.shape
-    tile = _TILE_ROWS[dtype]
     chunk_rows = check_int(chunk_rows_arg, "chunk_rows", "pipeline", minimum=1)
     if chunk_rows % tile:
         raise ValueError(
             f"chunk_rows={chunk_rows} must be a multiple of {tile}, the rows of a VMEM "
-            f"tile for {dtype.name} ({tile}, {_LANES})"
+            f"tile for {dtype.name} ({tile}, {LANES})"
         )
     if rows % chunk_rows:
         raise ValueError(f"rows={rows} must be divisible by chunk_rows={chunk_rows}")
-    if cols % _LANES:
-        raise ValueError(f"cols={cols} must be a multiple of {_LANES}, the lanes of a VMEM tile")
+    if cols % LANES:
+        raise ValueError(f"cols={cols} must be a multiple of {LANES}, the lanes of a VMEM tile")
     chunk = jax.ShapeDtypeStruct((chunk_rows, cols), dtype)
     out = eval_shape(fn, chunk)
     if not isinstance(out, jax.ShapeDtypeStruct) or (out.shape, out.dtype) != (
