@@ -58,10 +58,9 @@ SLOW_NODE_IDS = (
     "tests/kernels/test_*.py::test_compiles_for_v6e*",
     # Tests that start a type checker or a pytest/python subprocess (seconds to minutes
     # each, cold): the cheapest test of each module stays in the fast lane (the README's
-    # install section, the migration guide's pyright lines, the import hygiene of
-    # `safedma` itself, the plugin's usage error, libtpu's error class).
+    # install section, the import hygiene of `safedma` itself, the plugin's usage error,
+    # libtpu's error class, the corpora and the library under pyrefly).
     "tests/packaging/test_readme.py::test_first_kernel_is_clean_under_mypy_strict",
-    "tests/docs/test_migration_messages.py::test_quoted_mypy_messages_are_printed_at_their_lines",
     "tests/packaging/test_import_hygiene.py::test_import_changes_no_environment_variable_and_no_jax_config[safedma.*",
     "tests/packaging/test_import_hygiene.py::test_snapshot_sees_a_change",
     "tests/packaging/test_pytest_plugin.py::test_ini_option_sets_the_device_count*",
