@@ -29,17 +29,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma
-from tests.support.tracing import (
-    DMA,
-    F32,
-    SHAPE,
-    TWO_DMA,
-    VMEM,
-    assert_mentions,
-    ring,
-    trace,
-    trace_on_mesh,
-)
+from tests.support.tracing import DMA, F32, SHAPE, TWO_DMA, VMEM, assert_mentions, ring, trace
+from tests.support.tracing import trace_on_mesh
 
 # A known gap must fail only because the error is missing, not for another reason.
 DID_NOT_RAISE = pytest.fail.Exception
