@@ -80,6 +80,29 @@ def _load(module: str, attr: str, **bound: object) -> PerDevice:
     return functools.update_wrapper(bound_fn, fn)
 
 
+Loader = Callable[[], PerDevice]
+
+
+def _pair(
+    safedma_module: str, twin_module: str, attr: str, **bound: object
+) -> tuple[Loader, Loader]:
+    """Loaders of ``attr`` (keyword arguments bound) from a module and from its twin's."""
+    return (
+        lambda: _load(safedma_module, attr, **bound),
+        lambda: _load(twin_module, attr, **bound),
+    )
+
+
+def _library(module: str, attr: str, **bound: object) -> tuple[Loader, Loader]:
+    """A kernel of safedma/kernels/<module>.py and its twin in tests/support/twins/."""
+    return _pair(f"safedma.kernels.{module}", f"tests.support.twins.{module}", attr, **bound)
+
+
+def _bench(attr: str, **bound: object) -> tuple[Loader, Loader]:
+    """A TPU benchmark kernel of benchmarks/tpu_kernels.py and its pltpu twin."""
+    return _pair("benchmarks.tpu_kernels", "benchmarks.tpu_kernels_pltpu", attr, **bound)
+
+
 def _block(*shape: int, dtype: Any = F32) -> Callable[[int], tuple[jax.ShapeDtypeStruct, ...]]:
     """Per-device arguments of one fixed-shape block, whatever the ring size."""
     return lambda n: (jax.ShapeDtypeStruct(shape, dtype),)
@@ -225,22 +248,19 @@ CASES: tuple[KernelCase, ...] = (
     KernelCase(
         "kernels.gather_pages",
         "safedma/kernels/gather.py",
-        lambda: _load("safedma.kernels.gather", "gather_pages"),
-        lambda: _load("tests.support.twins.gather", "gather_pages"),
+        *_library("gather", "gather_pages"),
         _gather_args,
     ),
     KernelCase(
         "kernels.pipeline",
         "safedma/kernels/pipeline.py",
-        lambda: _load("safedma.kernels.pipeline", "pipeline", fn=_affine, chunk_rows=16),
-        lambda: _load("tests.support.twins.pipeline", "pipeline", fn=_affine, chunk_rows=16),
+        *_library("pipeline", "pipeline", fn=_affine, chunk_rows=16),
         _block(80, 512),
     ),
     KernelCase(
         "kernels.ppermute",
         "safedma/kernels/ppermute.py",
-        lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1),
-        lambda: _load("tests.support.twins.ppermute", "ppermute", axis="x", shift=1),
+        *_library("ppermute", "ppermute", axis="x", shift=1),
         _block(32, 128),
         collective=True,
         kind="ppermute",
@@ -249,18 +269,14 @@ CASES: tuple[KernelCase, ...] = (
     KernelCase(
         "kernels.ppermute(barrier)",
         "safedma/kernels/ppermute.py",
-        lambda: _load("safedma.kernels.ppermute", "ppermute", axis="x", shift=1, collective_id=0),
-        lambda: _load(
-            "tests.support.twins.ppermute", "ppermute", axis="x", shift=1, collective_id=0
-        ),
+        *_library("ppermute", "ppermute", axis="x", shift=1, collective_id=0),
         _block(32, 128),
         collective=True,
     ),
     KernelCase(
         "kernels.all_gather",
         "safedma/kernels/all_gather.py",
-        lambda: _load("safedma.kernels.all_gather", "all_gather", axis="x"),
-        lambda: _load("tests.support.twins.all_gather", "all_gather", axis="x"),
+        *_library("all_gather", "all_gather", axis="x"),
         _block(16, 256),
         collective=True,
         kind="all_gather",
@@ -269,12 +285,7 @@ CASES: tuple[KernelCase, ...] = (
     KernelCase(
         "kernels.all_gather_bidirectional",
         "safedma/kernels/all_gather.py",
-        lambda: _load(
-            "safedma.kernels.all_gather", "all_gather_bidirectional", axis="x", collective_id=0
-        ),
-        lambda: _load(
-            "tests.support.twins.all_gather", "all_gather_bidirectional", axis="x", collective_id=0
-        ),
+        *_library("all_gather", "all_gather_bidirectional", axis="x", collective_id=0),
         _block(16, 256),
         collective=True,
         kind="all_gather",
@@ -283,8 +294,7 @@ CASES: tuple[KernelCase, ...] = (
     KernelCase(
         "kernels.reduce_scatter",
         "safedma/kernels/reduce_scatter.py",
-        lambda: _load("safedma.kernels.reduce_scatter", "reduce_scatter", axis="x"),
-        lambda: _load("tests.support.twins.reduce_scatter", "reduce_scatter", axis="x"),
+        *_library("reduce_scatter", "reduce_scatter", axis="x"),
         _ring_rows(16, 256),
         collective=True,
         kind="reduce_scatter",
@@ -293,8 +303,7 @@ CASES: tuple[KernelCase, ...] = (
     KernelCase(
         "kernels.all_reduce",
         "safedma/kernels/all_reduce.py",
-        lambda: _load("safedma.kernels.all_reduce", "all_reduce", axis="x"),
-        lambda: _load("tests.support.twins.all_reduce", "all_reduce", axis="x"),
+        *_library("all_reduce", "all_reduce", axis="x"),
         _ring_rows(16, 256),
         collective=True,
         kind="all_reduce",
@@ -304,33 +313,25 @@ CASES: tuple[KernelCase, ...] = (
     KernelCase(
         "bench.hbm_to_vmem",
         "benchmarks/tpu_kernels.py",
-        lambda: _load("benchmarks.tpu_kernels", "hbm_to_vmem", repeats=3),
-        lambda: _load("benchmarks.tpu_kernels_pltpu", "hbm_to_vmem", repeats=3),
+        *_bench("hbm_to_vmem", repeats=3),
         _block(3 * 8192, 128),
     ),
     KernelCase(
         "bench.vmem_to_hbm",
         "benchmarks/tpu_kernels.py",
-        lambda: _load("benchmarks.tpu_kernels", "vmem_to_hbm", size_bytes=12 * _MiB, repeats=3),
-        lambda: _load(
-            "benchmarks.tpu_kernels_pltpu", "vmem_to_hbm", size_bytes=12 * _MiB, repeats=3
-        ),
+        *_bench("vmem_to_hbm", size_bytes=12 * _MiB, repeats=3),
         _block(8192, 128),
     ),
     KernelCase(
         "bench.vmem_to_hbm(1 chunk)",
         "benchmarks/tpu_kernels.py",
-        lambda: _load("benchmarks.tpu_kernels", "vmem_to_hbm", size_bytes=64 * 1024, repeats=3),
-        lambda: _load(
-            "benchmarks.tpu_kernels_pltpu", "vmem_to_hbm", size_bytes=64 * 1024, repeats=3
-        ),
+        *_bench("vmem_to_hbm", size_bytes=64 * 1024, repeats=3),
         _block(128, 128),
     ),
     KernelCase(
         "bench.remote_copy",
         "benchmarks/tpu_kernels.py",
-        lambda: _load("benchmarks.tpu_kernels", "remote_copy", repeats=4),
-        lambda: _load("benchmarks.tpu_kernels_pltpu", "remote_copy", repeats=4),
+        *_bench("remote_copy", repeats=4),
         _block(256, 128),
         collective=True,
     ),

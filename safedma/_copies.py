@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, Generic, Literal, NoReturn, cast, final
 
 from typing_extensions import TypeVar
@@ -125,6 +125,29 @@ class Handle:
         self._src = src
         self._dst = dst
 
+    def _waited(self, side: Side, wait: Callable[[], object], ready: DataRef) -> DataRef:
+        """Record the wait on ``side`` with the kernel scope, wait, hand back ``ready``."""
+        self._state.record_wait(side)
+        wait()
+        return _give_back(ready, caller_depth=3)
+
+
+def _give_back(ready: DataRef, caller_depth: int) -> DataRef:
+    """The buffer a wait made safe, for its caller; None when jax itself called the wait.
+
+    ``pl.when(c)(handle.wait)`` and ``lax.cond(c, handle.wait, ...)`` hand the
+    bound method to jax as a branch, and a branch may not return a ref ("Cannot
+    return `Ref`s from `cond`"). When the public wait's caller (``caller_depth``
+    frames up from here) is jax's tracing machinery, no user code can read the
+    result, so the wait returns nothing, as the raw ``pltpu`` wait does. (A
+    lambda that returns the wait's result is the user's code: the kernel scope
+    turns jax's error into :class:`~safedma.BranchReturnedRefError` with the fix.)
+    """
+    caller = sys._getframe(caller_depth)  # pyright: ignore[reportPrivateUsage]  # documented CPython API
+    if str(caller.f_globals.get("__name__", "")).startswith("jax."):
+        return cast(DataRef, None)
+    return ready
+
 
 @final
 class LocalHandle(Handle):
@@ -135,9 +158,7 @@ class LocalHandle(Handle):
 
     def wait(self) -> DataRef:
         """Block until the copy's bytes have landed; return the destination, now readable."""
-        self._state.record_wait(Side.LOCAL)
-        self._descriptor.wait()
-        return _give_back(self._dst)
+        return self._waited(Side.LOCAL, self._descriptor.wait, self._dst)
 
 
 @final
@@ -150,21 +171,17 @@ class RemoteHandle(Handle):
 
     def wait_send(self) -> DataRef:
         """Block until the source has been read; return the source, now free to overwrite."""
-        self._state.record_wait(Side.SEND)
-        self._descriptor.wait_send()
-        return _give_back(self._src)
+        return self._waited(Side.SEND, self._descriptor.wait_send, self._src)
 
     def wait_recv(self) -> DataRef:
         """Block until the incoming copy has landed; return this device's destination."""
-        self._state.record_wait(Side.RECV)
-        self._descriptor.wait_recv()
-        return _give_back(self._dst)
+        return self._waited(Side.RECV, self._descriptor.wait_recv, self._dst)
 
     def wait(self) -> DataRef:
         """``wait_send()`` then ``wait_recv()``; return the destination, now readable."""
         self.wait_send()
         self.wait_recv()
-        return _give_back(self._dst)
+        return _give_back(self._dst, caller_depth=2)
 
 
 @final
@@ -176,26 +193,7 @@ class IncomingHandle(Handle):
 
     def wait_recv(self) -> DataRef:
         """Block until the incoming copy has landed; return this device's destination."""
-        self._state.record_wait(Side.RECV)
-        self._descriptor.wait_recv()
-        return _give_back(self._dst)
-
-
-def _give_back(buffer: DataRef) -> DataRef:
-    """The buffer a wait made safe, for its caller; None when jax itself called the wait.
-
-    ``pl.when(c)(handle.wait)`` and ``lax.cond(c, handle.wait, ...)`` hand the
-    bound method to jax as a branch, and a branch may not return a ref ("Cannot
-    return `Ref`s from `cond`"). When the wait's caller is jax's tracing
-    machinery, no user code can read the result, so the wait returns nothing,
-    as the raw ``pltpu`` wait does. (A lambda that returns the wait's result is
-    the user's code: the kernel scope turns jax's error into
-    :class:`~safedma.BranchReturnedRefError` with the fix.)
-    """
-    caller = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]  # documented CPython API
-    if str(caller.f_globals.get("__name__", "")).startswith("jax."):
-        return cast(DataRef, None)
-    return buffer
+        return self._waited(Side.RECV, self._descriptor.wait_recv, self._dst)
 
 
 @final

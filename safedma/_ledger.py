@@ -28,7 +28,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 
 from safedma import _compat
 from safedma._compat import FlowKind
@@ -117,6 +117,13 @@ def _slots_meet(a: _Slot, b: _Slot) -> bool:
     return a[1] is None or b[1] is None or not a[1].isdisjoint(b[1])
 
 
+def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
+    """Whether ``sem`` could be one of the semaphores ``slots`` name: the per-slot match
+    every question of this ledger (is a copy covered, started, waited?) comes down to."""
+    slot = _slot(sem)
+    return any(_slots_meet(slot, other) for other in slots)
+
+
 @dataclasses.dataclass(eq=False)
 class Ledger:
     """The copies started and the waits seen while one kernel body is traced."""
@@ -142,8 +149,7 @@ class Ledger:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots()
-                slot = _slot(sem)
-                if not any(_slots_meet(slot, other) for other in elsewhere):
+                if not _on_slot(sem, elsewhere):
                     missing.append(side)
             if missing:
                 calls = " and ".join(side.value for side in missing)
@@ -214,8 +220,7 @@ def started_on(sem: object) -> bool:
     ledger = _current.get()
     if ledger is None:
         return True
-    slot = _slot(sem)
-    return any(_slots_meet(slot, _slot(s)) for ob in ledger.obligations for s in ob.sems.values())
+    return _on_slot(sem, (_slot(s) for ob in ledger.obligations for s in ob.sems.values()))
 
 
 def waited_on(sem: object) -> bool:
@@ -223,14 +228,9 @@ def waited_on(sem: object) -> bool:
     ledger = _current.get()
     if ledger is None:
         return True
-    slot = _slot(sem)
-    if any(_slots_meet(slot, _slot(w.sem)) for w in ledger.elsewhere):
-        return True
-    return any(
-        ob.waited[side] and _slots_meet(slot, _slot(s))
-        for ob in ledger.obligations
-        for side, s in ob.sems.items()
-    )
+    waited = [w.sem for w in ledger.elsewhere]
+    waited += [s for ob in ledger.obligations for side, s in ob.sems.items() if ob.waited[side]]
+    return _on_slot(sem, map(_slot, waited))
 
 
 # ------------------------------------------------------------------ control flow

@@ -8,8 +8,10 @@ Mosaic or, worse, on the TPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
@@ -18,11 +20,14 @@ import safedma as sd
 
 __all__ = [
     "LANES",
+    "TILE_ROWS",
     "check_axis",
     "check_block",
     "check_collective_id",
     "check_int",
+    "check_reduction",
     "check_ring_input",
+    "check_tile_dtype",
 ]
 
 LANES = 128
@@ -30,6 +35,21 @@ LANES = 128
 
 _RING_TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(jnp.bfloat16): 16}
 """The dtypes the ring reductions accumulate, and their VMEM tile rows."""
+
+TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(np.int32): 8, np.dtype(jnp.bfloat16): 16}
+"""The dtypes the local kernels (gather, pipeline) move, and their VMEM tile rows."""
+
+
+def check_tile_dtype(
+    dtype: DTypeLike, kernel: str, tiles: Mapping[np.dtype[Any], int] = TILE_ROWS
+) -> tuple[np.dtype[Any], int]:
+    """``dtype`` as a numpy dtype and the rows of its VMEM tile; a ValueError naming the
+    supported dtypes if ``tiles`` has none for it."""
+    dt = np.dtype(dtype)
+    if dt not in tiles:
+        supported = ", ".join(d.name for d in tiles)
+        raise ValueError(f"{kernel} supports dtypes {supported}; got {dt.name}")
+    return dt, tiles[dt]
 
 
 def check_axis(axis: object, kernel: str) -> int:
@@ -89,16 +109,12 @@ def check_ring_input(
         raise ValueError(
             f"{kernel} takes a 2-D array (rows, cols) per device; got shape {tuple(shape)}"
         )
-    dt = np.dtype(dtype)
-    if dt not in _RING_TILE_ROWS:
-        supported = ", ".join(d.name for d in _RING_TILE_ROWS)
-        raise ValueError(f"{kernel} supports dtypes {supported}; got {dt.name}")
+    dt, tile = check_tile_dtype(dtype, kernel, _RING_TILE_ROWS)
     rows, cols = shape
     if rows % n:
         raise ValueError(
             f"{kernel}: rows={rows} must be divisible by the {n} devices along axis {axis!r}"
         )
-    tile = _RING_TILE_ROWS[dt]
     if rows // n == 0 or (rows // n) % tile:
         raise ValueError(
             f"{kernel}: each device's chunk has rows // n = {rows // n} rows, which must be a "
@@ -110,3 +126,12 @@ def check_ring_input(
             f"{kernel}: cols={cols} must be a positive multiple of {LANES}, the lanes of a "
             "VMEM tile"
         )
+
+
+def check_reduction(x: jax.Array, axis: str, collective_id: object, kernel: str) -> int:
+    """The reduce-scatter's and all-reduce's preconditions (a known axis, a ring input, a
+    collective_id); returns the ring size ``n``."""
+    n = check_axis(axis, kernel)
+    check_ring_input(x.shape, x.dtype, n, axis, kernel)
+    check_collective_id(collective_id, kernel, optional=False)
+    return n

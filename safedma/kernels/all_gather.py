@@ -87,7 +87,6 @@ from a neighbour's next call can arrive early.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import TypeAlias
 
@@ -98,6 +97,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.kernels._barrier import meet
+from safedma.kernels._call import hbm_call
 from safedma.kernels._preconditions import (
     LANES,
     check_axis,
@@ -115,8 +115,6 @@ __all__ = [
     "all_gather_bidirectional_kernel",
     "all_gather_kernel",
 ]
-
-_HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 _Span: TypeAlias = slice | pl.Slice
@@ -309,10 +307,6 @@ def _prepare(
     return n, concat, jax.ShapeDtypeStruct(tuple(shape), x.dtype)
 
 
-def _params(barrier: bool, collective_id: int | None) -> pltpu.CompilerParams | None:
-    return pltpu.CompilerParams(collective_id=collective_id) if barrier else None
-
-
 def all_gather(
     x: jax.Array,
     *,
@@ -330,24 +324,21 @@ def all_gather(
     """
     n, concat, out = _prepare(x, axis, concat_axis, collective_id, "all_gather")
     barrier = n > 1 and collective_id is not None
-    body = functools.update_wrapper(
-        functools.partial(all_gather_kernel, axis=axis, concat_axis=concat, barrier=barrier),
+    call = hbm_call(
         all_gather_kernel,
-    )
-    call = sd.pallas_call(
-        body,
         out,
-        in_specs=[_HBM],
-        out_specs=_HBM,
         scratch_shapes=[
             sd.dma_semaphore(),
             sd.dma_semaphore(),
             sd.dma_semaphores(RECV_SLOTS),
             sd.regular_semaphore(),
         ],
-        compiler_params=_params(barrier, collective_id),
+        collective_id=collective_id if barrier else None,
         interpret=interpret,
         name="all_gather",
+        axis=axis,
+        concat_axis=concat,
+        barrier=barrier,
     )
     return call(x)
 
@@ -377,29 +368,21 @@ def all_gather_bidirectional(
         )
     _check_window(x, split, x.shape[split] // 2, "half the block along split_axis", kernel)
     barrier = n > 1 and collective_id is not None
-    body = functools.update_wrapper(
-        functools.partial(
-            all_gather_bidirectional_kernel,
-            axis=axis,
-            concat_axis=concat,
-            split_axis=split,
-            barrier=barrier,
-        ),
+    call = hbm_call(
         all_gather_bidirectional_kernel,
-    )
-    call = sd.pallas_call(
-        body,
         out,
-        in_specs=[_HBM],
-        out_specs=_HBM,
         scratch_shapes=[
             sd.dma_semaphore(),
             sd.dma_semaphores(2),
             sd.dma_semaphores(2 * RECV_SLOTS),
             sd.regular_semaphores(2),
         ],
-        compiler_params=_params(barrier, collective_id),
+        collective_id=collective_id if barrier else None,
         interpret=interpret,
         name="all_gather_bidirectional",
+        axis=axis,
+        concat_axis=concat,
+        split_axis=split,
+        barrier=barrier,
     )
     return call(x)

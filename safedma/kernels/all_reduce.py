@@ -78,27 +78,25 @@ axis of a 2x4 mesh, on both supported jax versions.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.kernels._barrier import neighbour_barrier
-from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._call import hbm_call
+from safedma.kernels._preconditions import check_reduction
 from safedma.kernels._ring import RECV_SLOTS, RingDirection
 from safedma.kernels._typed_jax import fori_loop
 from safedma.kernels.all_gather import all_gather
 from safedma.kernels.reduce_scatter import (
+    RingScratch,
     reduce_scatter,
     reduce_scatter_ring,
     reduce_scatter_scratch,
 )
 
 __all__ = ["all_gather_ring", "all_reduce", "all_reduce_kernel"]
-
-_HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 def all_gather_ring(
@@ -171,18 +169,8 @@ def all_reduce_kernel(
         sd.LocalCopy(out_buf, mine, out_sem).start().wait()
 
     neighbour_barrier(axis)
-    reduce_scatter_ring(
-        x_hbm,
-        x_bufs,
-        recv_bufs,
-        send_bufs,
-        x_sems,
-        send_sems,
-        recv_sems,
-        capacity,
-        axis=axis,
-        finish=store,
-    )
+    scratch = RingScratch(x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity)
+    reduce_scatter_ring(x_hbm, scratch, axis=axis, finish=store)
     all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, gather_capacity, axis=axis)
 
 
@@ -203,9 +191,7 @@ def all_reduce(
     ``axis`` the sum is ``x`` itself and no kernel runs. Raises
     ``ValueError`` when a precondition of the module docstring fails.
     """
-    n = check_axis(axis, "all_reduce")
-    check_ring_input(x.shape, x.dtype, n, axis, "all_reduce")
-    check_collective_id(collective_id, "all_reduce", optional=False)
+    n = check_reduction(x, axis, collective_id, "all_reduce")
     if n == 1:
         return x
     if not fused:
@@ -214,14 +200,9 @@ def all_reduce(
             chunk, axis=axis, concat_axis=0, collective_id=collective_id, interpret=interpret
         )
     m, cols = x.shape[0] // n, x.shape[1]
-    body = functools.update_wrapper(
-        functools.partial(all_reduce_kernel, axis=axis), all_reduce_kernel
-    )
-    call = sd.pallas_call(
-        body,
+    call = hbm_call(
+        all_reduce_kernel,
         jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[_HBM],
-        out_specs=_HBM,
         scratch_shapes=[
             *reduce_scatter_scratch(m, cols, x.dtype),
             sd.vmem((m, cols), x.dtype),
@@ -230,8 +211,9 @@ def all_reduce(
             sd.dma_semaphores(RECV_SLOTS),
             sd.regular_semaphore(),
         ],
-        compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        collective_id=collective_id,
         interpret=interpret,
         name="all_reduce",
+        axis=axis,
     )
     return call(x)

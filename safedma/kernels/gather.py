@@ -47,18 +47,16 @@ for copies whose handles were not kept.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma.kernels._preconditions import LANES, check_tile_dtype
 from safedma.kernels._typed_jax import fori_loop
 
 __all__ = ["gather_pages", "gather_pages_kernel"]
 
-_LANES = 128
-_TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(np.int32): 8, np.dtype(jnp.bfloat16): 16}
 _HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
@@ -104,16 +102,12 @@ def _check_static_indices(indices: jax.Array, num_pages: int) -> None:
 def _check(pages: jax.Array, indices: jax.Array) -> None:
     if pages.ndim != 3:
         raise ValueError(f"pages must be 3-D (num_pages, page_rows, cols); got shape {pages.shape}")
-    dtype = np.dtype(pages.dtype)
-    if dtype not in _TILE_ROWS:
-        supported = ", ".join(d.name for d in _TILE_ROWS)
-        raise ValueError(f"gather_pages supports dtypes {supported}; got {dtype.name}")
+    dtype, tile = check_tile_dtype(pages.dtype, "gather_pages")
     num_pages, page_rows, cols = pages.shape
-    tile = _TILE_ROWS[dtype]
-    if page_rows % tile or cols % _LANES:
+    if page_rows % tile or cols % LANES:
         raise ValueError(
             f"a page ({page_rows}, {cols}) must be a multiple of the VMEM tile "
-            f"({tile}, {_LANES}) for {dtype.name}"
+            f"({tile}, {LANES}) for {dtype.name}"
         )
     if indices.ndim != 1 or indices.shape[0] < 1:
         raise ValueError(f"indices must be 1-D with at least one entry; got shape {indices.shape}")

@@ -41,27 +41,22 @@ in flight.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TypeAlias
 
 import jax
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from safedma.kernels._preconditions import check_int
+from safedma.kernels._call import hbm_call
+from safedma.kernels._preconditions import LANES, check_int, check_tile_dtype
 from safedma.kernels._typed_jax import eval_shape, fori_loop
 
 __all__ = ["ChunkFn", "pipeline", "pipeline_kernel"]
 
 ChunkFn: TypeAlias = Callable[[jax.Array], jax.Array]
 """The per-chunk compute: a ``(chunk_rows, cols)`` array to one of the same shape and dtype."""
-
-_LANES = 128
-_TILE_ROWS = {np.dtype(np.float32): 8, np.dtype(np.int32): 8, np.dtype(jax.numpy.bfloat16): 16}
-_HBM = pl.BlockSpec(memory_space=pl.ANY)
 
 
 def pipeline_kernel(
@@ -120,22 +115,18 @@ def pipeline_kernel(
 def _check(x: jax.Array, fn: ChunkFn, chunk_rows_arg: object) -> None:
     if x.ndim != 2:
         raise ValueError(f"pipeline streams a 2-D array (rows, cols); got shape {x.shape}")
-    dtype = np.dtype(x.dtype)
-    if dtype not in _TILE_ROWS:
-        supported = ", ".join(d.name for d in _TILE_ROWS)
-        raise ValueError(f"pipeline supports dtypes {supported}; got {dtype.name}")
+    dtype, tile = check_tile_dtype(x.dtype, "pipeline")
     rows, cols = x.shape
-    tile = _TILE_ROWS[dtype]
     chunk_rows = check_int(chunk_rows_arg, "chunk_rows", "pipeline", minimum=1)
     if chunk_rows % tile:
         raise ValueError(
             f"chunk_rows={chunk_rows} must be a multiple of {tile}, the rows of a VMEM "
-            f"tile for {dtype.name} ({tile}, {_LANES})"
+            f"tile for {dtype.name} ({tile}, {LANES})"
         )
     if rows % chunk_rows:
         raise ValueError(f"rows={rows} must be divisible by chunk_rows={chunk_rows}")
-    if cols % _LANES:
-        raise ValueError(f"cols={cols} must be a multiple of {_LANES}, the lanes of a VMEM tile")
+    if cols % LANES:
+        raise ValueError(f"cols={cols} must be a multiple of {LANES}, the lanes of a VMEM tile")
     chunk = jax.ShapeDtypeStruct((chunk_rows, cols), dtype)
     out = eval_shape(fn, chunk)
     if not isinstance(out, jax.ShapeDtypeStruct) or (out.shape, out.dtype) != (
@@ -161,13 +152,9 @@ def pipeline(
     """
     _check(x, fn, chunk_rows)
     chunk = (chunk_rows, x.shape[1])
-    # update_wrapper keeps the body's name in safedma's error messages ("partial" otherwise).
-    body = functools.update_wrapper(functools.partial(pipeline_kernel, fn=fn), pipeline_kernel)
-    call = sd.pallas_call(
-        body,
+    call = hbm_call(
+        pipeline_kernel,
         jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[_HBM],
-        out_specs=_HBM,
         scratch_shapes=[
             sd.vmem((2, *chunk), x.dtype),
             sd.vmem((2, *chunk), x.dtype),
@@ -176,5 +163,6 @@ def pipeline(
         ],
         interpret=interpret,
         name="pipeline",
+        fn=fn,
     )
     return call(x)

@@ -52,14 +52,12 @@ release this device before the target has entered this call.
 
 from __future__ import annotations
 
-import functools
-
 import jax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.kernels._barrier import meet
+from safedma.kernels._call import hbm_call
 from safedma.kernels._preconditions import (
     check_axis,
     check_block,
@@ -120,19 +118,15 @@ def ppermute(
     check_collective_id(collective_id, "ppermute", optional=True)
     moves = shift % size != 0
     barrier = moves and collective_id is not None
-    body = functools.update_wrapper(
-        functools.partial(ppermute_kernel, axis=axis, shift=shift, barrier=barrier),
+    call = hbm_call(
         ppermute_kernel,
-    )
-    params = pltpu.CompilerParams(collective_id=collective_id) if barrier else None
-    call = sd.pallas_call(
-        body,
         jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
         scratch_shapes=[sd.dma_semaphore(), sd.dma_semaphore(), sd.regular_semaphore()],
-        compiler_params=params,
+        collective_id=collective_id if barrier else None,
         interpret=interpret,
         name="ppermute",
+        axis=axis,
+        shift=shift,
+        barrier=barrier,
     )
     return call(x)

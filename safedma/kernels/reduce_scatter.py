@@ -90,9 +90,8 @@ a device has not entered yet is not there to signal).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -102,12 +101,14 @@ from jax.typing import DTypeLike
 
 import safedma as sd
 from safedma.kernels._barrier import neighbour_barrier
-from safedma.kernels._preconditions import check_axis, check_collective_id, check_ring_input
+from safedma.kernels._call import hbm_call
+from safedma.kernels._preconditions import check_reduction
 from safedma.kernels._ring import Credits
 from safedma.kernels._typed_jax import fori_loop
 
 __all__ = [
     "Finish",
+    "RingScratch",
     "neighbour_barrier",
     "reduce_scatter",
     "reduce_scatter_kernel",
@@ -119,22 +120,23 @@ Finish: TypeAlias = Callable[[jax.Array], None]
 """What to do with this device's complete chunk of the sum (float32, ``(m, cols)``)."""
 
 _ACC = jnp.float32
-_HBM = pl.BlockSpec(memory_space=pl.ANY)
 _VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
 
 
+class RingScratch(NamedTuple):
+    """The ring's buffers and semaphores, in :func:`reduce_scatter_scratch`'s order."""
+
+    x_bufs: sd.DataRef
+    recv_bufs: sd.DataRef
+    send_bufs: sd.DataRef
+    x_sems: sd.SemArray
+    send_sems: sd.SemArray
+    recv_sems: sd.SemArray
+    capacity: sd.RegularSem
+
+
 def reduce_scatter_ring(
-    x_hbm: sd.DataRef,
-    x_bufs: sd.DataRef,
-    recv_bufs: sd.DataRef,
-    send_bufs: sd.DataRef,
-    x_sems: sd.SemArray,
-    send_sems: sd.SemArray,
-    recv_sems: sd.SemArray,
-    capacity: sd.RegularSem,
-    *,
-    axis: str,
-    finish: Finish,
+    x_hbm: sd.DataRef, scratch: RingScratch, *, axis: str, finish: Finish
 ) -> None:
     """The ring schedule of the module docstring, from the free-slot signal to the drain.
 
@@ -142,6 +144,7 @@ def reduce_scatter_ring(
     receives this device's complete chunk (float32) in the last step. The
     fused all-reduce reuses it for its reduce-scatter phase.
     """
+    x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity = scratch
     n = sd.axis_size(axis)
     m = x_bufs.shape[1]
     me = sd.my_index(axis)
@@ -228,18 +231,8 @@ def reduce_scatter_kernel(
         o_ref[...] = total.astype(o_ref.dtype)
 
     neighbour_barrier(axis)
-    reduce_scatter_ring(
-        x_hbm,
-        x_bufs,
-        recv_bufs,
-        send_bufs,
-        x_sems,
-        send_sems,
-        recv_sems,
-        capacity,
-        axis=axis,
-        finish=store,
-    )
+    scratch = RingScratch(x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity)
+    reduce_scatter_ring(x_hbm, scratch, axis=axis, finish=store)
 
 
 def reduce_scatter_scratch(chunk_rows: int, cols: int, dtype: DTypeLike) -> list[object]:
@@ -271,24 +264,18 @@ def reduce_scatter(
     ``axis`` the sum is ``x`` itself and no kernel runs. Raises
     ``ValueError`` when a precondition of the module docstring fails.
     """
-    n = check_axis(axis, "reduce_scatter")
-    check_ring_input(x.shape, x.dtype, n, axis, "reduce_scatter")
-    check_collective_id(collective_id, "reduce_scatter", optional=False)
+    n = check_reduction(x, axis, collective_id, "reduce_scatter")
     if n == 1:
         return x
     m, cols = x.shape[0] // n, x.shape[1]
-    # update_wrapper keeps the body's name in safedma's error messages ("partial" otherwise).
-    body = functools.update_wrapper(
-        functools.partial(reduce_scatter_kernel, axis=axis), reduce_scatter_kernel
-    )
-    call = sd.pallas_call(
-        body,
+    call = hbm_call(
+        reduce_scatter_kernel,
         jax.ShapeDtypeStruct((m, cols), x.dtype),
-        in_specs=[_HBM],
         out_specs=_VMEM,
         scratch_shapes=reduce_scatter_scratch(m, cols, x.dtype),
-        compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        collective_id=collective_id,
         interpret=interpret,
         name="reduce_scatter",
+        axis=axis,
     )
     return call(x)

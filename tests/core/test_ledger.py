@@ -20,16 +20,8 @@ import pytest
 from jax.experimental import pallas as pl
 
 import safedma
-from tests.support.tracing import (
-    DMA,
-    ENTRIES,
-    TWO_DMA,
-    VMEM,
-    assert_mentions,
-    ring,
-    trace,
-    trace_on_mesh,
-)
+from tests.support.tracing import DMA, ENTRIES, TWO_DMA, VMEM, assert_mentions, ring, trace
+from tests.support.tracing import trace_on_mesh
 
 THIS_FILE = "test_ledger.py"
 VERIFY = "safedma.testing.verify(...)"

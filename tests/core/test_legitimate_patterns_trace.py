@@ -527,64 +527,52 @@ def _write_back(o_ref, out_bufs, sems, step):  # type: ignore[no-untyped-def]
     return safedma.LocalCopy(out_bufs.at[slot], o_ref.at[step], sems.at[slot])
 
 
+def _write_back_step(refs, i, transform):  # type: ignore[no-untyped-def]
+    """Step i writes transform(chunk i) back and waits step i-1's write-back; the last
+    step also waits its own handle, so nothing is left in flight."""
+    x_ref, o_ref, in_buf, out_bufs, in_sem, sems = refs
+    chunk = safedma.LocalCopy(x_ref.at[i], in_buf, in_sem).start().wait()
+    out_bufs[i % 2] = transform(chunk[...])
+    handle = _write_back(o_ref, out_bufs, sems, i).start()
+
+    @pl.when(i > 0)
+    def _() -> None:
+        _write_back(o_ref, out_bufs, sems, i - 1).started_elsewhere().wait()
+
+    @pl.when(i == N - 1)
+    def _() -> None:
+        handle.wait()
+
+
+def _write_back_scratch() -> list[object]:
+    return [
+        safedma.vmem(CHUNK, F32),
+        safedma.vmem((2, *CHUNK), F32),
+        safedma.dma_semaphore(),
+        safedma.dma_semaphores(2),
+    ]
+
+
 def test_write_back_pipeline_over_grid_steps() -> None:
-    # Step i writes chunk i back and waits step i-1's write-back; the last step
-    # also waits its own handle, so nothing is left in flight.
     def kernel(x_ref, o_ref, in_buf, out_bufs, in_sem, sems):  # type: ignore[no-untyped-def]
-        i = pl.program_id(0)
-        chunk = safedma.LocalCopy(x_ref.at[i], in_buf, in_sem).start().wait()
-        out_bufs[i % 2] = chunk[...] * 2.0
-        handle = _write_back(o_ref, out_bufs, sems, i).start()
+        refs = (x_ref, o_ref, in_buf, out_bufs, in_sem, sems)
+        _write_back_step(refs, pl.program_id(0), lambda c: c * 2.0)
 
-        @pl.when(i > 0)
-        def _() -> None:
-            _write_back(o_ref, out_bufs, sems, i - 1).started_elsewhere().wait()
-
-        @pl.when(i == N - 1)
-        def _() -> None:
-            handle.wait()
-
-    x, y = run_local(
-        kernel,
-        [
-            safedma.vmem(CHUNK, F32),
-            safedma.vmem((2, *CHUNK), F32),
-            safedma.dma_semaphore(),
-            safedma.dma_semaphores(2),
-        ],
-        grid=(N,),
-    )
+    x, y = run_local(kernel, _write_back_scratch(), grid=(N,))
     np.testing.assert_array_equal(y, x * 2.0)
 
 
 def test_write_back_pipeline_in_a_fori_loop() -> None:
     def kernel(x_ref, o_ref, in_buf, out_bufs, in_sem, sems):  # type: ignore[no-untyped-def]
+        refs = (x_ref, o_ref, in_buf, out_bufs, in_sem, sems)
+
         def body(i, carry):  # type: ignore[no-untyped-def]
-            chunk = safedma.LocalCopy(x_ref.at[i], in_buf, in_sem).start().wait()
-            out_bufs[i % 2] = chunk[...] + 3.0
-            handle = _write_back(o_ref, out_bufs, sems, i).start()
-
-            @pl.when(i > 0)
-            def _() -> None:
-                _write_back(o_ref, out_bufs, sems, i - 1).started_elsewhere().wait()
-
-            @pl.when(i == N - 1)
-            def _() -> None:
-                handle.wait()
-
+            _write_back_step(refs, i, lambda c: c + 3.0)
             return carry
 
         jax.lax.fori_loop(0, N, body, 0)
 
-    x, y = run_local(
-        kernel,
-        [
-            safedma.vmem(CHUNK, F32),
-            safedma.vmem((2, *CHUNK), F32),
-            safedma.dma_semaphore(),
-            safedma.dma_semaphores(2),
-        ],
-    )
+    x, y = run_local(kernel, _write_back_scratch())
     np.testing.assert_array_equal(y, x + 3.0)
 
 

@@ -21,15 +21,10 @@ from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tests.support.collectives import MESH_IDS, MESHES, TOPOLOGIES, blocks, compile_on, mapped, spec
 from tests.support.twins import all_gather as twin
 from safedma.kernels.all_gather import all_gather, all_gather_bidirectional
-from safedma.testing import (
-    abstract_mesh,
-    assert_same_mosaic,
-    compile_for_tpu,
-    simulate,
-    simulated_mesh,
-)
+from safedma.testing import abstract_mesh, assert_same_mosaic, simulate, simulated_mesh
 
 DType: TypeAlias = Any
 Kernel: TypeAlias = Callable[..., jax.Array]
@@ -37,36 +32,12 @@ F32, BF16 = jnp.float32, jnp.bfloat16
 SHAPES = [(8, 128), (16, 256)]
 KERNELS = {"ring": all_gather, "bidirectional": all_gather_bidirectional}
 TWINS = {"ring": twin.all_gather, "bidirectional": twin.all_gather_bidirectional}
-# (mesh shape, axis names, the axis the ring runs along)
-MESHES = [
-    ((2,), ("x",), "x"),
-    ((4,), ("x",), "x"),
-    ((8,), ("x",), "x"),
-    ((2, 4), ("y", "x"), "x"),
-    ((2, 4), ("y", "x"), "y"),
-]
-MESH_IDS = ["2", "4", "8", "2x4-x", "2x4-y"]
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 
 #: jax 0.10.2's interpreter deadlocks (on this 2-core machine) when 8 simulated
 #: devices each hold more than about 128 KiB of kernel operands and outputs:
 #: device threads block inside its buffer allocation. The raw pltpu twin
 #: hangs the same way, and jax 0.12 runs it; cases above this are skipped there.
 OLD_INTERPRETER_LIMIT = 96 * 1024
-
-
-def blocks(devices: int, shape: tuple[int, ...], dtype: DType, seed: int = 0) -> jax.Array:
-    """``devices`` blocks of ``shape`` stacked along dimension 0, values distinct-ish."""
-    rng = np.random.default_rng(seed)
-    full = (devices * shape[0], *shape[1:])
-    if jnp.issubdtype(dtype, jnp.integer):
-        info = jnp.iinfo(dtype)
-        return jnp.asarray(rng.integers(info.min, info.max, full, endpoint=True), dtype=dtype)
-    return jnp.asarray(rng.standard_normal(full) * 100, dtype=dtype)
-
-
-def spec(names: tuple[str, ...]) -> P:
-    return P(names[0] if len(names) == 1 else names)
 
 
 def reference(x: jax.Array, mesh: Mesh, axis: str, concat_axis: int) -> np.ndarray:
@@ -328,20 +299,6 @@ def test_outside_shard_map_names_the_fix() -> None:
 # ------------------------------------------------------------ Mosaic identity
 
 
-def _mapped(fn: Kernel, mesh: Any, axis: str, **kwargs: Any) -> Callable[[jax.Array], jax.Array]:
-    s = spec(tuple(mesh.axis_names))
-    mapped: Callable[[jax.Array], jax.Array] = jax.jit(
-        jax.shard_map(
-            lambda block: fn(block, axis=axis, **kwargs),
-            mesh=mesh,
-            in_specs=s,
-            out_specs=s,
-            check_vma=False,
-        )
-    )
-    return mapped
-
-
 IDENTITY = [  # mesh shape, names, axis, kwargs (split_axis only for the bidirectional kernel)
     ((2,), ("x",), "x", {}),
     ((4,), ("x",), "x", {"concat_axis": 1, "split_axis": 1}),
@@ -371,8 +328,8 @@ def test_same_mosaic_as_the_pltpu_twin(
         (int(np.prod(mesh_shape)) * 16, 256), BF16, sharding=NamedSharding(mesh, spec(names))
     )
     assert_same_mosaic(
-        _mapped(KERNELS[kernel], mesh, axis, **kwargs),
-        _mapped(TWINS[kernel], mesh, axis, **kwargs),
+        mapped(KERNELS[kernel], mesh, axis, **kwargs),
+        mapped(TWINS[kernel], mesh, axis, **kwargs),
         x,
     )
 
@@ -382,7 +339,7 @@ def test_mosaic_comparison_tells_the_two_kernels_apart() -> None:
     x = jax.ShapeDtypeStruct((64, 256), F32, sharding=NamedSharding(mesh, P("x")))
     with pytest.raises(AssertionError, match="Mosaic differs"):
         assert_same_mosaic(
-            _mapped(all_gather, mesh, "x"), _mapped(twin.all_gather_bidirectional, mesh, "x"), x
+            mapped(all_gather, mesh, "x"), mapped(twin.all_gather_bidirectional, mesh, "x"), x
         )
 
 
@@ -392,24 +349,7 @@ def test_mosaic_comparison_tells_the_two_kernels_apart() -> None:
 def _compile(
     kernel: str, topology: str, mesh_shape: tuple[int, ...], axis: str, **kwargs: Any
 ) -> None:
-    names = ("y", "x") if len(mesh_shape) == 2 else ("x",)
-    fn = KERNELS[kernel]
-
-    def per_device(block: jax.Array) -> jax.Array:
-        return fn(block, axis=axis, **kwargs)
-
-    x = jax.ShapeDtypeStruct((int(np.prod(mesh_shape)) * 16, 256), BF16)
-    report = compile_for_tpu(
-        per_device,
-        x,
-        topology=topology,
-        mesh_shape=mesh_shape,
-        axis_names=names,
-        in_specs=spec(names),
-        out_specs=spec(names),
-    )
-    assert report.kernel_names == (fn.__name__,)
-    assert report.generated_code_size_in_bytes > 0
+    compile_on(KERNELS[kernel], topology, mesh_shape, axis, **kwargs)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))

@@ -18,26 +18,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tests.support.twins import all_reduce as twin
 from safedma.kernels.all_reduce import all_reduce
-from safedma.testing import (
-    abstract_mesh,
-    assert_same_mosaic,
-    compile_for_tpu,
-    simulate,
-    simulated_mesh,
-)
-from tests.support.reductions import (
-    BF16,
-    CHUNKS,
-    F32,
-    MESH_IDS,
-    MESHES,
-    TILE_ROWS,
-    DType,
-    assert_sum_close,
-    exact_sums,
-    example,
-    simulated,
-)
+from safedma.testing import assert_same_mosaic, compile_for_tpu, simulate, simulated_mesh
+from tests.support.reductions import BF16, CHUNKS, EACH_DTYPE, F32, LARGE_V6E, ON_MESHES
+from tests.support.reductions import TOPOLOGIES, assert_sum_close, compile_large, DType, exact_sums
+from tests.support.reductions import example, global_input, identity_input, simulated
+from tests.support.collectives import mapped
 
 
 def psum(b: jax.Array, axis: str) -> jax.Array:
@@ -48,8 +33,8 @@ def psum(b: jax.Array, axis: str) -> jax.Array:
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
+@EACH_DTYPE
+@ON_MESHES
 def test_matches_psum(
     mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType, fused: bool
 ) -> None:
@@ -133,27 +118,17 @@ def test_preconditions_are_checked_up_front(
 def test_same_mosaic_as_the_pltpu_twin(
     sizes: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType, fused: bool
 ) -> None:
-    mesh = abstract_mesh(sizes, names)
-    spec = P(names)
-    n = sizes[names.index(axis)]
-    rows = int(np.prod(sizes)) * n * 2 * TILE_ROWS[dtype]
-    x = jax.ShapeDtypeStruct((rows, 256), dtype, sharding=NamedSharding(mesh, spec))
-
-    def mapped(fn: Callable[..., jax.Array]) -> Callable[[jax.Array], jax.Array]:
-        return jax.shard_map(
-            lambda b: fn(b, axis=axis, fused=fused),
-            mesh=mesh,
-            in_specs=spec,
-            out_specs=spec,
-            check_vma=False,
-        )
-
-    assert_same_mosaic(mapped(all_reduce), mapped(twin.all_reduce), x, mesh=mesh)
+    mesh, x = identity_input(sizes, names, axis, dtype)
+    assert_same_mosaic(
+        mapped(all_reduce, mesh, axis, fused=fused),
+        mapped(twin.all_reduce, mesh, axis, fused=fused),
+        x,
+        mesh=mesh,
+    )
 
 
 # ------------------------------------------------------------ TPU builds
 
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 KERNELS = {True: ("all_reduce",), False: ("reduce_scatter", "all_gather")}
 
 
@@ -165,42 +140,18 @@ def on(axis: str, fused: bool) -> Callable[[jax.Array], jax.Array]:
     return per_device
 
 
-def global_input(devices: int, ring: int, dtype: DType) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct((devices * ring * 2 * TILE_ROWS[dtype], 512), dtype)
-
-
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-@pytest.mark.parametrize(
-    "mesh_shape,names,axis,topology",
-    [
-        ((4, 4), ("y", "x"), "x", "v6e:4x4"),
-        ((16, 16), ("y", "x"), "y", "v6e:16x16"),
-        ((256,), ("x",), "x", "v6e:16x16"),
-    ],
-    ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"],
-)
+@LARGE_V6E
 def test_compiles_for_large_v6e_meshes(
     mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, topology: str, fused: bool
 ) -> None:
-    devices = int(np.prod(mesh_shape))
-    ring = mesh_shape[names.index(axis)]
-    report = compile_for_tpu(
-        on(axis, fused),
-        global_input(devices, ring, BF16),
-        topology=topology,
-        mesh_shape=mesh_shape,
-        axis_names=names,
-        in_specs=P(names),
-        out_specs=P(names),
-    )
-    assert report.num_devices == devices
+    report = compile_large(on(axis, fused), mesh_shape, names, axis, topology)
     assert report.kernel_names == KERNELS[fused]
-    assert report.generated_code_size_in_bytes > 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@EACH_DTYPE
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_compiles_for_each_generation(topology: str, dtype: DType, fused: bool) -> None:
     report = compile_for_tpu(on("x", fused), global_input(4, 4, dtype), topology=topology)

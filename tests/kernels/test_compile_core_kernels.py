@@ -14,10 +14,10 @@ import pytest
 
 from tests.support import calls
 from tests.support import kernels_safedma as sdk
+from tests.support.kernel_params import TOPOLOGIES
 import safedma as sd
 from safedma.testing import compile_for_tpu
 
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 BLOCK = (8 * 4, 128)
 
 

@@ -8,8 +8,9 @@ fewer bytes than the k copies moved leaves the semaphore non-zero
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,8 @@ import safedma as sd
 import safedma.kernels.gather as gather_module
 from tests.support.twins import gather as twin
 from safedma.kernels.gather import gather_pages
+from tests.support.kernel_params import BF16, EACH_DTYPE, F32, I32, SPLIT_MESHES
+from tests.support.kernel_params import TOPOLOGIES, DType, assert_built, split_devices
 from safedma.testing import (
     KernelFailedError,
     TpuCompileError,
@@ -32,11 +35,6 @@ from safedma.testing import (
     simulate,
     simulated_mesh,
 )
-
-DType = np.dtype[Any]
-F32: DType = np.dtype(jnp.float32)
-BF16: DType = np.dtype(jnp.bfloat16)
-I32: DType = np.dtype(jnp.int32)
 
 
 def example_pages(num_pages: int, page_rows: int, cols: int, dtype: DType) -> jax.Array:
@@ -98,14 +96,6 @@ def test_out_of_range_traced_index_fails_in_simulation() -> None:
 
 # ------------------------------------------------------------ meshes
 
-MESHES = [  # mesh shape, axis names, the axes pages and indices are split over
-    ((2,), ("x",), "x"),
-    ((4,), ("x",), "x"),
-    ((8,), ("x",), "x"),
-    ((2, 4), ("y", "x"), "y"),
-    ((2, 4), ("y", "x"), "x"),
-    ((2, 4), ("y", "x"), ("y", "x")),
-]
 PER_DEVICE = {F32: (5, 8, 128), BF16: (5, 16, 128)}  # pages per device, page shape
 K = 7
 
@@ -117,16 +107,13 @@ def _mesh_reference(pages: np.ndarray, indices: np.ndarray, devices: int) -> np.
     return np.concatenate([p[i] for p, i in zip(local_pages, local_idx)])
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize(
-    "mesh_shape,names,split", MESHES, ids=["2", "4", "8", "2x4-y", "2x4-x", "2x4-yx"]
-)
+@EACH_DTYPE
+@SPLIT_MESHES
 def test_each_device_gathers_from_its_shard(
     mesh_shape: tuple[int, ...], names: tuple[str, ...], split: str | tuple[str, ...], dtype: DType
 ) -> None:
     mesh = simulated_mesh(mesh_shape, names)
-    axes = (split,) if isinstance(split, str) else split
-    devices = int(np.prod([mesh.shape[a] for a in axes]))
+    devices = split_devices(mesh, split)
     num_pages, page_rows, cols = PER_DEVICE[dtype]
     pages = example_pages(devices * num_pages, page_rows, cols, dtype)
     rng = np.random.default_rng(devices)
@@ -201,8 +188,6 @@ def test_same_mosaic_as_the_pltpu_twin(shape: tuple[int, int, int], dtype: DType
 
 # ------------------------------------------------------------ TPU builds
 
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
-
 
 def _global(devices: int, dtype: DType) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     num_pages, page_rows, cols = 64, (8 if dtype == F32 else 16), 512
@@ -214,13 +199,11 @@ def _global(devices: int, dtype: DType) -> tuple[jax.ShapeDtypeStruct, jax.Shape
 
 def test_compiles_for_a_16_chip_v6e() -> None:
     report = compile_for_tpu(gather_pages, *_global(16, F32), topology="v6e:4x4")
-    assert report.num_devices == 16
-    assert report.kernel_names == ("gather_pages",)
-    assert report.generated_code_size_in_bytes > 0
+    assert_built(report, devices=16, kernels=("gather_pages",))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@EACH_DTYPE
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_compiles_for_each_generation(topology: str, dtype: DType) -> None:
     report = compile_for_tpu(gather_pages, *_global(4, dtype), topology=topology)
@@ -231,40 +214,34 @@ def test_compiles_for_each_generation(topology: str, dtype: DType) -> None:
 # ------------------------------------------------------------ the aggregate wait is exact
 
 
-def _waits_one_page_short(
+def _wrong_aggregate_wait(
     indices_smem: sd.DataRef,
     pages_hbm: sd.DataRef,
     o_hbm: sd.DataRef,
     buf: sd.DataRef,
     sem: sd.SemRef,
+    *,
+    twice: bool,
 ) -> None:
+    """The gather kernel with its one aggregate wait a page short, or made twice."""
     k = buf.shape[0]
     for j in range(k):
         sd.LocalCopy(pages_hbm.at[indices_smem[j]], buf.at[j], sem).start()
-    sd.LocalCopy(buf.at[pl.ds(0, k - 1)], buf.at[pl.ds(0, k - 1)], sem).started_elsewhere().wait()
-    sd.LocalCopy(buf, o_hbm, sem).start().wait()
-
-
-def _waits_twice(
-    indices_smem: sd.DataRef,
-    pages_hbm: sd.DataRef,
-    o_hbm: sd.DataRef,
-    buf: sd.DataRef,
-    sem: sd.SemRef,
-) -> None:
-    k = buf.shape[0]
-    for j in range(k):
-        sd.LocalCopy(pages_hbm.at[indices_smem[j]], buf.at[j], sem).start()
-    sd.LocalCopy(buf, buf, sem).started_elsewhere().wait()
-    sd.LocalCopy(buf, buf, sem).started_elsewhere().wait()
+    if twice:
+        sd.LocalCopy(buf, buf, sem).started_elsewhere().wait()
+        sd.LocalCopy(buf, buf, sem).started_elsewhere().wait()
+    else:
+        short = pl.ds(0, k - 1)
+        sd.LocalCopy(buf.at[short], buf.at[short], sem).started_elsewhere().wait()
     sd.LocalCopy(buf, o_hbm, sem).start().wait()
 
 
 @pytest.mark.parametrize(
     "body,error",
     [
-        (_waits_one_page_short, LeftoverSemaphoreError),  # one page's bytes left on sem
-        (_waits_twice, UnsatisfiableWaitError),
+        # one page's bytes left on sem
+        (functools.partial(_wrong_aggregate_wait, twice=False), LeftoverSemaphoreError),
+        (functools.partial(_wrong_aggregate_wait, twice=True), UnsatisfiableWaitError),
     ],
     ids=["short", "twice"],
 )

@@ -9,7 +9,6 @@ buffer still in flight shows up as a mismatch or a race.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 from tests.support.twins import pipeline as twin
 from safedma.kernels.pipeline import ChunkFn, pipeline
+from tests.support.kernel_params import BF16, EACH_DTYPE, F32, I32, SPLIT_MESHES, TILE_ROWS
+from tests.support.kernel_params import TOPOLOGIES, DType, assert_built, split_devices
 from safedma.testing import (
     TpuCompileError,
     assert_same_mosaic,
@@ -29,12 +30,6 @@ from safedma.testing import (
     simulate,
     simulated_mesh,
 )
-
-DType = np.dtype[Any]
-F32: DType = np.dtype(jnp.float32)
-BF16: DType = np.dtype(jnp.bfloat16)
-I32: DType = np.dtype(jnp.int32)
-TILE_ROWS = {F32: 8, BF16: 16}
 
 
 def affine(chunk: jax.Array) -> jax.Array:
@@ -111,25 +106,14 @@ def test_interpret_argument_runs_without_simulate() -> None:
 
 # ------------------------------------------------------------ meshes
 
-MESHES = [  # mesh shape, axis names, the axes the rows are split over
-    ((2,), ("x",), "x"),
-    ((4,), ("x",), "x"),
-    ((8,), ("x",), "x"),
-    ((2, 4), ("y", "x"), "y"),
-    ((2, 4), ("y", "x"), "x"),
-    ((2, 4), ("y", "x"), ("y", "x")),
-]
 
-
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize(
-    "mesh_shape,names,split", MESHES, ids=["2", "4", "8", "2x4-y", "2x4-x", "2x4-yx"]
-)
+@EACH_DTYPE
+@SPLIT_MESHES
 def test_each_device_pipelines_its_shard(
     mesh_shape: tuple[int, ...], names: tuple[str, ...], split: str | tuple[str, ...], dtype: DType
 ) -> None:
     mesh = simulated_mesh(mesh_shape, names)
-    devices = int(np.prod([mesh.shape[a] for a in ((split,) if isinstance(split, str) else split)]))
+    devices = split_devices(mesh, split)
     chunk_rows = TILE_ROWS[dtype]
     x = example((devices * 3 * chunk_rows, 128), dtype)  # 3 chunks per device
     out = simulate(run(affine, chunk_rows), x, mesh=mesh, in_specs=P(split), out_specs=P(split))
@@ -231,8 +215,6 @@ def test_same_mosaic_as_the_pltpu_twin(
 
 # ------------------------------------------------------------ TPU builds
 
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
-
 
 def _global(devices: int, dtype: DType, chunks: int = 5) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((devices * chunks * TILE_ROWS[dtype] * 2, 512), dtype)
@@ -240,13 +222,11 @@ def _global(devices: int, dtype: DType, chunks: int = 5) -> jax.ShapeDtypeStruct
 
 def test_compiles_for_a_16_chip_v6e() -> None:
     report = compile_for_tpu(run(affine, 16), _global(16, F32), topology="v6e:4x4")
-    assert report.num_devices == 16
-    assert report.kernel_names == ("pipeline",)
-    assert report.generated_code_size_in_bytes > 0
+    assert_built(report, devices=16, kernels=("pipeline",))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@EACH_DTYPE
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_compiles_for_each_generation(topology: str, dtype: DType) -> None:
     chunk_rows = 2 * TILE_ROWS[dtype]

@@ -19,43 +19,14 @@ from hypothesis import strategies as st
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tests.support.collectives import MESH_IDS, MESHES, TOPOLOGIES, blocks, compile_on, mapped, spec
 from tests.support.twins import ppermute as twin
 from safedma.kernels.ppermute import ppermute
-from safedma.testing import (
-    abstract_mesh,
-    assert_same_mosaic,
-    compile_for_tpu,
-    simulate,
-    simulated_mesh,
-)
+from safedma.testing import abstract_mesh, assert_same_mosaic, simulate, simulated_mesh
 
 DType: TypeAlias = Any
 F32, BF16 = jnp.float32, jnp.bfloat16
 SHAPES = [(8, 128), (16, 256)]
-# (mesh shape, axis names, the axis the permute runs along)
-MESHES = [
-    ((2,), ("x",), "x"),
-    ((4,), ("x",), "x"),
-    ((8,), ("x",), "x"),
-    ((2, 4), ("y", "x"), "x"),
-    ((2, 4), ("y", "x"), "y"),
-]
-MESH_IDS = ["2", "4", "8", "2x4-x", "2x4-y"]
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
-
-
-def blocks(devices: int, shape: tuple[int, ...], dtype: DType, seed: int = 0) -> jax.Array:
-    """``devices`` blocks of ``shape`` stacked along rows, every value distinct-ish."""
-    rng = np.random.default_rng(seed)
-    full = (devices * shape[0], *shape[1:])
-    if jnp.issubdtype(dtype, jnp.integer):
-        info = jnp.iinfo(dtype)
-        return jnp.asarray(rng.integers(info.min, info.max, full, endpoint=True), dtype=dtype)
-    return jnp.asarray(rng.standard_normal(full) * 100, dtype=dtype)
-
-
-def spec(names: tuple[str, ...]) -> P:
-    return P(names[0] if len(names) == 1 else names)
 
 
 def reference(x: jax.Array, mesh: Mesh, axis: str, shift: int) -> np.ndarray:
@@ -230,22 +201,6 @@ def test_outside_shard_map_names_the_fix() -> None:
 # ------------------------------------------------------------ Mosaic identity
 
 
-def _mapped(
-    fn: Callable[..., jax.Array], mesh: Any, axis: str, **kwargs: Any
-) -> Callable[[jax.Array], jax.Array]:
-    s = spec(tuple(mesh.axis_names))
-    mapped: Callable[[jax.Array], jax.Array] = jax.jit(
-        jax.shard_map(
-            lambda block: fn(block, axis=axis, **kwargs),
-            mesh=mesh,
-            in_specs=s,
-            out_specs=s,
-            check_vma=False,
-        )
-    )
-    return mapped
-
-
 @pytest.mark.parametrize(
     "mesh_shape,names,axis,kwargs",
     [
@@ -265,7 +220,7 @@ def test_same_mosaic_as_the_pltpu_twin(
         (int(np.prod(mesh_shape)) * 16, 256), BF16, sharding=NamedSharding(mesh, spec(names))
     )
     assert_same_mosaic(
-        _mapped(ppermute, mesh, axis, **kwargs), _mapped(twin.ppermute, mesh, axis, **kwargs), x
+        mapped(ppermute, mesh, axis, **kwargs), mapped(twin.ppermute, mesh, axis, **kwargs), x
     )
 
 
@@ -274,44 +229,27 @@ def test_mosaic_comparison_sees_the_shift() -> None:
     x = jax.ShapeDtypeStruct((32, 128), F32, sharding=NamedSharding(mesh, P("x")))
     with pytest.raises(AssertionError, match="Mosaic differs"):
         assert_same_mosaic(
-            _mapped(ppermute, mesh, "x", shift=1), _mapped(twin.ppermute, mesh, "x", shift=2), x
+            mapped(ppermute, mesh, "x", shift=1), mapped(twin.ppermute, mesh, "x", shift=2), x
         )
 
 
 # ------------------------------------------------------------ TPU builds
 
 
-def _compile(
-    topology: str, mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, **kwargs: Any
-) -> None:
-    def per_device(block: jax.Array) -> jax.Array:
-        return ppermute(block, axis=axis, **kwargs)
-
-    x = jax.ShapeDtypeStruct((int(np.prod(mesh_shape)) * 16, 256), BF16)
-    report = compile_for_tpu(
-        per_device,
-        x,
-        topology=topology,
-        mesh_shape=mesh_shape,
-        axis_names=names,
-        in_specs=spec(names),
-        out_specs=spec(names),
-    )
-    assert report.kernel_names == ("ppermute",)
-    assert report.generated_code_size_in_bytes > 0
+def _compile(topology: str, mesh_shape: tuple[int, ...], axis: str, **kwargs: Any) -> None:
+    compile_on(ppermute, topology, mesh_shape, axis, **kwargs)
 
 
 def test_compiles_for_v6e() -> None:
-    _compile("v6e:2x2", (4,), ("x",), "x", shift=1)
-    _compile("v6e:2x2", (4,), ("x",), "x", shift=-1, collective_id=0)
+    _compile("v6e:2x2", (4,), "x", shift=1)
+    _compile("v6e:2x2", (4,), "x", shift=-1, collective_id=0)
 
 
 @pytest.mark.parametrize(
     "mesh_shape,axis", [((4, 4), "x"), ((4, 4), "y"), ((16,), "x")], ids=["4x4-x", "4x4-y", "16"]
 )
 def test_compiles_for_16_chips(mesh_shape: tuple[int, ...], axis: str) -> None:
-    names = ("y", "x") if len(mesh_shape) == 2 else ("x",)
-    _compile("v6e:4x4", mesh_shape, names, axis, shift=-3, collective_id=1)
+    _compile("v6e:4x4", mesh_shape, axis, shift=-3, collective_id=1)
 
 
 @pytest.mark.parametrize(
@@ -320,12 +258,11 @@ def test_compiles_for_16_chips(mesh_shape: tuple[int, ...], axis: str) -> None:
     ids=["16x16-x", "16x16-y", "256"],
 )
 def test_compiles_for_256_chips(mesh_shape: tuple[int, ...], axis: str) -> None:
-    names = ("y", "x") if len(mesh_shape) == 2 else ("x",)
-    _compile("v6e:16x16", mesh_shape, names, axis, shift=5, collective_id=1)
+    _compile("v6e:16x16", mesh_shape, axis, shift=5, collective_id=1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("collective_id", [None, 2], ids=["device-barrier", "own-barrier"])
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_compiles_for_each_generation(topology: str, collective_id: int | None) -> None:
-    _compile(topology, (4,), ("x",), "x", shift=3, collective_id=collective_id)
+    _compile(topology, (4,), "x", shift=3, collective_id=collective_id)

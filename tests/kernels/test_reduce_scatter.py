@@ -12,28 +12,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from tests.support.reductions import (
-    BF16,
-    CHUNKS,
-    DType,
-    F32,
-    MESHES,
-    MESH_IDS,
-    TILE_ROWS,
-    assert_sum_close,
-    exact_sums,
-    example,
-    scatter,
-    simulated,
-)
+from tests.support.reductions import BF16, CHUNKS, EACH_DTYPE, F32, LARGE_V6E, ON_MESHES
+from tests.support.reductions import TOPOLOGIES, assert_sum_close, compile_large, DType, exact_sums
+from tests.support.reductions import example, global_input, identity_input, scatter, simulated
+from tests.support.collectives import mapped
 from tests.support.twins import reduce_scatter as twin
 from safedma.kernels.reduce_scatter import reduce_scatter
-from safedma.testing import (
-    abstract_mesh,
-    assert_same_mosaic,
-    compile_for_tpu,
-    simulated_mesh,
-)
+from safedma.testing import assert_same_mosaic, compile_for_tpu, simulated_mesh
 
 
 def psum_scatter(b: jax.Array, axis: str) -> jax.Array:
@@ -43,9 +28,9 @@ def psum_scatter(b: jax.Array, axis: str) -> jax.Array:
 # ------------------------------------------------------------ strict simulation
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@EACH_DTYPE
 @pytest.mark.parametrize("shape_index", [0, 1], ids=["wide", "tall"])
-@pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
+@ON_MESHES
 def test_matches_psum_scatter(
     mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, shape_index: int, dtype: DType
 ) -> None:
@@ -122,23 +107,13 @@ def test_preconditions_are_checked_up_front(
 def test_same_mosaic_as_the_pltpu_twin(
     sizes: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType
 ) -> None:
-    mesh = abstract_mesh(sizes, names)
-    spec = P(names)
-    n = sizes[names.index(axis)]
-    rows = int(np.prod(sizes)) * n * 2 * TILE_ROWS[dtype]
-    x = jax.ShapeDtypeStruct((rows, 256), dtype, sharding=NamedSharding(mesh, spec))
-
-    def mapped(fn: Callable[..., jax.Array]) -> Callable[[jax.Array], jax.Array]:
-        return jax.shard_map(
-            lambda b: fn(b, axis=axis), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False
-        )
-
-    assert_same_mosaic(mapped(reduce_scatter), mapped(twin.reduce_scatter), x, mesh=mesh)
+    mesh, x = identity_input(sizes, names, axis, dtype)
+    assert_same_mosaic(
+        mapped(reduce_scatter, mesh, axis), mapped(twin.reduce_scatter, mesh, axis), x, mesh=mesh
+    )
 
 
 # ------------------------------------------------------------ TPU builds
-
-TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 
 
 def on(axis: str) -> Callable[[jax.Array], jax.Array]:
@@ -149,40 +124,16 @@ def on(axis: str) -> Callable[[jax.Array], jax.Array]:
     return per_device
 
 
-def global_input(devices: int, ring: int, dtype: DType) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct((devices * ring * 2 * TILE_ROWS[dtype], 512), dtype)
-
-
-@pytest.mark.parametrize(
-    "mesh_shape,names,axis,topology",
-    [
-        ((4, 4), ("y", "x"), "x", "v6e:4x4"),
-        ((16, 16), ("y", "x"), "y", "v6e:16x16"),
-        ((256,), ("x",), "x", "v6e:16x16"),
-    ],
-    ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"],
-)
+@LARGE_V6E
 def test_compiles_for_large_v6e_meshes(
     mesh_shape: tuple[int, ...], names: tuple[str, ...], axis: str, topology: str
 ) -> None:
-    devices = int(np.prod(mesh_shape))
-    ring = mesh_shape[names.index(axis)]
-    report = compile_for_tpu(
-        on(axis),
-        global_input(devices, ring, BF16),
-        topology=topology,
-        mesh_shape=mesh_shape,
-        axis_names=names,
-        in_specs=P(names),
-        out_specs=P(names),
-    )
-    assert report.num_devices == devices
+    report = compile_large(on(axis), mesh_shape, names, axis, topology)
     assert report.kernel_names == ("reduce_scatter",)
-    assert report.generated_code_size_in_bytes > 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@EACH_DTYPE
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_compiles_for_each_generation(topology: str, dtype: DType) -> None:
     report = compile_for_tpu(on("x"), global_input(4, 4, dtype), topology=topology)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import pkgutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import safedma
+from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,15 +40,7 @@ def _public_modules() -> list[str]:
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    result = run_python("-c", code, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -84,15 +75,7 @@ def test_stubs_command_imports_no_jax() -> None:
         "import runpy, sys; sys.argv = ['x', 'pyright']; "
         "runpy.run_module('safedma.stubs', run_name='__main__', alter_sys=True)"
     )
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=_env(),
-        timeout=300,
-        check=False,
-    )
+    result = run_python("-X", "importtime", "-c", code, env=_env())
     assert result.returncode == 0, result.stderr
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
     assert "jax" not in imported
@@ -118,15 +101,7 @@ print(json.dumps({"env": changed_env, "config": changed_config}))
 
 @pytest.mark.parametrize("module", _public_modules())
 def test_import_changes_no_environment_variable_and_no_jax_config(module: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _SNAPSHOT, module],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=_env(),
-        timeout=300,
-        check=False,
-    )
+    result = run_python("-c", _SNAPSHOT, module, env=_env())
     assert result.returncode == 0, result.stderr
     changed = json.loads(result.stdout.strip().splitlines()[-1])
     assert changed == {"env": [], "config": []}, f"import {module} changed {changed}"

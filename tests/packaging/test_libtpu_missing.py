@@ -9,14 +9,13 @@ installed-wheel test (test_wheel_install.py) checks the real absence.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from safedma.testing import LibtpuMissingError
 from safedma.testing import _libtpu
+from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,15 +35,7 @@ except LibtpuMissingError as err:
 def test_compile_for_tpu_without_libtpu_names_the_extra() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TPU_LIBRARY_PATH"}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    result = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_LIBTPU],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    result = run_python("-c", _WITHOUT_LIBTPU, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("LibtpuMissingError: Compiling for TPU topology 'v6e:2x2'")
     assert "pip install 'safedma[tpu]'" in result.stdout

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -27,14 +26,15 @@ def test_first_kernel_is_clean_under_mypy_strict(tmp_path: Path) -> None:
     assert config.startswith("[tool.mypy]")
     (tmp_path / "pyproject.toml").write_text(config)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "kernel.py"],
-        capture_output=True,
-        text=True,
+    result = run_python(
+        "-m",
+        "mypy",
+        "--strict",
+        "--no-incremental",
+        "kernel.py",
         cwd=tmp_path,
         env=env,
         timeout=600,
-        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

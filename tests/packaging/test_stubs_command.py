@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from safedma import stubs
+from tests.support.processes import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "stubs.md"
@@ -23,15 +23,7 @@ STUBBED = ("experimental/pallas/__init__.pyi", "experimental/pallas/tpu.pyi")
 
 def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "safedma.stubs", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    return run_python("-m", "safedma.stubs", *args, cwd=cwd, env=env, timeout=120)
 
 
 @pytest.mark.parametrize("checker", stubs.CHECKERS)

@@ -27,33 +27,39 @@ def strict_interpret() -> pltpu.InterpretParams:
     return pltpu.InterpretParams(detect_races=True, dma_execution_mode="eager")
 
 
-def _call(
-    kernel: Callable[..., None], x: jax.ShapeDtypeStruct, scratch: list[Any], interpret: Interpret
+def hbm_call(
+    kernel: Callable[..., None], scratch: list[Any], **options: Any
 ) -> Callable[[jax.Array], jax.Array]:
-    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    call = pl.pallas_call(
-        kernel,
-        out_shape=out,
-        in_specs=[HBM],
-        out_specs=HBM,
-        scratch_shapes=scratch,
-        interpret=interpret,
-    )
-    return call  # type: ignore[no-any-return]
+    """A per-device function running ``kernel`` by ``pl.pallas_call`` on its input's
+    shape and dtype, input and output left in HBM."""
+
+    def call(x: jax.Array) -> jax.Array:
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        result: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=out,
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=scratch,
+            **options,
+        )(x)
+        return result
+
+    return call
 
 
 def scale_copy_call(
     kernel: Callable[..., None], x: jax.ShapeDtypeStruct, interpret: Interpret = False
 ) -> Callable[[jax.Array], jax.Array]:
     scratch = [pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())]
-    return _call(kernel, x, scratch, interpret)
+    return hbm_call(kernel, scratch, interpret=interpret)
 
 
 def reverse_halves_call(
     kernel: Callable[..., None], x: jax.ShapeDtypeStruct, interpret: Interpret = False
 ) -> Callable[[jax.Array], jax.Array]:
     scratch = [pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA((2,))]
-    return _call(kernel, x, scratch, interpret)
+    return hbm_call(kernel, scratch, interpret=interpret)
 
 
 def double_buffered_call(
@@ -66,7 +72,7 @@ def double_buffered_call(
         pltpu.SemaphoreType.DMA((2,)),
         pltpu.SemaphoreType.DMA(()),
     ]
-    return _call(kernel, x, scratch, interpret)
+    return hbm_call(kernel, scratch, interpret=interpret)
 
 
 def ring_permute_call(
@@ -74,18 +80,8 @@ def ring_permute_call(
 ) -> Callable[[jax.Array], jax.Array]:
     """The ring permute over ``axis`` of ``mesh``, as a jitted shard_map."""
 
-    def per_device(block: jax.Array) -> jax.Array:
-        out = jax.ShapeDtypeStruct(block.shape, block.dtype)
-        result: jax.Array = pl.pallas_call(
-            kernel,
-            out_shape=out,
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
-            interpret=interpret,
-        )(block)
-        return result
-
+    scratch = [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())]
+    per_device = hbm_call(kernel, scratch, interpret=interpret)
     mapped = jax.shard_map(
         per_device, mesh=mesh, in_specs=P(axis), out_specs=P(axis), check_vma=False
     )

@@ -71,3 +71,13 @@ def ring_permute(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
     )
     c.start()
     c.wait()
+
+
+def ring_kernel(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
+    """:func:`ring_permute` with a positional device id (the compile and Mosaic tests'
+    kernel, named ``ring_kernel`` in their reports)."""
+    me = jax.lax.axis_index("x")
+    n = jax.lax.axis_size("x")
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,))
+    copy.start()
+    copy.wait()

@@ -42,96 +42,65 @@ Kernel = Callable[..., None]
 
 
 # ====================================================================== safedma bodies
+#
+# One function a row, its mistake behind ``bug``: Case.kernel binds ``bug=True`` for
+# the bug and ``bug=False`` for the fix, so the two differ in nothing else.
+
+D = sd.DataRef
+S = sd.SemRef
 
 
-def _first(x_ref: sd.DataRef) -> sd.DataRef:
+def _first(x_ref: D) -> D:
     return x_ref.at[pl.ds(0, CHUNK)]
 
 
-def _second(x_ref: sd.DataRef) -> sd.DataRef:
+def _second(x_ref: D) -> D:
     return x_ref.at[pl.ds(CHUNK, CHUNK)]
 
 
-def r5_static_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray) -> None:
-    sd.LocalCopy(x_ref, o_ref, sems.at[2]).start().wait()  # verify: r5_static
-
-
-def r5_static_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray) -> None:
-    sd.LocalCopy(x_ref, o_ref, sems.at[1]).start().wait()
-
-
-def r5_per_device_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray) -> None:
-    me = sd.my_index(AXIS)
-    sd.LocalCopy(x_ref, o_ref, sems.at[me]).start().wait()  # verify: r5_per_device
-
-
-def r5_per_device_fix(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray) -> None:
-    me = sd.my_index(AXIS)
-    sd.LocalCopy(x_ref, o_ref, sems.at[me % 2]).start().wait()
-
-
-def r6_unwritten_staging_bug(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    stage: sd.DataRef,
-    send: sd.SemRef,
-    recv: sd.SemRef,
-    local: sd.SemRef,
+def _read_chunks(
+    wait_first: Callable[[], object], wait_second: Callable[[], object], bufs: D, res: D
 ) -> None:
-    del x_ref, local
+    """Wait chunk 0 and read it, then chunk 1: the reads a wrong wait leaves unguarded."""
+    wait_first()  # verify: r7 r9 early_wait
+    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: r7 r9 early_wait
+    wait_second()
+    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+
+
+def r5_static(x_ref: D, o_ref: D, sems: sd.SemArray, *, bug: bool) -> None:
+    sd.LocalCopy(x_ref, o_ref, sems.at[2 if bug else 1]).start().wait()  # verify: r5_static
+
+
+def r5_per_device(x_ref: D, o_ref: D, sems: sd.SemArray, *, bug: bool) -> None:
+    me = sd.my_index(AXIS)
+    slot = me if bug else me % 2
+    sd.LocalCopy(x_ref, o_ref, sems.at[slot]).start().wait()  # verify: r5_per_device
+
+
+def r6_unwritten_staging(
+    x_ref: D, o_ref: D, stage: D, send: S, recv: S, local: S, *, bug: bool
+) -> None:
+    if not bug:  # the bug sends the staging buffer nothing wrote
+        sd.LocalCopy(x_ref, stage, local).start().wait()
     copy = sd.RemoteCopy(stage, o_ref, recv).with_send_sem(send)  # verify: r6
     copy.to(sd.neighbour(AXIS)).start().wait()  # verify: r6
 
 
-def r6_unwritten_staging_fix(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    stage: sd.DataRef,
-    send: sd.SemRef,
-    recv: sd.SemRef,
-    local: sd.SemRef,
-) -> None:
-    sd.LocalCopy(x_ref, stage, local).start().wait()
-    copy = sd.RemoteCopy(stage, o_ref, recv).with_send_sem(send)
-    copy.to(sd.neighbour(AXIS)).start().wait()
-
-
-def r7_wrong_slot_bug(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    sems: sd.SemArray,
-    out_sem: sd.SemRef,
-) -> None:
-    sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
-    sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()
-    sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[1]).started_elsewhere().wait()  # verify: r7
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: r7
-    sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[0]).started_elsewhere().wait()  # verify: r7
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
-    sd.LocalCopy(res, o_ref, out_sem).start().wait()
-
-
-def r7_wrong_slot_fix(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    sems: sd.SemArray,
-    out_sem: sd.SemRef,
+def r7_wrong_slot(
+    x_ref: D, o_ref: D, bufs: D, res: D, sems: sd.SemArray, out_sem: S, *, bug: bool
 ) -> None:
     first = sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     second = sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()
-    first.wait()
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
-    second.wait()
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+    if bug:  # each wait rebuilt on the other slot: the counts balance, chunk 0 is unguarded
+        first = sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[1]).started_elsewhere()
+        second = sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[0]).started_elsewhere()
+    _read_chunks(first.wait, second.wait, bufs, res)
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def r8_signal_after_exit_bug(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef, ready: sd.RegularSem, late: sd.RegularSem
+def r8_signal_after_exit(
+    x_ref: D, o_ref: D, sem: S, ready: sd.RegularSem, late: sd.RegularSem, *, bug: bool
 ) -> None:
     sd.LocalCopy(x_ref, o_ref, sem).start().wait()
     me = sd.my_index(AXIS)
@@ -139,6 +108,8 @@ def r8_signal_after_exit_bug(
     @pl.when(me == 1)
     def _done() -> None:
         sd.signal(ready, 1, device=sd.device(x=0))
+        if not bug:  # the bug exits without waiting the late signal
+            sd.wait(late, 1)
 
     @pl.when(me == 0)
     def _late() -> None:
@@ -146,64 +117,18 @@ def r8_signal_after_exit_bug(
         sd.signal(late, 1, device=sd.device(x=1))  # verify: r8
 
 
-def r8_signal_after_exit_fix(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef, ready: sd.RegularSem, late: sd.RegularSem
-) -> None:
-    sd.LocalCopy(x_ref, o_ref, sem).start().wait()
-    me = sd.my_index(AXIS)
-
-    @pl.when(me == 1)
-    def _done() -> None:
-        sd.signal(ready, 1, device=sd.device(x=0))
-        sd.wait(late, 1)
-
-    @pl.when(me == 0)
-    def _late() -> None:
-        sd.wait(ready, 1)
-        sd.signal(late, 1, device=sd.device(x=1))
-
-
-def r9_shared_sem_bug(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    sem: sd.SemRef,
-    out_sem: sd.SemRef,
-) -> None:
+def r9_shared_sem(x_ref: D, o_ref: D, bufs: D, res: D, sem: S, out_sem: S, *, bug: bool) -> None:
     a = sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
     b = sd.LocalCopy(_second(x_ref), bufs.at[1], sem).start()
-    a.wait()  # verify: r9
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: r9
-    b.wait()
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+    if bug:  # two same-sized copies on one semaphore: a's wait may count b's bytes
+        _read_chunks(a.wait, b.wait, bufs, res)
+    else:
+        _read_chunks(lambda: sd.wait_all_into(bufs, sem), lambda: None, bufs, res)
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
-def r9_shared_sem_fix(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    sem: sd.SemRef,
-    out_sem: sd.SemRef,
-) -> None:
-    sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
-    sd.LocalCopy(_second(x_ref), bufs.at[1], sem).start()
-    sd.wait_all_into(bufs, sem)
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
-    sd.LocalCopy(res, o_ref, out_sem).start().wait()
-
-
-def early_wait_bug(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    send: sd.SemRef,
-    sem: sd.SemRef,
-    out_sem: sd.SemRef,
+def early_wait(
+    x_ref: D, o_ref: D, bufs: D, res: D, send: S, sem: S, out_sem: S, *, bug: bool
 ) -> None:
     local = sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
     remote = (
@@ -212,33 +137,15 @@ def early_wait_bug(
         .to(sd.neighbour(AXIS))
         .start()
     )
-    local.wait()  # verify: early_wait
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: early_wait
-    remote.wait()
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
-    sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
+    def both() -> None:  # the local fetch and the neighbour's copy: all 8 KiB
+        sd.wait_all_into(bufs, sem)
+        remote.wait_send()
 
-def early_wait_fix(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    send: sd.SemRef,
-    sem: sd.SemRef,
-    out_sem: sd.SemRef,
-) -> None:
-    sd.LocalCopy(_first(x_ref), bufs.at[0], sem).start()
-    remote = (
-        sd.RemoteCopy(_second(x_ref), bufs.at[1], sem)
-        .with_send_sem(send)
-        .to(sd.neighbour(AXIS))
-        .start()
-    )
-    sd.wait_all_into(bufs, sem)  # the local fetch and the neighbour's copy: all 8 KiB
-    remote.wait_send()
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+    if bug:  # sem counts both copies: the local wait returns on the neighbour's bytes
+        _read_chunks(local.wait, remote.wait, bufs, res)
+    else:
+        _read_chunks(both, lambda: None, bufs, res)
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
 
 
@@ -248,84 +155,50 @@ def _barrier_round(sem: sd.BarrierSem | sd.RegularSem) -> None:
     sd.wait(sem, 2)  # verify: r10
 
 
-def r10_one_round_bug(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef, second: sd.RegularSem
+def r10_one_round(
+    x_ref: D, o_ref: D, send: S, recv: S, second: sd.RegularSem, *, bug: bool
 ) -> None:
-    del second
     _barrier_round(sd.barrier_semaphore())
+    if not bug:  # jax PR #27963's fix: a second round on a REGULAR semaphore
+        _barrier_round(second)
     copy = sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send)  # verify: r10
     copy.to(sd.neighbour(AXIS)).start().wait()  # verify: r10
 
 
-def r10_one_round_fix(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef, second: sd.RegularSem
-) -> None:
-    _barrier_round(sd.barrier_semaphore())
-    _barrier_round(second)
-    copy = sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send)
-    copy.to(sd.neighbour(AXIS)).start().wait()
-
-
-def per_slot_leak_bug(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
-) -> None:
-    sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
-    sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()  # verify: leak
-    sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).started_elsewhere().wait()
-    sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
-
-
-def per_slot_leak_fix(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
-) -> None:
+def per_slot_leak(x_ref: D, o_ref: D, bufs: D, sems: sd.SemArray, out_sem: S, *, bug: bool) -> None:
     first = sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).start()
-    second = sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()
-    first.wait()
-    second.wait()
+    second = sd.LocalCopy(_second(x_ref), bufs.at[1], sems.at[1]).start()  # verify: leak
+    if bug:  # the wait on slot 0 is rebuilt; the copy on slot 1 is never waited
+        sd.LocalCopy(_first(x_ref), bufs.at[0], sems.at[0]).started_elsewhere().wait()
+    else:
+        first.wait()
+        second.wait()
     sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
 
 
-def cond_each_branch_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
-    handle = sd.LocalCopy(x_ref, o_ref, sem).start()
+def cond_each_branch(x_ref: D, o_ref: D, sem: S, *, bug: bool) -> None:
+    handle = sd.LocalCopy(x_ref, o_ref, sem).start()  # verify: cond_each_branch
 
     def wait() -> None:  # a branch returns nothing; handle.wait() returns the buffer
         handle.wait()
 
-    lax.cond(sd.my_index(AXIS) % 2 == 0, wait, wait)
+    lax.cond(sd.my_index(AXIS) % 2 == 0, wait, (lambda: None) if bug else wait)
 
 
-def cond_each_branch_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
-    handle = sd.LocalCopy(x_ref, o_ref, sem).start()  # verify: cond_each_branch
-
-    def wait() -> None:
-        handle.wait()
-
-    lax.cond(sd.my_index(AXIS) % 2 == 0, wait, lambda: None)
-
-
-def when_not_when_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
-    handle = sd.LocalCopy(x_ref, o_ref, sem).start()
-    even = sd.my_index(AXIS) % 2 == 0
-
-    def wait() -> None:
-        handle.wait()
-
-    pl.when(even)(wait)
-    pl.when(jnp.logical_not(even))(wait)
-
-
-def when_not_when_bug(x_ref: sd.DataRef, o_ref: sd.DataRef, sem: sd.SemRef) -> None:
+def when_not_when(x_ref: D, o_ref: D, sem: S, *, bug: bool) -> None:
     handle = sd.LocalCopy(x_ref, o_ref, sem).start()
     me = sd.my_index(AXIS)
+    even = me % 2 == 0
 
     def wait() -> None:
         handle.wait()  # verify: when_not_when
 
-    pl.when(me % 2 == 0)(wait)  # verify: when_not_when
-    pl.when(me >= 1)(wait)  # verify: when_not_when
+    pl.when(even)(wait)  # verify: when_not_when
+    # The bug's second condition overlaps the first on device 2: it waits twice.
+    pl.when(me >= 1 if bug else jnp.logical_not(even))(wait)  # verify: when_not_when
 
 
-def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray) -> None:
+def writeback(x_ref: D, o_ref: D, bufs: D, sems: sd.SemArray, *, bug: bool) -> None:
     steps = x_ref.shape[0] // CHUNK
 
     def write_back(step: jax.Array | int, slot: jax.Array | int) -> sd.LocalCopy:
@@ -339,50 +212,29 @@ def writeback_ok(x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: s
             write_back(step - 1, 1 - slot).started_elsewhere().wait()
 
         bufs[slot] = x_ref[pl.ds(step * CHUNK, CHUNK)] * 2.0
-        own = write_back(step, slot).start()
+        own = write_back(step, slot).start()  # verify: writeback
+        if not bug:  # the bug never waits the last step's own write-back
 
-        @pl.when(step == steps - 1)
-        def _last() -> None:
-            own.wait()
+            @pl.when(step == steps - 1)
+            def _last() -> None:
+                own.wait()
 
         return carry
 
     lax.fori_loop(0, steps, body, None)
 
 
-def writeback_bug(
-    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray
-) -> None:
-    steps = x_ref.shape[0] // CHUNK
-
-    def write_back(step: jax.Array | int, slot: jax.Array | int) -> sd.LocalCopy:
-        return sd.LocalCopy(bufs.at[slot], o_ref.at[pl.ds(step * CHUNK, CHUNK)], sems.at[slot])
-
-    def body(step: jax.Array, carry: None) -> None:
-        slot = step % 2
-
-        @pl.when(step > 0)
-        def _previous() -> None:
-            write_back(step - 1, 1 - slot).started_elsewhere().wait()
-
-        bufs[slot] = x_ref[pl.ds(step * CHUNK, CHUNK)] * 2.0
-        write_back(step, slot).start()  # verify: writeback
-        return carry
-
-    lax.fori_loop(0, steps, body, None)
-
-
-def _credit_ring(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
+def credit_ring(
+    x_ref: D,
+    o_ref: D,
+    bufs: D,
+    res: D,
     send_sems: sd.SemArray,
     recv_sems: sd.SemArray,
     credits: sd.RegularSem,
-    out_sem: sd.SemRef,
+    out_sem: S,
     *,
-    check_credit: bool,
+    bug: bool,
 ) -> None:
     messages = raw.CREDIT_MESSAGES
     rows = x_ref.shape[0] // messages
@@ -397,7 +249,7 @@ def _credit_ring(
 
     sd.signal(credits, 2, device=sd.neighbour(AXIS, -1))
     for t in range(messages):
-        if check_credit or t < 2:
+        if not bug or t < 2:  # the bug skips the credit wait from message 2 on
             sd.wait(credits, 1)
         if t >= 2:
             message(t - 2).started_elsewhere().wait_send()
@@ -408,34 +260,6 @@ def _credit_ring(
     for t in range(max(messages - 2, 0), messages):
         message(t).started_elsewhere().wait_send()
     sd.LocalCopy(res, o_ref, out_sem).start().wait()
-
-
-def credit_ring_ok(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    send_sems: sd.SemArray,
-    recv_sems: sd.SemArray,
-    credits: sd.RegularSem,
-    out_sem: sd.SemRef,
-) -> None:
-    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=True)
-
-
-def credit_ring_bug(
-    x_ref: sd.DataRef,
-    o_ref: sd.DataRef,
-    bufs: sd.DataRef,
-    res: sd.DataRef,
-    send_sems: sd.SemArray,
-    recv_sems: sd.SemArray,
-    credits: sd.RegularSem,
-    out_sem: sd.SemRef,
-) -> None:
-    _credit_ring(
-        x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=False
-    )
 
 
 # ====================================================================== expectations
@@ -717,11 +541,14 @@ class Case:
         return EXPECT[self.row.name] if self.is_bug else None
 
     @property
+    def name(self) -> str:
+        return f"{self.row.name}_{self.variant}"
+
+    @property
     def kernel(self) -> Kernel:
-        module: Any = raw if self.flavour == "pltpu" else globals()
-        name = f"{self.row.name}_{self.variant}"
-        found: Kernel = getattr(module, name) if self.flavour == "pltpu" else module[name]
-        return found
+        """The row's kernel with its mistake in (``bug=True``) or out."""
+        body = getattr(raw, self.row.name) if self.flavour == "pltpu" else globals()[self.row.name]
+        return functools.partial(body, bug=self.is_bug)
 
     @property
     def source(self) -> Path:
@@ -743,7 +570,7 @@ class Case:
 
     def per_device(self) -> Callable[[jax.Array], jax.Array]:
         """The kernel as a per-device function of one block (safedma: through sd.pallas_call)."""
-        return kernel_call(self.kernel, self.row, safedma=self.flavour == "safedma")
+        return kernel_call(self.kernel, self.row, name=self.name, safedma=self.flavour == "safedma")
 
     def program(self) -> Callable[[jax.Array], jax.Array]:
         """``per_device`` called ``invocations`` times in a row (for simulate, which has no
@@ -783,7 +610,9 @@ def cases(
     ]
 
 
-def kernel_call(kernel: Kernel, row: Row, *, safedma: bool) -> Callable[[jax.Array], jax.Array]:
+def kernel_call(
+    kernel: Kernel, row: Row, *, name: str, safedma: bool
+) -> Callable[[jax.Array], jax.Array]:
     params = (
         pltpu.CompilerParams(collective_id=row.collective_id)
         if row.collective_id is not None
@@ -801,7 +630,7 @@ def kernel_call(kernel: Kernel, row: Row, *, safedma: bool) -> Callable[[jax.Arr
                 in_specs=[in_spec],
                 out_specs=HBM,
                 scratch_shapes=row.scratch(),
-                name=kernel.__name__,
+                name=name,
                 **extra,
             )(x)
         else:
@@ -811,7 +640,7 @@ def kernel_call(kernel: Kernel, row: Row, *, safedma: bool) -> Callable[[jax.Arr
                 in_specs=[in_spec],
                 out_specs=HBM,
                 scratch_shapes=row.scratch(),
-                name=kernel.__name__,
+                name=name,
                 **extra,
             )(x)
         return result
@@ -884,8 +713,9 @@ def abstract_ring(devices: int = RING) -> Any:
 
 @functools.cache
 def marked_lines(path: Path, marker: str) -> tuple[int, ...]:
-    """Line numbers in ``path`` carrying ``# verify: <marker>``."""
-    pattern = re.compile(rf"#\s*verify:\s*{re.escape(marker)}\s*$")
+    """Line numbers in ``path`` carrying ``# verify: <marker>`` (one of the markers
+    a shared line lists, ``# verify: r7 r9``)."""
+    pattern = re.compile(rf"#\s*verify:(?:\s+\S+)*?\s+{re.escape(marker)}(?:\s+\S+)*\s*$")
     lines = path.read_text().splitlines()
     found = tuple(i + 1 for i, line in enumerate(lines) if pattern.search(line))
     if not found:

@@ -12,6 +12,7 @@ editing it cannot silently detach a test from its line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -43,102 +44,87 @@ def _write_out(res: Any, o_ref: Any, sem: Any) -> None:
     c.wait()
 
 
+def _send_right(src: Any, dst: Any, send: Any, recv: Any) -> None:
+    """Copy ``src`` into the right neighbour's ``dst`` and wait both ends."""
+    c = pltpu.make_async_remote_copy(src, dst, send, recv, device_id=_ring(1))  # verify: r6 r10
+    c.start()  # verify: r6 r10
+    c.wait()
+
+
+def _read_chunks(
+    wait_first: Callable[[], object], wait_second: Callable[[], object], bufs: Any, res: Any
+) -> None:
+    """Wait chunk 0 and read it, then chunk 1: the reads a wrong wait leaves unguarded."""
+    wait_first()  # verify: r7 r9 early_wait
+    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: r7 r9 early_wait
+    wait_second()
+    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+
+
 # ------------------------------------------------------------------ R5: semaphore index
 
 
-def r5_static_bug(x_ref: Any, o_ref: Any, sems: Any) -> None:
-    """``sems`` holds two DMA semaphores; the copy uses a third."""
-    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[2])  # verify: r5_static
+def r5_static(x_ref: Any, o_ref: Any, sems: Any, *, bug: bool) -> None:
+    """``sems`` holds two DMA semaphores; the bug's copy uses a third."""
+    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[2 if bug else 1])  # verify: r5_static
     c.start()  # verify: r5_static
     c.wait()  # verify: r5_static
 
 
-def r5_static_fix(x_ref: Any, o_ref: Any, sems: Any) -> None:
-    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[1])
-    c.start()
-    c.wait()
-
-
-def r5_per_device_bug(x_ref: Any, o_ref: Any, sems: Any) -> None:
-    """One semaphore per device index: out of range on devices 2 and 3 of a ring of 4."""
+def r5_per_device(x_ref: Any, o_ref: Any, sems: Any, *, bug: bool) -> None:
+    """The bug takes one semaphore per device index: out of range on devices 2 and 3."""
     me = lax.axis_index(AXIS)
-    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[me])  # verify: r5_per_device
+    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[me if bug else me % 2])  # verify: r5_per_device
     c.start()  # verify: r5_per_device
     c.wait()  # verify: r5_per_device
-
-
-def r5_per_device_fix(x_ref: Any, o_ref: Any, sems: Any) -> None:
-    me = lax.axis_index(AXIS)
-    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[me % 2])
-    c.start()
-    c.wait()
 
 
 # ------------------------------------------------------------------ R6: unwritten data
 
 
-def r6_unwritten_staging_bug(
-    x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any, local: Any
+def r6_unwritten_staging(
+    x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any, local: Any, *, bug: bool
 ) -> None:
-    """Sends the VMEM staging buffer to the right neighbour; nothing ever wrote it."""
-    del x_ref, local
-    c = pltpu.make_async_remote_copy(
-        stage,
-        o_ref,
-        send,
-        recv,  # verify: r6
-        device_id=_ring(1),
-    )
-    c.start()  # verify: r6
-    c.wait()
-
-
-def r6_unwritten_staging_fix(
-    x_ref: Any, o_ref: Any, stage: Any, send: Any, recv: Any, local: Any
-) -> None:
-    fill = pltpu.make_async_copy(x_ref, stage, local)
-    fill.start()
-    fill.wait()
-    c = pltpu.make_async_remote_copy(stage, o_ref, send, recv, device_id=_ring(1))
-    c.start()
-    c.wait()
+    """Sends the VMEM staging buffer to the right neighbour; in the bug nothing wrote it."""
+    if not bug:
+        fill = pltpu.make_async_copy(x_ref, stage, local)
+        fill.start()
+        fill.wait()
+    _send_right(stage, o_ref, send, recv)
 
 
 # ------------------------------------------------------------------ R7: wrong slot
 
 
-def r7_wrong_slot_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any, out_sem: Any) -> None:
-    """Chunk 0's wait is on slot 1: the counts balance, chunk 0 is read unguarded."""
+def r7_wrong_slot(
+    x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any, out_sem: Any, *, bug: bool
+) -> None:
+    """The bug waits chunk 0 on slot 1: the counts balance, chunk 0 is read unguarded."""
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).start()
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[1]).wait()  # verify: r7
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: r7
-    pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[0]).wait()  # verify: r7
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
-    _write_out(res, o_ref, out_sem)
-
-
-def r7_wrong_slot_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sems: Any, out_sem: Any) -> None:
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).start()
-    pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).start()
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).wait()
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
-    pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).wait()
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+    other = 1 if bug else 0
+    first = pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[other])
+    second = pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1 - other])
+    _read_chunks(first.wait, second.wait, bufs, res)
     _write_out(res, o_ref, out_sem)
 
 
 # ------------------------------------------------------------------ R8: signal after exit
 
 
-def r8_signal_after_exit_bug(x_ref: Any, o_ref: Any, sem: Any, ready: Any, late: Any) -> None:
-    """Device 0 signals device 1's ``late`` once device 1 said it is done: nobody waits it."""
+def r8_signal_after_exit(
+    x_ref: Any, o_ref: Any, sem: Any, ready: Any, late: Any, *, bug: bool
+) -> None:
+    """Device 0 signals device 1's ``late`` once device 1 said it is done: in the bug
+    nobody waits it."""
     _write_out(x_ref, o_ref, sem)
     me = lax.axis_index(AXIS)
 
     @pl.when(me == 1)
     def _done() -> None:
         pl.semaphore_signal(ready, 1, device_id={AXIS: 0})
+        if not bug:
+            pl.semaphore_wait(late, 1)
 
     @pl.when(me == 0)
     def _late() -> None:
@@ -146,77 +132,46 @@ def r8_signal_after_exit_bug(x_ref: Any, o_ref: Any, sem: Any, ready: Any, late:
         pl.semaphore_signal(late, 1, device_id={AXIS: 1})  # verify: r8
 
 
-def r8_signal_after_exit_fix(x_ref: Any, o_ref: Any, sem: Any, ready: Any, late: Any) -> None:
-    _write_out(x_ref, o_ref, sem)
-    me = lax.axis_index(AXIS)
-
-    @pl.when(me == 1)
-    def _done() -> None:
-        pl.semaphore_signal(ready, 1, device_id={AXIS: 0})
-        pl.semaphore_wait(late, 1)
-
-    @pl.when(me == 0)
-    def _late() -> None:
-        pl.semaphore_wait(ready, 1)
-        pl.semaphore_signal(late, 1, device_id={AXIS: 1})
-
-
 # ------------------------------------------------------------------ R9: shared semaphore
 
 
-def r9_shared_sem_bug(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any, out_sem: Any) -> None:
-    """Two same-sized copies on one semaphore; the first wait may count the second's bytes."""
+def r9_shared_sem(
+    x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any, out_sem: Any, *, bug: bool
+) -> None:
+    """Two same-sized copies on one semaphore; the bug's first wait may count the second's
+    bytes, the fix waits both at once before either chunk is read."""
     a = pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem)
     b = pltpu.make_async_copy(_second(x_ref), bufs.at[1], sem)
     a.start()
     b.start()
-    a.wait()  # verify: r9
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: r9
-    b.wait()
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+    if bug:
+        _read_chunks(a.wait, b.wait, bufs, res)
+    else:
+        _read_chunks(pltpu.make_async_copy(bufs, bufs, sem).wait, lambda: None, bufs, res)
     _write_out(res, o_ref, out_sem)
 
 
-def r9_shared_sem_fix(x_ref: Any, o_ref: Any, bufs: Any, res: Any, sem: Any, out_sem: Any) -> None:
-    """The same copies, one aggregate wait for both before either chunk is read."""
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem).start()
-    pltpu.make_async_copy(_second(x_ref), bufs.at[1], sem).start()
-    pltpu.make_async_copy(bufs, bufs, sem).wait()
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
-    _write_out(res, o_ref, out_sem)
-
-
-def early_wait_bug(
-    x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any, out_sem: Any
+def early_wait(
+    x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any, out_sem: Any, *, bug: bool
 ) -> None:
     """``sem`` counts a local fetch and the left neighbour's incoming copy (MoE style).
 
-    The local handle's wait returns as soon as 4 KiB arrived: the neighbour's
-    bytes satisfy it as well as the local copy's.
+    The bug's local wait returns as soon as 4 KiB arrived: the neighbour's bytes
+    satisfy it as well as the local copy's. The fix waits the total first.
     """
     local = pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem)
     local.start()
     remote = pltpu.make_async_remote_copy(_second(x_ref), bufs.at[1], send, sem, device_id=_ring(1))
     remote.start()
-    local.wait()  # verify: early_wait
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0  # verify: early_wait
-    remote.wait()
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
-    _write_out(res, o_ref, out_sem)
 
+    def both() -> None:
+        pltpu.make_async_copy(bufs, bufs, sem).wait()
+        remote.wait_send()
 
-def early_wait_fix(
-    x_ref: Any, o_ref: Any, bufs: Any, res: Any, send: Any, sem: Any, out_sem: Any
-) -> None:
-    """Wait the total (local + incoming) before reading either chunk."""
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sem).start()
-    remote = pltpu.make_async_remote_copy(_second(x_ref), bufs.at[1], send, sem, device_id=_ring(1))
-    remote.start()
-    pltpu.make_async_copy(bufs, bufs, sem).wait()
-    remote.wait_send()
-    res[pl.ds(0, CHUNK)] = bufs[0] * 2.0
-    res[pl.ds(CHUNK, CHUNK)] = bufs[1] * 2.0
+    if bug:
+        _read_chunks(local.wait, remote.wait, bufs, res)
+    else:
+        _read_chunks(both, lambda: None, bufs, res)
     _write_out(res, o_ref, out_sem)
 
 
@@ -229,69 +184,34 @@ def _barrier_round(sem: Any) -> None:
     pl.semaphore_wait(sem, 2)  # verify: r10
 
 
-def r10_one_round_bug(x_ref: Any, o_ref: Any, send: Any, recv: Any, second: Any) -> None:
-    """A ring permute behind one barrier round: a neighbour's next call can pass it for us."""
-    del second
+def r10_one_round(x_ref: Any, o_ref: Any, send: Any, recv: Any, second: Any, *, bug: bool) -> None:
+    """A ring permute behind one barrier round in the bug: a neighbour's next call can pass
+    it for us. The fix (jax PR #27963) adds a second round on a REGULAR semaphore."""
     _barrier_round(pltpu.get_barrier_semaphore())
-    c = pltpu.make_async_remote_copy(
-        x_ref,
-        o_ref,
-        send,
-        recv,  # verify: r10
-        device_id=_ring(1),
-    )
-    c.start()  # verify: r10
-    c.wait()
-
-
-def r10_one_round_fix(x_ref: Any, o_ref: Any, send: Any, recv: Any, second: Any) -> None:
-    """The fix of jax PR #27963: a second round on a REGULAR semaphore."""
-    _barrier_round(pltpu.get_barrier_semaphore())
-    _barrier_round(second)
-    c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=_ring(1))
-    c.start()
-    c.wait()
+    if not bug:
+        _barrier_round(second)
+    _send_right(x_ref, o_ref, send, recv)
 
 
 # ------------------------------------------------------------------ per-slot leak
 
 
-def per_slot_leak_bug(x_ref: Any, o_ref: Any, bufs: Any, sems: Any, out_sem: Any) -> None:
-    """The wait on slot 0 is rebuilt; the fetch on slot 1 is never waited."""
+def per_slot_leak(x_ref: Any, o_ref: Any, bufs: Any, sems: Any, out_sem: Any, *, bug: bool) -> None:
+    """The bug waits slot 0 only; the fetch on slot 1 is never waited."""
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).start()
     pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).start()  # verify: leak
     pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).wait()
-    _write_out(x_ref, o_ref, out_sem)
-
-
-def per_slot_leak_fix(x_ref: Any, o_ref: Any, bufs: Any, sems: Any, out_sem: Any) -> None:
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).start()
-    pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).start()
-    pltpu.make_async_copy(_first(x_ref), bufs.at[0], sems.at[0]).wait()
-    pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).wait()
+    if not bug:
+        pltpu.make_async_copy(_second(x_ref), bufs.at[1], sems.at[1]).wait()
     _write_out(x_ref, o_ref, out_sem)
 
 
 # ------------------------------------------------------------------ false alarms
 
 
-def cond_each_branch_ok(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    """The copy is waited once on every path: in whichever branch the device takes."""
-    c = pltpu.make_async_copy(x_ref, o_ref, sem)
-    c.start()
-    me = lax.axis_index(AXIS)
-
-    def even() -> None:
-        c.wait()
-
-    def odd() -> None:
-        c.wait()
-
-    lax.cond(me % 2 == 0, even, odd)
-
-
-def cond_each_branch_bug(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    """The odd branch forgets the wait: odd devices leave the copy in flight."""
+def cond_each_branch(x_ref: Any, o_ref: Any, sem: Any, *, bug: bool) -> None:
+    """The copy is waited once on every path, in whichever branch the device takes; the
+    bug's odd branch forgets the wait."""
     c = pltpu.make_async_copy(x_ref, o_ref, sem)
     c.start()  # verify: cond_each_branch
     me = lax.axis_index(AXIS)
@@ -300,45 +220,34 @@ def cond_each_branch_bug(x_ref: Any, o_ref: Any, sem: Any) -> None:
         c.wait()
 
     def odd() -> None:
-        pass
+        if not bug:
+            c.wait()
 
     lax.cond(me % 2 == 0, even, odd)
 
 
-def when_not_when_ok(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    c = pltpu.make_async_copy(x_ref, o_ref, sem)
-    c.start()
-    even = lax.axis_index(AXIS) % 2 == 0
-
-    @pl.when(even)
-    def _even() -> None:
-        c.wait()
-
-    @pl.when(jnp.logical_not(even))
-    def _odd() -> None:
-        c.wait()
-
-
-def when_not_when_bug(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    """The second condition overlaps the first on device 2: it waits twice and hangs."""
+def when_not_when(x_ref: Any, o_ref: Any, sem: Any, *, bug: bool) -> None:
+    """The bug's second condition overlaps the first on device 2: it waits twice and hangs."""
     c = pltpu.make_async_copy(x_ref, o_ref, sem)
     c.start()
     me = lax.axis_index(AXIS)
+    even = me % 2 == 0
 
-    @pl.when(me % 2 == 0)
+    @pl.when(even)
     def _even() -> None:
         c.wait()  # verify: when_not_when
 
-    @pl.when(me >= 1)
+    @pl.when(me >= 1 if bug else jnp.logical_not(even))
     def _odd() -> None:
         c.wait()  # verify: when_not_when
 
 
-def writeback_ok(x_ref: Any, o_ref: Any, bufs: Any, sems: Any) -> None:
+def writeback(x_ref: Any, o_ref: Any, bufs: Any, sems: Any, *, bug: bool) -> None:
     """``x_ref`` in VMEM; step i writes chunk i back through slot i % 2.
 
     Step i waits step i - 1's write-back (a descriptor rebuilt for a copy
-    started one iteration earlier); the last step waits its own handle.
+    started one iteration earlier); the last step waits its own handle, which
+    the bug forgets.
     """
     steps = x_ref.shape[0] // CHUNK
 
@@ -356,35 +265,13 @@ def writeback_ok(x_ref: Any, o_ref: Any, bufs: Any, sems: Any) -> None:
 
         bufs[slot] = x_ref[pl.ds(step * CHUNK, CHUNK)] * 2.0
         own = write_back(step, slot)
-        own.start()
+        own.start()  # verify: writeback
+        if not bug:
 
-        @pl.when(step == steps - 1)
-        def _last() -> None:
-            own.wait()
+            @pl.when(step == steps - 1)
+            def _last() -> None:
+                own.wait()
 
-        return carry
-
-    lax.fori_loop(0, steps, body, None)
-
-
-def writeback_bug(x_ref: Any, o_ref: Any, bufs: Any, sems: Any) -> None:
-    """The last step's own write-back is never waited."""
-    steps = x_ref.shape[0] // CHUNK
-
-    def write_back(step: Any, slot: Any) -> Any:
-        return pltpu.make_async_copy(
-            bufs.at[slot], o_ref.at[pl.ds(step * CHUNK, CHUNK)], sems.at[slot]
-        )
-
-    def body(step: Any, carry: None) -> None:
-        slot = step % 2
-
-        @pl.when(step > 0)
-        def _previous() -> None:
-            write_back(step - 1, 1 - slot).wait()
-
-        bufs[slot] = x_ref[pl.ds(step * CHUNK, CHUNK)] * 2.0
-        write_back(step, slot).start()  # verify: writeback
         return carry
 
     lax.fori_loop(0, steps, body, None)
@@ -392,9 +279,7 @@ def writeback_bug(x_ref: Any, o_ref: Any, bufs: Any, sems: Any) -> None:
 
 def local_ring(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
     """A clean ring permute, the kernel the R10 tests compare against."""
-    c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=_ring(1))
-    c.start()
-    c.wait()
+    _send_right(x_ref, o_ref, send, recv)
 
 
 # ------------------------------------------------------------------ credit flow control
@@ -403,7 +288,7 @@ def local_ring(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
 CREDIT_MESSAGES = 6
 
 
-def _credit_ring(
+def credit_ring(
     x_ref: Any,
     o_ref: Any,
     bufs: Any,
@@ -413,7 +298,7 @@ def _credit_ring(
     credits: Any,
     out_sem: Any,
     *,
-    check_credit: bool,
+    bug: bool,
 ) -> None:
     """Each device sends CREDIT_MESSAGES chunks to its right neighbour through two receive
     slots; a slot is reused only after the receiver read it and returned a credit.
@@ -421,8 +306,8 @@ def _credit_ring(
     The receiver returns one credit per message it read (two up front); the sender
     waits one credit per message. Message t + 2 then starts after the receiver read
     message t, because the credit that lets it go is issued after that read: of any
-    t + 3 credits the sender consumed, one was issued after it (the seeded bug skips
-    the credit wait for messages 2 and on).
+    t + 3 credits the sender consumed, one was issued after it (the bug skips the
+    credit wait for messages 2 and on).
     """
     rows = x_ref.shape[0] // CREDIT_MESSAGES
 
@@ -438,7 +323,7 @@ def _credit_ring(
 
     pl.semaphore_signal(credits, 2, device_id=_ring(-1))
     for t in range(CREDIT_MESSAGES):
-        if check_credit or t < 2:
+        if not bug or t < 2:
             pl.semaphore_wait(credits, 1)
         if t >= 2:
             message(t - 2).wait_send()
@@ -450,34 +335,6 @@ def _credit_ring(
     for t in range(max(CREDIT_MESSAGES - 2, 0), CREDIT_MESSAGES):
         message(t).wait_send()
     _write_out(res, o_ref, out_sem)
-
-
-def credit_ring_ok(
-    x_ref: Any,
-    o_ref: Any,
-    bufs: Any,
-    res: Any,
-    send_sems: Any,
-    recv_sems: Any,
-    credits: Any,
-    out_sem: Any,
-) -> None:
-    _credit_ring(x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=True)
-
-
-def credit_ring_bug(
-    x_ref: Any,
-    o_ref: Any,
-    bufs: Any,
-    res: Any,
-    send_sems: Any,
-    recv_sems: Any,
-    credits: Any,
-    out_sem: Any,
-) -> None:
-    _credit_ring(
-        x_ref, o_ref, bufs, res, send_sems, recv_sems, credits, out_sem, check_credit=False
-    )
 
 
 # ------------------------------------------------------------------ property tests

@@ -26,20 +26,20 @@ magnitude.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from safedma.testing import simulate
+from safedma.testing import TpuCompileReport, abstract_mesh, compile_for_tpu, simulate
+from tests.support.kernel_params import BF16, EACH_DTYPE, F32, TILE_ROWS, TOPOLOGIES, DType
 
-DType = np.dtype[Any]
-F32: DType = np.dtype(jnp.float32)
-BF16: DType = np.dtype(jnp.bfloat16)
+# Re-exported: the reduction tests take their dtypes and parametrisations from here.
+__all__ = ["BF16", "EACH_DTYPE", "F32", "TILE_ROWS", "TOPOLOGIES", "DType"]
+
 UNIT_ROUNDOFF = {F32: 2.0**-24, BF16: 2.0**-8}
-TILE_ROWS = {F32: 8, BF16: 16}
 # Two chunk shapes per dtype: two tiles along the lanes, or along the rows. Each
 # device's block (ring size x chunk) stays at 64 KB or less on 8 devices: jax
 # 0.10.2's interpret mode deadlocks when a kernel argument of about 100 KB or
@@ -55,6 +55,17 @@ MESHES = [
     ((2, 4), ("y", "x"), "x"),
 ]
 MESH_IDS = ["2", "4", "8", "2x4-y", "2x4-x"]
+ON_MESHES = pytest.mark.parametrize("mesh_shape,names,axis", MESHES, ids=MESH_IDS)
+# mesh shape, axis names, ring axis, topology: the large v6e meshes each kernel compiles for
+LARGE_V6E = pytest.mark.parametrize(
+    "mesh_shape,names,axis,topology",
+    [
+        ((4, 4), ("y", "x"), "x", "v6e:4x4"),
+        ((16, 16), ("y", "x"), "y", "v6e:16x16"),
+        ((256,), ("x",), "x", "v6e:16x16"),
+    ],
+    ids=["v6e-4x4-x", "v6e-16x16-y", "v6e-256-ring"],
+)
 
 
 def gamma(k: int, u: float) -> float:
@@ -136,3 +147,41 @@ def assert_sum_close(
         assert worst <= 0, f"not float32-accumulated: exceeds the tight bound by {worst}"
     worst = np.max(np.abs(got - same) - bound)
     assert worst <= 0, f"differs from XLA by {worst} beyond the rounding bound"
+
+
+def global_input(devices: int, ring: int, dtype: DType) -> jax.ShapeDtypeStruct:
+    """A compile-only input: two tiles of rows per chunk, 512 lanes."""
+    return jax.ShapeDtypeStruct((devices * ring * 2 * TILE_ROWS[dtype], 512), dtype)
+
+
+def identity_input(
+    sizes: tuple[int, ...], names: tuple[str, ...], axis: str, dtype: DType
+) -> tuple[Mesh, jax.ShapeDtypeStruct]:
+    """A device-free mesh and a sharded input with two tiles of rows per chunk."""
+    mesh = abstract_mesh(sizes, names)
+    n = sizes[names.index(axis)]
+    rows = int(np.prod(sizes)) * n * 2 * TILE_ROWS[dtype]
+    return mesh, jax.ShapeDtypeStruct((rows, 256), dtype, sharding=NamedSharding(mesh, P(names)))
+
+
+def compile_large(
+    per_device: Callable[[jax.Array], jax.Array],
+    mesh_shape: tuple[int, ...],
+    names: tuple[str, ...],
+    axis: str,
+    topology: str,
+) -> TpuCompileReport:
+    """Compile ``per_device`` on bfloat16 for ``topology``: every device, some code."""
+    devices = int(np.prod(mesh_shape))
+    report = compile_for_tpu(
+        per_device,
+        global_input(devices, mesh_shape[names.index(axis)], BF16),
+        topology=topology,
+        mesh_shape=mesh_shape,
+        axis_names=names,
+        in_specs=P(names),
+        out_specs=P(names),
+    )
+    assert report.num_devices == devices
+    assert report.generated_code_size_in_bytes > 0
+    return report

@@ -162,3 +162,14 @@ def slow_sender(steps: int) -> Callable[..., None]:
 
 def slow_scratch() -> list[Any]:
     return [pltpu.VMEM(BLOCK, F32), *dma(2)]
+
+
+def over_signalled_barrier(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    """Device i signals device i + 1's barrier twice and waits it once: one left over."""
+    barrier = pltpu.get_barrier_semaphore()
+    me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
+    pl.semaphore_signal(barrier, 2, device_id={"x": (me + 1) % n})
+    pl.semaphore_wait(barrier, 1)  # one signal too many
+    copy = pltpu.make_async_copy(x_ref, o_ref, sem)
+    copy.start()
+    copy.wait()

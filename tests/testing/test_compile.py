@@ -14,6 +14,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.support.calls import hbm_call
+from tests.support.kernels_pltpu import ring_kernel
 from safedma.testing import (
     TpuCompileError,
     TpuCompileReport,
@@ -28,29 +30,13 @@ TOPOLOGIES = ["v5e:2x2", "v6e:2x2", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"]
 
 
 def _hbm_call(kernel, scratch):
-    def call(x):
-        return pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=scratch,
-        )(x)
-
+    call = hbm_call(kernel, scratch)
     call.__name__ = call.__qualname__ = kernel.__name__.replace("_kernel", "")
     return call
 
 
 def local_copy_kernel(x_ref, o_ref, sem):
     copy = pltpu.make_async_copy(x_ref, o_ref, sem)
-    copy.start()
-    copy.wait()
-
-
-def ring_kernel(x_ref, o_ref, send_sem, recv_sem):
-    me = jax.lax.axis_index("x")
-    n = jax.lax.axis_size("x")
-    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,))
     copy.start()
     copy.wait()
 

@@ -13,21 +13,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from safedma.testing import (
-    LeftoverSemaphoreError,
-    RaceDetectedError,
-    UnsatisfiableWaitError,
-    simulate,
-    simulated_mesh,
-)
-from tests.support.simulation import (
-    BLOCK,
-    F32,
-    assert_clean_afterwards,
-    dma,
-    example,
-    hbm_call,
-)
+from safedma.testing import LeftoverSemaphoreError, RaceDetectedError, UnsatisfiableWaitError
+from safedma.testing import simulate, simulated_mesh
+from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, dma, example, hbm_call
+from tests.support.simulation import over_signalled_barrier
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
@@ -147,21 +136,11 @@ def test_leftover_on_all_8_devices_is_listed_completely_10_times_in_a_row() -> N
     assert len(set(texts)) == 1  # the same report, in the same order, every time
 
 
-def _over_signalled_barrier(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    barrier = pltpu.get_barrier_semaphore()
-    me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-    pl.semaphore_signal(barrier, 2, device_id={"x": (me + 1) % n})
-    pl.semaphore_wait(barrier, 1)  # one signal too many
-    copy = pltpu.make_async_copy(x_ref, o_ref, sem)
-    copy.start()
-    copy.wait()
-
-
 @pytest.mark.slow
 def test_barrier_leftover_on_8_devices_is_always_a_leftover_report() -> None:
     # Before: sometimes "KernelFailedError: KeyError: ('hbm', 101, 6, 0)".
     mesh = simulated_mesh(8, "x")
-    call = hbm_call(_over_signalled_barrier, dma(), collective_id=0)
+    call = hbm_call(over_signalled_barrier, dma(), collective_id=0)
     for _ in range(10):
         with pytest.raises(LeftoverSemaphoreError) as info:
             simulate(call, example((64, 128)), mesh=mesh)

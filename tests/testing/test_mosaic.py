@@ -16,6 +16,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.support.calls import hbm_call
+from tests.support.kernels_pltpu import ring_kernel
 from safedma.testing import (
     KERNEL_PLACEHOLDER,
     MosaicMismatchError,
@@ -27,19 +29,6 @@ from safedma.testing import (
 
 X = jax.ShapeDtypeStruct((8, 128), jnp.float32)
 HBM = pl.BlockSpec(memory_space=pl.ANY)
-
-
-def _hbm_call(kernel, scratch):
-    def call(x):
-        return pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=scratch,
-        )(x)
-
-    return call
 
 
 # --- two spellings of one HBM -> HBM copy -----------------------------------
@@ -66,9 +55,9 @@ def copy_twice_kernel(x_ref, o_ref, sem):
         copy.wait()
 
 
-copy_lib = _hbm_call(copy_kernel, [pltpu.SemaphoreType.DMA(())])
-copy_twin = _hbm_call(twin_copy, [pltpu.SemaphoreType.DMA(())])
-copy_twice = _hbm_call(copy_twice_kernel, [pltpu.SemaphoreType.DMA(())])
+copy_lib = hbm_call(copy_kernel, [pltpu.SemaphoreType.DMA(())])
+copy_twin = hbm_call(twin_copy, [pltpu.SemaphoreType.DMA(())])
+copy_twice = hbm_call(copy_twice_kernel, [pltpu.SemaphoreType.DMA(())])
 
 
 # --- HBM -> VMEM scratch -> HBM ----------------------------------------------
@@ -89,22 +78,14 @@ def staged_twin(hbm_in, hbm_out, vmem, s):
 
 
 _STAGED_SCRATCH = [pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA(())]
-staged_lib = _hbm_call(staged_kernel, _STAGED_SCRATCH)
-staged_twin_call = _hbm_call(staged_twin, _STAGED_SCRATCH)
+staged_lib = hbm_call(staged_kernel, _STAGED_SCRATCH)
+staged_twin_call = hbm_call(staged_twin, _STAGED_SCRATCH)
 
 
 # --- ring permute with a remote DMA --------------------------------------------
 
 
-def ring_kernel(x_ref, o_ref, send_sem, recv_sem):
-    me = jax.lax.axis_index("x")
-    n = jax.lax.axis_size("x")
-    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=((me + 1) % n,))
-    copy.start()
-    copy.wait()
-
-
-ring_call = _hbm_call(ring_kernel, [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())])
+ring_call = hbm_call(ring_kernel, [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())])
 MESH = abstract_mesh((4,), ("x",))
 X_SHARDED = jax.ShapeDtypeStruct((32, 128), jnp.float32, sharding=NamedSharding(MESH, P("x")))
 

@@ -27,28 +27,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 
-from safedma.testing import (
-    ConcurrentInterpretError,
-    KernelFailedError,
-    SimulationTimeoutError,
-    SimulationUnsupportedError,
-    UnsatisfiableWaitError,
-    simulate,
-    simulated_mesh,
-)
+from safedma.testing import ConcurrentInterpretError, KernelFailedError, SimulationTimeoutError
+from safedma.testing import SimulationUnsupportedError, UnsatisfiableWaitError, simulate
+from safedma.testing import simulated_mesh
 from safedma.testing import _interpret_probes
-from tests.support.simulation import (
-    BLOCK,
-    F32,
-    assert_clean_afterwards,
-    dma,
-    example,
-    hbm_call,
-    ring_kernel,
-    slow_scratch,
-    slow_sender,
-    spin,
-)
+from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, dma, example, hbm_call
+from tests.support.simulation import ring_kernel, slow_scratch, slow_sender, spin
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 

@@ -25,31 +25,13 @@ from jax.sharding import PartitionSpec as P
 from tests.support import calls
 from tests.support import kernels_pltpu
 from tests.support import kernels_safedma as sdk
-from tests.support.simulation import (
-    BLOCK,
-    BLOCK_BYTES,
-    F32,
-    HBM,
-    SHORT,
-    Kernel,
-    assert_clean_afterwards,
-    dma,
-    example,
-    hbm_call,
-    ring_kernel,
-    run_ring,
-)
+from tests.support.simulation import BLOCK, BLOCK_BYTES, F32, HBM, SHORT, Kernel
+from tests.support.simulation import assert_clean_afterwards, dma, example, hbm_call, ring_kernel
+from tests.support.simulation import over_signalled_barrier, run_ring
 import safedma as sd
-from safedma.testing import (
-    KernelFailedError,
-    LeftoverSemaphoreError,
-    RaceDetectedError,
-    SimulationError,
-    SimulationTimeoutError,
-    UnsatisfiableWaitError,
-    simulate,
-    simulated_mesh,
-)
+from safedma.testing import KernelFailedError, LeftoverSemaphoreError, RaceDetectedError
+from safedma.testing import SimulationError, SimulationTimeoutError, UnsatisfiableWaitError
+from safedma.testing import simulate, simulated_mesh
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
@@ -379,17 +361,10 @@ def test_r2_reports_every_semaphore_on_every_device(mesh4: Mesh) -> None:
 
 
 def test_r2_over_signalled_barrier(mesh4: Mesh) -> None:
-    def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
-        barrier = pltpu.get_barrier_semaphore()
-        me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-        pl.semaphore_signal(barrier, 2, device_id={"x": (me + 1) % n})
-        pl.semaphore_wait(barrier, 1)  # one signal too many
-        copy = pltpu.make_async_copy(x_ref, o_ref, sem)
-        copy.start()
-        copy.wait()
-
     with pytest.raises(LeftoverSemaphoreError, match="BARRIER semaphore") as info:
-        simulate(hbm_call(kernel, dma(), collective_id=0), example((32, 128)), mesh=mesh4)
+        simulate(
+            hbm_call(over_signalled_barrier, dma(), collective_id=0), example((32, 128)), mesh=mesh4
+        )
     assert {(x.kind, x.count) for x in info.value.leftovers} == {("BARRIER", 1)}
     assert len(info.value.leftovers) == 4
     assert_clean_afterwards()

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tests.support.twins.ppermute import neighbour
-
-HBM = pl.BlockSpec(memory_space=pl.ANY)
-RECV_SLOTS = 2
+from tests.support.twins._ring import RECV_SLOTS, hbm_call, neighbour, received, send
 
 
 def _window(ref: Any, windows: dict[int, Any]) -> Any:
@@ -24,26 +20,6 @@ def _neighbour_barrier(left: Any, right: Any) -> None:
     pl.semaphore_signal(barrier, 1, device_id=left)
     pl.semaphore_signal(barrier, 1, device_id=right)
     pl.semaphore_wait(barrier, 2)
-
-
-def _send(
-    src: Any, dst: Any, step: Any, *, downstream: Any, send_sem: Any, recv_sems: Any, capacity: Any
-) -> Any:
-    @pl.when(step >= RECV_SLOTS)
-    def _() -> None:
-        pl.semaphore_wait(capacity, 1)
-
-    copy = pltpu.make_async_remote_copy(
-        src, dst, send_sem, recv_sems.at[step % RECV_SLOTS], device_id=downstream
-    )
-    copy.start()
-    return copy
-
-
-def _received(step: Any, steps: int, *, upstream: Any, capacity: Any) -> None:
-    @pl.when(step + RECV_SLOTS < steps)
-    def _() -> None:
-        pl.semaphore_signal(capacity, 1, device_id=upstream)
 
 
 def all_gather_kernel(
@@ -75,13 +51,13 @@ def all_gather_kernel(
             _neighbour_barrier(left, right)
         ring = dict(downstream=right, send_sem=send_sem, recv_sems=recv_sems, capacity=capacity)
 
-        _send(x_ref, slot(me), 0, **ring).wait()
-        _received(0, steps, upstream=left, capacity=capacity)
+        send(x_ref, slot(me), 0, **ring).wait()
+        received(0, steps, upstream=left, capacity=capacity)
 
         def body(step: Any, carry: None) -> None:
             owner = (me - step + n) % n
-            _send(slot(owner), slot(owner), step, **ring).wait()
-            _received(step, steps, upstream=left, capacity=capacity)
+            send(slot(owner), slot(owner), step, **ring).wait()
+            received(step, steps, upstream=left, capacity=capacity)
             return carry
 
         jax.lax.fori_loop(1, steps, body, None)
@@ -139,12 +115,12 @@ def all_gather_bidirectional_kernel(
         def step(
             src_right: Any, src_left: Any, owner_right: Any, owner_left: Any, index: Any
         ) -> None:
-            to_right = _send(src_right, piece(owner_right, 0), index, **rightward)
-            to_left = _send(src_left, piece(owner_left, 1), index, **leftward)
+            to_right = send(src_right, piece(owner_right, 0), index, **rightward)
+            to_left = send(src_left, piece(owner_left, 1), index, **leftward)
             to_right.wait()
             to_left.wait()
-            _received(index, steps, upstream=left, capacity=rightward["capacity"])
-            _received(index, steps, upstream=right, capacity=leftward["capacity"])
+            received(index, steps, upstream=left, capacity=rightward["capacity"])
+            received(index, steps, upstream=right, capacity=leftward["capacity"])
 
         step(_window(x_ref, part(0)), _window(x_ref, part(1)), me, me, 0)
 
@@ -164,10 +140,6 @@ def _out_shape(x: jax.Array, axis: str, concat_axis: int) -> jax.ShapeDtypeStruc
     return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
 
 
-def _params(barrier: bool, collective_id: int | None) -> Any:
-    return pltpu.CompilerParams(collective_id=collective_id) if barrier else None
-
-
 def all_gather(
     x: jax.Array,
     *,
@@ -179,26 +151,22 @@ def all_gather(
     concat = concat_axis % x.ndim
     n = jax.lax.axis_size(axis)
     barrier = n > 1 and collective_id is not None
-    body = functools.update_wrapper(
-        functools.partial(all_gather_kernel, axis=axis, concat_axis=concat, barrier=barrier),
+    return hbm_call(
         all_gather_kernel,
-    )
-    result: jax.Array = pl.pallas_call(
-        body,
-        out_shape=_out_shape(x, axis, concat),
-        in_specs=[HBM],
-        out_specs=HBM,
+        _out_shape(x, axis, concat),
         scratch_shapes=[
             pltpu.SemaphoreType.DMA(()),
             pltpu.SemaphoreType.DMA(()),
             pltpu.SemaphoreType.DMA((RECV_SLOTS,)),
             pltpu.SemaphoreType.REGULAR(()),
         ],
-        compiler_params=_params(barrier, collective_id),
+        collective_id=collective_id if barrier else None,
         interpret=interpret,
         name="all_gather",
+        axis=axis,
+        concat_axis=concat,
+        barrier=barrier,
     )(x)
-    return result
 
 
 def all_gather_bidirectional(
@@ -214,29 +182,20 @@ def all_gather_bidirectional(
     split = split_axis % x.ndim
     n = jax.lax.axis_size(axis)
     barrier = n > 1 and collective_id is not None
-    body = functools.update_wrapper(
-        functools.partial(
-            all_gather_bidirectional_kernel,
-            axis=axis,
-            concat_axis=concat,
-            split_axis=split,
-            barrier=barrier,
-        ),
+    return hbm_call(
         all_gather_bidirectional_kernel,
-    )
-    result: jax.Array = pl.pallas_call(
-        body,
-        out_shape=_out_shape(x, axis, concat),
-        in_specs=[HBM],
-        out_specs=HBM,
+        _out_shape(x, axis, concat),
         scratch_shapes=[
             pltpu.SemaphoreType.DMA(()),
             pltpu.SemaphoreType.DMA((2,)),
             pltpu.SemaphoreType.DMA((2 * RECV_SLOTS,)),
             pltpu.SemaphoreType.REGULAR((2,)),
         ],
-        compiler_params=_params(barrier, collective_id),
+        collective_id=collective_id if barrier else None,
         interpret=interpret,
         name="all_gather_bidirectional",
+        axis=axis,
+        concat_axis=concat,
+        split_axis=split,
+        barrier=barrier,
     )(x)
-    return result

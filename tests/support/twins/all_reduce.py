@@ -7,7 +7,6 @@ the composition: the same two pallas_calls with the same parameters.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -15,15 +14,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma.kernels.all_gather import all_gather
-from tests.support.twins.all_gather import RECV_SLOTS, _received, _send
-from tests.support.twins.reduce_scatter import (
-    HBM,
-    neighbour_barrier,
-    neighbour_id,
-    reduce_scatter,
-    reduce_scatter_ring,
-    reduce_scatter_scratch,
-)
+from tests.support.twins._ring import RECV_SLOTS, hbm_call, neighbour, received, send
+from tests.support.twins.reduce_scatter import neighbour_barrier, reduce_scatter
+from tests.support.twins.reduce_scatter import reduce_scatter_ring, reduce_scatter_scratch
 
 
 def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *, axis: str) -> None:
@@ -31,12 +24,12 @@ def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *,
     m = o_hbm.shape[0] // n
     me = jax.lax.axis_index(axis)
     steps = n - 1
-    right = neighbour_id(axis, 1)
-    left = neighbour_id(axis, -1)
+    right = neighbour(axis, 1)
+    left = neighbour(axis, -1)
 
     def forward(step: Any, carry: None) -> None:
         chunk = o_hbm.at[pl.ds((me - step + n) % n * m, m)]
-        _send(
+        send(
             chunk,
             chunk,
             step,
@@ -45,30 +38,16 @@ def all_gather_ring(o_hbm: Any, send_sem: Any, recv_sems: Any, capacity: Any, *,
             recv_sems=recv_sems,
             capacity=capacity,
         ).wait()
-        _received(step, steps, upstream=left, capacity=capacity)
+        received(step, steps, upstream=left, capacity=capacity)
         return carry
 
     jax.lax.fori_loop(0, steps, forward, None)
 
 
-def all_reduce_kernel(
-    x_hbm: Any,
-    o_hbm: Any,
-    x_bufs: Any,
-    recv_bufs: Any,
-    send_bufs: Any,
-    x_sems: Any,
-    send_sems: Any,
-    recv_sems: Any,
-    capacity: Any,
-    out_buf: Any,
-    out_sem: Any,
-    gather_send_sem: Any,
-    gather_recv_sems: Any,
-    gather_capacity: Any,
-    *,
-    axis: str,
-) -> None:
+def all_reduce_kernel(x_hbm: Any, o_hbm: Any, *scratch: Any, axis: str) -> None:
+    """``scratch``: the reduce-scatter's seven refs, then the output buffer and the gather's."""
+    ring = scratch[:7]
+    out_buf, out_sem, gather_send_sem, gather_recv_sems, gather_capacity = scratch[7:]
     m = out_buf.shape[0]
     mine = o_hbm.at[pl.ds(jax.lax.axis_index(axis) * m, m)]
 
@@ -79,18 +58,7 @@ def all_reduce_kernel(
         copy.wait()
 
     neighbour_barrier(axis)
-    reduce_scatter_ring(
-        x_hbm,
-        x_bufs,
-        recv_bufs,
-        send_bufs,
-        x_sems,
-        send_sems,
-        recv_sems,
-        capacity,
-        axis=axis,
-        finish=store,
-    )
+    reduce_scatter_ring(x_hbm, ring, axis=axis, finish=store)
     all_gather_ring(o_hbm, gather_send_sem, gather_recv_sems, gather_capacity, axis=axis)
 
 
@@ -104,14 +72,9 @@ def all_reduce(
         )
     n = jax.lax.axis_size(axis)
     m, cols = x.shape[0] // n, x.shape[1]
-    body = functools.update_wrapper(
-        functools.partial(all_reduce_kernel, axis=axis), all_reduce_kernel
-    )
-    result: jax.Array = pl.pallas_call(
-        body,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[HBM],
-        out_specs=HBM,
+    return hbm_call(
+        all_reduce_kernel,
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
         scratch_shapes=[
             *reduce_scatter_scratch(m, cols, x.dtype),
             pltpu.VMEM((m, cols), x.dtype),
@@ -120,8 +83,8 @@ def all_reduce(
             pltpu.SemaphoreType.DMA((RECV_SLOTS,)),
             pltpu.SemaphoreType.REGULAR(()),
         ],
-        compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        collective_id=collective_id,
         interpret=interpret,
         name="all_reduce",
+        axis=axis,
     )(x)
-    return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +9,7 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-HBM = pl.BlockSpec(memory_space=pl.ANY)
+from tests.support.twins._ring import hbm_call
 
 
 def pipeline_kernel(
@@ -64,12 +63,9 @@ def pipeline(
     x: jax.Array, fn: Callable[[jax.Array], jax.Array], *, chunk_rows: int, interpret: Any = False
 ) -> jax.Array:
     chunk = (chunk_rows, x.shape[1])
-    body = functools.update_wrapper(functools.partial(pipeline_kernel, fn=fn), pipeline_kernel)
-    result: jax.Array = pl.pallas_call(
-        body,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[HBM],
-        out_specs=HBM,
+    return hbm_call(
+        pipeline_kernel,
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
         scratch_shapes=[
             pltpu.VMEM((2, *chunk), x.dtype),
             pltpu.VMEM((2, *chunk), x.dtype),
@@ -78,5 +74,5 @@ def pipeline(
         ],
         interpret=interpret,
         name="pipeline",
+        fn=fn,
     )(x)
-    return result

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-HBM = pl.BlockSpec(memory_space=pl.ANY)
-
-
-def neighbour(axis: str, shift: int) -> dict[str, Any]:
-    """The device ``shift`` steps along ``axis``; reads the axis index each time, as
-    ``safedma.neighbour`` does."""
-    n = jax.lax.axis_size(axis)
-    return {axis: (jax.lax.axis_index(axis) + shift % n) % n}
+from tests.support.twins._ring import hbm_call, neighbour
 
 
 def _meet(sem: Any, target: Any, source: Any) -> None:
@@ -61,22 +53,18 @@ def ppermute(
     interpret: Any = False,
 ) -> jax.Array:
     barrier = shift % jax.lax.axis_size(axis) != 0 and collective_id is not None
-    body = functools.update_wrapper(
-        functools.partial(ppermute_kernel, axis=axis, shift=shift, barrier=barrier),
+    return hbm_call(
         ppermute_kernel,
-    )
-    result: jax.Array = pl.pallas_call(
-        body,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        in_specs=[HBM],
-        out_specs=HBM,
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
         scratch_shapes=[
             pltpu.SemaphoreType.DMA(()),
             pltpu.SemaphoreType.DMA(()),
             pltpu.SemaphoreType.REGULAR(()),
         ],
-        compiler_params=pltpu.CompilerParams(collective_id=collective_id) if barrier else None,
+        collective_id=collective_id if barrier else None,
         interpret=interpret,
         name="ppermute",
+        axis=axis,
+        shift=shift,
+        barrier=barrier,
     )(x)
-    return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -10,13 +10,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-HBM = pl.BlockSpec(memory_space=pl.ANY)
+from tests.support.twins._ring import hbm_call, neighbour
+
 VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
-
-
-def neighbour_id(axis: str, shift: int) -> dict[str, Any]:
-    n = jax.lax.axis_size(axis)
-    return {axis: (jax.lax.axis_index(axis) + shift % n) % n}
+neighbour_id = neighbour
 
 
 def neighbour_barrier(axis: str) -> None:
@@ -26,19 +23,9 @@ def neighbour_barrier(axis: str) -> None:
     pl.semaphore_wait(barrier, 2)
 
 
-def reduce_scatter_ring(
-    x_hbm: Any,
-    x_bufs: Any,
-    recv_bufs: Any,
-    send_bufs: Any,
-    x_sems: Any,
-    send_sems: Any,
-    recv_sems: Any,
-    capacity: Any,
-    *,
-    axis: str,
-    finish: Any,
-) -> None:
+def reduce_scatter_ring(x_hbm: Any, scratch: Sequence[Any], *, axis: str, finish: Any) -> None:
+    """The ring; ``scratch`` is reduce_scatter_scratch's refs, in its order."""
+    x_bufs, recv_bufs, send_bufs, x_sems, send_sems, recv_sems, capacity = scratch
     n = jax.lax.axis_size(axis)
     m = x_bufs.shape[1]
     me = jax.lax.axis_index(axis)
@@ -106,35 +93,12 @@ def reduce_scatter_ring(
         message(sent % 2).wait_send()
 
 
-def reduce_scatter_kernel(
-    x_hbm: Any,
-    o_ref: Any,
-    x_bufs: Any,
-    recv_bufs: Any,
-    send_bufs: Any,
-    x_sems: Any,
-    send_sems: Any,
-    recv_sems: Any,
-    capacity: Any,
-    *,
-    axis: str,
-) -> None:
+def reduce_scatter_kernel(x_hbm: Any, o_ref: Any, *scratch: Any, axis: str) -> None:
     def store(total: Any) -> None:
         o_ref[...] = total.astype(o_ref.dtype)
 
     neighbour_barrier(axis)
-    reduce_scatter_ring(
-        x_hbm,
-        x_bufs,
-        recv_bufs,
-        send_bufs,
-        x_sems,
-        send_sems,
-        recv_sems,
-        capacity,
-        axis=axis,
-        finish=store,
-    )
+    reduce_scatter_ring(x_hbm, scratch, axis=axis, finish=store)
 
 
 def reduce_scatter_scratch(chunk_rows: int, cols: int, dtype: Any) -> list[Any]:
@@ -155,17 +119,13 @@ def reduce_scatter(
 ) -> jax.Array:
     n = jax.lax.axis_size(axis)
     m, cols = x.shape[0] // n, x.shape[1]
-    body = functools.update_wrapper(
-        functools.partial(reduce_scatter_kernel, axis=axis), reduce_scatter_kernel
-    )
-    result: jax.Array = pl.pallas_call(
-        body,
-        out_shape=jax.ShapeDtypeStruct((m, cols), x.dtype),
-        in_specs=[HBM],
+    return hbm_call(
+        reduce_scatter_kernel,
+        jax.ShapeDtypeStruct((m, cols), x.dtype),
         out_specs=VMEM,
         scratch_shapes=reduce_scatter_scratch(m, cols, x.dtype),
-        compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        collective_id=collective_id,
         interpret=interpret,
         name="reduce_scatter",
+        axis=axis,
     )(x)
-    return result
