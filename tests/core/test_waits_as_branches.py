@@ -84,3 +84,27 @@ def test_other_value_errors_pass_through_unchanged() -> None:
     with pytest.raises(ValueError, match="^the user's own error") as caught:
         run(kernel)
     assert type(caught.value) is ValueError
+
+
+def test_a_remote_wait_passed_as_a_branch_verifies_clean() -> None:
+    from safedma.testing import abstract_mesh, verify
+
+    def kernel(x_ref: sd.DataRef, o_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef) -> None:
+        copy = sd.RemoteCopy(x_ref, o_ref, recv).with_send_sem(send).to(sd.neighbour("x"))
+        handle = copy.start()
+        jax.lax.cond(sd.my_index("x") >= 0, handle.wait, handle.wait)
+
+    def per_device(x: jax.Array) -> jax.Array:
+        call = sd.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[sd.dma_semaphore(), sd.dma_semaphore()],
+        )
+        return call(x)
+
+    report = verify(
+        per_device, jnp.zeros((2 * 8, 128), jnp.float32), mesh=abstract_mesh((2,), ("x",))
+    )
+    assert report.dmas == 2
