@@ -6,8 +6,10 @@ whose node id matches one of the patterns below, on top of the tests marked
 test move out of the fast lane without editing its module. A pattern is a node id in
 which ``*`` matches anything (brackets are literal).
 
-What stays fast: every module's own checks, each kernel on its smallest mesh, the
-type-test corpora under pyrefly and ty (about a second each). CI runs everything.
+What stays fast: every test function once. A parametrised test keeps its first
+parametrisation that no pattern below names (the rest are ``slow``), unless it is in
+``EVERY_PARAMETRISATION`` (tests whose parameters are different products, such as
+each library kernel against its twin). CI runs everything.
 """
 
 from __future__ import annotations
@@ -129,6 +131,31 @@ SLOW_NODE_IDS = (
 )
 
 
+# Parametrised tests whose every parametrisation stays in the fast lane.
+EVERY_PARAMETRISATION = (
+    "tests/kernels/test_identity.py::test_identical_to_its_twin_on_v6e",
+    "tests/docs/test_links.py::test_relative_link_resolves_inside_the_repository",
+)
+
+
+def _function_id(item: pytest.Item) -> str:
+    return item.nodeid.split("[", 1)[0]
+
+
+def _keep_one_parametrisation(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every parametrisation after the first fast one of each test function."""
+    seen: set[str] = set()
+    for item in items:
+        if getattr(item, "callspec", None) is None or item.get_closest_marker("slow"):
+            continue
+        function = _function_id(item)
+        if function in EVERY_PARAMETRISATION:
+            continue
+        if function in seen:
+            item.add_marker(pytest.mark.slow)
+        seen.add(function)
+
+
 def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
 
@@ -144,6 +171,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if regex.fullmatch(item.nodeid):
                 item.add_marker(pytest.mark.slow)
                 used.add(pattern)
+    _keep_one_parametrisation(items)
     # A whole-suite collection that misses a pattern means a test was renamed or moved.
     if config.args_source is pytest.Config.ArgsSource.TESTPATHS:
         stale = [p for p, _ in _PATTERNS if p not in used]
