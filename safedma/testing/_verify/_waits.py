@@ -151,7 +151,24 @@ class WaitRecord:
         else:
             self.early.append(e)
         self.now = outcome(self.credit, self.amount, [*self.present, *self.early])
-        return not same(self.now, self.used)
+        return not self._equivalent()
+
+    def _equivalent(self) -> bool:
+        """True if the outcome with the early contributions differs from the applied one at
+        most in signals it no longer guarantees while the clock learned is the same.
+
+        Such a signal stays pending for the next waits instead of moving into the credit;
+        their total, hence what they guarantee, is unchanged, and what they learn too: a
+        contribution this wait guaranteed is already known to the waiter, so counting it
+        again among a later wait's candidates cannot lower what that wait learns below
+        what the waiter knows. Only a copy's guarantee settles buffer accesses, so only a
+        copy's loss needs a new walk.
+        """
+        (used_g, used_l), (now_g, now_l) = self.used, self.now
+        if not same((frozenset(), used_l), (frozenset(), now_l)):
+            return False
+        lost = used_g - now_g
+        return not any(c.seq in lost and getattr(c, "dma", None) is not None for c in self.present)
 
 
 class Hints:
