@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-
 from safedma.testing._verify._clocks import Clock, Clocks
 from safedma.testing._verify._regions import Box, Buffer, Coverage, View, contains, overlaps
 from safedma.testing._verify._report import (
@@ -73,7 +72,7 @@ class Dma:
         self.where, self.clock, self.kernel, self.number = where, clock, kernel, number
         self.src_rec: Record | None = None
         self.dst_rec: Record | None = None
-        # why a wait that would otherwise have guaranteed this copy did not
+        # the last wait that counted this copy without guaranteeing it, and why
         self.withheld: str | None = None
 
 
@@ -347,7 +346,7 @@ class Machine:
             sem.waiters = []
 
     def _early(self, sem: SemState, c: Contribution) -> None:
-        """Rule 4 across the schedule: ``c`` counts at every past wait it is not ordered after.
+        """Rule 6 (docs/verify.md): ``c`` counts at every past wait it is not ordered after.
 
         A wait whose outcome that changes becomes a hint for the next walk (_waits.py).
         Newest first: ``c`` ordered after a wait is ordered after the earlier waits of
@@ -367,14 +366,23 @@ class Machine:
                 self.hints.add(w.seq, w.early)
 
     def check_reach(
-        self, p: int, target: int, kernel: int, what: str, where: str, barrier: bool
+        self,
+        p: int,
+        target: int,
+        kernel: int,
+        what: str,
+        where: str,
+        barrier: bool,
+        outlives: bool = False,
     ) -> None:
-        """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call."""
+        """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call
+        (``outlives``: it signals a semaphore the call returns, a DMA future, which the
+        target waits in a later call; only its entry matters)."""
         if target == p:
             return
         rows = self.clocks.rows
         exits, entries = self.exits[target], self.entry[target]
-        if kernel in exits:
+        if kernel in exits and not outlives:
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} reaches {self.labels[target]} "
                 f"after it left the kernel (R8): nothing it waits for orders its exit "

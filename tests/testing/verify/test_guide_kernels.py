@@ -408,3 +408,61 @@ def test_an_all_reduce_without_capacity_credits_is_caught() -> None:
 
 def test_a_reduce_scatter_without_its_rightward_credits_is_caught() -> None:
     _caught(functools.partial(reduce_scatter, credit=False), 4, 64)
+
+
+# ------------------------------------------------------------------ async remote copy (futures)
+# jax's "Pallas async operations" note: a start kernel meets its right neighbour on the
+# barrier semaphore (signal left, wait one), starts a remote copy to the right and returns
+# both semaphores, its aliased input (kept alive) and the output being written; a done
+# kernel takes them and waits both sides.
+
+
+def start_kernel(x_ref: Any, send: Any, recv: Any, x_alias: Any, o_ref: Any) -> None:
+    del x_alias
+    _, right, left, _ = _neighbours()
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, 1, device_id=_to(left))
+    pl.semaphore_wait(barrier, 1)
+    pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=_to(right)).start()
+
+
+def done_kernel(
+    x_ref: Any, o_ref: Any, send: Any, recv: Any, o_alias: Any, *, wait_recv: bool = True
+) -> None:
+    del x_ref, o_alias
+    pltpu.make_async_copy(o_ref, o_ref, send).wait()
+    if wait_recv:
+        pltpu.make_async_copy(o_ref, o_ref, recv).wait()
+
+
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+
+
+def async_permute(x: jax.Array, *, wait_recv: bool = True) -> jax.Array:
+    like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    send, recv, x2, out = pl.pallas_call(
+        start_kernel,
+        out_shape=(pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(()), like, like),
+        in_specs=[ANY],
+        out_specs=(SEM, SEM, ANY, ANY),
+        input_output_aliases={0: 2},
+        compiler_params=pltpu.CompilerParams(collective_id=0, has_side_effects=True),
+    )(x)
+    result: jax.Array = pl.pallas_call(
+        functools.partial(done_kernel, wait_recv=wait_recv),
+        out_shape=like,
+        in_specs=[ANY, ANY, SEM, SEM],
+        out_specs=ANY,
+        input_output_aliases={1: 0},
+        compiler_params=pltpu.CompilerParams(has_side_effects=True),
+    )(x2, out, send, recv)
+    return result
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_an_async_remote_copy_started_and_done_in_two_kernels_is_clean(n: int) -> None:
+    assert _run(async_permute, n, ROWS).remote_dmas == n
+
+
+def test_an_async_remote_copy_whose_receive_is_never_waited_is_caught() -> None:
+    _caught(functools.partial(async_permute, wait_recv=False), 4, ROWS)
