@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 from typing import Any, cast
 
 from safedma.testing._verify import _jax
@@ -246,15 +245,15 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
         if g >= 0:
             grid.append(g)
             continue
-        value = next(bounds, None)
-        if isinstance(value, np.ndarray) and value.size == 1:
-            value = value.item()
-        if not isinstance(value, (int, np.integer)):
+        value: Any = next(bounds, None)
+        if getattr(value, "size", None) == 1 and hasattr(value, "item"):
+            value = value.item()  # a known scalar computed outside the kernel (numpy)
+        if not isinstance(value, int):
+            why = str(getattr(value, "why", "data the verifier does not compute"))
             raise VerificationUnsupportedError(
                 f"kernel {desc.name} at {desc.where} has a dynamic grid whose size depends "
-                f"on {getattr(value, 'why', 'data the verifier does not compute')}: pass "
-                "the operands it is computed from as concrete arrays, or check this kernel "
-                "with safedma.testing.simulate"
+                f"on {why}: pass the operands it is computed from as concrete arrays, or "
+                "check this kernel with safedma.testing.simulate"
             )
         grid.append(int(value))
     return tuple(grid)

@@ -13,7 +13,10 @@ and each has a seeded mistake verify must catch:
   semaphore (the receiver tells its left neighbour it may send) behind the
   double barrier of jax PR #27963;
 * bidirectional reduce-scatter: two accumulators travelling left and right
-  over a (step, phase) grid, each direction with its own capacity semaphore.
+  over a (step, phase) grid, each direction with its own capacity semaphore;
+* from jax's note on decomposed async operations: a permute started by one
+  ``pallas_call`` that returns its semaphores and output (a DMA future) and
+  finished by another.
 """
 
 from __future__ import annotations
