@@ -147,10 +147,19 @@ class WaitRecord:
         for i, x in enumerate(self.early):
             if x.seq == e.seq:
                 self.early[i] = e
-                break
+                self.now = outcome(self.credit, self.amount, [*self.present, *self.early])
+                return not self._equivalent()
+        self.early.append(e)
+        cands = [*self.present, *self.early]
+        learned = self.now[1]
+        if learned is not None and bool(np.all(e.clock >= learned)):
+            # A candidate that knows at least what the waiter learned never counts among
+            # the ones that know least: the learned clock stays; only the guarantees move.
+            total = self.credit + sum(c.amount for c in cands)
+            kept = frozenset(c.seq for c in cands if total - c.amount < self.amount)
+            self.now = (kept, learned)
         else:
-            self.early.append(e)
-        self.now = outcome(self.credit, self.amount, [*self.present, *self.early])
+            self.now = outcome(self.credit, self.amount, cands)
         return not self._equivalent()
 
     def _equivalent(self) -> bool:
