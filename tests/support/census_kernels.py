@@ -38,7 +38,7 @@ LANES = 128
 # --- MoE-style all-to-all: one semaphore, waited by total size -----------------
 
 
-def moe_all_to_all(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
+def _moe_start(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
     n = sd.axis_size(AXIS)
     me = sd.my_index(AXIS)
     rows = x_ref.shape[0] // n
@@ -48,16 +48,61 @@ def moe_all_to_all(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
         peer = (me + shift) % n
         copy = sd.RemoteCopy(x_ref.at[pl.ds(peer * rows, rows)], mine, sem)
         copy.with_send_sem(sem).to(sd.device({AXIS: peer})).start()
+
+
+def moe_all_to_all(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
+    _moe_start(x_ref, o_ref, sem)
     # The semaphore counted the local block and n - 1 received blocks (o_ref's
     # size) and n - 1 sent blocks: two waits by size.
+    n = sd.axis_size(AXIS)
     sd.wait_bytes(sem, o_ref)
-    sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 1) * rows)])
+    sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 1) * (o_ref.shape[0] // n))])
+
+
+def moe_then_read(
+    block: Callable[[jax.Array, int], jax.Array], early: bool
+) -> Callable[[DataRef, DataRef, DataRef, SemRef, SemRef], None]:
+    """The all-to-all, then block ``block(me, n)`` of the result copied into VMEM:
+    after both waits (correct) or between them (``early``: a seeded bug, the first
+    wait is satisfied by any n blocks of the 2n - 1 the semaphore counts)."""
+
+    def kernel(x_ref: DataRef, o_ref: DataRef, buf: DataRef, sem: SemRef, copy_sem: SemRef) -> None:
+        n = sd.axis_size(AXIS)
+        me = sd.my_index(AXIS)
+        rows = o_ref.shape[0] // n
+        _moe_start(x_ref, o_ref, sem)
+        sd.wait_bytes(sem, o_ref)
+
+        def read() -> None:
+            start = block(me, n) * rows
+            sd.LocalCopy(o_ref.at[pl.ds(start, rows)], buf, copy_sem).start().wait()
+
+        if early:
+            read()  # census: moe_early
+        sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 1) * rows)])
+        if not early:
+            read()
+
+    return kernel
+
+
+def moe_one_block_short(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
+    """Seeded bug: the second wait is one block short (a sent block is never waited)."""
+    _moe_start(x_ref, o_ref, sem)
+    n = sd.axis_size(AXIS)
+    sd.wait_bytes(sem, o_ref)
+    sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 2) * (o_ref.shape[0] // n))])
+
+
+def moe_read_scratch(rows: int) -> list[Any]:
+    return [sd.vmem((rows, LANES), jnp.float32), sd.dma_semaphore(), sd.dma_semaphore()]
 
 
 def moe_call(
     kernel: Callable[..., None],
     mesh: Mesh | AbstractMesh,
     pallas: Callable[..., Any] = pl.pallas_call,
+    scratch: list[Any] | None = None,
 ) -> Callable[[jax.Array], jax.Array]:
     def per_device(x: jax.Array) -> jax.Array:
         result: jax.Array = pallas(
@@ -65,7 +110,7 @@ def moe_call(
             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
             in_specs=[HBM],
             out_specs=HBM,
-            scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+            scratch_shapes=[pltpu.SemaphoreType.DMA(())] if scratch is None else scratch,
         )(x)
         return result
 

@@ -436,6 +436,7 @@ class Row:
     invocations: int = 1
     rows: int = BLOCK[0]
     simulate_bug: str = "clean"  # what simulate says of the bug today
+    devices: int = RING  # the ring the row's cases run on
 
 
 ROWS: tuple[Row, ...] = (
@@ -460,12 +461,16 @@ ROWS: tuple[Row, ...] = (
     ),
     Row("r9_shared_sem", lambda: [_chunks(), _block(), *_dma(2)], "silent"),
     Row("early_wait", lambda: [_chunks(), _block(), *_dma(3)], "silent"),
+    # Five devices: on a ring of four or fewer one round is safe across calls (a
+    # device's barrier wait then implies its right neighbour entered the call; see
+    # test_engine_protocols.py::test_r10_single_barrier_reused_across_calls).
     Row(
         "r10_one_round",
         lambda: [*_dma(2), pltpu.SemaphoreType.REGULAR],
         "silent",
         collective_id=0,
         invocations=2,
+        devices=5,
     ),
     Row(
         "per_slot_leak",
@@ -679,14 +684,16 @@ def verify(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return run(fn, *args, **kwargs)
 
 
-def verify_case(case: Case, *, mesh: Any, devices: int = RING) -> Any:
-    """``verify`` of ``case`` on ``mesh`` with its invocation count.
+def verify_case(case: Case, *, mesh: Any, devices: int | None = None) -> Any:
+    """``verify`` of ``case`` on ``mesh`` (``devices`` of them, by default the row's ring)
+    with its invocation count.
 
     On a device-free mesh the argument is a ShapeDtypeStruct, on a real
     (simulated) mesh an array, as a user would pass to simulate.
     """
     from jax.sharding import Mesh
 
+    devices = case.row.devices if devices is None else devices
     x = example(case.row, devices) if isinstance(mesh, Mesh) else spec(case.row, devices)
     return verify(case.per_device(), x, mesh=mesh, invocations=case.row.invocations)
 

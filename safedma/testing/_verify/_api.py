@@ -17,6 +17,7 @@ from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
 from safedma.testing._verify._semantics import Blocked
+from safedma.testing._verify._waits import Hints
 from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
 
 __all__ = ["verify"]
@@ -142,27 +143,24 @@ def verify(
             names = tuple(str(n) for n in inner_mesh.axis_names)
             sizes = tuple(int(inner_mesh.shape[n]) for n in names)
     core_axis, cores = _cores_in(body)
-    engine = Engine(names, sizes, cores, core_axis)
     compiled = compile_jaxpr(body, consts, outer=True)
     local_specs = (
         _local_specs(in_specs, names, len(args)) if mesh is not None else _inner_specs(top, found)
     )
-    programs: list[Generator[Blocked, None, None]] = []
-    for p in range(engine.participants):
-        if p % engine.cores:
-            programs.append(engine.helper(p))
-            continue
-        coords = engine.coords(p)
-        ctx = Ctx(p, engine, coords)
-        inputs: list[object] = []
-        for k, var in enumerate(cast("list[Any]", body.invars)):
-            idx = arg_index[k] if k < len(arg_index) else -1
-            value = values[idx] if 0 <= idx < len(values) else None
-            if value is not None and local_specs is not None:
-                value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
-            inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
-        programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
-    engine.schedule(programs)
+    hints = Hints()
+    while True:  # walk again while early contributions weaken a wait (_waits.py)
+        hints.start_walk()
+        engine = Engine(names, sizes, cores, core_axis)
+        engine.machine.hints = hints
+        _walk(engine, compiled, body, arg_index, values, local_specs, invocations)
+        if not hints.changed:
+            break
+        if hints.walks >= _MAX_WALKS:
+            raise VerificationUnsupportedError(
+                f"the semaphore accounting did not settle after {hints.walks} walks of the "
+                "program (each walk counts contributions that may land before a wait they "
+                "are not ordered after); use simulate for this kernel"
+            )
     m = engine.machine
     peaks: dict[str, int] = {}
     for s in m.sems.values():
@@ -179,6 +177,37 @@ def verify(
         signals=m.signals,
         max_bytes_in_flight=peaks,
     )
+
+
+_MAX_WALKS = 12
+
+
+def _walk(
+    engine: Engine,
+    compiled: Compiled,
+    body: Any,
+    arg_index: list[int],
+    values: list[np.ndarray[Any, Any] | None],
+    local_specs: list[Any] | None,
+    invocations: int,
+) -> None:
+    """One walk of every participant's program through the model."""
+    programs: list[Generator[Blocked, None, None]] = []
+    for p in range(engine.participants):
+        if p % engine.cores:
+            programs.append(engine.helper(p))
+            continue
+        coords = engine.coords(p)
+        ctx = Ctx(p, engine, coords)
+        inputs: list[object] = []
+        for k, var in enumerate(cast("list[Any]", body.invars)):
+            idx = arg_index[k] if k < len(arg_index) else -1
+            value = values[idx] if 0 <= idx < len(values) else None
+            if value is not None and local_specs is not None:
+                value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
+            inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
+        programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
+    engine.schedule(programs)
 
 
 def _repeat(

@@ -223,7 +223,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         index_map = bm.index_map_jaxpr
         blocks.append(
             {
-                "space": memory_space(aval),
+                "space": _block_space(aval),
                 "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
                 "array_shape": tuple(int(d) for d in bm.array_aval.shape),
                 "index_map": index_map,
@@ -255,6 +255,15 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         "mesh": mesh,
         "out_avals": tuple(p.get("out_avals", ())),
     }
+
+
+def _block_space(aval: Any) -> str:
+    """A block operand's memory space: a BlockSpec without one is a VMEM block on TPU
+    (Pallas pipelines it); only an explicit ``pl.ANY`` leaves the operand in place."""
+    space = getattr(aval, "memory_space", None)
+    if space is None or str(space).lower() == "default":
+        return "VMEM"
+    return memory_space(aval)
 
 
 def _block_dim(b: Any) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+
 from typing import Any, cast
 
 from safedma.testing._verify import _jax
@@ -46,12 +47,7 @@ class KernelDesc:
         self.n_in = int(kp["num_inputs"])
         self.n_out = int(kp["num_outputs"])
         self.n_scratch = int(kp["num_scratch"])
-        self.grid: tuple[int, ...] = tuple(int(g) for g in kp["grid"])
-        if any(g < 0 for g in self.grid):
-            raise VerificationUnsupportedError(
-                f"kernel {self.name} at {self.where} has a dynamic grid; the verifier needs "
-                "static grid sizes"
-            )
+        self.grid: tuple[int, ...] = tuple(int(g) for g in kp["grid"])  # -1: dynamic
         self.index_maps = [compile_jaxpr(*_jax.jaxpr_of(b["index_map"])) for b in kp["blocks"]]
         self.blocks = kp["blocks"]
         self.aliases = {int(o): int(i) for i, o in kp["aliases"]}
@@ -132,10 +128,11 @@ def _run_kernel(
     eng, m, p = ctx.engine, ctx.machine, ctx.p
     instance = m.enter(p)
     run_ = KernelRun(desc, instance)
+    grid = _grid(desc, operands)
     saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
     ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
         run_,
-        desc.grid,
+        grid,
         tuple(desc.params["grid_names"]),
         dict[int, int](),
     )
@@ -193,7 +190,7 @@ def _run_kernel(
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)
-    points = list(itertools.product(*[range(g) for g in desc.grid])) or [()]
+    points = list(itertools.product(*[range(g) for g in grid])) or [()]
     for n, point in enumerate(points):
         ctx.grid_point = point
         for _, buf, is_out in blocked:
@@ -236,6 +233,30 @@ def _run_kernel(
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
     return None
+
+
+def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
+    """The grid of this call: dynamic sizes are the kernel's leading scalar operands."""
+    if desc.n_dynamic == 0:
+        return desc.grid
+    bounds = iter(operands[: desc.n_dynamic])
+    grid: list[int] = []
+    for g in desc.grid:
+        if g >= 0:
+            grid.append(g)
+            continue
+        value: Any = next(bounds, None)
+        if getattr(value, "size", None) == 1 and hasattr(value, "item"):
+            value = value.item()  # a known scalar computed outside the kernel (numpy)
+        if not isinstance(value, int):
+            why = str(getattr(value, "why", "data the verifier does not compute"))
+            raise VerificationUnsupportedError(
+                f"kernel {desc.name} at {desc.where} has a dynamic grid whose size depends "
+                f"on {why}: pass the operands it is computed from as concrete arrays, or "
+                "check this kernel with safedma.testing.simulate"
+            )
+        grid.append(int(value))
+    return tuple(grid)
 
 
 def _ints(shape: Any) -> tuple[int, ...]:

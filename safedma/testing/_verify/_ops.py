@@ -152,6 +152,8 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
                 f"a remote copy into {d.buffer.name}",
                 where,
                 barrier=False,
+                # a DMA future: the semaphore (and the buffer) outlive this call
+                outlives=any(b is dsem_ref.buffer for b in eng.futures),
             )
         dsem = _sem_state(ctx, dsem_ref, target, where, "the copy's semaphore")
         ssem = (

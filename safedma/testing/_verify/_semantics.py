@@ -11,7 +11,9 @@ Rules (docs/verify.md gives the sources):
 * A wait of N is possible iff K + sum(P) >= N. Contribution d is guaranteed by
   it iff K + sum(P) - size(d) < N: only those happen before the waiter; the
   rest stay pending (R7/R9). If the wait still needs pending ones, the waiter
-  learns what all of them have in common (the meet of their clocks).
+  learns what all of them have in common (the meet of their clocks). P counts
+  every contribution not ordered after the wait, including ones this schedule
+  issues later (found when they arrive, then replayed: see _waits.py).
 * A copy's source read and destination write are pending from its start until
   a wait guarantees them; any conflicting access meanwhile is a race.
 """
@@ -20,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-
-import numpy as np
 
 from safedma.testing._verify._clocks import Clock, Clocks
 from safedma.testing._verify._regions import Box, Buffer, Coverage, View, contains, overlaps
@@ -33,6 +33,7 @@ from safedma.testing._verify._report import (
     VerifiedRaceError,
     VerifyKernelError,
 )
+from safedma.testing._verify._waits import Early, Hints, WaitRecord, outcome
 
 __all__ = ["Machine", "Dma", "SemState", "Blocked"]
 
@@ -52,6 +53,7 @@ class Dma:
         "dst_rec",
         "kernel",
         "number",
+        "withheld",
     )
 
     def __init__(
@@ -70,6 +72,8 @@ class Dma:
         self.where, self.clock, self.kernel, self.number = where, clock, kernel, number
         self.src_rec: Record | None = None
         self.dst_rec: Record | None = None
+        # the last wait that counted this copy without guaranteeing it, and why
+        self.withheld: str | None = None
 
 
 class Record:
@@ -91,11 +95,15 @@ class Record:
 @dataclasses.dataclass
 class Contribution:
     amount: int
-    clock: Clock | None
+    clock: Clock
     dma: Dma | None
     side: str  # "read", "write", "both" or "signal"
     issuer: int
     where: str
+    seq: int = -1  # position among all contributions of the walk (stable across replays)
+
+    def what(self) -> str:
+        return "copy" if self.dma is not None else "signal"
 
 
 class SemState:
@@ -111,7 +119,8 @@ class SemState:
         "label",
         "contributors",
         "peak",
-        "last_wait",
+        "waits",
+        "waiter",
     )
 
     def __init__(self, buffer: Buffer, index: int, label: str) -> None:
@@ -122,8 +131,10 @@ class SemState:
         self.waiters: list[int] = []
         self.contributors: set[int] = set()
         self.peak = 0
-        # (waiter, its clock after the wait, where, [(issuer, epoch, where)] guaranteed)
-        self.last_wait: tuple[int, int, str, list[tuple[int, int, str]]] | None = None
+        # every completed wait, oldest first (early contributions are checked against them)
+        self.waits: list[WaitRecord] = []
+        # the one participant that waits here (-2: several; they are scanned without a stop)
+        self.waiter = -1
 
     def total(self) -> int:
         return self.credit + sum(c.amount for c in self.pending)
@@ -181,6 +192,13 @@ class Machine:
         self.peaks: dict[str, int] = {}
         self.sem_names: Callable[[SemState], str] = lambda s: s.label
         self.leftovers: list[tuple[int, str, str]] = []
+        # early contributions counted at waits, from earlier walks of this program
+        self.hints = Hints()
+        self.contributions = 0  # sequence numbers of contributions
+        self.wait_seq = 0  # sequence numbers of completed waits
+        # waits that did not guarantee all they counted: (waiter, its clock after the
+        # wait, where, semaphore, the contributions counted, the clock learned)
+        self.loose: list[tuple[int, int, str, SemState, list[Contribution | Early], Clock]] = []
 
     # ---------------------------------------------------------------- accesses
 
@@ -276,6 +294,8 @@ class Machine:
                 f"{self.labels[od.issuer]} at {od.where}, which no wait has guaranteed "
                 "complete yet"
             )
+            if od.withheld is not None:
+                them += f" ({od.withheld}: it does not guarantee this copy)"
             fix = (
                 "Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
                 "side that touches this buffer) before this access; on a semaphore "
@@ -289,6 +309,7 @@ class Machine:
             else:
                 by = self.labels[other.part]
             them = f"{by} {other.what} it at {other.where}, and nothing orders the two"
+            them += self.explain(p, other.part, other.clock)[0].rstrip(".")
             fix = (
                 "Order them: wait for the copy before touching its buffers, and have the "
                 "device that owns the memory signal (e.g. a barrier or a REGULAR "
@@ -310,13 +331,10 @@ class Machine:
         return s
 
     def _contribute(self, sem: SemState, c: Contribution) -> None:
-        last = sem.last_wait
-        if last is not None and c.clock is not None:
-            waiter, at, wait_where, relied = last
-            if c.clock[waiter] < at:
-                for issuer, epoch, g_where in relied:
-                    if c.clock[issuer] < epoch:
-                        self._early(sem, c, waiter, wait_where, issuer, g_where)
+        c.seq = self.contributions
+        self.contributions += 1
+        if sem.waits:
+            self._early(sem, c)
         sem.pending.append(c)
         sem.contributors.add(c.issuer)
         total = sem.total()
@@ -327,15 +345,44 @@ class Machine:
                 self.wake(w)
             sem.waiters = []
 
+    def _early(self, sem: SemState, c: Contribution) -> None:
+        """Rule 6 (docs/verify.md): ``c`` counts at every past wait it is not ordered after.
+
+        A wait whose outcome that changes becomes a hint for the next walk (_waits.py).
+        Newest first: ``c`` ordered after a wait is ordered after the earlier waits of
+        the same waiter too.
+        """
+        clock = c.clock
+        for w in reversed(sem.waits):
+            if clock[w.waiter] >= w.at:
+                if sem.waiter >= 0:
+                    break
+                continue
+            hinted = any(x.seq == c.seq for x in w.early)
+            if not hinted and w.irrelevant(clock):
+                continue
+            e = Early(c.seq, c.amount, clock, c.issuer, c.where, c.what())
+            if w.add_early(e):
+                self.hints.add(w.seq, w.early)
+
     def check_reach(
-        self, p: int, target: int, kernel: int, what: str, where: str, barrier: bool
+        self,
+        p: int,
+        target: int,
+        kernel: int,
+        what: str,
+        where: str,
+        barrier: bool,
+        outlives: bool = False,
     ) -> None:
-        """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call."""
+        """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call
+        (``outlives``: it signals a semaphore the call returns, a DMA future, which the
+        target waits in a later call; only its entry matters)."""
         if target == p:
             return
         rows = self.clocks.rows
         exits, entries = self.exits[target], self.entry[target]
-        if kernel in exits:
+        if kernel in exits and not outlives:
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} reaches {self.labels[target]} "
                 f"after it left the kernel (R8): nothing it waits for orders its exit "
@@ -350,12 +397,28 @@ class Machine:
             return
         entered = entries.get(kernel)
         if entered is None or rows[p, target] < entered:
+            why, relied = self.explain(p, target, entered) if entered is not None else ("", None)
+            fix = (
+                "synchronise first, e.g. with the barrier semaphore "
+                "(pltpu.get_barrier_semaphore with a collective_id) or leave "
+                "collective_id unset for Mosaic's default device barrier."
+            )
+            if relied is not None and relied.kind == "BARRIER":
+                fix = (
+                    "make the barrier round impossible to release by a neighbour's next "
+                    "call: follow it with a second round on a REGULAR semaphore (jax PR "
+                    "#27963), or give each call its own collective_id."
+                )
+            elif relied is not None:
+                fix = (
+                    "have that wait count only contributions of this round: one semaphore "
+                    "per round (or slot), or make the signaller wait for a signal sent "
+                    "after the wait."
+                )
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
                 "before it has entered this kernel call (nothing orders its entry before "
-                "this access; R10): synchronise first, e.g. with the barrier semaphore "
-                "(pltpu.get_barrier_semaphore with a collective_id) or leave "
-                "collective_id unset for Mosaic's default device barrier."
+                f"this access; R10).{why} Fix: {fix}"
             )
 
     def dma_start(
@@ -404,28 +467,6 @@ class Machine:
         clock = self.clocks.release(p)
         self._contribute(sem, Contribution(amount, clock, None, "signal", p, where))
 
-    def _early(
-        self,
-        sem: SemState,
-        c: Contribution,
-        waiter: int,
-        wait_where: str,
-        issuer: int,
-        g_where: str,
-    ) -> None:
-        what = "copy" if c.dma is not None else "signal"
-        raise VerifiedRaceError(
-            f"a wait may be satisfied by the wrong {what} (R7/R9/R10): the wait on "
-            f"{sem.kind} semaphore {self.sem_names(sem)} of {self.labels[waiter]} at "
-            f"{wait_where} relies on the {what} from {self.labels[issuer]} at {g_where}, "
-            f"but the {what} from {self.labels[c.issuer]} at {c.where} is not ordered after "
-            "that wait, so on a TPU it may arrive first and release the wait instead, before "
-            "what the wait is meant to observe has happened. Give each round its own "
-            "semaphore (or slot), or make the later signaller wait for a signal the waiter "
-            "sends after its wait (e.g. a second barrier round at the end of the kernel, "
-            "jax PR #27963)."
-        )
-
     def try_wait(
         self, p: int, sem: SemState, amount: int, decrement: bool = True, where: str = ""
     ) -> bool:
@@ -433,33 +474,96 @@ class Machine:
         if total < amount:
             return False
         self.waits += 1
-        need = amount - sem.credit
-        if need > 0 and sem.pending:
-            learned = _learned(sem.pending, need)
-            if learned is not None:
-                self.clocks.acquire(p, learned)
-        guaranteed = [c for c in sem.pending if total - c.amount < amount]
-        if guaranteed:
-            sem.pending = [c for c in sem.pending if total - c.amount >= amount]
-            for c in guaranteed:
+        seq = self.wait_seq
+        self.wait_seq += 1
+        early = self.hints.at(seq)
+        present = list(sem.pending)
+        credit = sem.credit
+        used = outcome(credit, amount, [*present, *early])
+        guaranteed_seqs, learned = used
+        if learned is not None:
+            self.clocks.acquire(p, learned)
+        cands = len(present) + len(early)
+        if len(guaranteed_seqs) < cands:
+            self._note_unguaranteed(p, sem, credit, amount, present, early, guaranteed_seqs, where)
+        if learned is not None and len(guaranteed_seqs) < cands:
+            # knowledge lost to "whichever lands first": kept for explain()
+            self.loose.append((p, self.clocks.now(p), where, sem, [*present, *early], learned))
+        if guaranteed_seqs:
+            keep: list[Contribution] = []
+            for c in sem.pending:
+                if c.seq not in guaranteed_seqs:
+                    keep.append(c)
+                    continue
                 sem.credit += c.amount
                 d = c.dma
                 if d is not None:
                     if c.side in ("write", "both"):
                         self.settle(d.dst_rec, p)
                     self.settle(d.src_rec, p)
-            sem.last_wait = (
-                p,
-                self.clocks.now(p),
-                where,
-                [
-                    (c.issuer, int(c.clock[c.issuer]) if c.clock is not None else 0, c.where)
-                    for c in guaranteed
-                ],
-            )
+            sem.pending = keep
+        sem.waits.append(
+            WaitRecord(seq, p, self.clocks.now(p), where, credit, amount, present, early, used)
+        )
+        if sem.waiter == -1:
+            sem.waiter = p
+        elif sem.waiter != p:
+            sem.waiter = -2
         if decrement:
             sem.credit -= amount
         return True
+
+    def _note_unguaranteed(
+        self,
+        p: int,
+        sem: SemState,
+        credit: int,
+        amount: int,
+        present: list[Contribution],
+        early: list[Early],
+        guaranteed: frozenset[int],
+        where: str,
+    ) -> None:
+        """Messages: a copy a wait counted but does not guarantee says which wait and why."""
+        unit = " bytes" if sem.kind == "DMA" else " signals"
+        have = credit + sum(c.amount for c in present) + sum(e.amount for e in early)
+        because = (
+            f"the wait at {where} on {self.sem_names(sem)} of {self.labels[p]} needs "
+            f"{amount}{unit} of the {have} that may have landed by then and is released by "
+            "whichever land first"
+        )
+        if early:
+            e = early[0]
+            because += (
+                f", including the {e.what} from {self.labels[e.issuer]} at {e.where}, "
+                "which is not ordered after that wait"
+            )
+        for c in present:
+            if c.dma is not None and c.seq not in guaranteed:
+                c.dma.withheld = because
+
+    def explain(self, p: int, q: int, t: int) -> tuple[str, SemState | None]:
+        """Why ``p`` does not know ``q``'s event at ``t`` when a wait it relies on could
+        have told it (the wait counts whichever contributions land first: R7/R9/R10),
+        and that wait's semaphore; ``("", None)`` when no wait explains it."""
+        rows = self.clocks.rows
+        for waiter, at, where, sem, cands, learned in reversed(self.loose):
+            if learned[q] >= t or not (waiter == p or rows[p, waiter] >= at):
+                continue
+            carry = [c for c in cands if c.clock[q] >= t]
+            if not carry:
+                continue
+            name = self.sem_names(sem)
+            if not name.startswith("the "):
+                name = f"{sem.kind} semaphore {name}"
+            return (
+                f" {self.labels[waiter]}'s wait at {where} on {name} would order them, but "
+                "it is released by whichever contributions land first among "
+                f"{_describe(self.labels, cands)}, and those need not include "
+                f"{_describe(self.labels, carry)}, which carry this order (R7/R9/R10).",
+                sem,
+            )
+        return "", None
 
     # ---------------------------------------------------------------- kernels
 
@@ -554,28 +658,18 @@ class Machine:
         )
 
 
-def _learned(pending: list[Contribution], need: int) -> Clock | None:
-    """What a wait that needs ``need`` more of ``pending`` is sure has happened.
-
-    The waiter knows some subset of ``pending`` summing to at least ``need`` arrived,
-    not which. Per participant q, the least it can be sure of is the smallest clock
-    value t such that the contributions with clock[q] <= t already sum to ``need``
-    (an adversary delivers the ones that know least of q first). Contributions that
-    every such subset contains (the guaranteed ones) are therefore learned in full.
-    """
-    clocks = [c.clock for c in pending if c.clock is not None]
-    if len(clocks) == 1 and len(pending) == 1:
-        return clocks[0]
-    if len(clocks) != len(pending):
-        return None
-    m = np.stack(clocks)
-    amounts = np.array([c.amount for c in pending], dtype=np.int64)
-    order = np.argsort(m, axis=0, kind="stable")
-    values = np.take_along_axis(m, order, axis=0)
-    reached = np.cumsum(amounts[order], axis=0) >= need
-    first = np.argmax(reached, axis=0)
-    learned: Clock = values[first, np.arange(m.shape[1])]
-    return learned
+def _describe(labels: list[str], cands: list[Contribution | Early]) -> str:
+    """'the 2 signals from device 0 (x=0) at f.py:3 and the signal from ...'"""
+    seen: dict[tuple[str, int, str], int] = {}
+    for c in cands:
+        what = c.what() if isinstance(c, Contribution) else c.what
+        key = (what, c.issuer, c.where)
+        seen[key] = seen.get(key, 0) + 1
+    parts = [
+        f"the {f'{n} {what}s' if n > 1 else what} from {labels[issuer]} at {where}"
+        for (what, issuer, where), n in seen.items()
+    ]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _fmt_box(box: Box) -> str:

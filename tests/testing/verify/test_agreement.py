@@ -245,8 +245,14 @@ def test_verify_and_simulate_agree(name: str, mesh_id: str) -> None:
 @pytest.mark.parametrize("name", [k.name for k in KERNELS if k.collective_id])
 @pytest.mark.parametrize("mesh_id", ["4", "8", "2x4"])
 def test_one_collective_id_twice_in_a_row_is_safe(name: str, mesh_id: str) -> None:
-    """Issue 14 asks verify to settle it: the module docstrings argue one barrier round is
-    enough for a back-to-back call with the same collective_id (ppermute uses two)."""
+    """Settled (issue 14): one barrier round is enough for a back-to-back call with the same
+    collective_id. The hazard of jax PR #27963 needs a neighbour to finish call k, and so
+    signal the barrier of call k+1, without anything this device does after its own
+    barrier wait; in these kernels each neighbour must first receive this device's
+    blocks (or credits), sent only after that wait. verify counts every signal not
+    ordered after a wait as able to release it (docs/verify.md, rule 6), and the
+    one-directional permute without that dependency is caught from five devices
+    (test_engine_protocols.py), so a clean verdict here is the proof, not a miss."""
     assert verified(BY_NAME[name], mesh_id, device_free=True, invocations=2) == "clean"
 
 

@@ -260,6 +260,62 @@ def test_r9_shared_semaphore_early_wait() -> None:
         verify(_local(kernel, scratch), X)
 
 
+def _early_copy_kernel(read_early: bool) -> Callable[..., None]:
+    def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sem: Any, send: Any, go: Any) -> None:
+        me = jax.lax.axis_index("x")
+
+        @pl.when(me == 0)
+        def _() -> None:
+            pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], bufs.at[0], sem).start()
+            pl.semaphore_signal(go, 1, device_id={"x": 1})
+            pltpu.make_async_copy(bufs.at[0], bufs.at[0], sem).wait()  # "the local one"
+            if read_early:
+                o_hbm[pl.ds(0, 8)] = bufs[0]  # engine: early
+            pltpu.make_async_copy(bufs.at[1], bufs.at[1], sem).wait()  # "the incoming one"
+            if not read_early:
+                o_hbm[pl.ds(0, 8)] = bufs[0]
+            o_hbm[pl.ds(8, 8)] = bufs[1]
+
+        @pl.when(me == 1)
+        def _() -> None:
+            pl.semaphore_wait(go, 1)
+            c = pltpu.make_async_remote_copy(
+                x_hbm.at[pl.ds(8, 8)], bufs.at[1], send, sem, device_id={"x": 0}
+            )
+            c.start()
+            c.wait_send()
+            pltpu.make_async_copy(x_hbm, o_hbm, send).start()
+            pltpu.make_async_copy(x_hbm, o_hbm, send).wait()
+
+    return kernel
+
+
+_EARLY_SCRATCH = [
+    pltpu.VMEM((2, 8, 128), jnp.float32),
+    pltpu.SemaphoreType.DMA(()),
+    pltpu.SemaphoreType.DMA(()),
+    pltpu.SemaphoreType.REGULAR(()),
+]
+
+
+def test_a_copy_issued_after_a_wait_but_not_ordered_after_it_counts_there() -> None:
+    """Device 1 sends only once device 0 signalled, so the walk runs device 0's first wait
+    (4 KiB on ``sem``) before the incoming copy exists, and that wait looks like it
+    guarantees the local copy. The incoming copy is not ordered after the wait (device 1
+    knows the signal, not the wait), so on a TPU its bytes may release it: the replay
+    counts it there and the read of ``bufs[0]`` is a race. Read after the second wait,
+    it is clean."""
+    x = jax.ShapeDtypeStruct((32, 128), jnp.float32)
+    mesh = abstract_mesh((2,), ("x",))
+    verify(_ring(_early_copy_kernel(False), _EARLY_SCRATCH), x, mesh=mesh)
+    with pytest.raises(RaceDetectedError) as caught:
+        verify(_ring(_early_copy_kernel(True), _EARLY_SCRATCH), x, mesh=mesh)
+    text = str(caught.value)
+    assert "bufs[0:1" in text and "device 0 (x=0)" in text, text
+    assert "the copy from device 1 (x=1)" in text and "not ordered after that wait" in text, text
+    assert f"{HERE}:" in text, text
+
+
 def test_shared_semaphore_aggregate_wait_is_clean() -> None:
     def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sem: Any) -> None:
         c0 = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 16)], bufs.at[0], sem)
@@ -294,40 +350,66 @@ def test_r8_signal_to_a_device_that_never_waits_it() -> None:
 
 
 def _single_barrier_permute(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
+    n = jax.lax.axis_size("x")
     me = jax.lax.axis_index("x")
-    right, left = (me + 1) % 4, (me + 3) % 4
+    right, left = (me + 1) % n, (me + n - 1) % n
     barrier = pltpu.get_barrier_semaphore()
     pl.semaphore_signal(barrier, 1, device_id={"x": left})
     pl.semaphore_signal(barrier, 1, device_id={"x": right})
     pl.semaphore_wait(barrier, 2)
     c = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id={"x": right})
-    c.start()
+    c.start()  # engine: r10
     c.wait()
 
 
-def test_r10_single_barrier_one_call_is_clean() -> None:
-    fn = _ring(
+def _blocks(n: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((8 * n, 128), jnp.float32)
+
+
+def _single_barrier_ring() -> Callable[[jax.Array], jax.Array]:
+    return _ring(
         _single_barrier_permute,
         [pltpu.SemaphoreType.DMA(())] * 2,
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )
-    verify(fn, X, mesh=abstract_mesh((4,), ("x",)))
 
 
-@pytest.mark.xfail(
-    reason="open: with exact wait knowledge this ring's single barrier is "
-    "not flagged across calls in the explored schedule; whether the "
-    "hazard of jax PR #27963 exists for a one-directional ring is unsettled",
-    strict=False,
-)
-def test_r10_single_barrier_reused_across_calls() -> None:
-    fn = _ring(
-        _single_barrier_permute,
-        [pltpu.SemaphoreType.DMA(())] * 2,
-        compiler_params=pltpu.CompilerParams(collective_id=0),
-    )
-    with pytest.raises(SimulationError, match="R10|R7/R9"):
-        verify(fn, X, mesh=abstract_mesh((4,), ("x",)), invocations=2)
+@pytest.mark.parametrize("n", [2, 4, 5, 8])
+def test_r10_single_barrier_one_call_is_clean(n: int) -> None:
+    verify(_single_barrier_ring(), _blocks(n), mesh=abstract_mesh((n,), ("x",)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_r10_single_barrier_reused_across_calls_is_safe_up_to_four_devices(n: int) -> None:
+    """Settled: a one-directional ring permute behind ONE barrier round (signal both
+    neighbours, wait 2) is safe when called twice back to back with the same
+    collective_id, on rings of up to four devices.
+
+    The hazard of jax PR #27963: device i's barrier wait of call k released by its left
+    neighbour's signals of calls k and k+1, before its right neighbour entered call k,
+    so i's copy lands in a device outside the call. For the left neighbour L = i-1 to
+    signal in call k+1 it must finish call k: receive from i-2, so i-2 passed its
+    barrier of call k, which counts signals of i-3 and i-1; i-1's call-k+1 signal is
+    impossible (it needs i-2's copy first), so i-3 entered call k. With n = 4, i-3 is
+    i+1, the right neighbour: in every execution i's wait implies i+1 entered call k,
+    and the chain of waits (i+1's signal, i-2's barrier wait, the copy to i-1, i-1's
+    receive wait, its next-call signal) makes it known to i. n = 2, 3 likewise.
+    """
+    verify(_single_barrier_ring(), _blocks(n), mesh=abstract_mesh((n,), ("x",)), invocations=2)
+
+
+@pytest.mark.parametrize("n", [5, 8])
+def test_r10_single_barrier_reused_across_calls_races_from_five_devices(n: int) -> None:
+    """From n = 5, i-3 is not i+1: with i+1 slow to start, i-3 entering lets i-2 pass
+    its barrier (signals of i-3 and i-1), copy to i-1, which finishes call k and
+    signals i twice; i passes its barrier and copies into i+1 before it entered the
+    call (R10). The second barrier round of jax PR #27963 closes it."""
+    with pytest.raises(SignalAfterExitError) as caught:
+        verify(_single_barrier_ring(), _blocks(n), mesh=abstract_mesh((n,), ("x",)), invocations=2)
+    text = str(caught.value)
+    assert "R10" in text and "before it has entered" in text, text
+    assert "land first" in text and "PR #27963" in text, text
+    assert f"{HERE}:" in text, text
 
 
 # ------------------------------------------------------------------ legitimate patterns

@@ -35,13 +35,13 @@ BROKEN = [c for c in ALARMS if c.is_bug]
 
 @pytest.mark.parametrize("case", pk.params(CORRECT))
 def test_verify_proves_the_correct_kernel_clean(case: pk.Case) -> None:
-    pk.assert_clean(pk.verify_case(case, mesh=pk.abstract_ring()))
+    pk.assert_clean(pk.verify_case(case, mesh=pk.abstract_ring(case.row.devices)), case.row.devices)
 
 
 @pytest.mark.parametrize("case", pk.params(BROKEN))
 def test_verify_rejects_the_broken_twin_naming_the_device(case: pk.Case) -> None:
     with pytest.raises(Exception) as caught:
-        pk.verify_case(case, mesh=pk.abstract_ring())
+        pk.verify_case(case, mesh=pk.abstract_ring(case.row.devices))
     pk.assert_caught(case, caught.value)
 
 
@@ -49,7 +49,7 @@ def test_the_leak_is_reported_on_slot_1_only() -> None:
     """The rebuilt wait on sems.at[0] balances slot 0; only slot 1 is left over."""
     case = next(c for c in BROKEN if c.row.name == "per_slot_leak" and c.flavour == "pltpu")
     with pytest.raises(SimulationError) as caught:
-        pk.verify_case(case, mesh=pk.abstract_ring())
+        pk.verify_case(case, mesh=pk.abstract_ring(case.row.devices))
     message = str(caught.value)
     assert "sems[1]" in message or "sems.at[1]" in message or "sems 1" in message, message
     assert "sems[0]" not in message and "sems.at[0]" not in message, message
@@ -60,14 +60,14 @@ def test_the_leak_is_reported_on_slot_1_only() -> None:
 )
 def test_no_trace_time_check_rejects_a_kernel_verify_proves_sound(case: pk.Case) -> None:
     # Tracing alone runs every trace-time check (sd.pallas_call's kernel scope).
-    pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
+    pk.trace(case, simulated_mesh(case.row.devices, pk.AXIS))
 
 
 def test_the_trace_time_checks_catch_the_per_slot_leak() -> None:
     """Per-slot matching: a started_elsewhere() wait on sems.at[0] never discharges sems.at[1]."""
     case = next(c for c in BROKEN if c.row.name == "per_slot_leak" and c.flavour == "safedma")
     with pytest.raises(sd.CopyNeverWaitedError, match=r"protocol_kernels\.py:\d+: wait\(\) never"):
-        pk.trace(case, simulated_mesh(pk.RING, pk.AXIS))
+        pk.trace(case, simulated_mesh(case.row.devices, pk.AXIS))
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,10 @@ def test_the_trace_time_checks_catch_the_per_slot_leak() -> None:
 )
 def test_simulate_agrees_the_correct_kernels_are_clean(case: pk.Case) -> None:
     simulate(
-        case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS), timeout_s=10
+        case.program(),
+        pk.example(case.row, case.row.devices),
+        mesh=simulated_mesh(case.row.devices, pk.AXIS),
+        timeout_s=10,
     )
 
 
@@ -83,6 +86,9 @@ def test_simulate_agrees_the_correct_kernels_are_clean(case: pk.Case) -> None:
 def test_simulate_catches_the_broken_twins_too(case: pk.Case) -> None:
     with pytest.raises(SimulationError) as caught:
         simulate(
-            case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS), timeout_s=5
+            case.program(),
+            pk.example(case.row, case.row.devices),
+            mesh=simulated_mesh(case.row.devices, pk.AXIS),
+            timeout_s=5,
         )
     assert type(caught.value).__name__ == case.row.simulate_bug

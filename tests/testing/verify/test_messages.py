@@ -157,22 +157,17 @@ def safedma_leak_on_device_2(
     sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=sd.CopyNeverWaitedError,
-    reason="the trace-time check rejects a copy under pl.when with no wait "
-    "anywhere, correctly: this is the same leak, caught earlier",
-)
-def test_a_safedma_leak_names_the_users_line_never_safedmas() -> None:
-    error = raised(
-        checked(
-            safedma_leak_on_device_2,
-            [sd.vmem(BLOCK, jnp.float32), sd.dma_semaphore(), sd.dma_semaphore()],
-        ),
-        RING,
+def test_a_safedma_leak_is_rejected_at_trace_time_naming_the_users_line() -> None:
+    """A copy under pl.when with no wait on any path is wrong on every path, so safedma's
+    trace-time check rejects it before verify runs (issue 14 keeps exactly these there),
+    and it names the user's start, never a line inside safedma."""
+    fn = checked(
+        safedma_leak_on_device_2,
+        [sd.vmem(BLOCK, jnp.float32), sd.dma_semaphore(), sd.dma_semaphore()],
     )
-    assert "x=2" in str(error)
-    assert_names_line(error, "msg_sd_leak")
+    with pytest.raises(sd.CopyNeverWaitedError) as caught:
+        run(fn, RING)
+    assert_names_line(caught.value, "msg_sd_leak")
 
 
 def safedma_leak_through_started_elsewhere(

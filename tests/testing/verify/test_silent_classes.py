@@ -23,25 +23,27 @@ FIXES = [c for c in SILENT if not c.is_bug]
 @pytest.mark.parametrize("case", pk.params(BUGS))
 def test_verify_catches_the_bug_on_a_device_free_mesh(case: pk.Case) -> None:
     with pytest.raises(Exception) as caught:
-        pk.verify_case(case, mesh=pk.abstract_ring())
+        pk.verify_case(case, mesh=pk.abstract_ring(case.row.devices))
     pk.assert_caught(case, caught.value)
 
 
 @pytest.mark.parametrize("case", pk.params(FIXES))
 def test_verify_accepts_the_fix_on_a_device_free_mesh(case: pk.Case) -> None:
-    pk.assert_clean(pk.verify_case(case, mesh=pk.abstract_ring()))
+    pk.assert_clean(pk.verify_case(case, mesh=pk.abstract_ring(case.row.devices)), case.row.devices)
 
 
 @pytest.mark.parametrize("case", pk.params([c for c in BUGS if c.flavour == "pltpu"]))
 def test_verify_gives_the_same_verdict_on_a_simulated_mesh(case: pk.Case) -> None:
     with pytest.raises(Exception) as caught:
-        pk.verify_case(case, mesh=simulated_mesh(pk.RING, pk.AXIS))
+        pk.verify_case(case, mesh=simulated_mesh(case.row.devices, pk.AXIS))
     pk.assert_caught(case, caught.value)
 
 
 @pytest.mark.parametrize("case", pk.params([c for c in FIXES if c.flavour == "pltpu"]))
 def test_fix_is_clean_on_a_simulated_mesh_too(case: pk.Case) -> None:
-    pk.assert_clean(pk.verify_case(case, mesh=simulated_mesh(pk.RING, pk.AXIS)))
+    pk.assert_clean(
+        pk.verify_case(case, mesh=simulated_mesh(case.row.devices, pk.AXIS)), case.row.devices
+    )
 
 
 def _simulate_cases() -> list[object]:
@@ -57,13 +59,15 @@ def _simulate_cases() -> list[object]:
 @pytest.mark.parametrize("case", _simulate_cases())
 def test_what_simulate_says_of_the_bug_today(case: pk.Case) -> None:
     """Pins why verify exists: simulate passes most of these bugs (the rest as recorded)."""
-    mesh = simulated_mesh(pk.RING, pk.AXIS)
+    mesh = simulated_mesh(case.row.devices, pk.AXIS)
     expected = case.row.simulate_bug
     if expected == "clean":
-        simulate(case.program(), pk.example(case.row), mesh=mesh, timeout_s=10)
+        simulate(case.program(), pk.example(case.row, case.row.devices), mesh=mesh, timeout_s=10)
     else:
         with pytest.raises(SimulationError) as caught:
-            simulate(case.program(), pk.example(case.row), mesh=mesh, timeout_s=10)
+            simulate(
+                case.program(), pk.example(case.row, case.row.devices), mesh=mesh, timeout_s=10
+            )
         assert type(caught.value).__name__ == expected
 
 
@@ -71,7 +75,10 @@ def test_what_simulate_says_of_the_bug_today(case: pk.Case) -> None:
 @pytest.mark.parametrize("case", pk.params(FIXES))
 def test_simulate_runs_the_fix_clean(case: pk.Case) -> None:
     simulate(
-        case.program(), pk.example(case.row), mesh=simulated_mesh(pk.RING, pk.AXIS), timeout_s=10
+        case.program(),
+        pk.example(case.row, case.row.devices),
+        mesh=simulated_mesh(case.row.devices, pk.AXIS),
+        timeout_s=10,
     )
 
 
