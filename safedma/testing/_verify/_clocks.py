@@ -45,3 +45,37 @@ class Clocks:
         joined = self.rows[idx].max(axis=0)
         self.rows[idx] = joined
         self.rows[idx, idx] += 1
+
+
+def learned(clocks: list[Clock], amounts: list[int], need: int) -> Clock:
+    """Per participant q, the least clock[q] that contributions summing to ``need`` reach.
+
+    Sort the contributions by their clock[q]; the answer is the clock[q] of the first
+    one at which the running sum of amounts reaches ``need``. Two cases cover almost
+    every wait and need no sort: when any single contribution suffices (every amount
+    is at least ``need``) the answer is the elementwise minimum; when every prefix
+    that leaves one out falls short (``total - min(amounts) < need``) it is the
+    elementwise maximum. Otherwise the general sort runs.
+    """
+    n = len(clocks)
+    if n == 1:
+        return clocks[0]
+    smallest = min(amounts)
+    if smallest >= need:
+        out: Clock = clocks[0].copy()
+        for c in clocks[1:]:
+            np.minimum(out, c, out=out)
+        return out
+    if sum(amounts) - smallest < need:
+        out = clocks[0].copy()
+        for c in clocks[1:]:
+            np.maximum(out, c, out=out)
+        return out
+    m = np.stack(clocks)
+    sizes = np.asarray(amounts, dtype=np.int64)
+    order = np.argsort(m, axis=0, kind="stable")
+    values = np.take_along_axis(m, order, axis=0)
+    reached = np.cumsum(sizes[order], axis=0) >= need
+    first = np.argmax(reached, axis=0)
+    general: Clock = values[first, np.arange(m.shape[1])]
+    return general

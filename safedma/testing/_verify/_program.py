@@ -225,16 +225,6 @@ class Compiler:
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
 
-        def cast(v: Any, dtype: Any) -> Any:
-            if dtype is None:
-                return v
-            k = dtype.kind if hasattr(dtype, "kind") else "f"
-            if k == "b":
-                return bool(v)
-            if k in "iu":
-                return int(v)
-            return float(v)
-
         def scalar(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
             for v in vals:
@@ -245,7 +235,7 @@ class Compiler:
                     return
             if rule is not None and len(outs) == 1:
                 try:
-                    env[outs[0]] = cast(rule(*vals), kinds[0])
+                    env[outs[0]] = cast_to(kinds[0])(rule(*vals))
                     return
                 except (TypeError, ValueError, ArithmeticError):
                     pass
@@ -256,6 +246,8 @@ class Compiler:
             for s, v in zip(outs, res):
                 env[s] = v
 
+        if rule is not None and len(outs) == 1 and len(ins) in (1, 2):
+            return _fast_scalar(rule, cast_to(kinds[0]), ins, outs[0], scalar)
         return scalar
 
     def concrete(self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
@@ -542,6 +534,69 @@ class Compiler:
         except (TypeError, ValueError):
             v = VECTOR  # type: ignore[assignment]
         return lambda env: v
+
+
+_PLAIN = frozenset((int, bool, float))
+
+
+def cast_to(dtype: Any) -> Callable[[Any], Any]:
+    """The Python conversion to a result of ``dtype`` (truncating to integers like XLA)."""
+    if dtype is None:
+        return _same
+    k = dtype.kind if hasattr(dtype, "kind") else "f"
+    if k == "b":
+        return bool
+    if k in "iu":
+        return int
+    return float
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _fast_scalar(
+    rule: Callable[..., Any],
+    conv: Callable[[Any], Any],
+    ins: list[tuple[bool, Any]],
+    out: int,
+    slow: Op,
+) -> Op:
+    """A unary or binary scalar op on plain Python numbers, without the general path.
+
+    Why: scalar arithmetic (indices, slots, predicates) is most of the equations a
+    device runs per copy. Anything that is not a plain int/bool/float (an Unknown, a
+    ref, an error in the rule) goes to ``slow``, the general op, which computes the
+    same result it always did.
+    """
+    if len(ins) == 1:
+        ((va, a),) = ins
+
+        def unary(env: list[Any], ctx: Ctx) -> Gen | None:
+            x = env[a] if va else a
+            if type(x) in _PLAIN:
+                try:
+                    env[out] = conv(rule(x))
+                    return None
+                except (TypeError, ValueError, ArithmeticError):
+                    pass
+            return slow(env, ctx)
+
+        return unary
+    (va, a), (vb, b) = ins
+
+    def binary(env: list[Any], ctx: Ctx) -> Gen | None:
+        x = env[a] if va else a
+        y = env[b] if vb else b
+        if type(x) in _PLAIN and type(y) in _PLAIN:
+            try:
+                env[out] = conv(rule(x, y))
+                return None
+            except (TypeError, ValueError, ArithmeticError):
+                pass
+        return slow(env, ctx)
+
+    return binary
 
 
 def _key(v: Any) -> object:

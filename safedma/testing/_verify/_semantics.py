@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import numpy as np
 
 from safedma.testing._verify._clocks import Clock, Clocks
+from safedma.testing._verify._clocks import learned as learned_clock
 from safedma.testing._verify._regions import Box, Buffer, Coverage, View, contains, overlaps
 from safedma.testing._verify._report import (
     DeadlockError,
@@ -564,18 +564,9 @@ def _learned(pending: list[Contribution], need: int) -> Clock | None:
     every such subset contains (the guaranteed ones) are therefore learned in full.
     """
     clocks = [c.clock for c in pending if c.clock is not None]
-    if len(clocks) == 1 and len(pending) == 1:
-        return clocks[0]
     if len(clocks) != len(pending):
         return None
-    m = np.stack(clocks)
-    amounts = np.array([c.amount for c in pending], dtype=np.int64)
-    order = np.argsort(m, axis=0, kind="stable")
-    values = np.take_along_axis(m, order, axis=0)
-    reached = np.cumsum(amounts[order], axis=0) >= need
-    first = np.argmax(reached, axis=0)
-    learned: Clock = values[first, np.arange(m.shape[1])]
-    return learned
+    return learned_clock(clocks, [c.amount for c in pending], need)
 
 
 def _fmt_box(box: Box) -> str:
