@@ -11,7 +11,14 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from safedma.testing._verify import _jax
-from safedma.testing._verify._regions import Buffer, RegionError, UnsupportedView, View, resolve
+from safedma.testing._verify._regions import (
+    Box,
+    Buffer,
+    RegionError,
+    UnsupportedView,
+    View,
+    resolve,
+)
 from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
@@ -460,13 +467,19 @@ class Compiler:
         get_base = self.reader(base)
         steps = [self.transform(t) for t in transforms]
 
+        if not steps:
+
+            def plain_ref(env: list[Any]) -> RefVal | None:
+                r = get_base(env)
+                return r if isinstance(r, RefVal) else None
+
+            return plain_ref
+
         def resolve_ref(env: list[Any]) -> RefVal | None:
             r = get_base(env)
             if not isinstance(r, RefVal):
                 return None
-            if not steps:
-                return r
-            return RefVal(r.buffer, r.steps + tuple(s(env) for s in steps))
+            return RefVal(r.buffer, r.steps + tuple([s(env) for s in steps]))
 
         return resolve_ref
 
@@ -488,7 +501,7 @@ class Compiler:
                 parts.append(self.index_entry(idx))
 
             def index(env: list[Any]) -> tuple[str, object]:
-                return ("index", tuple(p(env) for p in parts))
+                return ("index", tuple([p(env) for p in parts]))
 
             return index
         if kind == "bitcast":
@@ -509,24 +522,30 @@ class Compiler:
             st = int(stride) if stride is not None else 1
 
             def sl(env: list[Any]) -> tuple[str, int, int, int]:
-                return (
-                    "slice",
-                    need_int(gs(env), "a slice start"),
-                    need_int(gz(env), "a slice size"),
-                    st,
-                )
+                a, n = gs(env), gz(env)
+                if type(a) is not int:
+                    a = need_int(a, "a slice start")
+                if type(n) is not int:
+                    n = need_int(n, "a slice size")
+                return ("slice", a, n, st)
 
             return sl
         g = self.value_getter(idx)
 
         def it(env: list[Any]) -> tuple[str, int, int, int]:
-            return ("int", need_int(g(env), "an index"), 1, 1)
+            i = g(env)
+            if type(i) is not int:
+                i = need_int(i, "an index")
+            return ("int", i, 1, 1)
 
         return it
 
     def value_getter(self, x: Any) -> Callable[[list[Any]], Any]:
         if isinstance(x, (int,)) or x is None:
             return lambda env: x
+        if hasattr(x, "aval") and not _jax.is_literal(x):
+            slot = self.slot(x)
+            return lambda env: env[slot]
         if hasattr(x, "aval") or _jax.is_literal(x):
             return self.reader(x)
         try:
@@ -652,19 +671,27 @@ def _has_effects(jaxpr: Any) -> bool:
     return False
 
 
-_VIEWS: dict[tuple[int, tuple[tuple[str, object], ...]], View] = {}
+# What a view covers depends on the root's shape and element size and the steps,
+# not on which buffer it is: every device's counterpart buffer shares one entry.
+_VIEWS: dict[
+    tuple[tuple[int, ...], int, tuple[tuple[str, object], ...]],
+    tuple[Box, tuple[int, ...], int],
+] = {}
 
 
 def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
-    key = (ref.buffer.ident, ref.steps)
+    buf = ref.buffer
+    if not ref.steps:
+        return View(buf, buf.full_box(), buf.shape, buf.itemsize)
+    key = (buf.shape, buf.itemsize, ref.steps)
     hit = _VIEWS.get(key)
     if hit is not None:
-        return hit
+        return View(buf, *hit)
     try:
-        view = resolve(ref.buffer, ref.steps)
+        view = resolve(buf, ref.steps)
         if len(_VIEWS) > 200_000:
             _VIEWS.clear()
-        _VIEWS[key] = view
+        _VIEWS[key] = (view.box, view.shape, view.itemsize)
         return view
     except RegionError as err:
         buf = ref.buffer

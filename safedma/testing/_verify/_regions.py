@@ -56,20 +56,23 @@ class Buffer:
 
 @dataclasses.dataclass(frozen=True)
 class View:
-    """What a ref view covers: ``box`` in the root, its own shape and element size."""
+    """What a ref view covers: ``box`` in the root, its own shape and element size.
+
+    ``nbytes`` and ``empty`` are computed once at construction: every copy, wait
+    and access asks for them.
+    """
 
     buffer: Buffer
     box: Box
     shape: tuple[int, ...]
     itemsize: int
+    nbytes: int = dataclasses.field(init=False, compare=False)
+    empty: bool = dataclasses.field(init=False, compare=False)
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.itemsize
-
-    @property
-    def empty(self) -> bool:
-        return any(hi <= lo for lo, hi in self.box) or math.prod(self.shape) == 0
+    def __post_init__(self) -> None:
+        size = math.prod(self.shape)
+        object.__setattr__(self, "nbytes", size * self.itemsize)
+        object.__setattr__(self, "empty", size == 0 or any(hi <= lo for lo, hi in self.box))
 
 
 def _row_major_strides(shape: Sequence[int]) -> list[int]:
