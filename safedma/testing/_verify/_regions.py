@@ -54,25 +54,23 @@ class Buffer:
         return tuple((0, d) for d in self.shape)
 
 
-@dataclasses.dataclass(frozen=True)
 class View:
     """What a ref view covers: ``box`` in the root, its own shape and element size.
 
-    ``nbytes`` and ``empty`` are computed once at construction: every copy, wait
-    and access asks for them.
+    A plain slotted class with ``nbytes`` and ``empty`` computed once: every copy,
+    wait and access builds or reads one, so construction is on the hot path.
     """
 
-    buffer: Buffer
-    box: Box
-    shape: tuple[int, ...]
-    itemsize: int
-    nbytes: int = dataclasses.field(init=False, compare=False)
-    empty: bool = dataclasses.field(init=False, compare=False)
+    __slots__ = ("buffer", "box", "shape", "itemsize", "nbytes", "empty")
 
-    def __post_init__(self) -> None:
-        size = math.prod(self.shape)
-        object.__setattr__(self, "nbytes", size * self.itemsize)
-        object.__setattr__(self, "empty", size == 0 or any(hi <= lo for lo, hi in self.box))
+    def __init__(self, buffer: Buffer, box: Box, shape: tuple[int, ...], itemsize: int) -> None:
+        self.buffer, self.box, self.shape, self.itemsize = buffer, box, shape, itemsize
+        size = math.prod(shape)
+        self.nbytes = size * itemsize
+        self.empty = size == 0 or any(hi <= lo for lo, hi in box)
+
+    def __repr__(self) -> str:
+        return f"View({self.buffer.name}, box={self.box}, shape={self.shape}, itemsize={self.itemsize})"
 
 
 def _row_major_strides(shape: Sequence[int]) -> list[int]:

@@ -126,7 +126,9 @@ class SemState:
         self.last_wait: tuple[int, int, str, list[tuple[int, int, str]]] | None = None
 
     def total(self) -> int:
-        return self.credit + sum(c.amount for c in self.pending)
+        if not self.pending:
+            return self.credit
+        return self.credit + sum([c.amount for c in self.pending])
 
 
 @dataclasses.dataclass
