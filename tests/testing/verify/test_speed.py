@@ -52,3 +52,65 @@ def test_learned_does_not_write_into_the_contributions_clocks() -> None:
     high = learned([a, b], [4, 4], 8)  # both are needed: the maximum
     assert low.tolist() == [1, 1, 2] and high.tolist() == [3, 4, 2]
     assert a.tolist() == [3, 1, 2] and b.tolist() == [1, 4, 2]
+
+
+def test_clock_epochs_kept_as_ints_follow_the_rows() -> None:
+    from safedma.testing._verify._clocks import Clocks
+
+    rng = np.random.default_rng(7)
+    clocks = Clocks(5)
+    sent: list[np.ndarray] = []
+    for _ in range(300):
+        p = int(rng.integers(0, 5))
+        step = int(rng.integers(0, 3))
+        if step == 0:
+            sent.append(clocks.release(p))
+        elif step == 1 and sent:
+            clocks.acquire(p, sent[int(rng.integers(0, len(sent)))])
+        else:
+            clocks.barrier(sorted({p, int(rng.integers(0, 5))}))
+        assert [clocks.now(q) for q in range(5)] == [int(clocks.rows[q, q]) for q in range(5)]
+
+
+def test_a_view_cached_by_shape_names_the_buffer_it_is_asked_about() -> None:
+    import pytest
+
+    from safedma.testing._verify._program import RefVal, view_of
+    from safedma.testing._verify._regions import Buffer
+    from safedma.testing._verify._report import OutOfBoundsDmaError
+
+    a = Buffer(9001, 0, "left", (64, 128), 4, "VMEM")
+    b = Buffer(9002, 1, "right", (64, 128), 4, "VMEM")
+    inside = (("index", (("slice", 8, 8, 1), ("slice", 0, 128, 1))),)
+    outside = (("index", (("slice", 60, 8, 1), ("slice", 0, 128, 1))),)
+    va = view_of(RefVal(a, inside), "k.py:1", "the copy source", "device 0")
+    vb = view_of(RefVal(b, inside), "k.py:2", "the copy source", "device 1")
+    assert va.buffer is a and vb.buffer is b
+    assert va.box == vb.box == ((8, 16), (0, 128)) and vb.nbytes == 8 * 128 * 4
+    for buf in (a, b, a):  # an error is never cached as a view, for either buffer
+        with pytest.raises(OutOfBoundsDmaError, match=buf.name):
+            view_of(RefVal(buf, outside), "k.py:3", "the copy source", "device 0")
+
+
+def test_direct_mesh_addressing_matches_the_general_rule() -> None:
+    from safedma.testing._verify._engine import Engine
+    from safedma.testing._verify._ops import _target
+    from safedma.testing._verify._program import Ctx
+
+    class General(dict):  # type: ignore[type-arg]
+        """Not exactly a dict: takes the general path of _target."""
+
+    for names, sizes in ((("x",), (8,)), (("y", "x"), (4, 2)), (("a", "b", "c"), (2, 3, 2))):
+        engine = Engine(names, sizes)
+        checked = 0
+        for p in range(engine.participants):
+            ctx = Ctx(p, engine, engine.coords(p))
+            for axis in names:
+                for v in range(-2 * engine.devices, 2 * engine.devices):
+                    fast = _target(ctx, {axis: v}, "DeviceIdType.MESH", "k.py:1")
+                    slow = _target(ctx, General({axis: v}), "DeviceIdType.MESH", "k.py:1")
+                    assert fast == slow
+                    checked += 1
+            both = {n: p + i for i, n in enumerate(names)}
+            assert _target(ctx, both, "MESH", "w") == _target(ctx, General(both), "MESH", "w")
+        assert checked > 0
