@@ -679,10 +679,34 @@ _VIEWS: dict[
 ] = {}
 
 
+def _plain_window(buf: Buffer, steps: tuple[tuple[str, object], ...]) -> View | None:
+    """The view of one in-range index with unit strides on the root (most copy windows
+    and semaphore slots), computed directly; None for anything else, which
+    :func:`resolve` handles (and reports when out of range)."""
+    if len(steps) != 1 or steps[0][0] != "index":
+        return None
+    entries = cast("tuple[tuple[str, int, int, int], ...]", steps[0][1])
+    shape = buf.shape
+    if len(entries) != len(shape):
+        return None
+    box: list[tuple[int, int]] = []
+    kept: list[int] = []
+    for (kind, start, size, stride), extent in zip(entries, shape):
+        if stride != 1 or size <= 0 or start < 0 or start + size > extent:
+            return None
+        box.append((start, start + size))
+        if kind == "slice":
+            kept.append(size)
+    return View(buf, tuple(box), tuple(kept), buf.itemsize)
+
+
 def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
     buf = ref.buffer
     if not ref.steps:
         return View(buf, buf.full_box(), buf.shape, buf.itemsize)
+    plain = _plain_window(buf, ref.steps)
+    if plain is not None:
+        return plain
     key = (buf.shape, buf.itemsize, ref.steps)
     hit = _VIEWS.get(key)
     if hit is not None:

@@ -114,3 +114,58 @@ def test_direct_mesh_addressing_matches_the_general_rule() -> None:
             both = {n: p + i for i, n in enumerate(names)}
             assert _target(ctx, both, "MESH", "w") == _target(ctx, General(both), "MESH", "w")
         assert checked > 0
+
+
+def test_direct_windows_equal_the_general_resolution() -> None:
+    from safedma.testing._verify._program import _plain_window
+    from safedma.testing._verify._regions import Buffer, RegionError, resolve
+
+    rng = np.random.default_rng(3)
+    direct = 0
+    for _ in range(400):
+        rank = int(rng.integers(1, 4))
+        shape = tuple(int(n) for n in rng.integers(1, 6, size=rank))
+        buf = Buffer(1, 0, "b", shape, 4, "VMEM")
+        entries = []
+        for extent in shape:
+            start = int(rng.integers(-1, extent + 1))
+            if rng.random() < 0.3:
+                entries.append(("int", start, 1, 1))
+            else:
+                entries.append(("slice", start, int(rng.integers(0, extent + 1)), 1))
+        steps = (("index", tuple(entries)),)
+        fast = _plain_window(buf, steps)
+        try:
+            general = resolve(buf, steps)
+        except RegionError:
+            assert fast is None  # out of range: left to the general path's error
+            continue
+        if fast is not None:
+            direct += 1
+            assert (fast.box, fast.shape, fast.nbytes) == (
+                general.box,
+                general.shape,
+                general.nbytes,
+            )
+    assert direct > 50
+
+
+def test_verify_turns_the_collector_back_on_even_after_an_error() -> None:
+    import gc
+
+    import pytest
+
+    from safedma.testing._verify._api import _collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a verdict")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
