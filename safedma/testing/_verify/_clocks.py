@@ -39,7 +39,8 @@ class Clocks:
         return sent
 
     def acquire(self, p: int, seen: Clock) -> None:
-        np.maximum(self.rows[p], seen, out=self.rows[p])
+        row = self.rows[p]
+        np.maximum(row, seen, out=row)
 
     def knows(self, p: int, q: int, clock: int) -> bool:
         """True if ``q``'s event at ``clock`` happens before ``p``'s current point."""

@@ -691,13 +691,15 @@ def _plain_window(buf: Buffer, steps: tuple[tuple[str, object], ...]) -> View | 
         return None
     box: list[tuple[int, int]] = []
     kept: list[int] = []
+    elements = 1
     for (kind, start, size, stride), extent in zip(entries, shape):
         if stride != 1 or size <= 0 or start < 0 or start + size > extent:
             return None
         box.append((start, start + size))
         if kind == "slice":
             kept.append(size)
-    return View(buf, tuple(box), tuple(kept), buf.itemsize)
+            elements *= size
+    return View.window(buf, tuple(box), tuple(kept), buf.itemsize, elements)
 
 
 def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:

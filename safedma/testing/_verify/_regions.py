@@ -69,6 +69,17 @@ class View:
         self.nbytes = size * itemsize
         self.empty = size == 0 or any(hi <= lo for lo, hi in box)
 
+    @classmethod
+    def window(
+        cls, buffer: Buffer, box: Box, shape: tuple[int, ...], itemsize: int, size: int
+    ) -> View:
+        """A view the caller knows is non-empty with ``size`` elements (no box scan)."""
+        view = cls.__new__(cls)
+        view.buffer, view.box, view.shape, view.itemsize = buffer, box, shape, itemsize
+        view.nbytes = size * itemsize
+        view.empty = False
+        return view
+
     def __repr__(self) -> str:
         return f"View({self.buffer.name}, box={self.box}, shape={self.shape}, itemsize={self.itemsize})"
 

@@ -142,10 +142,11 @@ def test_direct_windows_equal_the_general_resolution() -> None:
             continue
         if fast is not None:
             direct += 1
-            assert (fast.box, fast.shape, fast.nbytes) == (
+            assert (fast.box, fast.shape, fast.nbytes, fast.empty) == (
                 general.box,
                 general.shape,
                 general.nbytes,
+                general.empty,
             )
     assert direct > 50
 
