@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
@@ -163,8 +162,7 @@ def verify(
                 value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
             inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
         programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
-    with _collector_paused():
-        engine.schedule(programs)
+    engine.schedule(programs)
     m = engine.machine
     peaks: dict[str, int] = {}
     for s in m.sems.values():
@@ -181,24 +179,6 @@ def verify(
         signals=m.signals,
         max_bytes_in_flight=peaks,
     )
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Generator[None, None, None]:
-    """Python's cyclic garbage collector off while the devices run.
-
-    Why: a run keeps many objects alive until its end (access records, copies in
-    flight, clocks), so the collector's passes re-scan a growing heap for nothing
-    (about a tenth of the time at 256 devices). What a run discards is freed by
-    reference counting; any cycles are collected once the collector is back on.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _repeat(

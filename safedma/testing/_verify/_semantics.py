@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+
 from safedma.testing._verify._clocks import Clock, Clocks
 from safedma.testing._verify._clocks import learned as learned_clock
 from safedma.testing._verify._regions import Box, Buffer, Coverage, View, contains, overlaps

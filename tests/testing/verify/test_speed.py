@@ -156,7 +156,7 @@ def test_verify_turns_the_collector_back_on_even_after_an_error() -> None:
 
     import pytest
 
-    from safedma.testing._verify._api import _collector_paused
+    from safedma.testing._verify._engine import collector_paused as _collector_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError), _collector_paused():
