@@ -170,3 +170,35 @@ def test_verify_turns_the_collector_back_on_even_after_an_error() -> None:
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+def test_fast_scalar_ops_compute_what_the_general_path_does() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from safedma.testing._verify._program import compile_jaxpr, run_plain
+    from safedma.testing._verify._scalars import Unknown
+
+    def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, ...]:
+        return (
+            a + b,
+            a * 3 - b,
+            jax.lax.div(a, b),
+            jax.lax.rem(a, b),
+            a < b,
+            -a,
+            jnp.float32(a) / 2,
+            jnp.int32(jnp.float32(a) / 2),
+            jnp.logical_not(a == b),
+        )
+
+    closed = jax.make_jaxpr(f)(jnp.int32(0), jnp.int32(1))
+    program = compile_jaxpr(closed.jaxpr, closed.consts)
+    for a, b in ((7, 2), (-7, 2), (7, -3), (0, 5)):
+        got = run_plain(program, [a, b], None)  # type: ignore[arg-type]
+        want = [int(v) if v.dtype.kind in "iu" else v.item() for v in f(jnp.int32(a), jnp.int32(b))]
+        assert got == want, (a, b, got, want)
+        assert [type(v) for v in got] == [type(v) for v in want]
+    unknown = Unknown("the contents of an SMEM operand")
+    got = run_plain(program, [unknown, 3], None)  # type: ignore[arg-type]
+    assert all(v is unknown for v in got)  # an Unknown operand's why reaches every result
