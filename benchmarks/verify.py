@@ -8,7 +8,9 @@ Three measurements, all on CPU with no TPU:
    64x4 meshes with the ring along the second axis, so the number of ring
    steps (ring size - 1) varies at a fixed device count. Each case runs in
    its own process under a time budget, and is timed including tracing
-   (best and median of ``reps`` calls). The growth exponents are the
+   (best and median wall time of ``reps`` calls, and the best process CPU
+   time: on a shared machine wall time includes waiting for a core). The
+   growth exponents are the
    log-log slopes of time against devices (1-D rings, where steps grow with
    devices) and against steps at 256 devices. Goal (issue 14): under 2 s at
    256 devices.
@@ -21,7 +23,9 @@ Three measurements, all on CPU with no TPU:
    ``jax.ShapeDtypeStruct`` (nothing is allocated for the data). Goal: the
    same for both.
 
-``python -m benchmarks --only verify [--reps N] [--verify-budget S]``.
+``python -m benchmarks --only verify [--reps N] [--verify-budget S]``; the scale
+table alone for some kernels and meshes (e.g. to compare two checkouts under the same
+load): ``python -m benchmarks.verify --scale all_gather,all_reduce 256,16x16 [REPS] [BUDGET_S]``.
 """
 
 from __future__ import annotations
@@ -106,18 +110,26 @@ def _verdict(error: BaseException | None) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
 
 
+_LAST_CPU: list[float] = [0.0]  # CPU seconds of the last _timed_verify (this process)
+
+
 def _timed_verify(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any, str]:
     """(seconds to the verdict, the report or None, the verdict). A verdict that is an
-    error is timed too: verify stops at the first error, so the time is a lower bound."""
+    error is timed too: verify stops at the first error, so the time is a lower bound.
+    The process CPU time of the same call is left in ``_LAST_CPU`` (on a shared machine
+    wall time includes waiting for a core; CPU time does not)."""
     from safedma.testing import SimulationError
 
     verify = _verify()
     gc.collect()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     try:
         report = verify(fn, *args, **kwargs)
     except SimulationError as err:
+        _LAST_CPU[0] = time.process_time() - c0
         return time.perf_counter() - t0, None, _verdict(err)
+    _LAST_CPU[0] = time.process_time() - c0
     return time.perf_counter() - t0, report, "clean"
 
 
@@ -140,6 +152,7 @@ def _child(kind: str, label: str, reps: int) -> None:
     """Run in a subprocess: time ``reps`` verifications, print one JSON line."""
     shape, names = next((s, n) for lab, s, n in MESHES if lab == label)
     times: list[float] = []
+    cpu: list[float] = []
     report: Any = None
     error = None
     verdict = "-"
@@ -150,8 +163,10 @@ def _child(kind: str, label: str, reps: int) -> None:
             error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             break
         times.append(seconds)
+        cpu.append(_LAST_CPU[0])
     out = {
         "times": times,
+        "cpu": cpu,
         "error": error,
         "verdict": verdict,
         "dmas": getattr(report, "dmas", None),
@@ -188,20 +203,32 @@ def _slope(points: list[tuple[float, float]]) -> float | None:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
 
 
-def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
+def scale(
+    reps: int,
+    budget_s: float,
+    quick: bool,
+    kinds: tuple[str, ...] = KERNELS,
+    only: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     heading("5a. verify at scale (device-free meshes; tracing included; one process per case)")
-    labels = [lab for lab, _, _ in MESHES if not quick or lab in QUICK_MESHES]
+    labels = [
+        lab
+        for lab, _, _ in MESHES
+        if (not quick or lab in QUICK_MESHES) and (only is None or lab in only)
+    ]
     cases: dict[str, dict[str, Any]] = {}
     rows = []
-    for kind in KERNELS:
+    for kind in kinds:
         for label in labels:
             record = _scale_case(kind, label, reps, budget_s)
             shape = next(s for lab, s, _ in MESHES if lab == label)
             record.update(devices=math.prod(shape), steps=shape[-1] - 1)
             cases[f"{kind}@{label}"] = record
             times = record["times"]
+            cpu = record.get("cpu") or []
             best = f"{min(times):.3f} s" if times else "-"
             median = f"{statistics.median(times):.3f} s" if times else "-"
+            best_cpu = f"{min(cpu):.3f} s" if cpu else "-"
             result = record.get("error") or record.get("verdict") or "-"
             rows.append(
                 [
@@ -211,6 +238,7 @@ def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
                     record["steps"],
                     best,
                     median,
+                    best_cpu,
                     record.get("dmas") or "-",
                     result[:90],
                 ]
@@ -226,6 +254,7 @@ def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
                 "ring steps",
                 "best",
                 "median",
+                "best CPU",
                 "DMAs",
                 "verdict (an error: time to it)",
             ],
@@ -233,7 +262,7 @@ def scale(reps: int, budget_s: float, quick: bool) -> dict[str, Any]:
         )
     )
     growth = []
-    for kind in KERNELS:
+    for kind in kinds:
 
         def best_of(label: str, kind: str = kind) -> float | None:
             times = cases.get(f"{kind}@{label}", {}).get("times") or []
@@ -439,8 +468,22 @@ def run(reps: int = 3, quick: bool = False, budget_s: float = 300.0) -> dict[str
     }
 
 
+_USAGE = (
+    "run the benchmarks with: python -m benchmarks --only verify; or only the scale "
+    "table: python -m benchmarks.verify --scale KIND[,KIND] MESH[,MESH] [REPS] [BUDGET_S]"
+    f" (kinds {','.join(KERNELS)}; meshes {','.join(lab for lab, _, _ in MESHES)})"
+)
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif 4 <= len(sys.argv) <= 6 and sys.argv[1] == "--scale":
+        picked = tuple(sys.argv[2].split(","))
+        meshes = tuple(sys.argv[3].split(","))
+        if not set(picked) <= set(KERNELS) or not set(meshes) <= {lab for lab, _, _ in MESHES}:
+            sys.exit(_USAGE)
+        reps = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+        budget = float(sys.argv[5]) if len(sys.argv) > 5 else 300.0
+        print(json.dumps(scale(reps, budget, False, picked, meshes)["cases"]))
     else:
-        sys.exit("run the benchmarks with: python -m benchmarks --only verify")
+        sys.exit(_USAGE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import math
 from collections import deque
@@ -15,12 +17,30 @@ from safedma.testing._verify._program import Ctx, Gen, RefVal
 from safedma.testing._verify._regions import Buffer
 from safedma.testing._verify._semantics import Blocked, Machine, SemState
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "collector_paused"]
 
 _MAX_KNOWN = 1 << 16
 _IDS = itertools.count(
     1
 )  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
+
+
+@contextlib.contextmanager
+def collector_paused() -> Generator[None, None, None]:
+    """Python's cyclic garbage collector off while the devices run.
+
+    Why: a run keeps many objects alive until its end (access records, copies in
+    flight, clocks), so the collector's passes re-scan a growing heap for nothing
+    (about a tenth of the time at 256 devices). What a run discards is freed by
+    reference counting; any cycles are collected once the collector is back on.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Barrier:
@@ -310,6 +330,10 @@ class Engine:
     # ------------------------------------------------------------ scheduling
 
     def schedule(self, programs: list[Generator[Blocked, None, Any]]) -> None:
+        with collector_paused():
+            self._schedule(programs)
+
+    def _schedule(self, programs: list[Generator[Blocked, None, Any]]) -> None:
         m = self.machine
         runnable: deque[int] = deque(range(len(programs)))
         queued = [True] * len(programs)

@@ -44,6 +44,10 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
     if device_id is None:
         return ctx.p
     names = eng.axis_names
+    if type(device_id) is dict and eng.cores == 1:
+        flat = _mesh_target(ctx, cast("dict[object, object]", device_id))
+        if flat is not None:
+            return flat
     coords = dict(ctx.axis_index)
     logical = "LOGICAL" in str(id_type)
     core = ctx.p % eng.cores
@@ -94,6 +98,22 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
                 f"({name} has {eng.axis_sizes[name]} devices)"
             )
     return eng.participant(coords, core)
+
+
+def _mesh_target(ctx: Ctx, device_id: dict[object, object]) -> int | None:
+    """The common remote address, ``{axis: int}`` on a one-core mesh, computed directly
+    (the general path in :func:`_target` gives the same device); None for any other form."""
+    sizes = ctx.engine.axis_sizes
+    for k, raw in device_id.items():
+        if type(k) is not str or type(raw) is not int or k not in sizes:
+            return None
+    flat = 0
+    here = ctx.axis_index
+    for n in ctx.engine.axis_names:
+        size = sizes[n]
+        v = device_id.get(n)
+        flat = flat * size + (here[n] if v is None else cast(int, v) % size)
+    return flat
 
 
 def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:

@@ -11,7 +11,14 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from safedma.testing._verify import _jax
-from safedma.testing._verify._regions import Buffer, RegionError, UnsupportedView, View, resolve
+from safedma.testing._verify._regions import (
+    Box,
+    Buffer,
+    RegionError,
+    UnsupportedView,
+    View,
+    resolve,
+)
 from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
@@ -225,16 +232,6 @@ class Compiler:
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
 
-        def cast(v: Any, dtype: Any) -> Any:
-            if dtype is None:
-                return v
-            k = dtype.kind if hasattr(dtype, "kind") else "f"
-            if k == "b":
-                return bool(v)
-            if k in "iu":
-                return int(v)
-            return float(v)
-
         def scalar(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
             for v in vals:
@@ -245,7 +242,7 @@ class Compiler:
                     return
             if rule is not None and len(outs) == 1:
                 try:
-                    env[outs[0]] = cast(rule(*vals), kinds[0])
+                    env[outs[0]] = cast_to(kinds[0])(rule(*vals))
                     return
                 except (TypeError, ValueError, ArithmeticError):
                     pass
@@ -256,6 +253,8 @@ class Compiler:
             for s, v in zip(outs, res):
                 env[s] = v
 
+        if rule is not None and len(outs) == 1 and len(ins) in (1, 2):
+            return _fast_scalar(rule, cast_to(kinds[0]), ins, outs[0], scalar)
         return scalar
 
     def concrete(self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
@@ -468,13 +467,19 @@ class Compiler:
         get_base = self.reader(base)
         steps = [self.transform(t) for t in transforms]
 
+        if not steps:
+
+            def plain_ref(env: list[Any]) -> RefVal | None:
+                r = get_base(env)
+                return r if isinstance(r, RefVal) else None
+
+            return plain_ref
+
         def resolve_ref(env: list[Any]) -> RefVal | None:
             r = get_base(env)
             if not isinstance(r, RefVal):
                 return None
-            if not steps:
-                return r
-            return RefVal(r.buffer, r.steps + tuple(s(env) for s in steps))
+            return RefVal(r.buffer, r.steps + tuple([s(env) for s in steps]))
 
         return resolve_ref
 
@@ -496,7 +501,7 @@ class Compiler:
                 parts.append(self.index_entry(idx))
 
             def index(env: list[Any]) -> tuple[str, object]:
-                return ("index", tuple(p(env) for p in parts))
+                return ("index", tuple([p(env) for p in parts]))
 
             return index
         if kind == "bitcast":
@@ -517,24 +522,30 @@ class Compiler:
             st = int(stride) if stride is not None else 1
 
             def sl(env: list[Any]) -> tuple[str, int, int, int]:
-                return (
-                    "slice",
-                    need_int(gs(env), "a slice start"),
-                    need_int(gz(env), "a slice size"),
-                    st,
-                )
+                a, n = gs(env), gz(env)
+                if type(a) is not int:
+                    a = need_int(a, "a slice start")
+                if type(n) is not int:
+                    n = need_int(n, "a slice size")
+                return ("slice", a, n, st)
 
             return sl
         g = self.value_getter(idx)
 
         def it(env: list[Any]) -> tuple[str, int, int, int]:
-            return ("int", need_int(g(env), "an index"), 1, 1)
+            i = g(env)
+            if type(i) is not int:
+                i = need_int(i, "an index")
+            return ("int", i, 1, 1)
 
         return it
 
     def value_getter(self, x: Any) -> Callable[[list[Any]], Any]:
         if isinstance(x, (int,)) or x is None:
             return lambda env: x
+        if hasattr(x, "aval") and not _jax.is_literal(x):
+            slot = self.slot(x)
+            return lambda env: env[slot]
         if hasattr(x, "aval") or _jax.is_literal(x):
             return self.reader(x)
         try:
@@ -542,6 +553,69 @@ class Compiler:
         except (TypeError, ValueError):
             v = VECTOR  # type: ignore[assignment]
         return lambda env: v
+
+
+_PLAIN = frozenset((int, bool, float))
+
+
+def cast_to(dtype: Any) -> Callable[[Any], Any]:
+    """The Python conversion to a result of ``dtype`` (truncating to integers like XLA)."""
+    if dtype is None:
+        return _same
+    k = dtype.kind if hasattr(dtype, "kind") else "f"
+    if k == "b":
+        return bool
+    if k in "iu":
+        return int
+    return float
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _fast_scalar(
+    rule: Callable[..., Any],
+    conv: Callable[[Any], Any],
+    ins: list[tuple[bool, Any]],
+    out: int,
+    slow: Op,
+) -> Op:
+    """A unary or binary scalar op on plain Python numbers, without the general path.
+
+    Why: scalar arithmetic (indices, slots, predicates) is most of the equations a
+    device runs per copy. Anything that is not a plain int/bool/float (an Unknown, a
+    ref, an error in the rule) goes to ``slow``, the general op, which computes the
+    same result it always did.
+    """
+    if len(ins) == 1:
+        ((va, a),) = ins
+
+        def unary(env: list[Any], ctx: Ctx) -> Gen | None:
+            x = env[a] if va else a
+            if type(x) in _PLAIN:
+                try:
+                    env[out] = conv(rule(x))
+                    return None
+                except (TypeError, ValueError, ArithmeticError):
+                    pass
+            return slow(env, ctx)
+
+        return unary
+    (va, a), (vb, b) = ins
+
+    def binary(env: list[Any], ctx: Ctx) -> Gen | None:
+        x = env[a] if va else a
+        y = env[b] if vb else b
+        if type(x) in _PLAIN and type(y) in _PLAIN:
+            try:
+                env[out] = conv(rule(x, y))
+                return None
+            except (TypeError, ValueError, ArithmeticError):
+                pass
+        return slow(env, ctx)
+
+    return binary
 
 
 def _key(v: Any) -> object:
@@ -597,19 +671,53 @@ def _has_effects(jaxpr: Any) -> bool:
     return False
 
 
-_VIEWS: dict[tuple[int, tuple[tuple[str, object], ...]], View] = {}
+# What a view covers depends on the root's shape and element size and the steps,
+# not on which buffer it is: every device's counterpart buffer shares one entry.
+_VIEWS: dict[
+    tuple[tuple[int, ...], int, tuple[tuple[str, object], ...]],
+    tuple[Box, tuple[int, ...], int],
+] = {}
+
+
+def _plain_window(buf: Buffer, steps: tuple[tuple[str, object], ...]) -> View | None:
+    """The view of one in-range index with unit strides on the root (most copy windows
+    and semaphore slots), computed directly; None for anything else, which
+    :func:`resolve` handles (and reports when out of range)."""
+    if len(steps) != 1 or steps[0][0] != "index":
+        return None
+    entries = cast("tuple[tuple[str, int, int, int], ...]", steps[0][1])
+    shape = buf.shape
+    if len(entries) != len(shape):
+        return None
+    box: list[tuple[int, int]] = []
+    kept: list[int] = []
+    elements = 1
+    for (kind, start, size, stride), extent in zip(entries, shape):
+        if stride != 1 or size <= 0 or start < 0 or start + size > extent:
+            return None
+        box.append((start, start + size))
+        if kind == "slice":
+            kept.append(size)
+            elements *= size
+    return View.window(buf, tuple(box), tuple(kept), buf.itemsize, elements)
 
 
 def view_of(ref: RefVal, where: str, what: str, p_label: str) -> View:
-    key = (ref.buffer.ident, ref.steps)
+    buf = ref.buffer
+    if not ref.steps:
+        return View(buf, buf.full_box(), buf.shape, buf.itemsize)
+    plain = _plain_window(buf, ref.steps)
+    if plain is not None:
+        return plain
+    key = (buf.shape, buf.itemsize, ref.steps)
     hit = _VIEWS.get(key)
     if hit is not None:
-        return hit
+        return View(buf, *hit)
     try:
-        view = resolve(ref.buffer, ref.steps)
+        view = resolve(buf, ref.steps)
         if len(_VIEWS) > 200_000:
             _VIEWS.clear()
-        _VIEWS[key] = view
+        _VIEWS[key] = (view.box, view.shape, view.itemsize)
         return view
     except RegionError as err:
         buf = ref.buffer

@@ -54,22 +54,34 @@ class Buffer:
         return tuple((0, d) for d in self.shape)
 
 
-@dataclasses.dataclass(frozen=True)
 class View:
-    """What a ref view covers: ``box`` in the root, its own shape and element size."""
+    """What a ref view covers: ``box`` in the root, its own shape and element size.
 
-    buffer: Buffer
-    box: Box
-    shape: tuple[int, ...]
-    itemsize: int
+    A plain slotted class with ``nbytes`` and ``empty`` computed once: every copy,
+    wait and access builds or reads one, so construction is on the hot path.
+    """
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.itemsize
+    __slots__ = ("buffer", "box", "shape", "itemsize", "nbytes", "empty")
 
-    @property
-    def empty(self) -> bool:
-        return any(hi <= lo for lo, hi in self.box) or math.prod(self.shape) == 0
+    def __init__(self, buffer: Buffer, box: Box, shape: tuple[int, ...], itemsize: int) -> None:
+        self.buffer, self.box, self.shape, self.itemsize = buffer, box, shape, itemsize
+        size = math.prod(shape)
+        self.nbytes = size * itemsize
+        self.empty = size == 0 or any(hi <= lo for lo, hi in box)
+
+    @classmethod
+    def window(
+        cls, buffer: Buffer, box: Box, shape: tuple[int, ...], itemsize: int, size: int
+    ) -> View:
+        """A view the caller knows is non-empty with ``size`` elements (no box scan)."""
+        view = cls.__new__(cls)
+        view.buffer, view.box, view.shape, view.itemsize = buffer, box, shape, itemsize
+        view.nbytes = size * itemsize
+        view.empty = False
+        return view
+
+    def __repr__(self) -> str:
+        return f"View({self.buffer.name}, box={self.box}, shape={self.shape}, itemsize={self.itemsize})"
 
 
 def _row_major_strides(shape: Sequence[int]) -> list[int]:

@@ -188,9 +188,14 @@ def scalar_rule(name: str, params: dict[str, Any]) -> Callable[..., Any] | None:
         return power
     if name == "convert_element_type":
         dtype = params["new_dtype"]
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError:  # not a numpy dtype (e.g. a PRNG key): fails when run, as before
 
-        def converted(a: Any) -> Any:
-            return convert(a, dtype)
+            def converted(a: Any) -> Any:
+                return convert(a, dtype)
 
-        return converted
+            return converted
+        to: Callable[[Any], Any] = bool if kind == "b" else int if kind in "iu" else float
+        return to
     return None

@@ -137,7 +137,9 @@ class SemState:
         self.waiter = -1
 
     def total(self) -> int:
-        return self.credit + sum(c.amount for c in self.pending)
+        if not self.pending:
+            return self.credit
+        return self.credit + sum([c.amount for c in self.pending])
 
 
 @dataclasses.dataclass

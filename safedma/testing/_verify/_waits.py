@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from safedma.testing._verify._clocks import Clock
+from safedma.testing._verify._clocks import learned as clocks_learned
 
 __all__ = ["Counted", "Early", "Hints", "Outcome", "WaitRecord", "learned_clock", "outcome"]
 
@@ -85,16 +86,7 @@ def learned_clock(cands: Sequence[Counted], need: int) -> Clock:
     q first). Contributions every such subset contains (the guaranteed ones)
     are therefore learned in full.
     """
-    if len(cands) == 1:
-        return cands[0].clock
-    m = np.stack([c.clock for c in cands])
-    amounts = np.array([c.amount for c in cands], dtype=np.int64)
-    order = np.argsort(m, axis=0, kind="stable")
-    values = np.take_along_axis(m, order, axis=0)
-    reached = np.cumsum(amounts[order], axis=0) >= need
-    first = np.argmax(reached, axis=0)
-    learned: Clock = values[first, np.arange(m.shape[1])]
-    return learned
+    return clocks_learned([c.clock for c in cands], [c.amount for c in cands], need)
 
 
 class WaitRecord:

@@ -1,0 +1,204 @@
+"""The speed structures of verify's engine compute what the plain versions computed.
+
+Each fast path here replaces a general computation on the hot path; these tests pin
+it to the general one (or to a verdict) so that speed never changes an answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from safedma.testing._verify._clocks import learned
+
+
+def _learned_by_sorting(clocks: list[np.ndarray], amounts: list[int], need: int) -> np.ndarray:
+    """The definition: per column, sort by clock and take the clock where the sum reaches need."""
+    m = np.stack(clocks)
+    out = np.empty(m.shape[1], dtype=np.int64)
+    for q in range(m.shape[1]):
+        order = sorted(range(len(clocks)), key=lambda i: (m[i, q], i))
+        total = 0
+        for i in order:
+            total += amounts[i]
+            if total >= need:
+                out[q] = m[i, q]
+                break
+    return out
+
+
+def test_learned_matches_its_definition_on_every_shape_of_wait() -> None:
+    rng = np.random.default_rng(14)
+    cases = 0
+    for _ in range(600):
+        n = int(rng.integers(1, 6))
+        width = int(rng.integers(1, 7))
+        clocks = [rng.integers(0, 5, size=width).astype(np.int64) for _ in range(n)]
+        amounts = [int(a) for a in rng.choice([1, 2, 4, 8], size=n)]
+        need = int(rng.integers(1, sum(amounts) + 1))
+        got = learned(clocks, amounts, need)
+        assert np.array_equal(got, _learned_by_sorting(clocks, amounts, need)), (
+            clocks,
+            amounts,
+            need,
+        )
+        cases += 1
+    assert cases == 600
+
+
+def test_learned_does_not_write_into_the_contributions_clocks() -> None:
+    a = np.array([3, 1, 2], dtype=np.int64)
+    b = np.array([1, 4, 2], dtype=np.int64)
+    low = learned([a, b], [4, 4], 4)  # either copy suffices: the minimum
+    high = learned([a, b], [4, 4], 8)  # both are needed: the maximum
+    assert low.tolist() == [1, 1, 2] and high.tolist() == [3, 4, 2]
+    assert a.tolist() == [3, 1, 2] and b.tolist() == [1, 4, 2]
+
+
+def test_clock_epochs_kept_as_ints_follow_the_rows() -> None:
+    from safedma.testing._verify._clocks import Clocks
+
+    rng = np.random.default_rng(7)
+    clocks = Clocks(5)
+    sent: list[np.ndarray] = []
+    for _ in range(300):
+        p = int(rng.integers(0, 5))
+        step = int(rng.integers(0, 3))
+        if step == 0:
+            sent.append(clocks.release(p))
+        elif step == 1 and sent:
+            clocks.acquire(p, sent[int(rng.integers(0, len(sent)))])
+        else:
+            clocks.barrier(sorted({p, int(rng.integers(0, 5))}))
+        assert [clocks.now(q) for q in range(5)] == [int(clocks.rows[q, q]) for q in range(5)]
+
+
+def test_a_view_cached_by_shape_names_the_buffer_it_is_asked_about() -> None:
+    import pytest
+
+    from safedma.testing._verify._program import RefVal, view_of
+    from safedma.testing._verify._regions import Buffer
+    from safedma.testing._verify._report import OutOfBoundsDmaError
+
+    a = Buffer(9001, 0, "left", (64, 128), 4, "VMEM")
+    b = Buffer(9002, 1, "right", (64, 128), 4, "VMEM")
+    inside = (("index", (("slice", 8, 8, 1), ("slice", 0, 128, 1))),)
+    outside = (("index", (("slice", 60, 8, 1), ("slice", 0, 128, 1))),)
+    va = view_of(RefVal(a, inside), "k.py:1", "the copy source", "device 0")
+    vb = view_of(RefVal(b, inside), "k.py:2", "the copy source", "device 1")
+    assert va.buffer is a and vb.buffer is b
+    assert va.box == vb.box == ((8, 16), (0, 128)) and vb.nbytes == 8 * 128 * 4
+    for buf in (a, b, a):  # an error is never cached as a view, for either buffer
+        with pytest.raises(OutOfBoundsDmaError, match=buf.name):
+            view_of(RefVal(buf, outside), "k.py:3", "the copy source", "device 0")
+
+
+def test_direct_mesh_addressing_matches_the_general_rule() -> None:
+    from safedma.testing._verify._engine import Engine
+    from safedma.testing._verify._ops import _target
+    from safedma.testing._verify._program import Ctx
+
+    class General(dict):  # type: ignore[type-arg]
+        """Not exactly a dict: takes the general path of _target."""
+
+    for names, sizes in ((("x",), (8,)), (("y", "x"), (4, 2)), (("a", "b", "c"), (2, 3, 2))):
+        engine = Engine(names, sizes)
+        checked = 0
+        for p in range(engine.participants):
+            ctx = Ctx(p, engine, engine.coords(p))
+            for axis in names:
+                for v in range(-2 * engine.devices, 2 * engine.devices):
+                    fast = _target(ctx, {axis: v}, "DeviceIdType.MESH", "k.py:1")
+                    slow = _target(ctx, General({axis: v}), "DeviceIdType.MESH", "k.py:1")
+                    assert fast == slow
+                    checked += 1
+            both = {n: p + i for i, n in enumerate(names)}
+            assert _target(ctx, both, "MESH", "w") == _target(ctx, General(both), "MESH", "w")
+        assert checked > 0
+
+
+def test_direct_windows_equal_the_general_resolution() -> None:
+    from safedma.testing._verify._program import _plain_window
+    from safedma.testing._verify._regions import Buffer, RegionError, resolve
+
+    rng = np.random.default_rng(3)
+    direct = 0
+    for _ in range(400):
+        rank = int(rng.integers(1, 4))
+        shape = tuple(int(n) for n in rng.integers(1, 6, size=rank))
+        buf = Buffer(1, 0, "b", shape, 4, "VMEM")
+        entries = []
+        for extent in shape:
+            start = int(rng.integers(-1, extent + 1))
+            if rng.random() < 0.3:
+                entries.append(("int", start, 1, 1))
+            else:
+                entries.append(("slice", start, int(rng.integers(0, extent + 1)), 1))
+        steps = (("index", tuple(entries)),)
+        fast = _plain_window(buf, steps)
+        try:
+            general = resolve(buf, steps)
+        except RegionError:
+            assert fast is None  # out of range: left to the general path's error
+            continue
+        if fast is not None:
+            direct += 1
+            assert (fast.box, fast.shape, fast.nbytes, fast.empty) == (
+                general.box,
+                general.shape,
+                general.nbytes,
+                general.empty,
+            )
+    assert direct > 50
+
+
+def test_verify_turns_the_collector_back_on_even_after_an_error() -> None:
+    import gc
+
+    import pytest
+
+    from safedma.testing._verify._engine import collector_paused as _collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a verdict")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+
+
+def test_fast_scalar_ops_compute_what_the_general_path_does() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from safedma.testing._verify._program import compile_jaxpr, run_plain
+    from safedma.testing._verify._scalars import Unknown
+
+    def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, ...]:
+        return (
+            a + b,
+            a * 3 - b,
+            jax.lax.div(a, b),
+            jax.lax.rem(a, b),
+            a < b,
+            -a,
+            jnp.float32(a) / 2,
+            jnp.int32(jnp.float32(a) / 2),
+            jnp.logical_not(a == b),
+        )
+
+    closed = jax.make_jaxpr(f)(jnp.int32(0), jnp.int32(1))
+    program = compile_jaxpr(closed.jaxpr, closed.consts)
+    for a, b in ((7, 2), (-7, 2), (7, -3), (0, 5)):
+        got = run_plain(program, [a, b], None)  # type: ignore[arg-type]
+        want = [int(v) if v.dtype.kind in "iu" else v.item() for v in f(jnp.int32(a), jnp.int32(b))]
+        assert got == want, (a, b, got, want)
+        assert [type(v) for v in got] == [type(v) for v in want]
+    unknown = Unknown("the contents of an SMEM operand")
+    got = run_plain(program, [unknown, 3], None)  # type: ignore[arg-type]
+    assert all(v is unknown for v in got)  # an Unknown operand's why reaches every result
