@@ -404,30 +404,19 @@ def _get(c: Compiler, eqn: Any) -> Op:
     )
 
 
+def _store(c: Compiler, eqn: Any, *, read: bool) -> Op:
+    """``ref[idx] = v`` (swap) or ``ref[idx] += v`` (addupdate, which also reads)."""
+    ref, value, *indices = eqn.invars
+    tree = eqn.params.get("tree")
+    return _access(c, eqn, ref, indices, tree, write=True, read=read, value_atom=value)
+
+
 def _swap(c: Compiler, eqn: Any) -> Op:
-    return _access(
-        c,
-        eqn,
-        eqn.invars[0],
-        list(eqn.invars[2:]),
-        eqn.params.get("tree"),
-        write=True,
-        read=False,
-        value_atom=eqn.invars[1],
-    )
+    return _store(c, eqn, read=False)
 
 
 def _addupdate(c: Compiler, eqn: Any) -> Op:
-    return _access(
-        c,
-        eqn,
-        eqn.invars[0],
-        list(eqn.invars[2:]),
-        eqn.params.get("tree"),
-        write=True,
-        read=True,
-        value_atom=eqn.invars[1],
-    )
+    return _store(c, eqn, read=True)
 
 
 def _masked_load(c: Compiler, eqn: Any) -> Op:
