@@ -264,6 +264,13 @@ class Machine:
                         and r.clock <= row[r.part]
                     )
                 ]
+            elif write:
+                # A copy's write passed the check above only if every record it overlaps
+                # happened before the copy started. A later access unordered with such a
+                # record is then unordered with this write too, and conflicts with it
+                # (a write covering the record's box): the record adds nothing to detect.
+                # Dropping it keeps a slot rewritten every step from growing its history.
+                bucket = [r for r in bucket if not contains(box, r.box)]
             bucket.append(rec)
             h.buckets[b] = bucket
         if write:

@@ -6,8 +6,16 @@ it to the general one (or to a verdict) so that speed never changes an answer.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.testing import RaceDetectedError, abstract_mesh, verify
 from safedma.testing._verify._clocks import learned
 
 
@@ -202,3 +210,43 @@ def test_fast_scalar_ops_compute_what_the_general_path_does() -> None:
     unknown = Unknown("the contents of an SMEM operand")
     got = run_plain(program, [unknown, 3], None)  # type: ignore[arg-type]
     assert all(v is unknown for v in got)  # an Unknown operand's why reaches every result
+
+
+# ------------------------------------------------ history of a region rewritten by copies
+
+
+def _rewritten_then_sent(x_ref: Any, o_ref: Any, sems: Any) -> None:
+    """Two local copies rewrite o_ref (the second supersedes the first in o_ref's history),
+    then o_ref is sent into the right neighbour's o_ref with no barrier: the neighbour may
+    still be in its own local copies, so the send races with them."""
+    for i in range(2):
+        copy = pltpu.make_async_copy(x_ref, o_ref, sems.at[i])
+        copy.start()
+        copy.wait()
+    me = jax.lax.axis_index("x")
+    right = jax.lax.rem(me + 1, jax.lax.axis_size("x"))
+    send = pltpu.make_async_remote_copy(
+        x_ref, o_ref, sems.at[2], sems.at[3], device_id={"x": right}
+    )
+    send.start()
+    send.wait_send()
+    send.wait_recv()
+
+
+def test_a_region_rewritten_by_a_later_copy_still_races_with_an_unordered_write() -> None:
+    """The history drops a record once a later copy's write covers it; a write unordered
+    with the dropped record is unordered with the later copy too, and still a race."""
+
+    def per_device(block: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            _rewritten_then_sent,
+            out_shape=jax.ShapeDtypeStruct(block.shape, block.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA((4,))],
+        )(block)
+        return out
+
+    x = jax.ShapeDtypeStruct((2 * 8, 128), jnp.float32)
+    with pytest.raises(RaceDetectedError, match="data race"):
+        verify(per_device, x, mesh=abstract_mesh((2,), ("x",)))
