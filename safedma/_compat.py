@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -304,22 +303,20 @@ _trace_context: Any = _jax_core.trace_ctx
 # equations or weak references to them, holding the operand tracers as
 # ``in_tracers``); waits inside ``cond`` / loops / ``run_scoped`` sit in the
 # closed jaxprs of those equations' params. A wait is safedma's own when the
-# innermost frame of its source traceback outside jax is a safedma library
-# module. tests/core/test_raw_waits.py pins all of this on both jax versions.
+# innermost frame of its source traceback outside jax is in a file the caller's
+# ``is_own_file`` accepts. tests/core/test_raw_waits.py pins all of this on
+# both jax versions.
 
 RawWait: TypeAlias = "tuple[object | None, object | None]"
 """A raw wait's semaphore as ``(root, view)``: ``view`` None means any slot of
 ``root``; ``root`` None means a semaphore the check cannot name (any)."""
 
-_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__))
 
-
-def _is_safedmas_own(eqn: Any) -> bool:
+def _emitted_from(eqn: Any, is_own_file: Callable[[str], bool]) -> bool:
+    """Whether the innermost frame outside jax that traced ``eqn`` is in an own file."""
     traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)
     frame = _source_info.user_frame(traceback) if traceback is not None else None
-    if frame is None:
-        return False
-    return os.path.dirname(os.path.abspath(frame.file_name)) == _LIBRARY_DIR
+    return frame is not None and is_own_file(str(frame.file_name))
 
 
 def _sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
@@ -331,11 +328,11 @@ def _sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
                 yield jaxpr
 
 
-def _has_raw_wait(jaxpr: Any) -> bool:
+def _has_raw_wait(jaxpr: Any, is_own_file: Callable[[str], bool]) -> bool:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_wait" and not _is_safedmas_own(eqn):
+        if eqn.primitive.name == "dma_wait" and not _emitted_from(eqn, is_own_file):
             return True
-        if any(_has_raw_wait(sub) for sub in _sub_jaxprs(eqn.params)):
+        if any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
             return True
     return False
 
@@ -357,8 +354,9 @@ _tree_unflatten = cast(
 )
 
 
-def raw_dma_waits(frame: object) -> list[RawWait]:
-    """The semaphores waited by raw-pltpu ``dma_wait``s traced so far into ``frame``."""
+def raw_dma_waits(frame: object, is_own_file: Callable[[str], bool]) -> list[RawWait]:
+    """The semaphores waited by ``dma_wait``s traced so far into ``frame`` that were not
+    emitted from a file ``is_own_file`` accepts (safedma's own waits)."""
     found: list[RawWait] = []
     entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
     for entry in entries:
@@ -367,7 +365,7 @@ def raw_dma_waits(frame: object) -> list[RawWait]:
             continue
         operands: list[object] = list(eqn.in_tracers)
         if eqn.primitive.name == "dma_wait":
-            if _is_safedmas_own(eqn):
+            if _emitted_from(eqn, is_own_file):
                 continue
             try:
                 args = _tree_unflatten(eqn.params["tree"], operands)
@@ -376,7 +374,7 @@ def raw_dma_waits(frame: object) -> list[RawWait]:
                 continue
             views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
             found += [(root_of(view), view) for view in views] or [(None, None)]
-        elif any(_has_raw_wait(sub) for sub in _sub_jaxprs(eqn.params)):
+        elif any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
             # The wait's slot inside the block is not mapped back to the operands:
             # any slot of any semaphore the block receives (or any, if none).
             roots = [root_of(a) for a in operands if _is_semaphore(a)]

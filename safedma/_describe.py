@@ -10,6 +10,7 @@ trace-time cost.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import NamedTuple
@@ -39,6 +40,14 @@ def _is_library_frame(module_name: str) -> bool:
     return module_name == "safedma" or (
         module_name.startswith("safedma.") and module_name.count(".") == 1
     )
+
+
+_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_library_file(path: str) -> bool:
+    """The file-path form of the same test, for tracebacks that keep no module names."""
+    return os.path.dirname(os.path.abspath(path)) == _LIBRARY_DIR
 
 
 def call_site() -> SourceLine:

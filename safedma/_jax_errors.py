@@ -12,21 +12,20 @@ from __future__ import annotations
 import os
 import traceback
 
+from safedma._describe import is_library_file
 from safedma._errors import BranchReturnedRefError
 
 __all__ = ["rewrite"]
 
 _REF_FROM_BRANCH = "Cannot return `Ref`s from"
 _JAX_DIR = os.sep + "jax" + os.sep
-_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _user_line(error: BaseException) -> str | None:
     """The innermost traceback line in neither jax nor safedma's library: the user's call."""
     found: str | None = None
     for frame in traceback.extract_tb(error.__traceback__):
-        path = os.path.abspath(frame.filename)
-        if _JAX_DIR in path or os.path.dirname(path) == _LIBRARY_DIR:
+        if _JAX_DIR in os.path.abspath(frame.filename) or is_library_file(frame.filename):
             continue
         found = f"{frame.filename}:{frame.lineno}"
     return found

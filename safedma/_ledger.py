@@ -32,7 +32,7 @@ from collections.abc import Generator, Iterable
 
 from safedma import _compat
 from safedma._compat import FlowKind
-from safedma._describe import Describe, SourceLine, call_site
+from safedma._describe import Describe, SourceLine, call_site, is_library_file
 from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
 
 __all__ = [
@@ -100,7 +100,7 @@ def _raw_wait_slots() -> list[_Slot]:
     the body's jaxpr, not safedma's bookkeeping, says what is waited.
     """
     slots: list[_Slot] = []
-    for root, view in _compat.raw_dma_waits(_compat.current_frame()):
+    for root, view in _compat.raw_dma_waits(_compat.current_frame(), is_library_file):
         if root is None:
             slots.append((_ANY_SEMAPHORE, None))
         else:
