@@ -9,8 +9,9 @@ Three measurements, all on CPU with no TPU:
    steps (ring size - 1) varies at a fixed device count. Each case runs in
    its own process under a time budget, and is timed including tracing
    (best and median wall time of ``reps`` calls, and the best process CPU
-   time: on a shared machine wall time includes waiting for a core). The
-   growth exponents are the
+   time: on a shared machine wall time includes waiting for a core), and the
+   process's peak resident memory (a ring keeps devices^2 wait records, each
+   with a clock of devices entries: asymptotically devices^3). The growth exponents are the
    log-log slopes of time against devices (1-D rings, where steps grow with
    devices) and against steps at 256 devices. Goal (issue 14): under 2 s at
    256 devices.
@@ -164,9 +165,13 @@ def _child(kind: str, label: str, reps: int) -> None:
             break
         times.append(seconds)
         cpu.append(_LAST_CPU[0])
+    import resource  # POSIX only, like the rest of the scale table's child processes
+
     out = {
         "times": times,
         "cpu": cpu,
+        # peak resident memory of the process (jax itself is about 175 MB of it), in MiB
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "error": error,
         "verdict": verdict,
         "dmas": getattr(report, "dmas", None),
@@ -229,6 +234,7 @@ def scale(
             best = f"{min(times):.3f} s" if times else "-"
             median = f"{statistics.median(times):.3f} s" if times else "-"
             best_cpu = f"{min(cpu):.3f} s" if cpu else "-"
+            rss = record.get("peak_rss_mib")
             result = record.get("error") or record.get("verdict") or "-"
             rows.append(
                 [
@@ -239,6 +245,7 @@ def scale(
                     best,
                     median,
                     best_cpu,
+                    f"{rss} MiB" if rss is not None else "-",
                     record.get("dmas") or "-",
                     result[:90],
                 ]
@@ -255,6 +262,7 @@ def scale(
                 "best",
                 "median",
                 "best CPU",
+                "peak RSS",
                 "DMAs",
                 "verdict (an error: time to it)",
             ],

@@ -11,16 +11,20 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-Clock = npt.NDArray[np.int64]
+Clock = npt.NDArray[np.int32]
+# int32, not int64: an epoch counts one participant's releases (far below 2**31), and a
+# run keeps one clock per started copy and per signal until the end (a wait record holds
+# them for rule 6), so at 256 devices and more the clocks are most of verify's memory.
+CLOCK_DTYPE = np.int32
 
-__all__ = ["Clock", "Clocks"]
+__all__ = ["CLOCK_DTYPE", "Clock", "Clocks"]
 
 
 class Clocks:
     """The clocks of all participants: row ``p`` is what participant ``p`` has observed."""
 
     def __init__(self, participants: int) -> None:
-        self.rows: Clock = np.zeros((participants, participants), dtype=np.int64)
+        self.rows: Clock = np.zeros((participants, participants), dtype=CLOCK_DTYPE)
         self.rows[np.arange(participants), np.arange(participants)] = 1
         # rows[p, p] as Python ints: read at every access and wait, far cheaper than
         # a numpy element. Only release and barrier move a participant's own epoch

@@ -20,7 +20,6 @@ Rules (docs/verify.md gives the sources):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from safedma.testing._verify._clocks import Clock, Clocks
@@ -33,7 +32,7 @@ from safedma.testing._verify._report import (
     VerifiedRaceError,
     VerifyKernelError,
 )
-from safedma.testing._verify._waits import Early, Hints, WaitRecord, outcome
+from safedma.testing._verify._waits import Early, Hints, Outcome, WaitRecord, outcome
 
 __all__ = ["Machine", "Dma", "SemState", "Blocked"]
 
@@ -92,18 +91,34 @@ class Record:
         self.origin = dma.issuer if dma is not None else part
 
 
-@dataclasses.dataclass
 class Contribution:
-    amount: int
-    clock: Clock
-    dma: Dma | None
-    side: str  # "read", "write", "both" or "signal"
-    issuer: int
-    where: str
-    seq: int = -1  # position among all contributions of the walk (stable across replays)
+    """One addition to a semaphore: a copy's completion (one side of it) or a signal.
+
+    A slotted class, not a dataclass: one is built per copy side and per signal.
+    ``seq`` is its position among all contributions of the walk (stable across
+    replays), set when it is counted.
+    """
+
+    __slots__ = ("amount", "clock", "dma", "side", "issuer", "where", "seq")
+
+    def __init__(
+        self,
+        amount: int,
+        clock: Clock,
+        dma: Dma | None,
+        side: str,  # "read", "write", "both" or "signal"
+        issuer: int,
+        where: str,
+        seq: int = -1,
+    ) -> None:
+        self.amount, self.clock, self.dma, self.side = amount, clock, dma, side
+        self.issuer, self.where, self.seq = issuer, where, seq
 
     def what(self) -> str:
         return "copy" if self.dma is not None else "signal"
+
+    def __repr__(self) -> str:
+        return f"Contribution({self.what()} of {self.amount} from {self.issuer}, seq {self.seq})"
 
 
 class SemState:
@@ -142,13 +157,16 @@ class SemState:
         return self.credit + sum([c.amount for c in self.pending])
 
 
-@dataclasses.dataclass
 class Blocked:
-    participant: int
-    sem: SemState | None
-    amount: int
-    where: str
-    what: str
+    """What a participant's program yields when it cannot go on (slotted: one per block)."""
+
+    __slots__ = ("participant", "sem", "amount", "where", "what")
+
+    def __init__(
+        self, participant: int, sem: SemState | None, amount: int, where: str, what: str
+    ) -> None:
+        self.participant, self.sem, self.amount = participant, sem, amount
+        self.where, self.what = where, what
 
 
 class _History:
@@ -226,53 +244,64 @@ class Machine:
     def access(
         self, p: int, view: View, write: bool, what: str, where: str, dma: Dma | None = None
     ) -> Record | None:
-        """Check an access against the history of its buffer, then record it."""
+        """Check an access against the history of its buffer, then record it.
+
+        One pass per bucket checks each overlapping record for a race and decides
+        whether the new record makes it redundant (the two rules below); a record
+        spanning several buckets is checked once (``seen``).
+        """
         if view.empty:
             return None
-        h = self._history(view.buffer)
+        buf = view.buffer
+        h = self.histories.get(buf.ident)
+        if h is None:
+            h = self.histories[buf.ident] = _History(buf)
         box = view.box
         row = self.clocks.rows[p]
         span = h.span(box)
         single = len(span) == 1
         seen: set[int] = set()
-        for b in span:
-            for r in h.buckets[b]:
-                if not single:
-                    if id(r) in seen:
-                        continue
-                    seen.add(id(r))
-                if not (write or r.write) or not overlaps(r.box, box):
-                    continue
-                if r.part < 0 or (
-                    r.clock > row[r.part] and not (r.alt and any(c <= row[q] for q, c in r.alt))
-                ):
-                    self._race(p, view, write, what, where, r, dma)
         if dma is not None:
             rec = Record(box, write, -1, 0, dma, what, where)
         else:
-            rec = Record(box, write, p, int(row[p]), None, what, where)
+            rec = Record(box, write, p, self.clocks.own[p], None, what, where)
+        buckets = h.buckets
         for b in span:
-            bucket = h.buckets[b]
-            if dma is None:
-                bucket = [
-                    r
-                    for r in bucket
-                    if not (
+            keep: list[Record] = []
+            for r in buckets[b]:
+                rw = r.write
+                if (write or rw) and (single or id(r) not in seen):
+                    if not single:
+                        seen.add(id(r))
+                    if overlaps(r.box, box) and (
+                        r.part < 0
+                        or (
+                            r.clock > row[r.part]
+                            and not (r.alt and any(c <= row[q] for q, c in r.alt))
+                        )
+                    ):
+                        self._race(p, view, write, what, where, r, dma)
+                if dma is None:
+                    # A settled access ordered before this one, inside its box, of a
+                    # kind this one subsumes (a write subsumes both): redundant.
+                    if (
                         r.part >= 0
-                        and (write or not r.write)
+                        and (write or not rw)
                         and contains(box, r.box)
                         and r.clock <= row[r.part]
-                    )
-                ]
-            elif write:
-                # A copy's write passed the check above only if every record it overlaps
-                # happened before the copy started. A later access unordered with such a
-                # record is then unordered with this write too, and conflicts with it
-                # (a write covering the record's box): the record adds nothing to detect.
-                # Dropping it keeps a slot rewritten every step from growing its history.
-                bucket = [r for r in bucket if not contains(box, r.box)]
-            bucket.append(rec)
-            h.buckets[b] = bucket
+                    ):
+                        continue
+                elif write and contains(box, r.box):
+                    # A copy's write passed the check above only if every record it
+                    # overlaps happened before the copy started. A later access
+                    # unordered with such a record is then unordered with this write
+                    # too, and conflicts with it (a write covering the record's box):
+                    # the record adds nothing to detect. Dropping it keeps a slot
+                    # rewritten every step from growing its history.
+                    continue
+                keep.append(r)
+            keep.append(rec)
+            buckets[b] = keep
         if write:
             h.coverage.add(box)
         return rec
@@ -342,8 +371,13 @@ class Machine:
     def _contribute(self, sem: SemState, c: Contribution) -> None:
         c.seq = self.contributions
         self.contributions += 1
-        if sem.waits:
-            self._early(sem, c)
+        waits = sem.waits
+        if waits:
+            # _early's first test, inline: one waiter, and ``c`` ordered after its last
+            # wait (hence after all of them) is the common case and counts nowhere.
+            last = waits[-1]
+            if sem.waiter < 0 or c.clock[last.waiter] < last.at:
+                self._early(sem, c)
         sem.pending.append(c)
         sem.contributors.add(c.issuer)
         total = sem.total()
@@ -485,9 +519,31 @@ class Machine:
         self.waits += 1
         seq = self.wait_seq
         self.wait_seq += 1
-        early = self.hints.at(seq)
-        present = list(sem.pending)
+        pending = sem.pending
         credit = sem.credit
+        if len(pending) <= 1 and credit < amount and seq not in self.hints.by_wait:
+            # The common wait: one contribution, which it needs (total >= amount >
+            # credit), and no hint. outcome() would give ({c.seq}, c.clock): computed
+            # directly. ``pending`` becomes the record's own list (sem.pending is replaced).
+            c = pending[0]
+            if c.issuer != p:
+                # (p's own contribution carries a copy of p's row then, and rows only
+                # grow: acquiring it changes nothing)
+                self.clocks.acquire(p, c.clock)
+            sem.credit = credit + c.amount
+            sem.pending = []
+            d = c.dma
+            if d is not None:
+                if c.side != "read":
+                    self.settle(d.dst_rec, p)
+                self.settle(d.src_rec, p)
+            used: Outcome = (frozenset((c.seq,)), c.clock)
+            self._record_wait(sem, seq, p, where, credit, amount, pending, [], used)
+            if decrement:
+                sem.credit -= amount
+            return True
+        early = self.hints.at(seq)
+        present = list(pending)
         used = outcome(credit, amount, [*present, *early])
         guaranteed_seqs, learned = used
         if learned is not None:
@@ -511,16 +567,31 @@ class Machine:
                         self.settle(d.dst_rec, p)
                     self.settle(d.src_rec, p)
             sem.pending = keep
+        self._record_wait(sem, seq, p, where, credit, amount, present, early, used)
+        if decrement:
+            sem.credit -= amount
+        return True
+
+    def _record_wait(
+        self,
+        sem: SemState,
+        seq: int,
+        p: int,
+        where: str,
+        credit: int,
+        amount: int,
+        present: list[Contribution],
+        early: list[Early],
+        used: Outcome,
+    ) -> None:
+        """Keep a completed wait for rule 6 (early contributions are checked against it)."""
         sem.waits.append(
-            WaitRecord(seq, p, self.clocks.now(p), where, credit, amount, present, early, used)
+            WaitRecord(seq, p, self.clocks.own[p], where, credit, amount, present, early, used)
         )
         if sem.waiter == -1:
             sem.waiter = p
         elif sem.waiter != p:
             sem.waiter = -2
-        if decrement:
-            sem.credit -= amount
-        return True
 
     def _note_unguaranteed(
         self,
