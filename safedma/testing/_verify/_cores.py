@@ -9,6 +9,7 @@ by the cores of a device; scratch (VMEM, semaphores) belongs to each core.
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 from safedma.testing._verify import _jax
@@ -31,8 +32,30 @@ from safedma.testing._verify._semantics import Blocked
 __all__ = ["mesh_cores"]
 
 
+def core_axes(mesh: Any) -> tuple[tuple[str, int], ...]:
+    """The (name, size) axes of a pl.kernel mesh in row-major order: one for a
+    TensorCoreMesh or ScalarSubcoreMesh, (core, subcore) for a VectorSubcoreMesh."""
+    shape = getattr(mesh, "shape", None)
+    try:
+        return tuple((str(k), int(v)) for k, v in dict(shape).items()) if shape else ()
+    except (TypeError, ValueError):
+        return ()
+
+
+def _place(ctx: Ctx, axes: tuple[tuple[str, int], ...], k: int) -> None:
+    """Set the core-mesh axis indices of flat core k (row-major over ``axes``)."""
+    for name, size in reversed(axes):
+        ctx.axis_index[name] = k % size
+        k //= size
+    ctx.core_sizes = dict(axes)
+
+
 def mesh_cores(mesh: Any) -> tuple[str, int]:
-    """(axis name, number of cores) of a TensorCoreMesh, from either jax version's fields."""
+    """(first axis name, number of cores) of a pl.kernel mesh, from either jax version's
+    fields; a SparseCore ``VectorSubcoreMesh`` counts every (core, subcore) pair."""
+    axes = core_axes(mesh)
+    if len(axes) > 1:
+        return axes[0][0], math.prod(n for _, n in axes)
     axis = getattr(mesh, "axis_name", None)
     if axis is None:
         names = tuple(getattr(mesh, "axis_names", ()) or ())
@@ -57,6 +80,7 @@ class _CoreKernel:
         jaxpr, consts = _jax.jaxpr_of(jaxprs[0])
         self.body = compile_jaxpr(jaxpr, consts)
         self.axis, self.cores = mesh_cores(meshes[0])
+        self.axes = core_axes(meshes[0]) or ((self.axis, self.cores),)
         self.where = location(eqn)
         self.name = str(p.get("name") or "pl.kernel")
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
@@ -159,17 +183,18 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env:
 
     for k, q in enumerate(helpers, start=1):
         m.clocks.acquire(q, launch)
+        core_ctx = eng.core_ctx(q, desc.axis, k)
+        _place(core_ctx, desc.axes, k)
         eng.launch(
             q,
-            _helper_job(
-                eng.core_ctx(q, desc.axis, k), desc, instance, shared, lambda q=q: finished(q)
-            ),
+            _helper_job(core_ctx, desc, instance, shared, lambda q=q: finished(q)),
         )
-    own = dict(ctx.axis_index)
-    ctx.axis_index[desc.axis] = 0
+    own, own_sizes = dict(ctx.axis_index), ctx.core_sizes
+    _place(ctx, desc.axes, 0)
     yield from _core_body(ctx, desc, instance, shared)
     ctx.axis_index.clear()
     ctx.axis_index.update(own)
+    ctx.core_sizes = own_sizes
     while not all(done.values()):
         yield Blocked(p, None, 0, desc.where, "the other cores of the pl.kernel to finish")
     for q in helpers:

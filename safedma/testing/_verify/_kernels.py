@@ -150,8 +150,9 @@ def _run_kernel(
         block = desc.blocks[j]
         is_out = j >= desc.n_in
         if is_out:
+            # input_output_aliases counts every operand, scalar prefetch included
             alias = desc.aliases.get(j - desc.n_in)
-            src = operands[desc.n_index + alias] if alias is not None else None
+            src = operands[alias] if alias is not None else None
         else:
             src = operands[pos]
         if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE"):
@@ -187,10 +188,15 @@ def _run_kernel(
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
+        if buf.values is not None:
+            # scratch SMEM starts with nothing the caller could pass in
+            unset = Unknown(f"scratch {buf.name} before the kernel writes it")
+            buf.values = [unset] * len(buf.values)
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)
-    points = list(itertools.product(*[range(g) for g in grid])) or [()]
+    # no grid is one step (product() == [()]); a grid with a zero-size axis is none
+    points = list(itertools.product(*[range(g) for g in grid]))
     for n, point in enumerate(points):
         ctx.grid_point = point
         for _, buf, is_out in blocked:

@@ -184,8 +184,47 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         if target == ctx.p and ssem is not None and ssem is dsem:
             ssem = None
         ctx.machine.dma_start(ctx.p, target, sv, dv, dsem, ssem, where, kernel.name)
+        if dv.buffer.values is not None:
+            _copy_values(sv, dv, where)
 
     return op
+
+
+def _copy_values(src: View, dst: View, where: str) -> None:
+    """A copy into SMEM: the scalars it lands are the source's where known (SMEM to
+    SMEM), else data the verifier does not compute (vector data, HBM contents)."""
+    known = src.buffer.values if src.itemsize == dst.itemsize else None
+    s_idx = _flat_indices(src) if known is not None else None
+    d_idx = _flat_indices(dst)
+    if d_idx is None:  # a reshaped/bitcast view: every element may change
+        d_idx = list(range(len(dst.buffer.values or ())))
+        known = None
+    why = Unknown(
+        f"the contents of {dst.buffer.name}, which the copy at {where} fills from "
+        f"{src.buffer.name} (data the verifier does not compute)"
+    )
+    values = dst.buffer.values
+    for n, flat in enumerate(d_idx):
+        if known is not None and s_idx is not None and len(s_idx) == len(d_idx):
+            values[flat] = known[s_idx[n]]
+        else:
+            values[flat] = why
+
+
+def _flat_indices(view: View) -> list[int] | None:
+    """Row-major flat element indices of a view's box; None when the box is not in the
+    buffer's own element coordinates."""
+    import itertools
+
+    if len(view.box) != len(view.buffer.shape) or view.itemsize != view.buffer.itemsize:
+        return None
+    out: list[int] = []
+    for idx in itertools.product(*[range(lo, hi) for lo, hi in view.box]):
+        flat = 0
+        for i, size in zip(idx, view.buffer.shape):
+            flat = flat * size + i
+        out.append(flat)
+    return out
 
 
 def _device_getter(c: Compiler, dev: Any) -> Callable[[list[Any]], Any]:

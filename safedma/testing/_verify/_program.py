@@ -23,6 +23,7 @@ from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
     VerificationUnsupportedError,
+    VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
 from safedma.testing._verify._semantics import Blocked, Machine
@@ -58,10 +59,11 @@ class Ctx:
         self.grid_names: tuple[str, ...] = ()
         self.kernel: Any = None
         self.scoped_counts: dict[int, int] = {}
+        self.core_sizes: dict[str, int] = {}  # axes of the pl.kernel mesh being run
 
 
 class Compiled:
-    __slots__ = ("nslots", "invars", "outvars", "ops", "consts")
+    __slots__ = ("nslots", "invars", "outvars", "ops", "consts", "eqns")
 
     def __init__(self) -> None:
         self.nslots = 0
@@ -69,6 +71,7 @@ class Compiled:
         self.outvars: list[tuple[bool, Any]] = []
         self.ops: list[Op] = []
         self.consts: list[object] = []
+        self.eqns: list[Any] = []  # the equation of each op, for error locations
 
 
 _CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
@@ -118,11 +121,30 @@ def run(c: Compiled, args: Sequence[object], ctx: Ctx) -> Gen:
         env[slots[i]] = v
     for s, v in zip(slots[nconst:], args):
         env[s] = v
-    for op in c.ops:
-        g = op(env, ctx)
-        if g is not None:
-            yield from g
+    op: Op | None = None
+    try:
+        for op in c.ops:
+            g = op(env, ctx)
+            if g is not None:
+                yield from g
+    except (VerificationUnsupportedError, VerifyKernelError) as err:
+        if op is not None:
+            _locate(err, c.eqns[c.ops.index(op)])
+        raise
     return [env[a] if is_var else a for is_var, a in c.outvars]
+
+
+def _locate(err: Exception, eqn: Any) -> None:
+    """Name the user's line in an error raised without one (the innermost equation wins)."""
+    if getattr(err, "_located", False) or not err.args:
+        return
+    where = location(eqn)
+    if where.startswith("<"):
+        return  # no user frame here (jax-internal code): the enclosing equation names it
+    msg = str(err.args[0])
+    if where not in msg:
+        err.args = (f"{msg} [at {where}]", *err.args[1:])
+    err._located = True  # type: ignore[attr-defined]
 
 
 def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
@@ -154,6 +176,7 @@ class Compiler:
             c.invars.append(self.slot(v))
         for eqn in jaxpr.eqns:
             c.ops.append(self.op(eqn))
+            c.eqns.append(eqn)
         c.outvars = [self.atom(a) for a in jaxpr.outvars]
         c.nslots = len(self.slots)
 
@@ -433,7 +456,12 @@ class Compiler:
                 return
             value = 0
             for n in names:
-                size = ctx.engine.axis_sizes.get(n, ctx.engine.cores)
+                size = ctx.engine.axis_sizes.get(n) or ctx.core_sizes.get(n, ctx.engine.cores)
+                if n not in ctx.axis_index:
+                    raise VerificationUnsupportedError(
+                        f"axis {n!r} is neither a mesh axis nor an axis of the running "
+                        "pl.kernel mesh"
+                    )
                 value = value * size + ctx.axis_index[n]
             env[out] = value
 
@@ -629,7 +657,8 @@ def need_int(v: Any, what: str) -> int:
         raise VerificationUnsupportedError(
             f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
             "the verifier needs it as a scalar (pass the operand it comes from as a concrete "
-            "array, or check this kernel with safedma.testing.simulate)"
+            "array; a value the kernel computes from vector data is out of its model: check "
+            "this kernel with safedma.testing.simulate)"
         )
     return int(v)
 
