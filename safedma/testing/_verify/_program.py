@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import (
     Box,
@@ -76,6 +78,12 @@ class Compiled:
 
 _CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
+_INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
+
+
+def _effect_free(eqn: Any) -> bool:
+    """A primitive whose only result is its outputs (safe to evaluate on known values)."""
+    return not getattr(eqn, "effects", None) and not any(True for _ in _jax.sub_jaxprs(eqn.params))
 
 
 def compile_jaxpr(
@@ -245,6 +253,10 @@ class Compiler:
             return kernel_like
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
+        if outs and not scalar_out and _effect_free(eqn):
+            # small vectors of known values (an iota compared with a row count, a
+            # mask of valid rows): computed, since copy sizes and indices come from them
+            return self.concrete(eqn, ins, outs, _INNER_LIMIT)
         if not scalar_out or not outs:
 
             def vector(env: list[Any], ctx: Ctx) -> None:
@@ -263,6 +275,14 @@ class Compiler:
                     for s in outs:
                         env[s] = why
                     return
+                if isinstance(v, np.ndarray):  # a scalar taken from a known small vector
+                    try:
+                        res = _jax.bind_concrete(eqn, vals)
+                    except Exception:
+                        res = [VECTOR] * len(outs)
+                    for s, r in zip(outs, res):
+                        env[s] = r
+                    return
             if rule is not None and len(outs) == 1:
                 try:
                     env[outs[0]] = cast_to(kinds[0])(rule(*vals))
@@ -280,11 +300,22 @@ class Compiler:
             return _fast_scalar(rule, cast_to(kinds[0]), ins, outs[0], scalar)
         return scalar
 
-    def concrete(self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
-        """Outside kernels: evaluate small arrays of known values with jax itself."""
+    def concrete(
+        self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int], limit: int = 0
+    ) -> Op:
+        """Evaluate small arrays of known values with jax itself (outside kernels up to
+        ``_OUTER_LIMIT`` elements, inside up to ``limit``); others are vector data."""
         import numpy as np
 
-        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= _OUTER_LIMIT for v in eqn.outvars)
+        limit = limit or _OUTER_LIMIT
+        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= limit for v in eqn.outvars)
+        if not small:
+
+            def vector(env: list[Any], ctx: Ctx) -> None:
+                for s in outs:
+                    env[s] = VECTOR
+
+            return vector
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> None:
