@@ -205,9 +205,8 @@ def _walk(
         ctx = Ctx(p, engine, coords)
         inputs: list[object] = []
         for k, var in enumerate(cast("list[Any]", body.invars)):
-            value = op_values[k] if k < len(op_values) else None
-            if isinstance(value, (int, float, bool, np.generic)):
-                value = np.asarray(value)
+            raw: object = op_values[k] if k < len(op_values) else None
+            value: np.ndarray[Any, Any] | None = None if raw is None else np.asarray(raw)
             if value is not None and op_specs is not None:
                 value = _local_shard(value, op_specs[k], coords, engine.axis_sizes)
             inputs.append(engine.outer_value(p, var.aval, value, f"argument {k}"))

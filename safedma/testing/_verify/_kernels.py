@@ -190,8 +190,8 @@ def _run_kernel(
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
         if buf.values is not None:
             # scratch SMEM starts with nothing the caller could pass in
-            unset = Unknown(f"scratch {buf.name} before the kernel writes it")
-            buf.values = [unset] * len(buf.values)
+            unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
+            buf.values = list[object]([unset] * len(buf.values))
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)

@@ -193,17 +193,19 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
 def _copy_values(src: View, dst: View, where: str) -> None:
     """A copy into SMEM: the scalars it lands are the source's where known (SMEM to
     SMEM), else data the verifier does not compute (vector data, HBM contents)."""
+    values = dst.buffer.values
+    if values is None:
+        return
     known = src.buffer.values if src.itemsize == dst.itemsize else None
     s_idx = _flat_indices(src) if known is not None else None
     d_idx = _flat_indices(dst)
     if d_idx is None:  # a reshaped/bitcast view: every element may change
-        d_idx = list(range(len(dst.buffer.values or ())))
+        d_idx = list(range(len(values)))
         known = None
     why = Unknown(
         f"the contents of {dst.buffer.name}, which the copy at {where} fills from "
         f"{src.buffer.name} (data the verifier does not compute)"
     )
-    values = dst.buffer.values
     for n, flat in enumerate(d_idx):
         if known is not None and s_idx is not None and len(s_idx) == len(d_idx):
             values[flat] = known[s_idx[n]]

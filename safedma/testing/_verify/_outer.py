@@ -11,6 +11,7 @@ time, keeping only small arrays; anything computed from an argument given as a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,9 +59,7 @@ def _read(env: dict[Any, object], atom: Any) -> object | None:
     return env.get(atom)
 
 
-def _walk(
-    jaxpr: Any, env: dict[Any, object]
-) -> tuple[list[object | None], list[Any]] | None:
+def _walk(jaxpr: Any, env: dict[Any, object]) -> tuple[list[object | None], list[Any]] | None:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         ins = [_read(env, a) for a in eqn.invars]
@@ -96,8 +95,8 @@ def _walk(
 
 
 def _fits(aval: Any) -> bool:
-    shape = getattr(aval, "shape", None)
-    return shape is not None and int(np.prod(shape)) <= _LIMIT
+    shape: tuple[int, ...] | None = getattr(aval, "shape", None)
+    return shape is not None and math.prod(shape) <= _LIMIT
 
 
 def _has_shard_map(jaxpr: Any) -> bool:

@@ -144,7 +144,7 @@ def run(c: Compiled, args: Sequence[object], ctx: Ctx) -> Gen:
 
 def _locate(err: Exception, eqn: Any) -> None:
     """Name the user's line in an error raised without one (the innermost equation wins)."""
-    if getattr(err, "_located", False) or not err.args:
+    if vars(err).get("_located") or not err.args:
         return
     where = location(eqn)
     if where.startswith("<"):
@@ -152,7 +152,7 @@ def _locate(err: Exception, eqn: Any) -> None:
     msg = str(err.args[0])
     if where not in msg:
         err.args = (f"{msg} [at {where}]", *err.args[1:])
-    err._located = True  # type: ignore[attr-defined]
+    vars(err)["_located"] = True
 
 
 def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
@@ -166,7 +166,16 @@ def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
 
 
 def location(eqn: Any) -> str:
-    return _jax.user_frame(eqn.source_info) or f"<{eqn.primitive.name}>"
+    """The user's line of ``eqn``; for an equation jax built with no user frame (the
+    copies inside ``pltpu.sync_copy``), the line of the user's call that holds it."""
+    found = _jax.user_frame(eqn.source_info)
+    if found:
+        return found
+    return _ENCLOSING[-1] if _ENCLOSING else f"<{eqn.primitive.name}>"
+
+
+# User lines of the equations being compiled, innermost last (see ``location``).
+_ENCLOSING: list[str] = []
 
 
 def _is_scalar(aval: Any) -> bool:
@@ -211,9 +220,18 @@ class Compiler:
     def op(self, eqn: Any) -> Op:
         name = eqn.primitive.name
         builder = _BUILDERS.get(name)
-        if builder is not None:
+        if builder is None:
+            return self.generic(eqn)
+        if next(iter(_jax.sub_jaxprs(eqn.params)), None) is None:
             return builder(self, eqn)
-        return self.generic(eqn)
+        where = _jax.user_frame(eqn.source_info)
+        if where:
+            _ENCLOSING.append(where)
+        try:
+            return builder(self, eqn)
+        finally:
+            if where:
+                _ENCLOSING.pop()
 
     def outs(self, eqn: Any) -> list[int]:
         return [self.slot(v) for v in eqn.outvars]

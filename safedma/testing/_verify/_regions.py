@@ -144,9 +144,7 @@ class _Mapping:
             return
         strides = _row_major_strides(self.buf.shape)
         first = sum(o * s for o, s in zip(self.origin, strides))
-        last = first + sum(
-            (z - 1) * st * strides[d] for parts in self.axes for d, st, z in parts
-        )
+        last = first + sum((z - 1) * st * strides[d] for parts in self.axes for d, st, z in parts)
         if any(n == 0 for n in self.shape):
             self.byte_lo = self.byte_hi = first * self.buf.itemsize
         else:
@@ -266,7 +264,7 @@ def _window(
     while True:
         if not parts:
             return [] if start == 0 and size == 1 else None
-        d, st, z = parts[0]
+        d, st, _ = parts[0]
         inner = math.prod(p[2] for p in parts[1:])
         if len(parts) == 1:
             origin[d] += start * st
