@@ -385,6 +385,17 @@ class Coverage:
                     break
         self.boxes.append(box)
 
+    def parts(self, box: Box) -> list[Box] | None:
+        """The written parts of ``box``: None when all of it is written, [] when none."""
+        if self.covers(box):
+            return None
+        out: list[Box] = []
+        for b in self.boxes:
+            cut = tuple((max(lo, blo), min(hi, bhi)) for (lo, hi), (blo, bhi) in zip(box, b))
+            if not is_empty(cut):
+                out.append(cut)
+        return out
+
     def covers(self, box: Box) -> bool:
         if is_empty(box):
             return True
@@ -411,3 +422,23 @@ class Coverage:
             if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
                 return False
         return True
+
+
+def carried(parts: Sequence[Box], src: Box, dst: Box) -> list[Box]:
+    """Boxes ``parts`` of a copy's source box ``src``, moved to its destination box
+    ``dst``: dimension by dimension when the boxes have the same extents after dropping
+    unit dimensions; otherwise all of ``dst`` (a copy never makes less written)."""
+    s_dims = [d for d, (lo, hi) in enumerate(src) if hi - lo != 1]
+    d_dims = [d for d, (lo, hi) in enumerate(dst) if hi - lo != 1]
+    if len(s_dims) != len(d_dims) or any(
+        src[a][1] - src[a][0] != dst[b][1] - dst[b][0] for a, b in zip(s_dims, d_dims)
+    ):
+        return [dst]
+    out: list[Box] = []
+    for part in parts:
+        box = list(dst)
+        for a, b in zip(s_dims, d_dims):
+            shift = dst[b][0] - src[a][0]
+            box[b] = (part[a][0] + shift, part[a][1] + shift)
+        out.append(tuple(box))
+    return out

@@ -523,3 +523,48 @@ def test_a_copy_issued_through_a_helper_names_the_line_that_called_it() -> None:
     message = str(caught.value)
     # the helper's line is the same for every copy; the caller's line says which one
     assert "(_helper_issued.<locals>._go, called at line" in message, message
+
+
+# --------------------------------------------- a padded block copied whole
+
+
+def _padded_block(return_rows: int) -> Any:
+    """Fill the first 5 rows of an 8-row block, forward the whole block (as a ring
+    forwards a fixed-size kv block), then return ``return_rows`` rows of the copy."""
+
+    def kernel(n_ref: Any, x_ref: Any, o_ref: Any, slots: Any, sem: Any) -> None:
+        c = pltpu.make_async_copy(
+            x_ref.at[pl.ds(0, n_ref[0])], slots.at[0, pl.ds(0, n_ref[0])], sem
+        )
+        c.start()
+        c.wait()
+        c = pltpu.make_async_copy(slots.at[0], slots.at[1], sem)  # the padding goes too
+        c.start()
+        c.wait()
+        c = pltpu.make_async_copy(slots.at[1, pl.ds(0, return_rows)], o_ref, sem)
+        c.start()
+        c.wait()
+
+    def fn(n: Any, x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                scratch_shapes=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA],
+            ),
+            out_shape=jax.ShapeDtypeStruct((return_rows, 128), F32),
+        )(n, x)
+
+    return fn
+
+
+def test_a_block_copied_whole_with_its_padding_is_clean() -> None:
+    assert verify(_padded_block(5), np.array([5], np.int32), _s(8, 128)).dmas == 3
+
+
+def test_the_padding_reaching_an_output_is_reported_with_the_copy_that_carried_it() -> None:
+    with pytest.raises(UnwrittenReadError, match=r"filled it from slots") as caught:
+        verify(_padded_block(8), np.array([5], np.int32), _s(8, 128))
+    assert len(__import__("re").findall(HERE, str(caught.value))) >= 2, str(caught.value)
