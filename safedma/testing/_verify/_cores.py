@@ -27,6 +27,7 @@ from safedma.testing._verify._program import (
 )
 from safedma.testing._verify._regions import Buffer, View
 from safedma.testing._verify._report import VerificationUnsupportedError
+from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import Blocked
 
 __all__ = ["mesh_cores"]
@@ -135,6 +136,10 @@ def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal])
     args: list[Any] = list(shared)
     for pos in range(len(shared), len(desc.avals)):
         buf = eng.buffer(p, ("k", instance, pos), desc.avals[pos], desc.param_names[pos])
+        if buf.space == "SMEM" and buf.sem_kind is None:
+            # scratch SMEM holds the scalars the body stores (offsets, tables)
+            unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
+            buf.values = list[object]([unset] * math.prod(buf.shape))
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)

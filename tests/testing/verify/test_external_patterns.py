@@ -568,3 +568,42 @@ def test_the_padding_reaching_an_output_is_reported_with_the_copy_that_carried_i
     with pytest.raises(UnwrittenReadError, match=r"filled it from slots") as caught:
         verify(_padded_block(8), np.array([5], np.int32), _s(8, 128))
     assert len(__import__("re").findall(HERE, str(caught.value))) >= 2, str(caught.value)
+
+
+# ---------------------------------------- pl.kernel with an SMEM scratch table
+
+
+def _one_core() -> Any:
+    """A one-core TensorCoreMesh on either jax version (0.12 renamed the factory)."""
+    mesh_type = getattr(pltpu, "TensorCoreMesh", None)
+    if "num_cores" in str(getattr(mesh_type, "__dataclass_fields__", "")):
+        return mesh_type(axis_name="core", num_cores=1)
+    return pltpu.create_tensorcore_mesh("core", num_cores=1)
+
+
+def _core_table(bad: bool) -> Any:
+    """A pl.kernel body stores row offsets in SMEM scratch, then copies by them."""
+
+    def body(x_ref: Any, o_ref: Any, table: Any, sem: Any) -> None:
+        for i in range(2):
+            table[i] = i * 8 + (8 if bad else 0)
+        for i in range(2):
+            c = pltpu.make_async_copy(x_ref.at[pl.ds(table[i], 8)], o_ref.at[pl.ds(i * 8, 8)], sem)
+            c.start()
+            c.wait()
+
+    def fn(x: Any) -> Any:
+        return pl.kernel(
+            body,
+            out_type=jax.ShapeDtypeStruct((16, 128), F32),
+            mesh=_one_core(),
+            scratch_types=[pltpu.SMEM((2,), jnp.int32), pltpu.SemaphoreType.DMA],
+        )(x)
+
+    return fn
+
+
+def test_a_pl_kernel_smem_scratch_table_is_computed() -> None:
+    assert verify(_core_table(False), _s(16, 128)).dmas == 2
+    with pytest.raises(OutOfBoundsDmaError, match=HERE):
+        verify(_core_table(True), _s(16, 128))
