@@ -376,6 +376,7 @@ def _access(
     scalar_out = bool(outs) and getattr(eqn.outvars[0].aval, "shape", None) == ()
     g_val = c.reader(value_atom) if value_atom is not None else None
     where = location(eqn)
+    loaded: dict[str, Unknown] = {}  # the origin of vector loads, per buffer name
 
     def op(env: list[Any], ctx: Ctx) -> None:
         r = g_ref(env)
@@ -398,6 +399,12 @@ def _access(
                 old = _smem_get(buf, view)
             elif scalar_out:
                 old = Unknown(f"the contents of {buf.name} (not known to the verifier)")
+            else:
+                old = loaded.get(buf.name)
+                if old is None:
+                    old = loaded[buf.name] = Unknown(
+                        f"vector data loaded from {buf.name} at {where}"
+                    )
         if write:
             m.access(ctx.p, view, True, "writes", where)
             if buf.values is not None:

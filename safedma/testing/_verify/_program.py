@@ -81,6 +81,24 @@ _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kerne
 _INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
 
 
+def _vector_op(ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
+    """Vector data out; the origin of an unknown input (a load from a named ref) is kept
+    so a predicate or index computed from it says where it came from."""
+    slots = [x for is_var, x in ins if is_var]
+
+    def vector(env: list[Any], ctx: Ctx) -> None:
+        why = VECTOR
+        for x in slots:
+            v = env[x]
+            if type(v) is Unknown and v is not VECTOR:
+                why = v
+                break
+        for s in outs:
+            env[s] = why
+
+    return vector
+
+
 def _effect_free(eqn: Any) -> bool:
     """A primitive whose only result is its outputs (safe to evaluate on known values)."""
     return not getattr(eqn, "effects", None) and not any(True for _ in _jax.sub_jaxprs(eqn.params))
@@ -276,12 +294,7 @@ class Compiler:
             # mask of valid rows): computed, since copy sizes and indices come from them
             return self.concrete(eqn, ins, outs, _INNER_LIMIT)
         if not scalar_out or not outs:
-
-            def vector(env: list[Any], ctx: Ctx) -> None:
-                for s in outs:
-                    env[s] = VECTOR
-
-            return vector
+            return _vector_op(ins, outs)
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
 
@@ -328,10 +341,7 @@ class Compiler:
         limit = limit or _OUTER_LIMIT
         small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= limit for v in eqn.outvars)
         if not small:
-
-            def vector(env: list[Any], ctx: Ctx) -> None:
-                for s in outs:
-                    env[s] = VECTOR
+            return _vector_op(ins, outs)
 
             return vector
         memo: dict[tuple[Any, ...], list[Any]] = {}
@@ -353,8 +363,9 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return
+            why = next((v for v in vals if type(v) is Unknown), VECTOR)
             for s in outs:
-                env[s] = VECTOR
+                env[s] = why
 
         return op
 

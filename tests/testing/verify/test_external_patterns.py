@@ -607,3 +607,37 @@ def test_a_pl_kernel_smem_scratch_table_is_computed() -> None:
     assert verify(_core_table(False), _s(16, 128)).dmas == 2
     with pytest.raises(OutOfBoundsDmaError, match=HERE):
         verify(_core_table(True), _s(16, 128))
+
+
+# ------------------------------------- control data loaded as a vector
+
+
+def test_a_predicate_from_a_vector_load_names_the_ref_and_the_load() -> None:
+    """SparseCore kernels read row counts from VMEM as vectors: out of the model, and
+    the error says which load the predicate came from."""
+
+    def kernel(n_ref: Any, x_ref: Any, o_ref: Any, counts: Any, sem: Any) -> None:
+        pltpu.sync_copy(n_ref, counts)
+        n = counts[...][0]  # the load
+
+        @pl.when(n > 0)
+        def _() -> None:
+            c = pltpu.make_async_copy(x_ref, o_ref, sem)
+            c.start()
+            c.wait()
+
+    def fn(n: Any, x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.VMEM((8,), jnp.int32), pltpu.SemaphoreType.DMA],
+            out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+        )(n, x)
+
+    with jax.sharding.use_abstract_mesh(abstract_mesh((), (), tpu="v5e")):
+        with pytest.raises(VerificationUnsupportedError) as caught:
+            verify(fn, np.full((8,), 3, np.int32), _s(8, 128))
+    message = str(caught.value)
+    assert "vector data loaded from counts at" in message, message
+    assert len(__import__("re").findall(HERE, message)) >= 2, message  # the when and the load
