@@ -342,8 +342,6 @@ class Compiler:
         small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= limit for v in eqn.outvars)
         if not small:
             return _vector_op(ins, outs)
-
-            return vector
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> None:
