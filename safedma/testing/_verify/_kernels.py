@@ -100,7 +100,19 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             hints.append(f"a signal{frm} at {c.where} was never waited")
     if len(s.pending) > 3:
         hints.append(f"and {len(s.pending) - 3} more")
-    fix = "; ".join(hints) if hints else "more was waited than it received"
+    if hints:
+        fix = "; ".join(hints)
+    elif total > 0:
+        fix = (
+            f"its waits took {total}{unit} less than its copies and signals brought "
+            "(sizes of the waits must add up to the copies')"
+        )
+    else:
+        fix = "more was waited than it received"
+    kernel = getattr(ctx, "kernel", None)
+    desc = getattr(kernel, "desc", None)
+    if desc is not None:
+        fix += f" [kernel {desc.name} at {desc.where}]"
     if s.kind == "DMA":
         fix += (
             ". Wait for every copy before the kernel returns (in a loop, the last "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,7 +19,11 @@ from safedma.testing._verify._program import (
     view_of,
 )
 from safedma.testing._verify._regions import View
-from safedma.testing._verify._report import VerificationUnsupportedError, VerifyKernelError
+from safedma.testing._verify._report import (
+    OutOfBoundsDmaError,
+    VerificationUnsupportedError,
+    VerifyKernelError,
+)
 from safedma.testing._verify._scalars import VECTOR, Unknown
 from safedma.testing._verify._semantics import Blocked, SemState
 
@@ -268,13 +273,36 @@ def _dma_wait(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_ref(env), "the waited copy", where)
         if ref.buffer.owner != ctx.p:
             ref = RefVal(ctx.engine.counterpart(ref.buffer, ctx.p), ref.steps)
-        nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
+        try:
+            nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
+        except OutOfBoundsDmaError:
+            # A wait uses only its descriptor's size: kernels wait several copies with
+            # one descriptor sized by their total, whose window may overrun the ref.
+            nbytes = _window_bytes(ref)
         sem_ref = _need_ref(g_sem(env), "the waited semaphore", where)
         s = _sem_state(ctx, sem_ref, ctx.p, where, "the waited semaphore")
         amount = nbytes if s.kind == "DMA" else 1
         return _wait_gen(ctx, s, amount, where, True)
 
     return op
+
+
+def _window_bytes(ref: RefVal) -> int:
+    """The size in bytes of a ref view's window, whether or not it fits its buffer."""
+    buf = ref.buffer
+    shape: list[int] = list(buf.shape)
+    itemsize = buf.itemsize
+    for kind, arg in ref.steps:
+        if kind == "index":
+            entries = cast("tuple[tuple[str, int, int, int], ...]", arg)
+            shape = [e[2] for e in entries if e[0] == "slice"]
+        elif kind == "reshape":
+            shape = list(cast("tuple[int, ...]", arg))
+        elif kind == "bitcast":
+            total = math.prod(shape) * itemsize
+            itemsize = cast(int, arg)
+            shape = [total // itemsize]
+    return math.prod(shape) * itemsize
 
 
 def _semaphore_signal(c: Compiler, eqn: Any) -> Op:

@@ -641,3 +641,42 @@ def test_a_predicate_from_a_vector_load_names_the_ref_and_the_load() -> None:
     message = str(caught.value)
     assert "vector data loaded from counts at" in message, message
     assert len(__import__("re").findall(HERE, message)) >= 2, message  # the when and the load
+
+
+# ------------------------------ one wait sized by the total of several copies
+
+
+def _total_wait() -> Any:
+    """Three copies of 2 rows each into a 3-row-wide buffer, waited once with a
+    descriptor of ``n[0]`` rows (the causal conv's wait: a window wider than the
+    buffer, computed at run time; only its size counts)."""
+
+    def kernel(n_ref: Any, x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        for i in range(3):
+            pltpu.make_async_copy(x_ref.at[i, pl.ds(0, 2)], buf.at[i, pl.ds(0, 2)], sem).start()
+        total = n_ref[0]
+        pltpu.make_async_copy(buf.at[0, pl.ds(0, total)], buf.at[0, pl.ds(0, total)], sem).wait()
+        o_ref[...] = buf[...]
+
+    def fn(n: Any, x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec((3, 3, 128), lambda *_: (0, 0, 0)),
+                scratch_shapes=[pltpu.VMEM((3, 3, 128), F32), pltpu.SemaphoreType.DMA],
+            ),
+            out_shape=jax.ShapeDtypeStruct((3, 3, 128), F32),
+        )(n, x)
+
+    return fn
+
+
+def test_one_wait_sized_by_the_total_of_several_copies_is_clean() -> None:
+    assert verify(_total_wait(), np.array([6], np.int32), _s(3, 3, 128)).waits == 1
+
+
+def test_a_total_wait_short_of_the_copies_leaves_bytes_behind() -> None:
+    with pytest.raises(SimulationError, match=HERE):
+        verify(_total_wait(), np.array([5], np.int32), _s(3, 3, 128))
