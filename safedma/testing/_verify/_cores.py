@@ -1,4 +1,5 @@
-"""``pl.kernel`` over a ``TensorCoreMesh`` (jaxpr primitive ``mpmd_map``): cores as participants.
+"""``pl.kernel`` (jaxpr primitive ``mpmd_map``) over a ``TensorCoreMesh`` or a SparseCore
+mesh (``VectorSubcoreMesh``: core x subcore): each core is a participant.
 
 Core 0 of each device runs the program around the kernels; at a multi-core
 kernel it launches the body on the device's other cores (they acquire its
@@ -74,9 +75,13 @@ class _CoreKernel:
         jaxprs = tuple(p["jaxprs"])
         meshes = tuple(p["meshes"])
         if len(jaxprs) != 1 or len(meshes) != 1:
+            kinds = ", ".join(type(m).__name__ for m in meshes)
             raise VerificationUnsupportedError(
-                f"pl.kernel with {len(jaxprs)} bodies at {location(eqn)}: the verifier "
-                "models one body over one TensorCoreMesh"
+                f"pl.kernel with {len(jaxprs)} bodies over meshes ({kinds}) at "
+                f"{location(eqn)}: the verifier models one body per pl.kernel (over a "
+                "TensorCoreMesh or one SparseCore mesh), not bodies that run "
+                "concurrently on different meshes and share semaphores; verify each "
+                "body's protocol as its own pl.kernel, or test this one on hardware"
             )
         jaxpr, consts = _jax.jaxpr_of(jaxprs[0])
         self.body = compile_jaxpr(jaxpr, consts)
