@@ -15,6 +15,7 @@ from safedma.testing._verify import _kernels as _kernels  # registers pallas_cal
 from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
 from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
+from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
 from safedma.testing._verify._semantics import Blocked
 from safedma.testing._verify._waits import Hints
@@ -135,24 +136,28 @@ def verify(
     if mesh is not None and found is None:
         raise VerificationUnsupportedError("no shard_map found in the traced program")
     if found is None:
-        body, consts, arg_index = top, list(_jax.consts_of(closed)), list(range(len(top.invars)))
+        body, consts = top, list(_jax.consts_of(closed))
     else:
-        body, consts, inner_mesh, arg_index = found
+        body, consts, inner_mesh, _ = found
         if mesh is None:
             # fn runs its own shard_map: verify on that mesh, arguments unsplit.
             names = tuple(str(n) for n in inner_mesh.axis_names)
             sizes = tuple(int(inner_mesh.shape[n]) for n in names)
     core_axis, cores = _cores_in(body)
     compiled = compile_jaxpr(body, consts, outer=True)
-    local_specs = (
-        _local_specs(in_specs, names, len(args)) if mesh is not None else _inner_specs(top, found)
-    )
+    # the value and in_spec of each operand of the device program
+    op_values: list[Any] = list(values)
+    op_specs: list[Any] | None = None
+    if found is not None:
+        outer = shard_map_operands(top, list(_jax.consts_of(closed)), values)
+        assert outer is not None  # found is a shard_map
+        op_values, op_specs = outer
     hints = Hints()
     while True:  # walk again while early contributions weaken a wait (_waits.py)
         hints.start_walk()
         engine = Engine(names, sizes, cores, core_axis)
         engine.machine.hints = hints
-        _walk(engine, compiled, body, arg_index, values, local_specs, invocations)
+        _walk(engine, compiled, body, op_values, op_specs, invocations)
         if not hints.changed:
             break
         if hints.walks >= _MAX_WALKS:
@@ -186,9 +191,8 @@ def _walk(
     engine: Engine,
     compiled: Compiled,
     body: Any,
-    arg_index: list[int],
-    values: list[np.ndarray[Any, Any] | None],
-    local_specs: list[Any] | None,
+    op_values: list[Any],
+    op_specs: list[Any] | None,
     invocations: int,
 ) -> None:
     """One walk of every participant's program through the model."""
@@ -201,11 +205,11 @@ def _walk(
         ctx = Ctx(p, engine, coords)
         inputs: list[object] = []
         for k, var in enumerate(cast("list[Any]", body.invars)):
-            idx = arg_index[k] if k < len(arg_index) else -1
-            value = values[idx] if 0 <= idx < len(values) else None
-            if value is not None and local_specs is not None:
-                value = _local_shard(value, local_specs[idx], coords, engine.axis_sizes)
-            inputs.append(engine.outer_value(p, var.aval, value, f"argument {idx}"))
+            raw: object = op_values[k] if k < len(op_values) else None
+            value: np.ndarray[Any, Any] | None = None if raw is None else np.asarray(raw)
+            if value is not None and op_specs is not None:
+                value = _local_shard(value, op_specs[k], coords, engine.axis_sizes)
+            inputs.append(engine.outer_value(p, var.aval, value, f"argument {k}"))
         programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
     engine.schedule(programs)
 
@@ -240,21 +244,6 @@ def _kernel_names(jaxpr: Any) -> list[str]:
         for sub in _jax.sub_jaxprs(eqn.params):
             out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out
-
-
-def _inner_specs(top: Any, found: Any) -> list[Any] | None:
-    """The in_specs of a shard_map that ``fn`` runs itself, per top-level argument."""
-    if found is None:
-        return None
-    for eqn in top.eqns:
-        if eqn.primitive.name == "shard_map":
-            specs = list(eqn.params["in_specs"])
-            out: list[Any] = [PartitionSpec()] * len(top.invars)
-            for v, spec in zip(eqn.invars, specs):
-                if v in top.invars:
-                    out[top.invars.index(v)] = spec
-            return out
-    return None
 
 
 def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:

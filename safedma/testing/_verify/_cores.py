@@ -1,4 +1,5 @@
-"""``pl.kernel`` over a ``TensorCoreMesh`` (jaxpr primitive ``mpmd_map``): cores as participants.
+"""``pl.kernel`` (jaxpr primitive ``mpmd_map``) over a ``TensorCoreMesh`` or a SparseCore
+mesh (``VectorSubcoreMesh``: core x subcore): each core is a participant.
 
 Core 0 of each device runs the program around the kernels; at a multi-core
 kernel it launches the body on the device's other cores (they acquire its
@@ -9,6 +10,7 @@ by the cores of a device; scratch (VMEM, semaphores) belongs to each core.
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 from safedma.testing._verify import _jax
@@ -26,13 +28,36 @@ from safedma.testing._verify._program import (
 )
 from safedma.testing._verify._regions import Buffer, View
 from safedma.testing._verify._report import VerificationUnsupportedError
+from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import Blocked
 
 __all__ = ["mesh_cores"]
 
 
+def core_axes(mesh: Any) -> tuple[tuple[str, int], ...]:
+    """The (name, size) axes of a pl.kernel mesh in row-major order: one for a
+    TensorCoreMesh or ScalarSubcoreMesh, (core, subcore) for a VectorSubcoreMesh."""
+    shape = getattr(mesh, "shape", None)
+    try:
+        return tuple((str(k), int(v)) for k, v in dict(shape).items()) if shape else ()
+    except (TypeError, ValueError):
+        return ()
+
+
+def _place(ctx: Ctx, axes: tuple[tuple[str, int], ...], k: int) -> None:
+    """Set the core-mesh axis indices of flat core k (row-major over ``axes``)."""
+    for name, size in reversed(axes):
+        ctx.axis_index[name] = k % size
+        k //= size
+    ctx.core_sizes = dict(axes)
+
+
 def mesh_cores(mesh: Any) -> tuple[str, int]:
-    """(axis name, number of cores) of a TensorCoreMesh, from either jax version's fields."""
+    """(first axis name, number of cores) of a pl.kernel mesh, from either jax version's
+    fields; a SparseCore ``VectorSubcoreMesh`` counts every (core, subcore) pair."""
+    axes = core_axes(mesh)
+    if len(axes) > 1:
+        return axes[0][0], math.prod(n for _, n in axes)
     axis = getattr(mesh, "axis_name", None)
     if axis is None:
         names = tuple(getattr(mesh, "axis_names", ()) or ())
@@ -50,13 +75,18 @@ class _CoreKernel:
         jaxprs = tuple(p["jaxprs"])
         meshes = tuple(p["meshes"])
         if len(jaxprs) != 1 or len(meshes) != 1:
+            kinds = ", ".join(type(m).__name__ for m in meshes)
             raise VerificationUnsupportedError(
-                f"pl.kernel with {len(jaxprs)} bodies at {location(eqn)}: the verifier "
-                "models one body over one TensorCoreMesh"
+                f"pl.kernel with {len(jaxprs)} bodies over meshes ({kinds}) at "
+                f"{location(eqn)}: the verifier models one body per pl.kernel (over a "
+                "TensorCoreMesh or one SparseCore mesh), not bodies that run "
+                "concurrently on different meshes and share semaphores; verify each "
+                "body's protocol as its own pl.kernel, or test this one on hardware"
             )
         jaxpr, consts = _jax.jaxpr_of(jaxprs[0])
         self.body = compile_jaxpr(jaxpr, consts)
         self.axis, self.cores = mesh_cores(meshes[0])
+        self.axes = core_axes(meshes[0]) or ((self.axis, self.cores),)
         self.where = location(eqn)
         self.name = str(p.get("name") or "pl.kernel")
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
@@ -111,6 +141,10 @@ def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal])
     args: list[Any] = list(shared)
     for pos in range(len(shared), len(desc.avals)):
         buf = eng.buffer(p, ("k", instance, pos), desc.avals[pos], desc.param_names[pos])
+        if buf.space == "SMEM" and buf.sem_kind is None:
+            # scratch SMEM holds the scalars the body stores (offsets, tables)
+            unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
+            buf.values = list[object]([unset] * math.prod(buf.shape))
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)
@@ -159,17 +193,18 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env:
 
     for k, q in enumerate(helpers, start=1):
         m.clocks.acquire(q, launch)
+        core_ctx = eng.core_ctx(q, desc.axis, k)
+        _place(core_ctx, desc.axes, k)
         eng.launch(
             q,
-            _helper_job(
-                eng.core_ctx(q, desc.axis, k), desc, instance, shared, lambda q=q: finished(q)
-            ),
+            _helper_job(core_ctx, desc, instance, shared, lambda q=q: finished(q)),
         )
-    own = dict(ctx.axis_index)
-    ctx.axis_index[desc.axis] = 0
+    own, own_sizes = dict(ctx.axis_index), ctx.core_sizes
+    _place(ctx, desc.axes, 0)
     yield from _core_body(ctx, desc, instance, shared)
     ctx.axis_index.clear()
     ctx.axis_index.update(own)
+    ctx.core_sizes = own_sizes
     while not all(done.values()):
         yield Blocked(p, None, 0, desc.where, "the other cores of the pl.kernel to finish")
     for q in helpers:

@@ -314,8 +314,16 @@ def user_frame(source_info: Any) -> str | None:
         frames = list(tb.frames)
     except Exception:
         return None
-    for frame in frames:
+    for i, frame in enumerate(frames):
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
+            caller = frames[i + 1] if i + 1 < len(frames) else None
+            if caller is not None and caller.file_name == frame.file_name:
+                # a helper of the kernel (``_async_copy(src, dst, sem, wait)``): its
+                # line is the same for every copy, the caller's line tells them apart
+                return (
+                    f"{frame.file_name}:{frame.line_num} ({frame.function_name}, "
+                    f"called at line {caller.line_num} in {caller.function_name})"
+                )
             return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
     # Kernels shipped inside jax itself (jax/experimental/pallas/ops): their own line.
     for frame in frames:

@@ -100,7 +100,19 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             hints.append(f"a signal{frm} at {c.where} was never waited")
     if len(s.pending) > 3:
         hints.append(f"and {len(s.pending) - 3} more")
-    fix = "; ".join(hints) if hints else "more was waited than it received"
+    if hints:
+        fix = "; ".join(hints)
+    elif total > 0:
+        fix = (
+            f"its waits took {total}{unit} less than its copies and signals brought "
+            "(sizes of the waits must add up to the copies')"
+        )
+    else:
+        fix = "more was waited than it received"
+    kernel = getattr(ctx, "kernel", None)
+    desc = getattr(kernel, "desc", None)
+    if desc is not None:
+        fix += f" [kernel {desc.name} at {desc.where}]"
     if s.kind == "DMA":
         fix += (
             ". Wait for every copy before the kernel returns (in a loop, the last "
@@ -150,8 +162,9 @@ def _run_kernel(
         block = desc.blocks[j]
         is_out = j >= desc.n_in
         if is_out:
+            # input_output_aliases counts every operand, scalar prefetch included
             alias = desc.aliases.get(j - desc.n_in)
-            src = operands[desc.n_index + alias] if alias is not None else None
+            src = operands[alias] if alias is not None else None
         else:
             src = operands[pos]
         if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE"):
@@ -187,10 +200,15 @@ def _run_kernel(
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
+        if buf.values is not None:
+            # scratch SMEM starts with nothing the caller could pass in
+            unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
+            buf.values = list[object]([unset] * len(buf.values))
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)
-    points = list(itertools.product(*[range(g) for g in grid])) or [()]
+    # no grid is one step (product() == [()]); a grid with a zero-size axis is none
+    points = list(itertools.product(*[range(g) for g in grid]))
     for n, point in enumerate(points):
         ctx.grid_point = point
         for _, buf, is_out in blocked:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,7 +19,11 @@ from safedma.testing._verify._program import (
     view_of,
 )
 from safedma.testing._verify._regions import View
-from safedma.testing._verify._report import VerificationUnsupportedError, VerifyKernelError
+from safedma.testing._verify._report import (
+    OutOfBoundsDmaError,
+    VerificationUnsupportedError,
+    VerifyKernelError,
+)
 from safedma.testing._verify._scalars import VECTOR, Unknown
 from safedma.testing._verify._semantics import Blocked, SemState
 
@@ -184,8 +189,49 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         if target == ctx.p and ssem is not None and ssem is dsem:
             ssem = None
         ctx.machine.dma_start(ctx.p, target, sv, dv, dsem, ssem, where, kernel.name)
+        if dv.buffer.values is not None:
+            _copy_values(sv, dv, where)
 
     return op
+
+
+def _copy_values(src: View, dst: View, where: str) -> None:
+    """A copy into SMEM: the scalars it lands are the source's where known (SMEM to
+    SMEM), else data the verifier does not compute (vector data, HBM contents)."""
+    values = dst.buffer.values
+    if values is None:
+        return
+    known = src.buffer.values if src.itemsize == dst.itemsize else None
+    s_idx = _flat_indices(src) if known is not None else None
+    d_idx = _flat_indices(dst)
+    if d_idx is None:  # a reshaped/bitcast view: every element may change
+        d_idx = list(range(len(values)))
+        known = None
+    why = Unknown(
+        f"the contents of {dst.buffer.name}, which the copy at {where} fills from "
+        f"{src.buffer.name} (data the verifier does not compute)"
+    )
+    for n, flat in enumerate(d_idx):
+        if known is not None and s_idx is not None and len(s_idx) == len(d_idx):
+            values[flat] = known[s_idx[n]]
+        else:
+            values[flat] = why
+
+
+def _flat_indices(view: View) -> list[int] | None:
+    """Row-major flat element indices of a view's box; None when the box is not in the
+    buffer's own element coordinates."""
+    import itertools
+
+    if len(view.box) != len(view.buffer.shape) or view.itemsize != view.buffer.itemsize:
+        return None
+    out: list[int] = []
+    for idx in itertools.product(*[range(lo, hi) for lo, hi in view.box]):
+        flat = 0
+        for i, size in zip(idx, view.buffer.shape):
+            flat = flat * size + i
+        out.append(flat)
+    return out
 
 
 def _device_getter(c: Compiler, dev: Any) -> Callable[[list[Any]], Any]:
@@ -227,13 +273,36 @@ def _dma_wait(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_ref(env), "the waited copy", where)
         if ref.buffer.owner != ctx.p:
             ref = RefVal(ctx.engine.counterpart(ref.buffer, ctx.p), ref.steps)
-        nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
+        try:
+            nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
+        except OutOfBoundsDmaError:
+            # A wait uses only its descriptor's size: kernels wait several copies with
+            # one descriptor sized by their total, whose window may overrun the ref.
+            nbytes = _window_bytes(ref)
         sem_ref = _need_ref(g_sem(env), "the waited semaphore", where)
         s = _sem_state(ctx, sem_ref, ctx.p, where, "the waited semaphore")
         amount = nbytes if s.kind == "DMA" else 1
         return _wait_gen(ctx, s, amount, where, True)
 
     return op
+
+
+def _window_bytes(ref: RefVal) -> int:
+    """The size in bytes of a ref view's window, whether or not it fits its buffer."""
+    buf = ref.buffer
+    shape: list[int] = list(buf.shape)
+    itemsize = buf.itemsize
+    for kind, arg in ref.steps:
+        if kind == "index":
+            entries = cast("tuple[tuple[str, int, int, int], ...]", arg)
+            shape = [e[2] for e in entries if e[0] == "slice"]
+        elif kind == "reshape":
+            shape = list(cast("tuple[int, ...]", arg))
+        elif kind == "bitcast":
+            total = math.prod(shape) * itemsize
+            itemsize = cast(int, arg)
+            shape = [total // itemsize]
+    return math.prod(shape) * itemsize
 
 
 def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
@@ -335,6 +404,7 @@ def _access(
     scalar_out = bool(outs) and getattr(eqn.outvars[0].aval, "shape", None) == ()
     g_val = c.reader(value_atom) if value_atom is not None else None
     where = location(eqn)
+    loaded: dict[str, Unknown] = {}  # the origin of vector loads, per buffer name
 
     def op(env: list[Any], ctx: Ctx) -> None:
         r = g_ref(env)
@@ -357,6 +427,12 @@ def _access(
                 old = _smem_get(buf, view)
             elif scalar_out:
                 old = Unknown(f"the contents of {buf.name} (not known to the verifier)")
+            else:
+                old = loaded.get(buf.name)
+                if old is None:
+                    old = loaded[buf.name] = Unknown(
+                        f"vector data loaded from {buf.name} at {where}"
+                    )
         if write:
             m.access(ctx.p, view, True, "writes", where)
             if buf.values is not None:

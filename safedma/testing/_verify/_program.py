@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import (
     Box,
@@ -23,6 +25,7 @@ from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
     VerificationUnsupportedError,
+    VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
 from safedma.testing._verify._semantics import Blocked, Machine
@@ -58,10 +61,11 @@ class Ctx:
         self.grid_names: tuple[str, ...] = ()
         self.kernel: Any = None
         self.scoped_counts: dict[int, int] = {}
+        self.core_sizes: dict[str, int] = {}  # axes of the pl.kernel mesh being run
 
 
 class Compiled:
-    __slots__ = ("nslots", "invars", "outvars", "ops", "consts")
+    __slots__ = ("nslots", "invars", "outvars", "ops", "consts", "eqns")
 
     def __init__(self) -> None:
         self.nslots = 0
@@ -69,10 +73,35 @@ class Compiled:
         self.outvars: list[tuple[bool, Any]] = []
         self.ops: list[Op] = []
         self.consts: list[object] = []
+        self.eqns: list[Any] = []  # the equation of each op, for error locations
 
 
 _CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
+_INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
+
+
+def _vector_op(ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
+    """Vector data out; the origin of an unknown input (a load from a named ref) is kept
+    so a predicate or index computed from it says where it came from."""
+    slots = [x for is_var, x in ins if is_var]
+
+    def vector(env: list[Any], ctx: Ctx) -> None:
+        why = VECTOR
+        for x in slots:
+            v = env[x]
+            if type(v) is Unknown and v is not VECTOR:
+                why = v
+                break
+        for s in outs:
+            env[s] = why
+
+    return vector
+
+
+def _effect_free(eqn: Any) -> bool:
+    """A primitive whose only result is its outputs (safe to evaluate on known values)."""
+    return not getattr(eqn, "effects", None) and not any(True for _ in _jax.sub_jaxprs(eqn.params))
 
 
 def compile_jaxpr(
@@ -118,11 +147,30 @@ def run(c: Compiled, args: Sequence[object], ctx: Ctx) -> Gen:
         env[slots[i]] = v
     for s, v in zip(slots[nconst:], args):
         env[s] = v
-    for op in c.ops:
-        g = op(env, ctx)
-        if g is not None:
-            yield from g
+    op: Op | None = None
+    try:
+        for op in c.ops:
+            g = op(env, ctx)
+            if g is not None:
+                yield from g
+    except (VerificationUnsupportedError, VerifyKernelError) as err:
+        if op is not None:
+            _locate(err, c.eqns[c.ops.index(op)])
+        raise
     return [env[a] if is_var else a for is_var, a in c.outvars]
+
+
+def _locate(err: Exception, eqn: Any) -> None:
+    """Name the user's line in an error raised without one (the innermost equation wins)."""
+    if vars(err).get("_located") or not err.args:
+        return
+    where = location(eqn)
+    if where.startswith("<"):
+        return  # no user frame here (jax-internal code): the enclosing equation names it
+    msg = str(err.args[0])
+    if where not in msg:
+        err.args = (f"{msg} [at {where}]", *err.args[1:])
+    vars(err)["_located"] = True
 
 
 def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
@@ -136,7 +184,16 @@ def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
 
 
 def location(eqn: Any) -> str:
-    return _jax.user_frame(eqn.source_info) or f"<{eqn.primitive.name}>"
+    """The user's line of ``eqn``; for an equation jax built with no user frame (the
+    copies inside ``pltpu.sync_copy``), the line of the user's call that holds it."""
+    found = _jax.user_frame(eqn.source_info)
+    if found:
+        return found
+    return _ENCLOSING[-1] if _ENCLOSING else f"<{eqn.primitive.name}>"
+
+
+# User lines of the equations being compiled, innermost last (see ``location``).
+_ENCLOSING: list[str] = []
 
 
 def _is_scalar(aval: Any) -> bool:
@@ -154,6 +211,7 @@ class Compiler:
             c.invars.append(self.slot(v))
         for eqn in jaxpr.eqns:
             c.ops.append(self.op(eqn))
+            c.eqns.append(eqn)
         c.outvars = [self.atom(a) for a in jaxpr.outvars]
         c.nslots = len(self.slots)
 
@@ -180,9 +238,18 @@ class Compiler:
     def op(self, eqn: Any) -> Op:
         name = eqn.primitive.name
         builder = _BUILDERS.get(name)
-        if builder is not None:
+        if builder is None:
+            return self.generic(eqn)
+        if next(iter(_jax.sub_jaxprs(eqn.params)), None) is None:
             return builder(self, eqn)
-        return self.generic(eqn)
+        where = _jax.user_frame(eqn.source_info)
+        if where:
+            _ENCLOSING.append(where)
+        try:
+            return builder(self, eqn)
+        finally:
+            if where:
+                _ENCLOSING.pop()
 
     def outs(self, eqn: Any) -> list[int]:
         return [self.slot(v) for v in eqn.outvars]
@@ -222,13 +289,12 @@ class Compiler:
             return kernel_like
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
+        if outs and not scalar_out and _effect_free(eqn):
+            # small vectors of known values (an iota compared with a row count, a
+            # mask of valid rows): computed, since copy sizes and indices come from them
+            return self.concrete(eqn, ins, outs, _INNER_LIMIT)
         if not scalar_out or not outs:
-
-            def vector(env: list[Any], ctx: Ctx) -> None:
-                for s in outs:
-                    env[s] = VECTOR
-
-            return vector
+            return _vector_op(ins, outs)
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
 
@@ -239,6 +305,14 @@ class Compiler:
                     why = v if isinstance(v, Unknown) else VECTOR
                     for s in outs:
                         env[s] = why
+                    return
+                if isinstance(v, np.ndarray):  # a scalar taken from a known small vector
+                    try:
+                        res = _jax.bind_concrete(eqn, vals)
+                    except Exception:
+                        res = [VECTOR] * len(outs)
+                    for s, r in zip(outs, res):
+                        env[s] = r
                     return
             if rule is not None and len(outs) == 1:
                 try:
@@ -257,11 +331,17 @@ class Compiler:
             return _fast_scalar(rule, cast_to(kinds[0]), ins, outs[0], scalar)
         return scalar
 
-    def concrete(self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
-        """Outside kernels: evaluate small arrays of known values with jax itself."""
+    def concrete(
+        self, eqn: Any, ins: list[tuple[bool, Any]], outs: list[int], limit: int = 0
+    ) -> Op:
+        """Evaluate small arrays of known values with jax itself (outside kernels up to
+        ``_OUTER_LIMIT`` elements, inside up to ``limit``); others are vector data."""
         import numpy as np
 
-        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= _OUTER_LIMIT for v in eqn.outvars)
+        limit = limit or _OUTER_LIMIT
+        small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= limit for v in eqn.outvars)
+        if not small:
+            return _vector_op(ins, outs)
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> None:
@@ -281,8 +361,9 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return
+            why = next((v for v in vals if type(v) is Unknown), VECTOR)
             for s in outs:
-                env[s] = VECTOR
+                env[s] = why
 
         return op
 
@@ -433,7 +514,12 @@ class Compiler:
                 return
             value = 0
             for n in names:
-                size = ctx.engine.axis_sizes.get(n, ctx.engine.cores)
+                size = ctx.engine.axis_sizes.get(n) or ctx.core_sizes.get(n, ctx.engine.cores)
+                if n not in ctx.axis_index:
+                    raise VerificationUnsupportedError(
+                        f"axis {n!r} is neither a mesh axis nor an axis of the running "
+                        "pl.kernel mesh"
+                    )
                 value = value * size + ctx.axis_index[n]
             env[out] = value
 
@@ -629,7 +715,8 @@ def need_int(v: Any, what: str) -> int:
         raise VerificationUnsupportedError(
             f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
             "the verifier needs it as a scalar (pass the operand it comes from as a concrete "
-            "array, or check this kernel with safedma.testing.simulate)"
+            "array; a value the kernel computes from vector data is out of its model: check "
+            "this kernel with safedma.testing.simulate)"
         )
     return int(v)
 

@@ -1,9 +1,10 @@
 """Buffers and the box of a buffer that a ref view (``.at[...]``, reshape, bitcast) covers.
 
 A region is a box, one ``[start, stop)`` per dimension of the root buffer.
-Indexing keeps a view exact; after a reshape or bitcast the view is a flat
-byte range of the root, turned back into the smallest box that covers it
-(exact for whole rows, the common case; otherwise a conservative bound).
+Indexing and reshapes that regroup dimensions keep a view exact; a bitcast, or
+a window the regrouping cannot express, makes the view a flat byte range of the
+root, turned back into the smallest box that covers it (exact for whole rows;
+otherwise a conservative bound).
 """
 
 from __future__ import annotations
@@ -110,16 +111,30 @@ def flat_to_box(shape: tuple[int, ...], lo: int, hi: int) -> Box:
     return tuple(box)
 
 
+Part = tuple[int, int, int]  # (root dimension, stride in it, size): one mixed-radix digit
+
+
 class _Mapping:
-    """A view being resolved: exact axis mapping into the root, or a flat byte range."""
+    """A view being resolved: exact, or a flat byte range of the root.
+
+    Exact mode maps each view dimension to a few mixed-radix *parts* of the root
+    (outermost first): a plain dimension has one part, a reshape that merges
+    dimensions concatenates their parts and one that splits a dimension splits its
+    parts, so ``ref.reshape(pages * rows, k, n).at[pl.ds(r, m), :, :c]`` keeps
+    its exact box. A reshape or index that no longer fits (a window that wraps
+    around a part, a strided slice of a merged dimension) falls back to the flat
+    byte range.
+    """
 
     def __init__(self, buf: Buffer) -> None:
         self.buf = buf
         self.shape: list[int] = list(buf.shape)
         self.itemsize = buf.itemsize
-        # exact mode: root coordinate of element 0 and (root dim, stride) per view dim
+        # exact mode: root coordinate of element 0 and the parts of each view dim
         self.origin: list[int] | None = [0] * len(buf.shape)
-        self.axes: list[tuple[int, int]] = [(d, 1) for d in range(len(buf.shape))]
+        self.axes: list[list[Part]] = [
+            [(d, 1, n)] if n != 1 else [] for d, n in enumerate(buf.shape)
+        ]
         # flat mode: byte range in the root
         self.byte_lo = 0
         self.byte_hi = buf.nbytes
@@ -129,9 +144,7 @@ class _Mapping:
             return
         strides = _row_major_strides(self.buf.shape)
         first = sum(o * s for o, s in zip(self.origin, strides))
-        last = first + sum(
-            (n - 1) * st * strides[d] for n, (d, st) in zip(self.shape, self.axes) if n > 0
-        )
+        last = first + sum((z - 1) * st * strides[d] for parts in self.axes for d, st, z in parts)
         if any(n == 0 for n in self.shape):
             self.byte_lo = self.byte_hi = first * self.buf.itemsize
         else:
@@ -148,7 +161,9 @@ class _Mapping:
         for d, (kind, start, size, stride) in enumerate(entries):
             extent = self.shape[d]
             end = start + (size - 1) * stride + 1 if size > 0 else start
-            if start < 0 or end > extent or (size > 0 and start >= extent):
+            # an empty window moves no bytes: in range wherever it starts (kernels
+            # park zero-size copies of padding entries at index -1)
+            if size > 0 and (start < 0 or end > extent or start >= extent):
                 what = (
                     f"index {start}"
                     if kind == "int"
@@ -157,16 +172,9 @@ class _Mapping:
                 raise RegionError(
                     f"{what} is outside dimension {d} of size {extent}", d, start, size, extent
                 )
-        if self.origin is not None:
-            new_axes: list[tuple[int, int]] = []
-            new_shape: list[int] = []
-            for (kind, start, size, stride), (root_dim, st) in zip(entries, self.axes):
-                self.origin[root_dim] += start * st
-                if kind == "slice":
-                    new_axes.append((root_dim, st * stride))
-                    new_shape.append(size)
-            self.axes, self.shape = new_axes, new_shape
+        if self.origin is not None and self._index_exact(entries):
             return
+        self._to_flat()
         strides = _row_major_strides(self.shape)
         first = sum(e[1] * s for e, s in zip(entries, strides))
         if any(e[2] == 0 for e in entries):
@@ -177,15 +185,41 @@ class _Mapping:
         self.byte_lo, self.byte_hi = lo, max(lo, self.byte_lo + (last + 1) * self.itemsize)
         self.shape = [e[2] for e in entries if e[0] == "slice"]
 
+    def _index_exact(self, entries: Sequence[tuple[str, int, int, int]]) -> bool:
+        origin = self.origin
+        assert origin is not None
+        new_origin = list(origin)
+        new_axes: list[list[Part]] = []
+        new_shape: list[int] = []
+        for (kind, start, size, stride), parts in zip(entries, self.axes):
+            if size == 0:
+                return False  # an empty window: the flat range (empty) is exact enough
+            cut = _window(parts, start, size, stride, new_origin)
+            if cut is None:
+                return False
+            if kind == "slice":
+                new_axes.append(cut)
+                new_shape.append(size)
+        self.origin, self.axes, self.shape = new_origin, new_axes, new_shape
+        return True
+
     def reshape(self, shape: tuple[int, ...]) -> None:
         if math.prod(shape) != math.prod(self.shape):
             raise UnsupportedView(f"a reshape of {tuple(self.shape)} to {shape}")
+        if self.origin is not None and math.prod(shape) > 0:
+            parts = [p for ax in self.axes for p in ax]
+            axes = _split(parts, shape)
+            if axes is not None:
+                self.axes, self.shape = axes, list(shape)
+                return
         self._to_flat()
         self.shape = list(shape)
 
     def bitcast(self, itemsize: int) -> None:
+        if itemsize == self.itemsize:
+            return
         self._to_flat()
-        if self.shape and itemsize != self.itemsize:
+        if self.shape:
             # Pallas TPU bitcasts scale the second-minor dimension (packing).
             total = math.prod(self.shape) * self.itemsize
             if len(self.shape) >= 2:
@@ -205,15 +239,74 @@ class _Mapping:
 
     def view(self) -> View:
         if self.origin is not None:
-            box = [(o, o + 1) for o in self.origin]
-            for n, (d, st) in zip(self.shape, self.axes):
-                lo = self.origin[d]
-                box[d] = (lo, lo + (n - 1) * st + 1) if n > 0 else (lo, lo)
-            return View(self.buf, tuple(box), tuple(self.shape), self.itemsize)
+            hi = [o + 1 for o in self.origin]
+            for parts in self.axes:
+                for d, st, z in parts:
+                    hi[d] += (z - 1) * st
+            box = tuple(zip(self.origin, hi))
+            if any(n == 0 for n in self.shape):
+                box = tuple((o, o) for o in self.origin)
+            return View(self.buf, box, tuple(self.shape), self.itemsize)
         root = self.buf.itemsize
         lo = self.byte_lo // root
-        hi = -(-self.byte_hi // root)
-        return View(self.buf, flat_to_box(self.buf.shape, lo, hi), tuple(self.shape), self.itemsize)
+        hi_ = -(-self.byte_hi // root)
+        return View(
+            self.buf, flat_to_box(self.buf.shape, lo, hi_), tuple(self.shape), self.itemsize
+        )
+
+
+def _window(
+    parts: list[Part], start: int, size: int, stride: int, origin: list[int]
+) -> list[Part] | None:
+    """The parts of window ``[start, start + size*stride)`` of a dimension made of
+    ``parts``, moving ``origin`` to its first element; None when it is not a box."""
+    parts = list(parts)
+    while True:
+        if not parts:
+            return [] if start == 0 and size == 1 else None
+        d, st, _ = parts[0]
+        inner = math.prod(p[2] for p in parts[1:])
+        if len(parts) == 1:
+            origin[d] += start * st
+            return [(d, st * stride, size)] if size != 1 else []
+        if stride == 1 and start % inner == 0 and size % inner == 0:
+            origin[d] += (start // inner) * st
+            head = size // inner
+            return ([(d, st, head)] if head != 1 else []) + parts[1:]
+        if start // inner == (start + (size - 1) * stride) // inner:
+            origin[d] += (start // inner) * st  # within one step of the outer part
+            start %= inner
+            parts = parts[1:]
+            continue
+        return None
+
+
+def _split(parts: list[Part], shape: Sequence[int]) -> list[list[Part]] | None:
+    """Regroup mixed-radix ``parts`` (outermost first) into dims of ``shape``; None when a
+    dimension would need a part split that does not divide it."""
+    todo = [p for p in parts if p[2] != 1]
+    out: list[list[Part]] = []
+    for n in shape:
+        dim: list[Part] = []
+        need = n
+        while need > 1:
+            if not todo:
+                return None
+            d, st, z = todo[0]
+            if z <= need:
+                if need % z:
+                    return None
+                dim.append(todo.pop(0))
+                need //= z
+            else:
+                if z % need:
+                    return None
+                # split the part: its outer digit goes here, the inner stays for later
+                dim.append((d, st * (z // need), need))
+                todo[0] = (d, st, z // need)
+                need = 1
+        out.append(dim)
+    return out if not todo else None
 
 
 def resolve(buf: Buffer, steps: Sequence[tuple[str, object]]) -> View:
@@ -292,6 +385,17 @@ class Coverage:
                     break
         self.boxes.append(box)
 
+    def parts(self, box: Box) -> list[Box] | None:
+        """The written parts of ``box``: None when all of it is written, [] when none."""
+        if self.covers(box):
+            return None
+        out: list[Box] = []
+        for b in self.boxes:
+            cut = tuple((max(lo, blo), min(hi, bhi)) for (lo, hi), (blo, bhi) in zip(box, b))
+            if not is_empty(cut):
+                out.append(cut)
+        return out
+
     def covers(self, box: Box) -> bool:
         if is_empty(box):
             return True
@@ -318,3 +422,23 @@ class Coverage:
             if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
                 return False
         return True
+
+
+def carried(parts: Sequence[Box], src: Box, dst: Box) -> list[Box]:
+    """Boxes ``parts`` of a copy's source box ``src``, moved to its destination box
+    ``dst``: dimension by dimension when the boxes have the same extents after dropping
+    unit dimensions; otherwise all of ``dst`` (a copy never makes less written)."""
+    s_dims = [d for d, (lo, hi) in enumerate(src) if hi - lo != 1]
+    d_dims = [d for d, (lo, hi) in enumerate(dst) if hi - lo != 1]
+    if len(s_dims) != len(d_dims) or any(
+        src[a][1] - src[a][0] != dst[b][1] - dst[b][0] for a, b in zip(s_dims, d_dims)
+    ):
+        return [dst]
+    out: list[Box] = []
+    for part in parts:
+        box = list(dst)
+        for a, b in zip(s_dims, d_dims):
+            shift = dst[b][0] - src[a][0]
+            box[b] = (part[a][0] + shift, part[a][1] + shift)
+        out.append(tuple(box))
+    return out

@@ -23,7 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from safedma.testing._verify._clocks import Clock, Clocks
-from safedma.testing._verify._regions import Box, Buffer, Coverage, View, contains, overlaps
+from safedma.testing._verify._regions import (
+    Box,
+    Buffer,
+    Coverage,
+    View,
+    carried,
+    contains,
+    overlaps,
+)
 from safedma.testing._verify._report import (
     DeadlockError,
     SignalAfterExitError,
@@ -202,6 +210,8 @@ class Machine:
         self.clocks = Clocks(len(labels))
         self.sems: dict[tuple[int, int], SemState] = {}
         self.histories: dict[int, _History] = {}
+        # buffer ident -> how a partly written copy source reached it (R6 messages)
+        self.partly_from: dict[int, str] = {}
         # clock at each kernel call's entry and exit, by call number
         self.entry: list[dict[int, int]] = [{} for _ in labels]
         self.exits: list[dict[int, int]] = [{} for _ in labels]
@@ -238,11 +248,19 @@ class Machine:
             raise UnwrittenReadError(
                 f"read of unwritten data (R6) on {self.labels[p]}: {what} {view.buffer.name}"
                 f"{_fmt_box(view.box)} at {where}, but nothing wrote that part of "
-                f"{view.buffer.name} before (its contents are garbage). {fix}"
+                f"{view.buffer.name} before{self.partly_from.get(view.buffer.ident, '')} "
+                f"(its contents are garbage). {fix}"
             )
 
     def access(
-        self, p: int, view: View, write: bool, what: str, where: str, dma: Dma | None = None
+        self,
+        p: int,
+        view: View,
+        write: bool,
+        what: str,
+        where: str,
+        dma: Dma | None = None,
+        cover: bool = True,
     ) -> Record | None:
         """Check an access against the history of its buffer, then record it.
 
@@ -302,7 +320,7 @@ class Machine:
                 keep.append(r)
             keep.append(rec)
             buckets[b] = keep
-        if write:
+        if write and cover:
             h.coverage.add(box)
         return rec
 
@@ -484,19 +502,33 @@ class Machine:
         self.dmas += 1
         if target != p:
             self.remote_dmas += 1
-        self.check_written(
-            p,
-            src,
-            "the copy reads",
-            where,
-            "Write the source (or wait for the copy that fills it) before starting a copy from it.",
-        )
+        # A fixed-size block whose tail is padding nothing wrote is copied whole by
+        # production kernels (the receiver masks it): only a source nothing wrote is R6;
+        # the written parts of a partly written one are what the destination receives.
+        written = None if src.empty else self._history(src.buffer).coverage.parts(src.box)
+        if written is not None and not written:
+            self.check_written(
+                p,
+                src,
+                "the copy reads",
+                where,
+                "Write the source (or wait for the copy that fills it) before starting a "
+                "copy from it.",
+            )
         clock = self.clocks.release(p)
         d = Dma(p, target, src, dst, where, clock, kernel, self.dmas)
         # The copy's accesses may happen any time after the start: check them with
         # the issuer's clock at the start, then keep them pending until guaranteed.
         d.src_rec = self.access(p, src, False, "reads", where, dma=d)
-        d.dst_rec = self.access(p, dst, True, "writes", where, dma=d)
+        d.dst_rec = self.access(p, dst, True, "writes", where, dma=d, cover=written is None)
+        if written:
+            h = self._history(dst.buffer)
+            for box in carried(written, src.box, dst.box):
+                h.coverage.add(box)
+            self.partly_from[dst.buffer.ident] = (
+                f" (the copy at {where} filled it from {src.buffer.name}{_fmt_box(src.box)}, "
+                f"part of which nothing wrote)"
+            )
         recv_amount = d.nbytes if dst_sem.kind == "DMA" else 1
         if src_sem is None:
             self._contribute(dst_sem, Contribution(recv_amount, clock, d, "both", p, where))
