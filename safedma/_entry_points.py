@@ -120,7 +120,7 @@ class PallasCallOptions(TypedDict, total=False):
     grid: int | tuple[int, ...]
     in_specs: object
     out_specs: object
-    scratch_shapes: Sequence[object]
+    scratch_shapes: Sequence[object] | Mapping[str, object]
     input_output_aliases: Mapping[int, int]
     compiler_params: object
     interpret: object
@@ -133,7 +133,7 @@ class PallasCallOptions(TypedDict, total=False):
 class CoreKernelOptions(TypedDict, total=False):
     """The options of ``pl.kernel`` safedma passes on (besides ``mesh``)."""
 
-    scratch_types: Sequence[object]
+    scratch_types: Sequence[object] | Mapping[str, object]
     compiler_params: object
     interpret: object
     cost_estimate: object

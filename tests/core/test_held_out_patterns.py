@@ -278,3 +278,64 @@ def test_copies_of_smem_lengths_match_raw_and_run() -> None:
     out = run(jnp.array([16, 0, 8, 16], jnp.int32), values)
     np.testing.assert_array_equal(out[0], values[0])
     np.testing.assert_array_equal(out[2, :8], values[2, :8])
+
+
+# --- keyword scratch (a dict) on a SparseCore mesh, copies kept in a list ---------------
+
+
+def _sc_body(x_ref: sd.DataRef, o_ref: sd.DataRef, *, buf: sd.DataRef, sems: sd.SemArray) -> None:
+    copies = [sd.LocalCopy(x_ref.at[:8], buf.at[:8], sems.at[0])]
+    copies.append(sd.LocalCopy(x_ref.at[8:], buf.at[8:], sems.at[0]))
+    handles = [c.start() for c in copies]
+    for h in handles:
+        h.wait()
+    sd.LocalCopy(buf, o_ref, sems.at[1]).start().wait()
+
+
+def _sc_body_raw(x_ref: Any, o_ref: Any, *, buf: Any, sems: Any) -> None:
+    copies = [pltpu.make_async_copy(x_ref.at[:8], buf.at[:8], sems.at[0])]
+    copies.append(pltpu.make_async_copy(x_ref.at[8:], buf.at[8:], sems.at[0]))
+    jax.tree.map(lambda c: c.start(), copies)
+    jax.tree.map(lambda c: c.wait(), copies)
+    copy = pltpu.make_async_copy(buf, o_ref, sems.at[1])
+    copy.start()
+    copy.wait()
+
+
+def test_keyword_scratch_on_a_sparse_core_mesh_matches_raw() -> None:
+    from jax.experimental.pallas import tpu_sc as plsc
+
+    def call(body: Any, entry: Any) -> Any:
+        def run(x: jax.Array) -> Any:
+            mesh = plsc.VectorSubcoreMesh(
+                core_axis_name="core", subcore_axis_name="subcore", num_cores=1
+            )
+            scratch = {"buf": pltpu.VMEM((16,), jnp.int32), "sems": sd.dma_semaphores(2)}
+            return entry(body, x, mesh=mesh, scratch_types=scratch)(x)
+
+        return jax.jit(run)
+
+    x = jax.ShapeDtypeStruct((16,), jnp.int32)
+    mesh = abstract_mesh((), (), tpu="v5p")
+    assert_same_mosaic(call(_sc_body, sd.core_kernel), call(_sc_body_raw, pl.kernel), x, mesh=mesh)
+
+
+def _keyword_scratch(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, *, buf: sd.DataRef, sem: sd.SemRef
+) -> None:
+    sd.LocalCopy(x_ref, buf, sem).start().wait()
+    sd.LocalCopy(buf, o_ref, sem).start().wait()
+
+
+def test_pallas_call_takes_scratch_by_name() -> None:
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    scratch = {"buf": sd.vmem((8, 128), jnp.float32), "sem": sd.dma_semaphore()}
+    call = sd.pallas_call(
+        _keyword_scratch,
+        x,
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=scratch,
+        interpret=pltpu.InterpretParams(),
+    )
+    np.testing.assert_array_equal(call(x), x)

@@ -66,3 +66,17 @@ def dict_of_outputs(x: jax.Array, state: jax.Array) -> dict[str, jax.Array]:
     assert_type(call, Callable[..., Any])  # jax's own type for a pytree of outputs
     result: dict[str, jax.Array] = call(x, state)
     return result
+
+
+def keyword_scratch(x_ref: DataRef, o_ref: DataRef, *, buf: DataRef, sem: SemRef) -> None:
+    safedma.LocalCopy(x_ref, buf, sem).start().wait()
+    safedma.LocalCopy(buf, o_ref, sem).start().wait()
+
+
+def scratch_by_name(mesh: object, x: jax.Array) -> Any:
+    """Scratch given as a dict (jax's keyword scratch), to ``core_kernel`` and ``pallas_call``."""
+    scratch = {"buf": safedma.vmem(x.shape, x.dtype), "sem": safedma.dma_semaphore()}
+    on_cores = safedma.core_kernel(keyword_scratch, x, mesh=mesh, scratch_types=scratch)
+    plain = safedma.pallas_call(keyword_scratch, x, in_specs=[ANY], out_specs=ANY,
+                                scratch_shapes=scratch)
+    return on_cores(x), plain(x)
