@@ -48,7 +48,11 @@ STUBTEST_DIR = STUBS / "stubtest"
 STUB_FILES = {
     "jax.experimental.pallas": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "__init__.pyi",
     "jax.experimental.pallas.tpu": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "tpu.pyi",
-    "jax.experimental.pallas.tpu_sc": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "tpu_sc.pyi",
+    "jax.experimental.pallas.tpu_sc": PYRIGHT_TREE
+    / "jax"
+    / "experimental"
+    / "pallas"
+    / "tpu_sc.pyi",
 }
 
 PASS_FILES = sorted((CORPUS / "pass").glob("*.py"))
