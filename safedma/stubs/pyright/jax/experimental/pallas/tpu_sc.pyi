@@ -1,10 +1,10 @@
 # pyright: basic
 """Pass-through stub for ``jax.experimental.pallas.tpu_sc`` (SparseCore), jax 0.10.2 to 0.12.x.
 
-safedma types nothing here. The stub exists because pyright (and basedpyright,
-pyrefly, ty), given a ``jax/experimental/pallas`` tree on ``stubPath``, look for
+safedma types nothing here. The stub exists because pyright and basedpyright,
+given a ``jax/experimental/pallas`` tree on ``stubPath``, look for
 ``from jax.experimental.pallas import tpu_sc`` only in that tree: without this file
-that import is "unknown import symbol" and every ``plsc.`` name ``Unknown`` (8 of
+that import is "unknown import symbol" and every ``plsc.`` name ``Unknown`` (10 of
 the held-out vLLM / tokamax kernel files, docs/held-out.md). Each name is
 re-exported from the jax module that defines it, so it keeps jax's own type.
 """
