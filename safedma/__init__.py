@@ -98,6 +98,7 @@ if TYPE_CHECKING:
         SemArray as SemArray,
         SemArray2 as SemArray2,
         SemArray3 as SemArray3,
+        SemArray4 as SemArray4,
         SemRef as SemRef,
     )
     from safedma._regular_copies import (
@@ -170,6 +171,7 @@ _HOMES: dict[str, str] = {
     "SemArray": "safedma._refs",
     "SemArray2": "safedma._refs",
     "SemArray3": "safedma._refs",
+    "SemArray4": "safedma._refs",
     "SemRef": "safedma._refs",
     "SemaphoreIndexError": "safedma._errors",
     "SemaphoreKindError": "safedma._errors",
@@ -253,6 +255,7 @@ __all__ = [
     "SemArray",
     "SemArray2",
     "SemArray3",
+    "SemArray4",
     "SemRef",
     "SemaphoreIndexError",
     "SemaphoreKindError",

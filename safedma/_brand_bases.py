@@ -12,6 +12,7 @@ __all__ = [
     "_DmaSemaphoreArray",
     "_DmaSemaphoreArray2",
     "_DmaSemaphoreArray3",
+    "_DmaSemaphoreArray4",
     "_RegularSemaphore",
     "_RegularSemaphoreArray",
     "_RegularSemaphoreArray2",
@@ -33,6 +34,10 @@ class _DmaSemaphoreArray2:
 
 
 class _DmaSemaphoreArray3:
+    __slots__ = ()
+
+
+class _DmaSemaphoreArray4:
     __slots__ = ()
 
 

@@ -16,6 +16,7 @@ from safedma._refs import (
     SemArray,
     SemArray2,
     SemArray3,
+    SemArray4,
     SemRef,
 )
 
@@ -44,7 +45,7 @@ class _DmaSemaphoreArray:
     @property
     def shape(self) -> tuple[int, ...]: ...
 
-# Rank 2 and 3: as many positions as the rank give one semaphore; fewer, or a
+# Rank 2 to 4: as many positions as the rank give one semaphore; fewer, or a
 # range in some dimension, give the array brand of the remaining rank. More
 # positions than the rank match no overload (a type error).
 
@@ -96,6 +97,69 @@ class _DmaSemaphoreArray3:
     def at(self) -> _DmaSemaphoreArray3At: ...
     @property
     def shape(self) -> tuple[int, int, int]: ...
+
+# Rank 4 (vLLM's hierarchical reduce-scatter indexes send and receive semaphores by
+# slot, step, chunk group and dimension): the same rule, result rank = 4 - positions.
+
+class _DmaSemaphoreArray4At:
+    @overload
+    def __getitem__(self, index: tuple[_I, _I, _I, _I], /) -> SemRef: ...
+    @overload
+    def __getitem__(
+        self,
+        index: tuple[_I, _I, _I]
+        | tuple[_I, _I, _I, _S]
+        | tuple[_I, _I, _S, _I]
+        | tuple[_I, _S, _I, _I]
+        | tuple[_S, _I, _I, _I],
+        /,
+    ) -> SemArray: ...
+    @overload
+    def __getitem__(
+        self,
+        index: tuple[_I, _I]
+        | tuple[_I, _I, _S]
+        | tuple[_I, _S, _I]
+        | tuple[_S, _I, _I]
+        | tuple[_I, _I, _S, _S]
+        | tuple[_I, _S, _I, _S]
+        | tuple[_I, _S, _S, _I]
+        | tuple[_S, _I, _I, _S]
+        | tuple[_S, _I, _S, _I]
+        | tuple[_S, _S, _I, _I],
+        /,
+    ) -> SemArray2: ...
+    @overload
+    def __getitem__(
+        self,
+        index: _I
+        | tuple[_I, _S]
+        | tuple[_S, _I]
+        | tuple[_I, _S, _S]
+        | tuple[_S, _I, _S]
+        | tuple[_S, _S, _I]
+        | tuple[_I, _S, _S, _S]
+        | tuple[_S, _I, _S, _S]
+        | tuple[_S, _S, _I, _S]
+        | tuple[_S, _S, _S, _I],
+        /,
+    ) -> SemArray3: ...
+    @overload
+    def __getitem__(
+        self,
+        index: _S | tuple[_S, _S] | tuple[_S, _S, _S] | tuple[_S, _S, _S, _S],
+        /,
+    ) -> SemArray4: ...
+
+class _DmaSemaphoreArray4:
+    """A 4-D array of DMA semaphores: select one with ``.at[i, j, k, l]``."""
+
+    __slots__ = ()
+
+    @property
+    def at(self) -> _DmaSemaphoreArray4At: ...
+    @property
+    def shape(self) -> tuple[int, int, int, int]: ...
 
 class _RegularSemaphore:
     """One REGULAR semaphore: signalled and waited by value."""

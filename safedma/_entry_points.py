@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypedDict, cast, overload
+from typing import Any, ParamSpec, TypeAlias, TypedDict, cast, overload
 
 from typing_extensions import Unpack
 
@@ -120,22 +120,26 @@ class PallasCallOptions(TypedDict, total=False):
     grid: int | tuple[int, ...]
     in_specs: object
     out_specs: object
-    scratch_shapes: Sequence[object]
+    scratch_shapes: Sequence[object] | Mapping[str, object]
     input_output_aliases: Mapping[int, int]
     compiler_params: object
     interpret: object
     name: str | None
     cost_estimate: object
+    debug: bool
+    metadata: dict[str, str] | None
 
 
 class CoreKernelOptions(TypedDict, total=False):
     """The options of ``pl.kernel`` safedma passes on (besides ``mesh``)."""
 
-    scratch_types: Sequence[object]
+    scratch_types: Sequence[object] | Mapping[str, object]
     compiler_params: object
     interpret: object
     cost_estimate: object
     name: str | None
+    debug: bool
+    metadata: dict[str, str] | None
 
 
 def _config_of(compiler_params: object) -> KernelConfig:
@@ -151,18 +155,30 @@ def _with_config(call: Callable[..., Any], config: KernelConfig) -> Callable[...
     return run
 
 
+# ``out_shape`` as jax takes it: anything with a shape and a dtype (a ShapeDtypeStruct or an
+# array), or a pytree of them. A tuple or a list gives a tuple of arrays (jax returns a tuple
+# for a list too); another pytree (a dict, a dataclass) gets jax's own ``Any``.
+Shaped: TypeAlias = "jax.ShapeDtypeStruct | jax.Array"
+
+
 @overload
 def pallas_call(
     body: Callable[..., None],
-    out_shape: jax.ShapeDtypeStruct,
+    out_shape: Shaped,
     **options: Unpack[PallasCallOptions],
 ) -> Callable[..., jax.Array]: ...
 @overload
 def pallas_call(
     body: Callable[..., None],
-    out_shape: tuple[jax.ShapeDtypeStruct, ...] | list[jax.ShapeDtypeStruct],
+    out_shape: tuple[Shaped, ...] | list[jax.ShapeDtypeStruct] | list[jax.Array] | list[Shaped],
     **options: Unpack[PallasCallOptions],
 ) -> Callable[..., tuple[jax.Array, ...]]: ...
+@overload
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: object,
+    **options: Unpack[PallasCallOptions],
+) -> Callable[..., Any]: ...
 def pallas_call(
     body: Callable[..., None],
     out_shape: object,

@@ -180,7 +180,8 @@ def start_async(
         dst_shape,
         pltpu.SemaphoreType.DMA(()),
     )
-    call = pallas_call(
+    # Typed here: options held in a dict[str, Any] make pallas_call's overloads ambiguous.
+    call: Callable[..., tuple[jax.Array, ...]] = pallas_call(
         start_kernel,
         cast("tuple[jax.ShapeDtypeStruct, ...]", out_shape),
         in_specs=[_ANY_SPEC] * n,
@@ -247,7 +248,7 @@ def finish_async(
     if space is not None:
         buffer_spec = pl.BlockSpec(memory_space=space)
         out_shape = space(future.buffer.shape, future.buffer.dtype)
-    call = pallas_call(
+    done: Callable[..., jax.Array] = pallas_call(
         done_kernel,
         cast("jax.ShapeDtypeStruct", out_shape),
         in_specs=[*([_ANY_SPEC] * n), buffer_spec, _SEM_SPEC],
@@ -255,7 +256,7 @@ def finish_async(
         input_output_aliases={n: 0},
         **options,
     )
-    return call(*future.sources, future.buffer, future.sem)
+    return done(*future.sources, future.buffer, future.sem)
 
 
 def _is_future(value: object) -> bool:

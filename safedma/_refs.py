@@ -42,6 +42,7 @@ __all__ = [
     "RegularSemArray",
     "SemArray2",
     "SemArray3",
+    "SemArray4",
     "RegularSemArray2",
     "BarrierSem",
     "DataRef",
@@ -66,6 +67,7 @@ from safedma._brand_bases import (
     _DmaSemaphoreArray,
     _DmaSemaphoreArray2,
     _DmaSemaphoreArray3,
+    _DmaSemaphoreArray4,
     _RegularSemaphore,
     _RegularSemaphoreArray,
     _RegularSemaphoreArray2,
@@ -82,6 +84,9 @@ SemArray2 = NewType("SemArray2", _DmaSemaphoreArray2)
 
 SemArray3 = NewType("SemArray3", _DmaSemaphoreArray3)
 """A 3-D array of DMA semaphores; ``.at[i, j, k]`` selects a :data:`SemRef`."""
+
+SemArray4 = NewType("SemArray4", _DmaSemaphoreArray4)
+"""A 4-D array of DMA semaphores; ``.at[i, j, k, l]`` selects a :data:`SemRef`."""
 
 RegularSem = NewType("RegularSem", _RegularSemaphore)
 """One REGULAR semaphore, for :func:`safedma.signal` / :func:`safedma.wait`."""

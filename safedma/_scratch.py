@@ -24,6 +24,7 @@ from safedma._refs import (
     SemArray,
     SemArray2,
     SemArray3,
+    SemArray4,
     SemRef,
 )
 
@@ -65,6 +66,11 @@ class Scratch(Generic[T]):
         def get_ref_aval(self) -> RefAval:
             raise NotImplementedError
 
+        # ``scratch @ mesh`` places the scratch on one mesh of a multi-mesh ``pl.kernel``
+        # (vLLM's SparseCore collectives); jax's declarations support it in 0.10.2 and 0.12.
+        def __matmul__(self, mesh: object, /) -> Scratch[T]:
+            raise NotImplementedError
+
 
 def _array_shape(shape: int | tuple[int, ...], max_rank: int, what: str) -> tuple[int, ...]:
     given = cast(object, shape)  # checked at run time too, for unchecked callers
@@ -94,12 +100,14 @@ def dma_semaphores(shape: int | tuple[int], /) -> Scratch[SemArray]: ...
 def dma_semaphores(shape: tuple[int, int], /) -> Scratch[SemArray2]: ...
 @overload
 def dma_semaphores(shape: tuple[int, int, int], /) -> Scratch[SemArray3]: ...
+@overload
+def dma_semaphores(shape: tuple[int, int, int, int], /) -> Scratch[SemArray4]: ...
 def dma_semaphores(shape: int | tuple[int, ...], /) -> Scratch[Any]:
     """An array of DMA semaphores: ``dma_semaphores(n)`` or ``dma_semaphores((a, b))``.
 
     Select one with as many positions as the rank: ``sems.at[i]``, ``sems.at[i, j]``.
     """
-    dims = _array_shape(shape, 3, "safedma.dma_semaphores()")
+    dims = _array_shape(shape, 4, "safedma.dma_semaphores()")
     return cast("Scratch[Any]", pltpu.SemaphoreType.DMA(dims))
 
 

@@ -18,7 +18,11 @@ from tests.support.processes import run_python
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "stubs.md"
 README = REPO / "README.md"
-STUBBED = ("experimental/pallas/__init__.pyi", "experimental/pallas/tpu.pyi")
+STUBBED = (
+    "experimental/pallas/__init__.pyi",
+    "experimental/pallas/tpu.pyi",
+    "experimental/pallas/tpu_sc.pyi",
+)
 
 
 def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -225,7 +225,11 @@ def test_sdist_carries_no_tests_and_builds_the_wheel(installed: Installed) -> No
         ]
         metadata = zf.read(next(f for f in files if f.endswith(".dist-info/METADATA"))).decode()
         entry_points = zf.read(next(f for f in files if f.endswith("entry_points.txt"))).decode()
-        for rel in ("experimental/pallas/__init__.pyi", "experimental/pallas/tpu.pyi"):
+        for rel in (
+            "experimental/pallas/__init__.pyi",
+            "experimental/pallas/tpu.pyi",
+            "experimental/pallas/tpu_sc.pyi",
+        ):
             # The checkout's symlink arrives as a real copy of the one source.
             mypy_copy = zf.read(f"safedma/stubs/mypy/jax-stubs/{rel}")
             assert (

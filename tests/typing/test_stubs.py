@@ -48,6 +48,11 @@ STUBTEST_DIR = STUBS / "stubtest"
 STUB_FILES = {
     "jax.experimental.pallas": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "__init__.pyi",
     "jax.experimental.pallas.tpu": PYRIGHT_TREE / "jax" / "experimental" / "pallas" / "tpu.pyi",
+    "jax.experimental.pallas.tpu_sc": PYRIGHT_TREE
+    / "jax"
+    / "experimental"
+    / "pallas"
+    / "tpu_sc.pyi",
 }
 
 PASS_FILES = sorted((CORPUS / "pass").glob("*.py"))
@@ -550,7 +555,11 @@ def test_layout_keeps_jax_inline_types() -> None:
     assert (
         mypy_files
         == pyright_files
-        == [Path("experimental/pallas/__init__.pyi"), Path("experimental/pallas/tpu.pyi")]
+        == [
+            Path("experimental/pallas/__init__.pyi"),
+            Path("experimental/pallas/tpu.pyi"),
+            Path("experimental/pallas/tpu_sc.pyi"),
+        ]
     )
     for rel in pyright_files:
         source, entry = PYRIGHT_TREE / "jax" / rel, MYPY_TREE / "jax-stubs" / rel

@@ -11,7 +11,7 @@ from __future__ import annotations
 from jax.experimental import pallas as pl
 
 import safedma
-from safedma import DataRef, RegularSemArray2, SemArray, SemArray2, SemArray3
+from safedma import DataRef, RegularSemArray2, SemArray, SemArray2, SemArray3, SemArray4
 
 
 def too_few(x_hbm: DataRef, buf: DataRef, sems: SemArray2, sems3: SemArray3) -> None:
@@ -26,6 +26,11 @@ def too_many(sems: SemArray, sems2: SemArray2) -> None:
     sems.at[0, 1]  # type: ignore[call-overload]  # pyright: ignore[reportCallIssue, reportArgumentType]  # pyrefly: ignore[bad-index]  # ty: ignore[invalid-argument-type]
     # (sems2.at[0, 1, i] is rejected too: mypy says [index], pyright reportCallIssue.)
     sems2.at[0]  # fine: a row
+
+
+def rank4_too_few(x_hbm: DataRef, buf: DataRef, sems4: SemArray4) -> None:
+    # S2: three positions of a 4-D array are a row, not one semaphore.
+    safedma.LocalCopy(x_hbm, buf, sems4.at[0, 1, 2]).start().wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def regular_row(flags: RegularSemArray2) -> None:

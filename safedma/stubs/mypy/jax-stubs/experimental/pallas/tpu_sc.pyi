@@ -1,0 +1,1 @@
+../../../../pyright/jax/experimental/pallas/tpu_sc.pyi
