@@ -86,22 +86,28 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     label = eng.labels[s.buffer.owner]
     unit = " bytes" if s.kind == "DMA" else ""
     total = s.total()
-    hints: list[str] = []
+    items: list[str] = []
     for c in s.pending[:3]:
         if c.dma is not None:
             d = c.dma
             side = "send side of the copy" if c.side == "read" else "copy"
             frm = "" if d.issuer == s.buffer.owner else f" from {eng.labels[d.issuer]}"
-            hints.append(
-                f"the {side}{frm} started at {d.where} was never waited ({c.amount}{unit})"
-            )
+            items.append(f"the {side}{frm} started at {d.where} ({c.amount}{unit})")
         else:
             frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
-            hints.append(f"a signal{frm} at {c.where} was never waited")
-    if len(s.pending) > 3:
-        hints.append(f"and {len(s.pending) - 3} more")
-    if hints:
-        fix = "; ".join(hints)
+            items.append(f"a signal{frm} at {c.where}")
+    more = f"; and {len(s.pending) - 3} more" if len(s.pending) > 3 else ""
+    brought = sum(c.amount for c in s.pending)
+    if items and brought > total:
+        # A wait counted these without knowing which landed first (R9): say what is
+        # left over, not that each one was never waited.
+        fix = (
+            f"its waits took {brought - total}{unit} of the {brought}{unit} brought by "
+            f"{'; '.join(items)}{more}, whichever landed first, and left the rest "
+            "(sizes of the waits must add up to the copies' and signals')"
+        )
+    elif items:
+        fix = "; ".join(f"{item} was never waited" for item in items) + more
     elif total > 0:
         fix = (
             f"its waits took {total}{unit} less than its copies and signals brought "

@@ -147,6 +147,29 @@ def test_a_leak_on_one_device_names_it_the_line_and_the_fix() -> None:
     assert_names_line(error, "msg_leak")
 
 
+def two_signals_one_wait(x_ref: Any, o_ref: Any, sem: Any, reg: Any) -> None:
+    right = {"x": (lax.axis_index("x") + 1) % lax.axis_size("x")}
+    pl.semaphore_signal(reg, 1, device_id=right)  # verify: msg_two_signals
+    pl.semaphore_signal(reg, 1, device_id=right)  # verify: msg_two_signals
+    pl.semaphore_wait(reg, 1)
+    c = pltpu.make_async_copy(x_ref, o_ref, sem)
+    c.start()
+    c.wait()
+
+
+def test_a_leftover_a_wait_took_part_of_says_what_is_left_not_that_none_was_waited() -> None:
+    """One wait of 1 took either of two signals (whichever landed first): the message
+    says 1 of the 2 is left and names both lines, never "was never waited" for each."""
+    error = raised(call(two_signals_one_wait, [dma(), pltpu.SemaphoreType.REGULAR]), RING)
+    assert isinstance(error, LeftoverSemaphoreError), type(error).__name__
+    text = str(error)
+    assert "holds 1: its waits took 1 of the 2 brought by" in text, text
+    assert "never waited" not in text, text
+    assert len(pk.marked_lines(HERE, "msg_two_signals")) == 2
+    for line in pk.marked_lines(HERE, "msg_two_signals"):
+        assert f"{HERE.name}:{line}" in text, (line, text)
+
+
 def safedma_leak_on_device_2(
     x_ref: sd.DataRef, o_ref: sd.DataRef, buf: sd.DataRef, sem: sd.SemRef, out_sem: sd.SemRef
 ) -> None:
