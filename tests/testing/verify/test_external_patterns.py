@@ -51,6 +51,33 @@ def _s(*shape: int, dtype: Any = F32) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _prefetch_call(
+    kernel: Any,
+    *,
+    out_shape: Any,
+    scratch: list[Any],
+    prefetch: int = 1,
+    inputs: int = 1,
+    out_specs: Any = ANY,
+    **options: Any,
+) -> Any:
+    """``pl.pallas_call`` with ``prefetch`` scalar-prefetch operands and ``inputs`` HBM ones."""
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=prefetch,
+            in_specs=[ANY] * inputs,
+            out_specs=out_specs,
+            scratch_shapes=scratch,
+        ),
+        out_shape=out_shape,
+        **options,
+    )
+
+
 # --------------------------------------------------------------- aliased output
 
 
@@ -67,15 +94,11 @@ def _cache_update(alias: bool, wait: bool) -> Any:
             copy.wait()
 
     def fn(start: Any, new: Any, cache: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
-                out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                scratch_shapes=[pltpu.SemaphoreType.DMA],
-            ),
             out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+            scratch=[pltpu.SemaphoreType.DMA],
+            inputs=2,
             # operand 2 counts the scalar-prefetch operand: the cache
             input_output_aliases={2: 0} if alias else {},
         )(start, new, cache)
@@ -164,19 +187,15 @@ def _halves(second_cols: slice) -> Any:
         second.wait()
 
     def fn(row: Any, a: Any, b: Any, cache: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 3,
-                out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                scratch_shapes=[
-                    pltpu.VMEM((4, 2, 128), F32),
-                    pltpu.VMEM((4, 2, 128), F32),
-                    pltpu.SemaphoreType.DMA((2,)),
-                ],
-            ),
             out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+            scratch=[
+                pltpu.VMEM((4, 2, 128), F32),
+                pltpu.VMEM((4, 2, 128), F32),
+                pltpu.SemaphoreType.DMA((2,)),
+            ],
+            inputs=3,
             input_output_aliases={3: 0},
         )(row, a, b, cache)
 
@@ -262,15 +281,12 @@ def _paged_fetch(sizes_from_table: bool) -> Any:
         o_ref[...] = buf[...]
 
     def fn(pages: Any, lens: Any, cache: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=2,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec((24, 128), lambda *_: (0, 0)),
-                scratch_shapes=[pltpu.VMEM((24, 128), F32), pltpu.SemaphoreType.DMA],
-            ),
             out_shape=jax.ShapeDtypeStruct((24, 128), F32),
+            scratch=[pltpu.VMEM((24, 128), F32), pltpu.SemaphoreType.DMA],
+            prefetch=2,
+            out_specs=pl.BlockSpec((24, 128), lambda *_: (0, 0)),
         )(pages, lens, cache)
 
     return fn
@@ -307,19 +323,14 @@ def _smem_index(source: str, bad: bool = False) -> Any:
         copy.wait()
 
     def fn(idx: Any, x: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                scratch_shapes=[
-                    pltpu.VMEM((8,), jnp.int32),
-                    pltpu.SMEM((8,), jnp.int32),
-                    pltpu.SemaphoreType.DMA,
-                ],
-            ),
             out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+            scratch=[
+                pltpu.VMEM((8,), jnp.int32),
+                pltpu.SMEM((8,), jnp.int32),
+                pltpu.SemaphoreType.DMA,
+            ],
         )(idx, x)
 
     return fn
@@ -367,15 +378,11 @@ def _masked_gather(wait_rows: int | None) -> Any:
         o_ref[...] = buf[...]
 
     def fn(n: Any, x: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec((8, 128), lambda *_: (0, 0)),
-                scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA],
-            ),
             out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+            scratch=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA],
+            out_specs=pl.BlockSpec((8, 128), lambda *_: (0, 0)),
         )(n, x)
 
     return fn
@@ -404,15 +411,8 @@ def _offset_copy(step: int) -> Any:
         c.wait()
 
     def per_device(off: Any, x: Any) -> Any:
-        return pl.pallas_call(
-            kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                scratch_shapes=[pltpu.SemaphoreType.DMA],
-            ),
-            out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+        return _prefetch_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32), scratch=[pltpu.SemaphoreType.DMA]
         )(off, x)
 
     def fn(x: Any) -> Any:
@@ -546,15 +546,10 @@ def _padded_block(return_rows: int) -> Any:
         c.wait()
 
     def fn(n: Any, x: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                scratch_shapes=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA],
-            ),
             out_shape=jax.ShapeDtypeStruct((return_rows, 128), F32),
+            scratch=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA],
         )(n, x)
 
     return fn
@@ -659,15 +654,11 @@ def _total_wait() -> Any:
         o_ref[...] = buf[...]
 
     def fn(n: Any, x: Any) -> Any:
-        return pl.pallas_call(
+        return _prefetch_call(
             kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec((3, 3, 128), lambda *_: (0, 0, 0)),
-                scratch_shapes=[pltpu.VMEM((3, 3, 128), F32), pltpu.SemaphoreType.DMA],
-            ),
             out_shape=jax.ShapeDtypeStruct((3, 3, 128), F32),
+            scratch=[pltpu.VMEM((3, 3, 128), F32), pltpu.SemaphoreType.DMA],
+            out_specs=pl.BlockSpec((3, 3, 128), lambda *_: (0, 0, 0)),
         )(n, x)
 
     return fn
