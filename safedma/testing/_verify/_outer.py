@@ -34,13 +34,18 @@ def shard_map_operands(
 ) -> tuple[list[object | None], list[Any]] | None:
     """The value of each operand of the first ``shard_map`` in ``jaxpr`` (None where
     unknown) and its in_specs, or None when there is no ``shard_map``."""
+    return _walk(jaxpr, _bind(jaxpr, consts, args))
+
+
+def _bind(jaxpr: Any, consts: Sequence[object], args: Sequence[object | None]) -> dict[Any, object]:
+    """The known values of ``jaxpr``'s constants and arguments (unknown ones left out)."""
     env: dict[Any, object] = {}
     for v, c in zip(jaxpr.constvars, consts):
         env[v] = _small(c)
     for v, a in zip(jaxpr.invars, args):
         if a is not None:
             env[v] = a
-    return _walk(jaxpr, env)
+    return env
 
 
 def _small(value: object) -> object | None:
@@ -69,13 +74,7 @@ def _walk(jaxpr: Any, env: dict[Any, object]) -> tuple[list[object | None], list
             inner, inner_consts = _jax.jaxpr_of(sub)
             if not _has_shard_map(inner):
                 continue
-            inner_env: dict[Any, object] = {}
-            for v, c in zip(inner.constvars, inner_consts):
-                inner_env[v] = _small(c)
-            for v, x in zip(inner.invars, ins):
-                if x is not None:
-                    inner_env[v] = x
-            return _walk(inner, inner_env)
+            return _walk(inner, _bind(inner, inner_consts, ins))
         if name in _IDENTITY and len(eqn.invars) == len(eqn.outvars):
             for v, x in zip(eqn.outvars, ins):
                 if x is not None:

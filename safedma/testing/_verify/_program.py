@@ -306,20 +306,15 @@ class Compiler:
                     for s in outs:
                         env[s] = why
                     return
-                if isinstance(v, np.ndarray):  # a scalar taken from a known small vector
+                if isinstance(v, np.ndarray):
+                    break  # a scalar taken from a known small vector: jax computes it
+            else:
+                if rule is not None and len(outs) == 1:
                     try:
-                        res = _jax.bind_concrete(eqn, vals)
-                    except Exception:
-                        res = [VECTOR] * len(outs)
-                    for s, r in zip(outs, res):
-                        env[s] = r
-                    return
-            if rule is not None and len(outs) == 1:
-                try:
-                    env[outs[0]] = cast_to(kinds[0])(rule(*vals))
-                    return
-                except (TypeError, ValueError, ArithmeticError):
-                    pass
+                        env[outs[0]] = cast_to(kinds[0])(rule(*vals))
+                        return
+                    except (TypeError, ValueError, ArithmeticError):
+                        pass
             try:
                 res = _jax.bind_concrete(eqn, vals)
             except Exception:
@@ -336,8 +331,6 @@ class Compiler:
     ) -> Op:
         """Evaluate small arrays of known values with jax itself (outside kernels up to
         ``_OUTER_LIMIT`` elements, inside up to ``limit``); others are vector data."""
-        import numpy as np
-
         limit = limit or _OUTER_LIMIT
         small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= limit for v in eqn.outvars)
         if not small:
