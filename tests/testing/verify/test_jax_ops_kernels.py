@@ -55,6 +55,15 @@ def _matmul() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return fn, (_s(256, 256), _s(256, 256))
 
 
+def _gradients(attend: Callable[..., Any]) -> Callable[..., Any]:
+    """The backward pass of an attention ``attend(q, k, v)``: gradients of its sum."""
+
+    def backward(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
+        return jax.grad(lambda *a: attend(*a).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    return backward
+
+
 def _flash_blocks() -> Any:
     fa = _module("flash_attention")
     b = 128
@@ -77,13 +86,7 @@ def _flash(causal: bool, grad: bool) -> tuple[Callable[..., Any], tuple[Any, ...
     fa = _plain(_module("flash_attention").flash_attention)
     attend = functools.partial(fa, causal=causal, block_sizes=_flash_blocks())
     q = _s(1, 2, 256, 128)
-    if not grad:
-        return attend, (q, q, q)
-
-    def backward(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
-        return jax.grad(lambda *a: attend(*a).sum(), argnums=(0, 1, 2))(q, k, v)
-
-    return backward, (q, q, q)
+    return (_gradients(attend) if grad else attend), (q, q, q)
 
 
 def _splash(causal: bool, grad: bool) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -105,13 +108,11 @@ def _splash(causal: bool, grad: bool) -> tuple[Callable[..., Any], tuple[Any, ..
         sam.MultiHeadMask([one, one]), head_shards=1, q_seq_shards=1, block_sizes=blocks
     )
     q = _s(2, 256, 128)
-    if not grad:
-        return (lambda q, k, v: kernel(q, k, v)), (q, q, q)
 
-    def backward(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
-        return jax.grad(lambda *a: kernel(*a).sum(), argnums=(0, 1, 2))(q, k, v)
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> Any:
+        return kernel(q, k, v)
 
-    return backward, (q, q, q)
+    return (_gradients(attend) if grad else attend), (q, q, q)
 
 
 def _gmm(transposed: bool) -> tuple[Callable[..., Any], tuple[Any, ...]]:
