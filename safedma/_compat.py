@@ -55,6 +55,8 @@ __all__ = [
     "static_positions",
     "barrier_tags_supported",
     "auto_collective_ids",
+    "NOT_FOUND",
+    "enclosing_pallas_call_params",
     "make_local_descriptor",
     "make_remote_descriptor",
     "semaphore_signal",
@@ -467,6 +469,36 @@ def auto_collective_ids() -> bool:
     """True when jax assigns collective ids to kernels that name none."""
     mode = getattr(jax.config, "jax_pallas_auto_assign_collective_ids", "no")
     return str(mode) in ("yes", "override")
+
+
+# The compiler_params of a plain ``pl.pallas_call`` whose kernel is being traced.
+# ``safedma.checked`` wrapped in ``pl.pallas_call`` (not ``safedma.pallas_call``)
+# has no other way to learn the kernel's collective_id (T9): jax traces the body
+# inside the ``wrapped`` closure that ``_pallas_call`` returns (jax/_src/pallas/
+# pallas_call.py, 0.10.2 through 0.12), and ``compiler_params`` is one of that
+# closure's free variables, so the live frame of ``wrapped`` holds it. Private:
+# if jax renames either, the lookup finds nothing and the check is skipped, as
+# before it existed.
+NOT_FOUND = object()
+"""What :func:`enclosing_pallas_call_params` returns outside a ``pl.pallas_call`` trace."""
+
+
+def enclosing_pallas_call_params() -> object:
+    """The ``compiler_params`` of the innermost ``pl.pallas_call`` being traced
+    (None when it was given none), or :data:`NOT_FOUND`."""
+    import inspect
+
+    frame = inspect.currentframe()  # None only on Pythons without frames: no check then
+    while frame is not None:
+        code = frame.f_code
+        if (
+            code.co_name == "wrapped"
+            and "compiler_params" in code.co_freevars
+            and code.co_filename.replace("\\", "/").endswith("pallas/pallas_call.py")
+        ):
+            return frame.f_locals.get("compiler_params", NOT_FOUND)
+        frame = frame.f_back
+    return NOT_FOUND
 
 
 # The two avals jax's ScratchShape protocol asks a scratch declaration for:

@@ -11,6 +11,7 @@ same for ``pl.kernel`` over a mesh of TensorCores.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,8 @@ from jax.experimental import pallas as pl
 
 from safedma._jax_errors import rewrite
 from safedma._ledger import ledger_scope
-from safedma._scope import KernelConfig, kernel_config, kernel_scope
+from safedma import _compat
+from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 
 __all__ = ["CoreKernelOptions", "PallasCallOptions", "checked", "core_kernel", "pallas_call"]
 
@@ -71,6 +73,7 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
         with (
+            _config_of_enclosing_call(),
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
             ledger_scope() as ledger,
         ):
@@ -96,6 +99,18 @@ def _unwrap_partial(body: object) -> object:
     while isinstance(body, functools.partial):
         body = cast("functools.partial[object]", body).func
     return body
+
+
+def _config_of_enclosing_call() -> contextlib.AbstractContextManager[None]:
+    """Under a plain ``pl.pallas_call`` (no safedma entry point around it), the
+    configuration read from that call's ``compiler_params``, so the checks that
+    need it (T9: a barrier semaphore with no ``collective_id``) run there too."""
+    if entry_config() is not None:
+        return contextlib.nullcontext()
+    params = _compat.enclosing_pallas_call_params()
+    if params is _compat.NOT_FOUND:
+        return contextlib.nullcontext()
+    return kernel_config(_config_of(params))
 
 
 def _body_name(body: object) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "KernelScope",
     "current_config",
     "current_scope",
+    "entry_config",
     "kernel_config",
     "kernel_scope",
 ]
@@ -63,6 +64,11 @@ def current_config() -> KernelConfig | None:
     """The configuration of the kernel being traced, if a safedma entry point knows it."""
     scope = _current.get()
     return scope.config if scope is not None else _config.get()
+
+
+def entry_config() -> KernelConfig | None:
+    """The configuration a safedma entry point set around the call being traced."""
+    return _config.get()
 
 
 @contextlib.contextmanager

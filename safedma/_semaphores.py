@@ -117,6 +117,7 @@ def barrier_semaphore(tag: Hashable | None = None) -> BarrierSem:
         raise MissingCollectiveIdError(
             "barrier_semaphore() is used, but the kernel has no collective_id: pass "
             "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique among "
-            f"the collectives running at once) to safedma.pallas_call{later}."
+            "the collectives running at once) to the kernel's pallas_call (safedma.pallas_call "
+            f"or pl.pallas_call){later}."
         )
     return cast(BarrierSem, _compat.barrier_semaphore(tag))

@@ -11,10 +11,6 @@ name, dtype, shape) and the fix.
 The S-rows must fail under mypy/pyright; the tests here are for code that is
 not type-checked (unannotated kernels, ``typing.cast(Any, ...)``), which must
 still fail at trace time with the matching safedma error.
-
-Tests marked ``xfail(strict=True)`` are known gaps in safedma: they document
-a misuse the spec requires to fail at trace time that safedma lets through
-today. When safedma is fixed they XPASS, which fails the run: drop the marker.
 """
 
 from __future__ import annotations
@@ -31,9 +27,6 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma
 from tests.support.tracing import DMA, F32, SHAPE, TWO_DMA, VMEM, assert_mentions, ring, trace
 from tests.support.tracing import trace_on_mesh
-
-# A known gap must fail only because the error is missing, not for another reason.
-DID_NOT_RAISE = pytest.fail.Exception
 
 
 # ------------------------------------------------------------- T1: shapes differ
@@ -409,16 +402,22 @@ def test_t9_barrier_semaphore_without_collective_id_on_a_mesh() -> None:
     assert_mentions(err, "collective_id=0")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DID_NOT_RAISE,
-    reason="safedma gap: safedma.checked cannot see the "
-    "compiler_params of a plain pl.pallas_call, so T9 is only checked "
-    "through safedma.pallas_call",
-)
-def test_t9_gap_barrier_semaphore_through_pl_pallas_call() -> None:
-    with pytest.raises(safedma.MissingCollectiveIdError):
+def test_t9_barrier_semaphore_through_pl_pallas_call() -> None:
+    # safedma.checked under a plain pl.pallas_call reads the call's compiler_params.
+    with pytest.raises(safedma.MissingCollectiveIdError) as err:
         trace_on_mesh(_barrier_round, entry="pl.pallas_call(safedma.checked)", collective_id=None)
+    assert_mentions(err, "collective_id=0", "pl.pallas_call")
+
+
+def test_t9_barrier_semaphore_through_pl_pallas_call_with_an_id_traces() -> None:
+    trace_on_mesh(_barrier_round, entry="pl.pallas_call(safedma.checked)", collective_id=3)
+
+
+def test_t9_is_not_checked_outside_any_pallas_call() -> None:
+    # A checked body traced on its own (no pallas_call around it) has no call to read.
+    from safedma import _compat
+
+    assert _compat.enclosing_pallas_call_params() is _compat.NOT_FOUND
 
 
 # ============================================================================
