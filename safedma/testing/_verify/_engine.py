@@ -71,6 +71,12 @@ class Engine:
         self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
         self._finished: set[int] = set()
         self.futures: list[Buffer] = []
+        # arrays that live in VMEM/SMEM between kernels (an out_shape made with
+        # pltpu.VMEM(...)): a later kernel gets the buffer itself, not a copied block
+        self.resident: set[int] = set()
+        # the kernel call whose operand a buffer first was (a semaphore returned by
+        # one call and passed to later ones exists from that call on)
+        self.born: dict[int, int] = {}
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
@@ -131,6 +137,8 @@ class Engine:
             )
             self._registry[key] = buf
             self._roles[buf.ident] = (role, aval, name, shape)
+            if isinstance(role, tuple) and len(role) == 3 and role[0] == "k":
+                self.born[buf.ident] = int(cast(tuple[str, int, int], role)[1])
         return buf
 
     def counterpart(self, buf: Buffer, owner: int) -> Buffer:
@@ -150,7 +158,10 @@ class Engine:
         r, aval, name, shape = role
         if buf.sem_kind == "BARRIER" and aval is None:
             return self.barrier_buffer(owner, cast(tuple[str, Any], r)[1])
-        return self.buffer(owner, r, aval, name, shape)
+        twin = self.buffer(owner, r, aval, name, shape)
+        if buf.ident in self.born:
+            self.born[twin.ident] = self.born[buf.ident]
+        return twin
 
     def adopt(self, owner: int, role: object, buf: Buffer, aval: Any, name: str) -> Buffer:
         key = (owner, role)

@@ -111,6 +111,21 @@ def split_transformed(x: Any) -> tuple[Any, tuple[Any, ...]]:
     return x, ()
 
 
+def select_parts(x: Any) -> tuple[tuple[Any, ...], Any, tuple[Any, ...]] | None:
+    """(candidate refs, index, later transforms) of a ``pl.select_ref`` ref, else None.
+
+    Why: ``select_ref`` (jax 0.12+) builds a ``TransformedRef`` whose ``ref`` is a
+    tuple of refs and whose first transform is a ``SelectTransform`` (``idx``).
+    """
+    base, transforms = split_transformed(x)
+    if not isinstance(base, (tuple, list)) or not transforms:
+        return None
+    first = transforms[0]
+    if type(first).__name__ != "SelectTransform":
+        return None
+    return tuple(cast("tuple[Any, ...]", tuple(base))), first.idx, tuple(transforms[1:])
+
+
 def transform_parts(t: Any) -> tuple[str, Any]:
     """Classify one ref transform by its class (jax.state.types / state.indexing).
 
@@ -224,6 +239,8 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         blocks.append(
             {
                 "space": _block_space(aval),
+                # an array made with pltpu.VMEM(...)/SMEM(...) lives there: no copies
+                "array_space": memory_space(bm.array_aval),
                 "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
                 "array_shape": tuple(int(d) for d in bm.array_aval.shape),
                 "index_map": index_map,

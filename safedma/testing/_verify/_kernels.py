@@ -173,8 +173,17 @@ def _run_kernel(
             src = operands[alias] if alias is not None else None
         else:
             src = operands[pos]
-        if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE"):
+        # An operand whose array already lives in VMEM/SMEM (an out_shape made with
+        # pltpu.VMEM(...), or such an output passed on) is the buffer itself:
+        # Pallas copies nothing in or out of it.
+        resident = block["space"] in ("VMEM", "SMEM") and (
+            (is_out and block["array_space"] in ("VMEM", "SMEM"))
+            or (isinstance(src, RefVal) and src.buffer.ident in eng.resident)
+        )
+        if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE") or resident:
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
+            if resident:
+                eng.resident.add(buf.ident)
             args.append(RefVal(buf))
             if buf.sem_kind is not None:
                 eng.futures.append(buf)  # a semaphore passed between kernels
@@ -242,7 +251,9 @@ def _run_kernel(
     # are checked where the kernel that waits them reads or returns them.
     future = any(b.sem_kind is not None for b in outer_out)
     for buf in outer_out if len(m.leftovers) == before and not future else ():
-        if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:
+        if (buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident) and (
+            buf.sem_kind is None
+        ):
             view = _full(buf)
             m.check_written(
                 p,

@@ -1,0 +1,204 @@
+"""Patterns of the DMA/semaphore kernels in jax's own Pallas TPU test-suite.
+
+verify had never run on them (docs/verify.md, "jax's own Pallas TPU tests", lists
+the tests and verdicts). Each kernel here is written for this file in raw pltpu
+and reproduces one construct that made verify crash or raise a false alarm; each
+correct one must verify clean and each seeded mistake must still be caught,
+naming this file's line.
+
+* a DMA future whose destination is a VMEM-resident output (``out_shape`` made
+  with ``pltpu.VMEM(...)``): the array lives in VMEM between the two calls, so
+  Pallas copies nothing out of it while the copy is in flight;
+* a REGULAR semaphore returned by one call (after an all-device barrier) and
+  signalled remotely by a later call with ``skip_device_barrier``: it exists
+  from the call that returned it, so the later call needs no barrier of its own;
+* ``pl.select_ref`` choosing a copy's source and semaphore per iteration
+  (jax 0.12+).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.testing import (
+    LeftoverSemaphoreError,
+    RaceDetectedError,
+    SignalAfterExitError,
+    abstract_mesh,
+    verify,
+)
+
+F32 = jnp.float32
+HERE = r"test_jax_test_patterns\.py:\d+"
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
+X = jax.ShapeDtypeStruct((8, 128), F32)
+
+
+# ------------------------------------------------- DMA future into a VMEM output
+
+
+def _future_into_vmem(*, wait: bool, touch: bool) -> Any:
+    """Start a copy of ``x`` into a VMEM-resident output; a second call waits for it."""
+
+    def start_kernel(x_ref: Any, x_alias: Any, o_ref: Any, sem: Any) -> None:
+        del x_alias
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+        if touch:
+            o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)  # while the copy writes it
+
+    def done_kernel(x_ref: Any, o_ref: Any, sem: Any, o_alias: Any) -> None:
+        del o_alias
+        if wait:
+            pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+    def fn(x: Any) -> Any:
+        x, out, sem = pl.pallas_call(
+            start_kernel,
+            out_shape=(
+                jax.ShapeDtypeStruct(x.shape, x.dtype),
+                pltpu.VMEM(x.shape, x.dtype),
+                pltpu.SemaphoreType.DMA(()),
+            ),
+            in_specs=[ANY],
+            out_specs=(ANY, VMEM, SEM),
+            input_output_aliases={0: 0},
+        )(x)
+        return pl.pallas_call(
+            done_kernel,
+            out_shape=pltpu.VMEM(x.shape, x.dtype),
+            in_specs=[ANY, VMEM, SEM],
+            out_specs=VMEM,
+            input_output_aliases={1: 0},
+        )(x, out, sem)
+
+    return fn
+
+
+def test_a_future_into_a_vmem_output_is_not_copied_out_while_in_flight() -> None:
+    report = verify(_future_into_vmem(wait=True, touch=False), X)
+    assert (report.dmas, report.waits) == (1, 1)
+
+
+def test_a_future_into_a_vmem_output_never_waited_is_caught() -> None:
+    # the second call returns the buffer the copy may still write
+    with pytest.raises((RaceDetectedError, LeftoverSemaphoreError), match=HERE):
+        verify(_future_into_vmem(wait=False, touch=False), X)
+
+
+def test_a_store_into_a_vmem_output_in_flight_is_caught() -> None:
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_future_into_vmem(wait=True, touch=True), X)
+
+
+# ------------------------------------- a returned semaphore signalled by a later call
+
+N = 4
+
+
+def _signal_returned_semaphore(*, barrier: bool) -> Any:
+    """Call 1 returns a REGULAR semaphore (behind an all-device barrier when
+    ``barrier``); call 2, without a device barrier, signals it on every device."""
+
+    def alloc_kernel(sem_out: Any) -> None:
+        del sem_out
+        if barrier:
+            b = pltpu.get_barrier_semaphore()
+            for d in range(N):
+                pl.semaphore_signal(b, device_id=d)
+            pl.semaphore_wait(b, N)
+
+    def use_kernel(x_ref: Any, sem: Any, o_ref: Any) -> None:
+        for d in range(N):
+            pl.semaphore_signal(sem, device_id=d)
+        pl.semaphore_wait(sem, N)
+        o_ref[...] = x_ref[...]
+
+    def fn(x: Any) -> Any:
+        sem = pl.pallas_call(
+            alloc_kernel,
+            in_specs=[],
+            out_specs=SEM,
+            out_shape=pltpu.SemaphoreType.REGULAR(()),
+            compiler_params=pltpu.CompilerParams(collective_id=0)
+            if barrier
+            else pltpu.CompilerParams(skip_device_barrier=True),
+        )()
+        return pl.pallas_call(
+            use_kernel,
+            in_specs=[VMEM, SEM],
+            out_specs=VMEM,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(skip_device_barrier=True),
+        )(x, sem)
+
+    return fn
+
+
+def test_a_returned_semaphore_exists_from_the_call_that_returned_it() -> None:
+    report = verify(
+        _signal_returned_semaphore(barrier=True), X, mesh=abstract_mesh((N,), ("x",))
+    )
+    assert report.signals == 2 * N * N
+
+
+def test_a_returned_semaphore_signalled_before_its_owner_entered_is_caught() -> None:
+    with pytest.raises(SignalAfterExitError, match=HERE):
+        verify(_signal_returned_semaphore(barrier=False), X, mesh=abstract_mesh((N,), ("x",)))
+
+
+# ---------------------------------------------------------------- pl.select_ref
+
+needs_select_ref = pytest.mark.skipif(
+    not hasattr(pl, "select_ref"), reason="pl.select_ref is new in jax 0.12"
+)
+
+
+def _selected_copies(*, same_slot: bool) -> Any:
+    """Copy refs a and b into the two halves of the output, each chosen by
+    ``pl.select_ref``, with semaphore slot i (or slot 0 for both)."""
+
+    def kernel(a_ref: Any, b_ref: Any, o_ref: Any, sems: Any) -> None:
+        copies = []
+        for i in range(2):
+            slot = 0 if same_slot else i
+            copy = pltpu.make_async_copy(
+                pl.select_ref(i, a_ref, b_ref),
+                o_ref.at[pl.ds(8 * i, 8)],
+                pl.select_ref(slot, sems.at[0], sems.at[1]),
+            )
+            copy.start()
+            copies.append(copy)
+        copies[0].wait()
+        o_ref[0:8, :] = o_ref[0:8, :] + 1  # needs copy 0, not whichever landed first
+        copies[1].wait()
+
+    def fn(a: Any, b: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY, ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct((16, 128), F32),
+            scratch_shapes=[pltpu.SemaphoreType.DMA((2,))],
+        )(a, b)
+
+    return fn
+
+
+@needs_select_ref
+def test_select_ref_picks_each_copys_source_and_semaphore() -> None:
+    report = verify(_selected_copies(same_slot=False), X, X)
+    assert (report.dmas, report.waits) == (2, 2)
+
+
+@needs_select_ref
+def test_select_ref_onto_one_shared_slot_is_caught() -> None:
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_selected_copies(same_slot=True), X, X)
