@@ -137,8 +137,9 @@ class Engine:
             )
             self._registry[key] = buf
             self._roles[buf.ident] = (role, aval, name, shape)
-            if isinstance(role, tuple) and len(role) == 3 and role[0] == "k":
-                self.born[buf.ident] = int(cast(tuple[str, int, int], role)[1])
+            parts = cast("tuple[object, ...]", role) if isinstance(role, tuple) else ()
+            if len(parts) == 3 and parts[0] == "k" and isinstance(parts[1], int):
+                self.born[buf.ident] = parts[1]
         return buf
 
     def counterpart(self, buf: Buffer, owner: int) -> Buffer:

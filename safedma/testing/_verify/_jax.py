@@ -123,7 +123,9 @@ def select_parts(x: Any) -> tuple[tuple[Any, ...], Any, tuple[Any, ...]] | None:
     first = transforms[0]
     if type(first).__name__ != "SelectTransform":
         return None
-    return tuple(cast("tuple[Any, ...]", tuple(base))), first.idx, tuple(transforms[1:])
+    refs: Any = base
+    candidates: tuple[Any, ...] = tuple(refs)
+    return candidates, first.idx, tuple(transforms[1:])
 
 
 def transform_parts(t: Any) -> tuple[str, Any]:

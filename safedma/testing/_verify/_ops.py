@@ -322,12 +322,13 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
             # A semaphore passed between kernels exists from the call that returned
             # it: the signal needs the target inside that call or after it.
             future = any(b is ref.buffer for b in eng.futures)
+            call: int = ctx.kernel.instance
+            if future:
+                call = eng.born.get(ref.buffer.ident, call)
             ctx.machine.check_reach(
                 ctx.p,
                 target,
-                eng.born.get(ref.buffer.ident, ctx.kernel.instance)
-                if future
-                else ctx.kernel.instance,
+                call,
                 f"a signal on semaphore {ref.buffer.name}",
                 where,
                 barrier=barrier,

@@ -143,9 +143,7 @@ def _signal_returned_semaphore(*, barrier: bool) -> Any:
 
 
 def test_a_returned_semaphore_exists_from_the_call_that_returned_it() -> None:
-    report = verify(
-        _signal_returned_semaphore(barrier=True), X, mesh=abstract_mesh((N,), ("x",))
-    )
+    report = verify(_signal_returned_semaphore(barrier=True), X, mesh=abstract_mesh((N,), ("x",)))
     assert report.signals == 2 * N * N
 
 
