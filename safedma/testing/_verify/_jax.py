@@ -123,8 +123,7 @@ def select_parts(x: Any) -> tuple[tuple[Any, ...], Any, tuple[Any, ...]] | None:
     first = transforms[0]
     if type(first).__name__ != "SelectTransform":
         return None
-    refs: Any = base
-    candidates: tuple[Any, ...] = tuple(refs)
+    candidates = tuple(cast("Sequence[Any]", base))
     return candidates, first.idx, tuple(transforms[1:])
 
 
