@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -107,7 +108,10 @@ def unflatten(tree: Any, leaves: Sequence[object]) -> Any:
 def split_transformed(x: Any) -> tuple[Any, tuple[Any, ...]]:
     """(ref, transforms) of a ``TransformedRef`` (``.ref``/``.transforms``), else (x, ())."""
     if type(x).__name__ == "TransformedRef":
-        return x.ref, tuple(x.transforms)
+        # a transform of a multi-ref (``pl.select_ref(...).reshape(...)``) nests
+        # one TransformedRef in another: flatten to (refs, select, reshape)
+        base, inner = split_transformed(x.ref)
+        return base, inner + tuple(x.transforms)
     return x, ()
 
 
@@ -199,10 +203,17 @@ def aval_shape(aval: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in _inner(aval).shape)
 
 
+def is_extended(dtype: Any) -> bool:
+    """A jax extended dtype (PRNG keys): no numpy dtype, no host values."""
+    return bool(jnp.issubdtype(dtype, jax.dtypes.extended))
+
+
 def aval_itemsize(aval: Any) -> int:
     dtype = _inner(aval).dtype
     if semaphore_kind(aval) is not None:
         return 4
+    if is_extended(dtype):
+        return int(dtype.itemsize)  # a PRNG key: its key data's bytes per element
     return int(np.dtype(dtype).itemsize)
 
 

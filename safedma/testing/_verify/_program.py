@@ -568,19 +568,19 @@ class Compiler:
     def _selected_ref(
         self, candidates: tuple[Any, ...], index: Any, transforms: tuple[Any, ...]
     ) -> Callable[[list[Any]], RefVal | None]:
-        """``pl.select_ref(i, *refs)``: the i-th candidate, i computed per device."""
+        """``pl.select_ref(i, *refs)``: the i-th candidate, i computed per device.
+
+        Mosaic lowers the choice to a chain of ``i == 0`` tests on ``i``, ``i - 1``,
+        ... whose last else is the last ref (``_select_to_ifop`` in jax's TPU
+        lowering), so an index outside ``[0, len(refs) - 1)`` picks the last ref.
+        """
         getters = [self.ref_operand(r) for r in candidates]
         get_index = self.value_getter(index)
         steps = [self.transform(t) for t in transforms]
 
         def resolve(env: list[Any]) -> RefVal | None:
             i = need_int(get_index(env), "the index of a pl.select_ref")
-            if not 0 <= i < len(getters):
-                raise VerifyKernelError(
-                    f"pl.select_ref index {i} is outside its {len(getters)} refs; "
-                    f"pass an index in [0, {len(getters)})"
-                )
-            r = getters[i](env)
+            r = getters[i if 0 <= i < len(getters) else -1](env)
             if r is None or not steps:
                 return r
             return RefVal(r.buffer, r.steps + tuple([s(env) for s in steps]))

@@ -200,3 +200,126 @@ def test_select_ref_picks_each_copys_source_and_semaphore() -> None:
 def test_select_ref_onto_one_shared_slot_is_caught() -> None:
     with pytest.raises(RaceDetectedError, match=HERE):
         verify(_selected_copies(same_slot=True), X, X)
+
+
+def _selected_semaphore_past_the_end(*, wait_each: bool) -> Any:
+    """Three copies whose semaphore is ``pl.select_ref(i, sems.at[0], sems.at[1])``:
+    Mosaic picks the last ref for an index past the end, so copies 1 and 2 share
+    ``sems.at[1]``; waiting each copy before the next start keeps them apart."""
+
+    def kernel(x_ref: Any, o_ref: Any, sems: Any) -> None:
+        def copy(i: int) -> Any:
+            return pltpu.make_async_copy(
+                x_ref, o_ref.at[pl.ds(8 * i, 8)], pl.select_ref(i, sems.at[0], sems.at[1])
+            )
+
+        if wait_each:
+            for i in range(3):
+                copy(i).start()
+                copy(i).wait()
+            return
+        copy(1).start()
+        copy(2).start()
+        copy(1).wait()
+        o_ref[8:16, :] = o_ref[8:16, :] + 1  # copy 2's bytes may have released the wait
+        copy(2).wait()
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct((24, 128), F32),
+            scratch_shapes=[pltpu.SemaphoreType.DMA((2,))],
+        )(x)
+
+    return fn
+
+
+@needs_select_ref
+def test_select_ref_past_the_end_picks_the_last_ref() -> None:
+    report = verify(_selected_semaphore_past_the_end(wait_each=True), X)
+    assert (report.dmas, report.waits) == (3, 3)
+
+
+@needs_select_ref
+def test_select_ref_past_the_end_shares_the_last_slot() -> None:
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_selected_semaphore_past_the_end(wait_each=False), X)
+
+
+def _nested_select(*, wait: bool) -> Any:
+    """``pl.select_ref`` of ``pl.select_ref``s of column halves, then reshaped: a
+    transform of a multi-ref nests one TransformedRef in another."""
+
+    def kernel(a_ref: Any, b_ref: Any, o_ref: Any, sem: Any) -> None:
+        for i in range(2):
+            halves = [pl.select_ref(1, r.at[:, :128], r.at[:, 128:]) for r in (a_ref, b_ref)]
+            copy = pltpu.make_async_copy(
+                pl.select_ref(i, *halves).reshape(8, 128), o_ref.at[pl.ds(8 * i, 8)], sem
+            )
+            copy.start()
+            if wait:
+                copy.wait()
+        if not wait:
+            copy.wait()  # only the last copy: the first is never waited
+
+    def fn(a: Any, b: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY, ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct((16, 128), F32),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(a, b)
+
+    return fn
+
+
+@needs_select_ref
+def test_a_reshaped_nested_select_ref_is_resolved() -> None:
+    wide = jax.ShapeDtypeStruct((8, 256), F32)
+    assert verify(_nested_select(wait=True), wide, wide).waits == 2
+
+
+@needs_select_ref
+def test_a_reshaped_nested_select_ref_never_waited_is_caught() -> None:
+    wide = jax.ShapeDtypeStruct((8, 256), F32)
+    with pytest.raises(LeftoverSemaphoreError, match=HERE):
+        verify(_nested_select(wait=False), wide, wide)
+
+
+# ---------------------------------------------------------------- PRNG key operand
+
+
+def _copy_keys(*, wait: bool) -> Any:
+    """Copy an array of PRNG keys (an extended dtype) through VMEM."""
+
+    def kernel(k_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        copy = pltpu.make_async_copy(k_ref, buf, sem)
+        copy.start()
+        if wait:
+            copy.wait()
+        pltpu.sync_copy(buf, o_ref)
+
+    def fn(keys: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct(keys.shape, keys.dtype),
+            scratch_shapes=[pltpu.VMEM(keys.shape, keys.dtype), pltpu.SemaphoreType.DMA],
+        )(keys)
+
+    return fn
+
+
+def test_an_array_of_prng_keys_is_an_operand_without_host_values() -> None:
+    keys = jax.random.split(jax.random.key(0), 8)
+    assert verify(_copy_keys(wait=True), keys).dmas == 2
+
+
+def test_a_prng_key_copy_read_before_its_wait_is_caught() -> None:
+    keys = jax.random.split(jax.random.key(0), 8)
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_copy_keys(wait=False), keys)
