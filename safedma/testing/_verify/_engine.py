@@ -7,7 +7,7 @@ import gc
 import itertools
 import math
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, cast
 
 import numpy as np
@@ -77,6 +77,8 @@ class Engine:
         # the kernel call whose operand a buffer first was (a semaphore returned by
         # one call and passed to later ones exists from that call on)
         self.born: dict[int, int] = {}
+        # checks that wait for every participant to finish (outputs nothing wrote)
+        self.deferred: list[Callable[[], None]] = []
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
@@ -368,6 +370,8 @@ class Engine:
                 done.append(p)
                 continue
             blocked[p] = b
+        for check in self.deferred:
+            check()
         stuck = [b for b in blocked.values() if b.what != "idle"]
         if stuck:
             raise m.deadlock(stuck, sorted(done))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from typing import Any, cast
@@ -255,13 +256,20 @@ def _run_kernel(
             buf.sem_kind is None
         ):
             view = _full(buf)
-            m.check_written(
-                p,
-                view,
-                "the kernel returns output",
-                desc.where,
-                "Write (or copy into) every part of each output before the "
-                "kernel returns, or alias it to an input.",
+            # Checked once every participant is done: a remote copy into this output
+            # that arrives after the kernel returned is then reported as what it is
+            # (R8, naming the copy) rather than as an output nothing wrote.
+            eng.deferred.append(
+                functools.partial(
+                    m.check_written,
+                    p,
+                    view,
+                    "the kernel returns output",
+                    desc.where,
+                    "Write (or copy into) every part of each output before the "
+                    "kernel returns, or alias it to an input (a remote copy into it "
+                    "must be waited, wait_recv, before the kernel returns).",
+                )
             )
             m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
     for s, buf in zip(outs, outer_out):
