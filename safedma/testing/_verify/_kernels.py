@@ -256,6 +256,11 @@ def _run_kernel(
             buf.sem_kind is None
         ):
             view = _full(buf)
+            m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
+            if buf.ident in eng.resident:
+                # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
+                # pipeline window): garbage in it is reported where something reads it
+                continue
             # Checked once every participant is done: a remote copy into this output
             # that arrives after the kernel returned is then reported as what it is
             # (R8, naming the copy) rather than as an output nothing wrote.
@@ -271,7 +276,6 @@ def _run_kernel(
                     "must be waited, wait_recv, before the kernel returns).",
                 )
             )
-            m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
     for s, buf in zip(outs, outer_out):
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
