@@ -15,6 +15,7 @@ naming this file's line.
 * ``pl.select_ref`` choosing a copy's source and semaphore per iteration, past
   its last ref, nested and reshaped;
 * an array of PRNG keys as an operand (an extended dtype: no host values);
+* a copy of a region onto itself (emit_pipeline with ``no_pipelining``);
 * a permute whose receiver returns without ``wait_recv``: reported as the copy
   that lands after its target left (R8, naming the copy), not as an output
   nothing wrote.
@@ -427,3 +428,42 @@ def test_a_vmem_buffer_handed_on_with_an_empty_slot_is_clean() -> None:
 def test_a_read_of_the_empty_slot_of_a_handed_on_buffer_is_caught() -> None:
     with pytest.raises(UnwrittenReadError, match=HERE):
         verify(_prefetch_slot_zero(read_slot=1), X)
+
+
+# ------------------------------------------------ a copy of a region onto itself
+
+
+def _self_copy(*, store_in_flight: bool) -> Any:
+    """Copy rows 0:8 of a VMEM buffer onto themselves (what emit_pipeline with
+    ``no_pipelining`` does with a VMEM operand that is its own window)."""
+
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        pltpu.sync_copy(x_ref, buf)
+        copy = pltpu.make_async_copy(buf.at[0:8], buf.at[0:8], sem)
+        copy.start()
+        if store_in_flight:
+            buf[0:8, :] = jnp.zeros((8, 128), F32)  # the copy may still read these rows
+        copy.wait()
+        pltpu.sync_copy(buf, o_ref)
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.VMEM((16, 128), F32), pltpu.SemaphoreType.DMA],
+        )(x)
+
+    return fn
+
+
+def test_a_copy_of_a_region_onto_itself_does_not_race_with_itself() -> None:
+    wide = jax.ShapeDtypeStruct((16, 128), F32)
+    assert verify(_self_copy(store_in_flight=False), wide).dmas == 3
+
+
+def test_a_store_while_a_self_copy_is_in_flight_is_caught() -> None:
+    wide = jax.ShapeDtypeStruct((16, 128), F32)
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_self_copy(store_in_flight=True), wide)
