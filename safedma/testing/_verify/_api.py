@@ -16,6 +16,7 @@ from safedma.testing._verify import _kernels as _kernels  # registers pallas_cal
 from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
 from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
+from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
 from safedma.testing._verify._semantics import Blocked

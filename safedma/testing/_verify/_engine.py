@@ -240,11 +240,13 @@ class Engine:
 
     def _describe_future(self, s: SemState) -> str:
         unit = " bytes" if s.kind == "DMA" else ""
+        starts = sorted({c.where for c in s.pending})
+        started = f" (started at {'; '.join(starts[:3])})" if starts else ""
         return (
             f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
             f"passed between kernels, holds {s.total()}{unit} at the end of the "
-            "program: a copy started by one pallas_call (a DMA future) was never "
-            "waited by a later one"
+            f"program: a copy started by one pallas_call (a DMA future){started} was "
+            "never waited by a later one"
         )
 
     def _describe_barrier(self, s: SemState) -> str:

@@ -36,7 +36,12 @@ class KernelDesc:
         self.params = kp
         jaxpr, consts = _jax.jaxpr_of(kp["jaxpr"])
         self.jaxpr = jaxpr
-        self.body = compile_jaxpr(jaxpr, consts)
+        # Refs the kernel closes over (a stateful pallas_call inside run_state) are
+        # the kernel jaxpr's constvars, fed by the equation's first operands.
+        operands = int(kp["num_dynamic_grid_bounds"]) + int(kp["num_index_operands"])
+        extra = len(eqn.invars) - operands - int(kp["num_inputs"])
+        self.n_consts = extra if extra > 0 and extra == len(jaxpr.constvars) else 0
+        self.body = compile_jaxpr(jaxpr, consts, consts_are_args=self.n_consts > 0)
         self.where = location(eqn)
         names = _jax.kernel_param_names(jaxpr)
         self.param_names: list[str] = [
@@ -157,8 +162,15 @@ def _run_kernel(
     )
     if desc.barrier and eng.participants > 1:
         yield from eng.entry_barrier(ctx, instance, desc.where)
-    operands = operands[desc.n_dynamic :]
     args: list[Any] = []
+    for k, captured in enumerate(operands[: desc.n_consts]):
+        if not isinstance(captured, RefVal):
+            raise VerificationUnsupportedError(
+                f"kernel {desc.name} at {desc.where} closes over a value that is not a "
+                f"ref (captured operand {k}); pass it as an input"
+            )
+        args.append(captured)  # the ref itself, in place
+    operands = operands[desc.n_consts + desc.n_dynamic :]
     # scalar prefetch operands: SMEM with known values
     for i in range(desc.n_index):
         args.append(RefVal(eng.operand_buffer(ctx, instance, i, desc, operands[i], smem=True)))
@@ -286,7 +298,7 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
     """The grid of this call: dynamic sizes are the kernel's leading scalar operands."""
     if desc.n_dynamic == 0:
         return desc.grid
-    bounds = iter(operands[: desc.n_dynamic])
+    bounds = iter(operands[desc.n_consts : desc.n_consts + desc.n_dynamic])
     grid: list[int] = []
     for g in desc.grid:
         if g >= 0:

@@ -15,6 +15,8 @@ naming this file's line.
 * ``pl.select_ref`` choosing a copy's source and semaphore per iteration, past
   its last ref, nested and reshaped;
 * an array of PRNG keys as an operand (an extended dtype: no host values);
+* ``pl.run_state`` around stateful pallas_calls that close over its refs (a DMA
+  future between them) and around ``pl.core_map``;
 * a copy of a region onto itself (emit_pipeline with ``no_pipelining``);
 * a permute whose receiver returns without ``wait_recv``: reported as the copy
   that lands after its target left (R8, naming the copy), not as an output
@@ -467,3 +469,41 @@ def test_a_store_while_a_self_copy_is_in_flight_is_caught() -> None:
     wide = jax.ShapeDtypeStruct((16, 128), F32)
     with pytest.raises(RaceDetectedError, match=HERE):
         verify(_self_copy(store_in_flight=True), wide)
+
+
+# ------------------------------------------------ run_state around stateful kernels
+
+
+def _stateful_future(*, wait: bool) -> Any:
+    """``pl.run_state`` makes refs of two arrays; one pallas_call, closing over them,
+    starts a copy and returns its semaphore; a second one waits for it."""
+
+    def fn(x: Any) -> Any:
+        def body(refs: Any) -> None:
+            x_ref, y_ref = refs
+
+            def start_kernel(sem: Any) -> None:
+                pltpu.make_async_copy(x_ref, y_ref, sem).start()
+
+            def done_kernel(sem: Any) -> None:
+                if wait:
+                    pltpu.make_async_copy(x_ref, y_ref, sem).wait()
+
+            sem = pl.pallas_call(
+                start_kernel, out_shape=pltpu.SemaphoreType.DMA(()), out_specs=SEM
+            )()
+            pl.pallas_call(done_kernel, out_shape=(), in_specs=[SEM])(sem)
+
+        _, y = pl.run_state(body)((x, jnp.zeros_like(x)))
+        return y
+
+    return fn
+
+
+def test_a_stateful_future_inside_run_state_is_verified() -> None:
+    assert verify(_stateful_future(wait=True), X).waits == 1
+
+
+def test_a_stateful_future_never_waited_is_caught() -> None:
+    with pytest.raises(LeftoverSemaphoreError, match=HERE):
+        verify(_stateful_future(wait=False), X)
