@@ -71,6 +71,18 @@ def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | 
     return walk(jaxpr, top)
 
 
+_TREE: Any = jax.tree  # typed loosely: pytree definitions are opaque here
+
+
+def _of_leaves(fn: Callable[..., Any], tree: Any) -> Callable[..., Any]:
+    """``fn`` called with the leaves of its pytree arguments."""
+
+    def flat(*leaves: Any) -> Any:
+        return fn(*_TREE.unflatten(tree, leaves))
+
+    return flat
+
+
 _HOST_VALUES_LIMIT = 1 << 26  # bytes: page tables and flags are far smaller
 
 
@@ -108,6 +120,17 @@ def verify(
         raise ValueError(f"invocations must be at least 1, got {invocations}")
     if mesh is None and (in_specs is not None or out_specs is not None):
         raise ValueError("in_specs/out_specs need a mesh")
+    leaves, tree = _TREE.flatten(args)
+    if len(leaves) != len(args) or any(a is None for a in args):
+        # pytree arguments (a tuple of arrays, as jax.jit takes them): verify the
+        # function of their leaves
+        if mesh is not None:
+            raise ValueError(
+                "verify with a mesh takes one array (or ShapeDtypeStruct) per argument, "
+                "matching in_specs; pass the leaves of pytree arguments separately"
+            )
+        fn = _of_leaves(fn, tree)
+        args = tuple(leaves)
     structs: list[Any] = []
     values: list[np.ndarray[Any, Any] | None] = []
     for a in args:

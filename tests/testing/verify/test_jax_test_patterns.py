@@ -18,6 +18,7 @@ naming this file's line.
 * ``pl.run_state`` around stateful pallas_calls that close over its refs (a DMA
   future between them) and around ``pl.core_map``;
 * a copy of a region onto itself (emit_pipeline with ``no_pipelining``);
+* pytree arguments (a tuple of arrays with a None, as jax.jit takes them);
 * a permute whose receiver returns without ``wait_recv``: reported as the copy
   that lands after its target left (R8, naming the copy), not as an output
   nothing wrote.
@@ -507,3 +508,39 @@ def test_a_stateful_future_inside_run_state_is_verified() -> None:
 def test_a_stateful_future_never_waited_is_caught() -> None:
     with pytest.raises(LeftoverSemaphoreError, match=HERE):
         verify(_stateful_future(wait=False), X)
+
+
+# ------------------------------------------------------------ pytree arguments
+
+
+def _pair_copy(*, wait: bool) -> Any:
+    """fn takes a pytree (a tuple of two arrays and a None), as jax.jit allows."""
+
+    def kernel(a_ref: Any, b_ref: Any, o_ref: Any, sem: Any) -> None:
+        del b_ref
+        copy = pltpu.make_async_copy(a_ref, o_ref, sem)
+        copy.start()
+        if wait:
+            copy.wait()
+
+    def fn(pair: Any) -> Any:
+        a, b, nothing = pair
+        assert nothing is None
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY, ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(a, b)
+
+    return fn
+
+
+def test_pytree_arguments_are_verified_by_their_leaves() -> None:
+    assert verify(_pair_copy(wait=True), (X, jnp.zeros((8, 128)), None)).dmas == 1
+
+
+def test_pytree_arguments_with_a_dropped_wait_are_caught() -> None:
+    with pytest.raises((LeftoverSemaphoreError, RaceDetectedError), match=HERE):
+        verify(_pair_copy(wait=False), (X, jnp.zeros((8, 128)), None))
