@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ from safedma.testing._verify import _kernels as _kernels  # registers pallas_cal
 from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
 from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
+from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
 from safedma.testing._verify._semantics import Blocked
@@ -69,6 +71,33 @@ def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | 
     return walk(jaxpr, top)
 
 
+_TREE: Any = jax.tree  # typed loosely: pytree definitions are opaque here
+
+
+def _of_leaves(fn: Callable[..., Any], tree: Any) -> Callable[..., Any]:
+    """``fn`` called with the leaves of its pytree arguments."""
+
+    def flat(*leaves: Any) -> Any:
+        return fn(*_TREE.unflatten(tree, leaves))
+
+    return flat
+
+
+_HOST_VALUES_LIMIT = 1 << 26  # bytes: page tables and flags are far smaller
+
+
+def _opaque(a: Any) -> bool:
+    """Whether argument ``a`` is an array whose values verify does not read."""
+    dtype = getattr(a, "dtype", None)
+    shape = getattr(a, "shape", None)
+    if dtype is None or shape is None:
+        return False
+    if _jax.is_extended(dtype):
+        return True
+    size = math.prod(int(d) for d in cast("tuple[int, ...]", shape))
+    return size * int(np.dtype(dtype).itemsize) > _HOST_VALUES_LIMIT
+
+
 def verify(
     fn: Callable[..., Any],
     *args: Any,
@@ -91,6 +120,17 @@ def verify(
         raise ValueError(f"invocations must be at least 1, got {invocations}")
     if mesh is None and (in_specs is not None or out_specs is not None):
         raise ValueError("in_specs/out_specs need a mesh")
+    leaves, tree = _TREE.flatten(args)
+    if len(leaves) != len(args) or any(a is None for a in args):
+        # pytree arguments (a tuple of arrays, as jax.jit takes them): verify the
+        # function of their leaves
+        if mesh is not None:
+            raise ValueError(
+                "verify with a mesh takes one array (or ShapeDtypeStruct) per argument, "
+                "matching in_specs; pass the leaves of pytree arguments separately"
+            )
+        fn = _of_leaves(fn, tree)
+        args = tuple(leaves)
     structs: list[Any] = []
     values: list[np.ndarray[Any, Any] | None] = []
     for a in args:
@@ -99,6 +139,12 @@ def verify(
         sharding = getattr(a, "sharding", None)
         keep = sharding if isinstance(sharding, NamedSharding) else None
         if isinstance(a, jax.ShapeDtypeStruct):
+            structs.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=keep))
+            values.append(None)
+        elif _opaque(a):
+            # PRNG keys (extended dtypes) have no numpy values; arrays too large to
+            # hold control data are not copied to the host: both stay unknown, and
+            # a value the protocol needs from them names the operand.
             structs.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=keep))
             values.append(None)
         else:

@@ -7,7 +7,7 @@ import gc
 import itertools
 import math
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, cast
 
 import numpy as np
@@ -71,6 +71,14 @@ class Engine:
         self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
         self._finished: set[int] = set()
         self.futures: list[Buffer] = []
+        # arrays that live in VMEM/SMEM between kernels (an out_shape made with
+        # pltpu.VMEM(...)): a later kernel gets the buffer itself, not a copied block
+        self.resident: set[int] = set()
+        # the kernel call whose operand a buffer first was (a semaphore returned by
+        # one call and passed to later ones exists from that call on)
+        self.born: dict[int, int] = {}
+        # checks that wait for every participant to finish (outputs nothing wrote)
+        self.deferred: list[Callable[[], None]] = []
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
@@ -131,6 +139,9 @@ class Engine:
             )
             self._registry[key] = buf
             self._roles[buf.ident] = (role, aval, name, shape)
+            parts = cast("tuple[object, ...]", role) if isinstance(role, tuple) else ()
+            if len(parts) == 3 and parts[0] == "k" and isinstance(parts[1], int):
+                self.born[buf.ident] = parts[1]
         return buf
 
     def counterpart(self, buf: Buffer, owner: int) -> Buffer:
@@ -150,7 +161,10 @@ class Engine:
         r, aval, name, shape = role
         if buf.sem_kind == "BARRIER" and aval is None:
             return self.barrier_buffer(owner, cast(tuple[str, Any], r)[1])
-        return self.buffer(owner, r, aval, name, shape)
+        twin = self.buffer(owner, r, aval, name, shape)
+        if buf.ident in self.born:
+            self.born[twin.ident] = self.born[buf.ident]
+        return twin
 
     def adopt(self, owner: int, role: object, buf: Buffer, aval: Any, name: str) -> Buffer:
         key = (owner, role)
@@ -226,11 +240,13 @@ class Engine:
 
     def _describe_future(self, s: SemState) -> str:
         unit = " bytes" if s.kind == "DMA" else ""
+        starts = sorted({c.where for c in s.pending})
+        started = f" (started at {'; '.join(starts[:3])})" if starts else ""
         return (
             f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
             f"passed between kernels, holds {s.total()}{unit} at the end of the "
-            "program: a copy started by one pallas_call (a DMA future) was never "
-            "waited by a later one"
+            f"program: a copy started by one pallas_call (a DMA future){started} was "
+            "never waited by a later one"
         )
 
     def _describe_barrier(self, s: SemState) -> str:
@@ -356,6 +372,8 @@ class Engine:
                 done.append(p)
                 continue
             blocked[p] = b
+        for check in self.deferred:
+            check()
         stuck = [b for b in blocked.values() if b.what != "idle"]
         if stuck:
             raise m.deadlock(stuck, sorted(done))

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -107,8 +108,27 @@ def unflatten(tree: Any, leaves: Sequence[object]) -> Any:
 def split_transformed(x: Any) -> tuple[Any, tuple[Any, ...]]:
     """(ref, transforms) of a ``TransformedRef`` (``.ref``/``.transforms``), else (x, ())."""
     if type(x).__name__ == "TransformedRef":
-        return x.ref, tuple(x.transforms)
+        # a transform of a multi-ref (``pl.select_ref(...).reshape(...)``) nests
+        # one TransformedRef in another: flatten to (refs, select, reshape)
+        base, inner = split_transformed(x.ref)
+        return base, inner + tuple(x.transforms)
     return x, ()
+
+
+def select_parts(x: Any) -> tuple[tuple[Any, ...], Any, tuple[Any, ...]] | None:
+    """(candidate refs, index, later transforms) of a ``pl.select_ref`` ref, else None.
+
+    Why: ``select_ref`` (jax 0.12+) builds a ``TransformedRef`` whose ``ref`` is a
+    tuple of refs and whose first transform is a ``SelectTransform`` (``idx``).
+    """
+    base, transforms = split_transformed(x)
+    if not isinstance(base, (tuple, list)) or not transforms:
+        return None
+    first = transforms[0]
+    if type(first).__name__ != "SelectTransform":
+        return None
+    candidates = tuple(cast("Sequence[Any]", base))
+    return candidates, first.idx, tuple(transforms[1:])
 
 
 def transform_parts(t: Any) -> tuple[str, Any]:
@@ -183,10 +203,17 @@ def aval_shape(aval: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in _inner(aval).shape)
 
 
+def is_extended(dtype: Any) -> bool:
+    """A jax extended dtype (PRNG keys): no numpy dtype, no host values."""
+    return bool(jnp.issubdtype(dtype, jax.dtypes.extended))
+
+
 def aval_itemsize(aval: Any) -> int:
     dtype = _inner(aval).dtype
     if semaphore_kind(aval) is not None:
         return 4
+    if is_extended(dtype):
+        return int(dtype.itemsize)  # a PRNG key: its key data's bytes per element
     return int(np.dtype(dtype).itemsize)
 
 
@@ -224,6 +251,8 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         blocks.append(
             {
                 "space": _block_space(aval),
+                # an array made with pltpu.VMEM(...)/SMEM(...) lives there: no copies
+                "array_space": memory_space(bm.array_aval),
                 "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
                 "array_shape": tuple(int(d) for d in bm.array_aval.shape),
                 "index_map": index_map,

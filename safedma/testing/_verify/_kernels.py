@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from typing import Any, cast
@@ -35,7 +36,12 @@ class KernelDesc:
         self.params = kp
         jaxpr, consts = _jax.jaxpr_of(kp["jaxpr"])
         self.jaxpr = jaxpr
-        self.body = compile_jaxpr(jaxpr, consts)
+        # Refs the kernel closes over (a stateful pallas_call inside run_state) are
+        # the kernel jaxpr's constvars, fed by the equation's first operands.
+        operands = int(kp["num_dynamic_grid_bounds"]) + int(kp["num_index_operands"])
+        extra = len(eqn.invars) - operands - int(kp["num_inputs"])
+        self.n_consts = extra if extra > 0 and extra == len(jaxpr.constvars) else 0
+        self.body = compile_jaxpr(jaxpr, consts, consts_are_args=self.n_consts > 0)
         self.where = location(eqn)
         names = _jax.kernel_param_names(jaxpr)
         self.param_names: list[str] = [
@@ -156,8 +162,15 @@ def _run_kernel(
     )
     if desc.barrier and eng.participants > 1:
         yield from eng.entry_barrier(ctx, instance, desc.where)
-    operands = operands[desc.n_dynamic :]
     args: list[Any] = []
+    for k, captured in enumerate(operands[: desc.n_consts]):
+        if not isinstance(captured, RefVal):
+            raise VerificationUnsupportedError(
+                f"kernel {desc.name} at {desc.where} closes over a value that is not a "
+                f"ref (captured operand {k}); pass it as an input"
+            )
+        args.append(captured)  # the ref itself, in place
+    operands = operands[desc.n_consts + desc.n_dynamic :]
     # scalar prefetch operands: SMEM with known values
     for i in range(desc.n_index):
         args.append(RefVal(eng.operand_buffer(ctx, instance, i, desc, operands[i], smem=True)))
@@ -173,8 +186,17 @@ def _run_kernel(
             src = operands[alias] if alias is not None else None
         else:
             src = operands[pos]
-        if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE"):
+        # An operand whose array already lives in VMEM/SMEM (an out_shape made with
+        # pltpu.VMEM(...), or such an output passed on) is the buffer itself:
+        # Pallas copies nothing in or out of it.
+        resident = block["space"] in ("VMEM", "SMEM") and (
+            (is_out and block["array_space"] in ("VMEM", "SMEM"))
+            or (isinstance(src, RefVal) and src.buffer.ident in eng.resident)
+        )
+        if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE") or resident:
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
+            if resident:
+                eng.resident.add(buf.ident)
             args.append(RefVal(buf))
             if buf.sem_kind is not None:
                 eng.futures.append(buf)  # a semaphore passed between kernels
@@ -242,17 +264,30 @@ def _run_kernel(
     # are checked where the kernel that waits them reads or returns them.
     future = any(b.sem_kind is not None for b in outer_out)
     for buf in outer_out if len(m.leftovers) == before and not future else ():
-        if buf.space in ("ANY", "HBM", "HOST") and buf.sem_kind is None:
+        if (buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident) and (
+            buf.sem_kind is None
+        ):
             view = _full(buf)
-            m.check_written(
-                p,
-                view,
-                "the kernel returns output",
-                desc.where,
-                "Write (or copy into) every part of each output before the "
-                "kernel returns, or alias it to an input.",
-            )
             m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
+            if buf.ident in eng.resident:
+                # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
+                # pipeline window): garbage in it is reported where something reads it
+                continue
+            # Checked once every participant is done: a remote copy into this output
+            # that arrives after the kernel returned is then reported as what it is
+            # (R8, naming the copy) rather than as an output nothing wrote.
+            eng.deferred.append(
+                functools.partial(
+                    m.check_written,
+                    p,
+                    view,
+                    "the kernel returns output",
+                    desc.where,
+                    "Write (or copy into) every part of each output before the "
+                    "kernel returns, or alias it to an input (a remote copy into it "
+                    "must be waited, wait_recv, before the kernel returns).",
+                )
+            )
     for s, buf in zip(outs, outer_out):
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
@@ -263,7 +298,7 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
     """The grid of this call: dynamic sizes are the kernel's leading scalar operands."""
     if desc.n_dynamic == 0:
         return desc.grid
-    bounds = iter(operands[: desc.n_dynamic])
+    bounds = iter(operands[desc.n_consts : desc.n_consts + desc.n_dynamic])
     grid: list[int] = []
     for g in desc.grid:
         if g >= 0:

@@ -318,13 +318,21 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_sem(env), "the signalled semaphore", where)
         barrier = ref.buffer.sem_kind == "BARRIER"
         if target != ctx.p:
+            eng = ctx.engine
+            # A semaphore passed between kernels exists from the call that returned
+            # it: the signal needs the target inside that call or after it.
+            future = any(b is ref.buffer for b in eng.futures)
+            call: int = ctx.kernel.instance
+            if future:
+                call = eng.born.get(ref.buffer.ident, call)
             ctx.machine.check_reach(
                 ctx.p,
                 target,
-                ctx.kernel.instance,
+                call,
                 f"a signal on semaphore {ref.buffer.name}",
                 where,
                 barrier=barrier,
+                outlives=future,
             )
         s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
         ctx.machine.signal(ctx.p, s, need_int(g_inc(env), "a signal increment"), where)

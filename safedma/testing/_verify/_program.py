@@ -542,6 +542,9 @@ class Compiler:
         """Resolver for a DMA/semaphore operand: a ref, possibly a TransformedRef."""
         if x is None:
             return lambda env: None
+        selected = _jax.select_parts(x)
+        if selected is not None:
+            return self._selected_ref(*selected)
         base, transforms = _jax.split_transformed(x)
         get_base = self.reader(base)
         steps = [self.transform(t) for t in transforms]
@@ -561,6 +564,28 @@ class Compiler:
             return RefVal(r.buffer, r.steps + tuple([s(env) for s in steps]))
 
         return resolve_ref
+
+    def _selected_ref(
+        self, candidates: tuple[Any, ...], index: Any, transforms: tuple[Any, ...]
+    ) -> Callable[[list[Any]], RefVal | None]:
+        """``pl.select_ref(i, *refs)``: the i-th candidate, i computed per device.
+
+        Mosaic lowers the choice to a chain of ``i == 0`` tests on ``i``, ``i - 1``,
+        ... whose last else is the last ref (``_select_to_ifop`` in jax's TPU
+        lowering), so an index outside ``[0, len(refs) - 1)`` picks the last ref.
+        """
+        getters = [self.ref_operand(r) for r in candidates]
+        get_index = self.value_getter(index)
+        steps = [self.transform(t) for t in transforms]
+
+        def resolve(env: list[Any]) -> RefVal | None:
+            i = need_int(get_index(env), "the index of a pl.select_ref")
+            r = getters[i if 0 <= i < len(getters) else -1](env)
+            if r is None or not steps:
+                return r
+            return RefVal(r.buffer, r.steps + tuple([s(env) for s in steps]))
+
+        return resolve
 
     def transform(self, t: Any) -> Callable[[list[Any]], tuple[str, object]]:
         kind, arg = _jax.transform_parts(t)

@@ -520,7 +520,17 @@ class Machine:
         # The copy's accesses may happen any time after the start: check them with
         # the issuer's clock at the start, then keep them pending until guaranteed.
         d.src_rec = self.access(p, src, False, "reads", where, dma=d)
-        d.dst_rec = self.access(p, dst, True, "writes", where, dma=d, cover=written is None)
+        # A copy of a region onto itself (emit_pipeline with no_pipelining uses a
+        # VMEM operand as its own window) leaves the bytes as they were: only its read
+        # can conflict with anyone, and it does not race with itself.
+        identity = (
+            target == p
+            and src.buffer is dst.buffer
+            and src.box == dst.box
+            and src.itemsize == dst.itemsize
+        )
+        if not identity:
+            d.dst_rec = self.access(p, dst, True, "writes", where, dma=d, cover=written is None)
         if written:
             h = self._history(dst.buffer)
             for box in carried(written, src.box, dst.box):
