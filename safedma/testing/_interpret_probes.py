@@ -26,6 +26,7 @@ import inspect
 import itertools
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -213,6 +214,7 @@ class RaceReport:
     buffer: tuple[object, ...]
     location: str | None
     message: str
+    other_location: str | None = None  # the earlier access it raced with
 
 
 class InterpretObserver(Protocol):
@@ -561,6 +563,7 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
                         buffer=buffer,
                         location=user_location(bound.get("source_info")),
                         message=message,
+                        other_location=_other_access_location(message),
                     )
                 )
                 raise
@@ -568,6 +571,30 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
         return check
 
     return make
+
+
+def _other_access_location(message: str) -> str | None:
+    """The line of the earlier access a race report names, when it is the user's.
+
+    jax keeps only a formatted frame (``file:line:col (function)``) for each
+    recorded access and prints it at the end of the access's line
+    (``write of KEY[RANGE] from THREAD, FRAME``; ``pallas_call`` stands for
+    the interpreter's own copy of the outputs).  Only for messages: anything
+    unexpected gives None.
+    """
+    accesses = [
+        line.strip()
+        for line in message.splitlines()
+        if line.strip().startswith(("read of", "write of"))
+    ]
+    found = _FRAME.search(accesses[1]) if len(accesses) > 1 else None
+    if found is None or _is_library_file(found.group(1)):
+        return None
+    return found.group(0)
+
+
+#: ``path:line[:col] (function)`` at the end of a line of jax's race report.
+_FRAME = re.compile(r"(\S+):\d+(?::\d+)? \([^()]*\)$")
 
 
 def _race_print(*args: object, **kwargs: Any) -> None:
@@ -878,37 +905,75 @@ def interpret_probes(observer: InterpretObserver) -> Generator[Installed, None, 
                 _installed = None
 
 
+#: The primitives a Pallas TPU kernel is bound as, each with an ``interpret``
+#: parameter: ``pallas_call_p`` (every jax), and the primitive ``pl.kernel`` /
+#: ``pl.core_map`` bind, which read the forced mode when *built* just as
+#: ``pl.pallas_call`` does: ``core_map_p`` (jax 0.10, 0.11) and ``mpmd_map_p``
+#: (jax 0.12, where ``core_map`` became an MPMD map).  Only pallas_call_p must
+#: exist; a jax has one of the other two.
+_KERNEL_PRIMITIVES: tuple[tuple[str, str, bool], ...] = (
+    ("jax._src.pallas.pallas_call", "pallas_call_p", True),
+    ("jax._src.pallas.core", "core_map_p", False),
+    ("jax._src.pallas.mpmd", "mpmd_map_p", False),
+)
+
+
+def _kernel_primitives() -> list[Any]:
+    found: list[Any] = []
+    for module_name, name, required in _KERNEL_PRIMITIVES:
+        try:
+            module = private_module(module_name)
+        except Exception:
+            if required:
+                raise
+            continue
+        primitive = getattr(module, name, None)
+        if primitive is None or not callable(getattr(primitive, "bind", None)):
+            if required:
+                raise moved(f"{module_name}.{name}.bind", "primitive missing")
+            continue
+        found.append(primitive)
+    return found
+
+
 @contextlib.contextmanager
 def force_interpret_params(params: _pltpu.InterpretParams) -> Generator[None, None, None]:
-    """Trace every ``pallas_call`` in the block with ``interpret=params``.
+    """Trace every Pallas TPU kernel in the block with ``interpret=params``.
 
-    Also pallas_calls built before the block, whatever ``interpret=`` they were
-    built with: ``pl.pallas_call(...)`` reads the forced mode
-    (``pltpu.force_tpu_interpret_mode``) when it is *built*, so the strict
-    parameters are substituted where ``pallas_call_p`` is bound (trace time,
-    before effects are computed), the one place every call passes.
+    Also kernels built before the block, whatever ``interpret=`` they were
+    built with: ``pl.pallas_call(...)``, ``pl.kernel(...)`` and
+    ``pl.core_map(...)`` read the forced mode
+    (``pltpu.force_tpu_interpret_mode``) when they are *built*, so the strict
+    parameters are substituted where their primitive is bound (trace time,
+    before effects are computed), the one place every call passes.  A kernel
+    left with its own parameters would be refused at its first step as if
+    another thread had started it.
     """
-    module = private_module("jax._src.pallas.pallas_call")
-    primitive = getattr(module, "pallas_call_p", None)
-    if primitive is None or not callable(getattr(primitive, "bind", None)):
-        raise moved(f"{module.__name__}.pallas_call_p.bind", "primitive missing")
-    shadowed = "bind" in vars(primitive)
-    orig = primitive.bind
+    patched: list[tuple[Any, bool, Any]] = []
 
-    def bind(*args: Any, **kwargs: Any) -> Any:
-        if "interpret" in kwargs:
-            kwargs["interpret"] = params
-        return orig(*args, **kwargs)
+    def forcing(orig: Any) -> Callable[..., Any]:
+        def bind(*args: Any, **kwargs: Any) -> Any:
+            if "interpret" in kwargs:
+                kwargs["interpret"] = params
+            return orig(*args, **kwargs)
 
-    primitive.bind = bind
+        return bind
+
+    primitives = _kernel_primitives()
     try:
+        with deferred_interrupts():
+            for primitive in primitives:
+                patched.append((primitive, "bind" in vars(primitive), primitive.bind))
+                primitive.bind = forcing(primitive.bind)
         with _pltpu.force_tpu_interpret_mode(params):
             yield
     finally:
-        if shadowed:
-            primitive.bind = orig
-        else:
-            del primitive.bind
+        with deferred_interrupts():
+            for primitive, shadowed, orig in reversed(patched):
+                if shadowed:
+                    primitive.bind = orig
+                else:
+                    del primitive.bind
 
 
 # Loggers jax reports a failing host callback on ("jax.io_callback failed",

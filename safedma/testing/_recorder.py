@@ -130,7 +130,15 @@ class Recorder:
         owner = self._devices.label(owner_id) if isinstance(owner_id, int) else None
         with self._lock:
             self.races.append(
-                Race(race.access, accessor, owner, race.buffer, race.location, race.message)
+                Race(
+                    race.access,
+                    accessor,
+                    owner,
+                    race.buffer,
+                    race.location,
+                    race.message,
+                    race.other_location,
+                )
             )
 
     def run_failed(
