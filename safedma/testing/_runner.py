@@ -36,6 +36,7 @@ from safedma.testing._errors import (
 )
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._recorder import Blocked, Recorder
+from safedma.testing._uninterpretable import refuse_uninterpretable
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -189,7 +190,10 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             return program(*flat)
 
         with probes.force_interpret_params(params):
-            lowered = jax.jit(fresh).lower(*placed)  # pyright: ignore[reportUnknownMemberType]
+            traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
+            # Refused before lowering: jax fails inside the lowering otherwise.
+            refuse_uninterpretable(traced.jaxpr)
+            lowered = traced.lower()
             # Output infos carry their global shape and (under a mesh) sharding.
             leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
             out_info: object = getattr(lowered, "out_info")

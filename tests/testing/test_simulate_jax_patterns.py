@@ -21,7 +21,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example
-from safedma.testing import RaceDetectedError, simulate, simulated_mesh
+from safedma.testing import LeftoverSemaphoreError, RaceDetectedError, SimulationUnsupportedError
+from safedma.testing import simulate
+from safedma.testing import simulated_mesh
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
@@ -87,4 +89,76 @@ def test_pl_kernel_built_outside_simulate_without_its_wait_is_caught() -> None:
         simulate(kernel, example((16, 128)), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
     headline = str(caught.value).splitlines()[0]
     assert f"(the copy or access at {_line_of(_swap_body, 'copy.start()')}:" in headline, headline
+    assert_clean_afterwards()
+
+
+# ------------------------------------ a DMA future: started in one call, waited in the next
+
+
+def _future_start(x_ref: Any, x_alias: Any, o_ref: Any, sem: Any) -> None:
+    del x_alias
+    pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+
+def _future_wait(x_ref: Any, o_ref: Any, sem: Any, o_alias: Any) -> None:
+    del o_alias
+    pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+
+def _copy_through_a_future(x: jax.Array) -> jax.Array:
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    sem_spec = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+    like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    x, out, sem = pl.pallas_call(
+        _future_start,
+        out_shape=(like, like, pltpu.SemaphoreType.DMA(())),
+        in_specs=[hbm],
+        out_specs=(hbm, hbm, sem_spec),
+        input_output_aliases={0: 0},
+    )(x)
+    done: jax.Array = pl.pallas_call(
+        _future_wait,
+        out_shape=like,
+        in_specs=[hbm, hbm, sem_spec],
+        out_specs=hbm,
+        input_output_aliases={1: 0},
+    )(x, out, sem)
+    return done
+
+
+def test_a_dma_future_across_pallas_calls_is_refused_naming_the_call_and_verify() -> None:
+    # jax's interpreter failed inside its lowering ("NotImplementedError: nan +
+    # dma_sem"): its semaphores live only while one kernel runs.
+    with pytest.raises(SimulationUnsupportedError) as refused:
+        simulate(_copy_through_a_future, example(BLOCK))
+    message = str(refused.value)
+    assert "future" in message and "safedma.testing.verify" in message, message
+    start_line = _line_of(_copy_through_a_future, "x, out, sem = pl.pallas_call(")
+    assert f"at {start_line} " in message, message
+    assert "returns 1 semaphore" in message, message
+    assert_clean_afterwards()
+
+
+def test_the_same_start_with_its_semaphore_in_scratch_is_still_simulated_and_caught() -> None:
+    # The refusal is for semaphores crossing a call's boundary only: the start
+    # kernel with its semaphore in scratch runs, and its missing wait is caught.
+    def start_only(x: jax.Array) -> jax.Array:
+        hbm = pl.BlockSpec(memory_space=pl.ANY)
+        like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+        def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+            _future_start(x_ref, None, o_ref, sem)
+
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=like,
+            in_specs=[hbm],
+            out_specs=hbm,
+            scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return out
+
+    with pytest.raises((LeftoverSemaphoreError, RaceDetectedError)) as caught:
+        simulate(start_only, example(BLOCK))
+    assert _line_of(_future_start, ".start()") in str(caught.value)
     assert_clean_afterwards()

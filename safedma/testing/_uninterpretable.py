@@ -1,0 +1,89 @@
+"""Constructs jax's TPU interpreter cannot run, found in the traced program before it runs.
+
+Interpret mode simulates one ``pallas_call`` at a time: its semaphores live
+only while that kernel runs.  A program that hands a semaphore from one
+``pallas_call`` to the next (a DMA or semaphore *future*: a copy started in
+one kernel and waited in another) cannot be simulated; jax fails deep inside
+the interpreter (``NotImplementedError: nan + dma_sem`` while making the
+semaphore output) or, with zeroed memory, runs it wrong.  Such a program is
+refused here, naming the construct and the user's line, and pointed to
+``safedma.testing.verify``, which follows futures across ``pallas_call``s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.testing import _interpret_probes as probes
+from safedma.testing._errors import SimulationUnsupportedError
+
+__all__ = ["refuse_uninterpretable"]
+
+#: The primitive names of a Pallas kernel call (see ``_KERNEL_PRIMITIVES`` in
+#: the probes): a semaphore crossing one of their boundaries is a future.
+_KERNEL_CALLS = frozenset({"pallas_call", "core_map", "mpmd_map"})
+
+
+def _is_semaphore(aval: object) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None:
+        return False
+    try:
+        return bool(
+            jnp.issubdtype(dtype, pl.semaphore) or jnp.issubdtype(dtype, pltpu.dma_semaphore)
+        )
+    except TypeError:
+        return False
+
+
+def _sub_jaxprs(value: object) -> Iterator[Any]:
+    if isinstance(value, (tuple, list)):
+        for item in cast("Sequence[object]", value):
+            yield from _sub_jaxprs(item)
+        return
+    inner = getattr(value, "jaxpr", None)  # a ClosedJaxpr
+    if inner is not None and hasattr(inner, "eqns"):
+        yield inner
+    elif hasattr(value, "eqns"):
+        yield value
+
+
+def _equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and its sub-jaxprs, kernel bodies left out."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        if str(eqn.primitive) in _KERNEL_CALLS:
+            continue
+        for value in eqn.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from _equations(sub)
+
+
+def refuse_uninterpretable(jaxpr: Any) -> None:
+    """Raise :class:`SimulationUnsupportedError` if ``jaxpr`` passes semaphores between kernels."""
+    for eqn in _equations(jaxpr):
+        if str(eqn.primitive) not in _KERNEL_CALLS:
+            continue
+        outs = sum(_is_semaphore(v.aval) for v in eqn.outvars)
+        ins = sum(_is_semaphore(getattr(v, "aval", None)) for v in eqn.invars)
+        if not outs and not ins:
+            continue
+        where = probes.user_location(eqn.source_info)
+        at = f" at {where}" if where else ""
+        sides = " and ".join(
+            part for part, n in ((f"returns {outs}", outs), (f"takes {ins}", ins)) if n
+        )
+        raise SimulationUnsupportedError(
+            f"simulate cannot run this program: the kernel call{at} {sides} "
+            "semaphore(s) as outputs/inputs, a DMA or semaphore future that lives across "
+            "pallas_calls (a copy started in one kernel and waited in another). jax's "
+            "TPU interpreter keeps semaphores only while one kernel runs, so it cannot "
+            "simulate it. Check the protocol with safedma.testing.verify, which "
+            "follows futures across pallas_calls, and simulate each kernel's numbers "
+            "with the copy started and waited in the same kernel."
+        )
