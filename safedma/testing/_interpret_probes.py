@@ -59,6 +59,7 @@ __all__ = [
     "interpret_probes",
     "races_raise_natively",
     "strict_interpret_params",
+    "unfiltered_tracebacks",
     "user_location",
     "warm_up",
 ]
@@ -296,6 +297,8 @@ def exception_location(error: BaseException) -> str | None:
         info = local.get("source_info")
         if info is None and "self" in local:
             info = getattr(local["self"], "source_info", None)
+        if info is None and "eqn" in local:  # the interpreter's loop over a kernel's equations
+            info = getattr(local["eqn"], "source_info", None)
         if info is not None:
             where = user_location(info)
             if where is not None:
@@ -974,6 +977,24 @@ def force_interpret_params(params: _pltpu.InterpretParams) -> Generator[None, No
                     primitive.bind = orig
                 else:
                     del primitive.bind
+
+
+@contextlib.contextmanager
+def unfiltered_tracebacks() -> Generator[None, None, None]:
+    """Keep jax's own frames in tracebacks raised in the block.
+
+    An error jax's interpreter raises while lowering a kernel names the
+    kernel equation it was interpreting only in its own frames
+    (``_interpret_jaxpr``'s ``eqn``); jax's default traceback filtering
+    removes them.  ``jax._src.config.traceback_filtering`` is the context
+    manager form of ``JAX_TRACEBACK_FILTERING``, private.
+    """
+    state = getattr(private_module("jax._src.config"), "traceback_filtering", None)
+    if state is None or not callable(state):
+        yield
+        return
+    with cast("contextlib.AbstractContextManager[object]", state("off")):
+        yield
 
 
 # Loggers jax reports a failing host callback on ("jax.io_callback failed",

@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
+from safedma._errors import SafeDmaError
 from safedma.testing import _diagnosis as diagnosis
 from safedma.testing import _interpret_probes as probes
 from safedma.testing import _meshes as meshes
@@ -36,7 +37,7 @@ from safedma.testing._errors import (
 )
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._recorder import Blocked, Recorder
-from safedma.testing._uninterpretable import refuse_uninterpretable
+from safedma.testing._uninterpretable import interpreter_limit, refuse_uninterpretable
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -193,7 +194,13 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
             # Refused before lowering: jax fails inside the lowering otherwise.
             refuse_uninterpretable(traced.jaxpr)
-            lowered = traced.lower()
+            try:
+                with probes.unfiltered_tracebacks():
+                    lowered = traced.lower()
+            except SafeDmaError:
+                raise
+            except Exception as err:
+                raise interpreter_limit(err) from err
             # Output infos carry their global shape and (under a mesh) sharding.
             leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
             out_info: object = getattr(lowered, "out_info")

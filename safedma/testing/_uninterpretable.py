@@ -22,7 +22,7 @@ from jax.experimental.pallas import tpu as pltpu
 from safedma.testing import _interpret_probes as probes
 from safedma.testing._errors import SimulationUnsupportedError
 
-__all__ = ["refuse_uninterpretable"]
+__all__ = ["interpreter_limit", "refuse_uninterpretable"]
 
 #: The primitive names of a Pallas kernel call (see ``_KERNEL_PRIMITIVES`` in
 #: the probes): a semaphore crossing one of their boundaries is a future.
@@ -87,3 +87,36 @@ def refuse_uninterpretable(jaxpr: Any) -> None:
             "follows futures across pallas_calls, and simulate each kernel's numbers "
             "with the copy started and waited in the same kernel."
         )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def interpreter_limit(error: Exception) -> SimulationUnsupportedError:
+    """The error for a program jax's interpreter failed to lower (trace had succeeded).
+
+    Lowering is where jax's interpreter turns each kernel equation into host
+    callbacks; a construct it does not implement (a ref view such as a
+    ``SelectTransform``, shard_map's ``check_vma`` on an interpreted body, ...)
+    fails there with jax's own error.  The kernel may well be correct: this
+    names the construct and the user's line, and points to ``verify``.
+    """
+    where = probes.exception_location(error)
+    if where is None and error.__cause__ is not None:  # jax's "before transformation" trace
+        where = probes.exception_location(error.__cause__)
+    at = f" at {where}" if where else ""
+    vma = (
+        " (an interpreted kernel under a jax.shard_map with check_vma=True: pass "
+        "check_vma=False to your shard_map, or mesh= to simulate, which does)"
+        if "varying manual axes" in str(error)
+        else ""
+    )
+    return SimulationUnsupportedError(
+        f"simulate cannot run this program: jax's TPU interpreter failed while preparing "
+        f"the kernel{at}: {type(error).__name__}: {_first_line(error)}{vma}. This is a "
+        "construct jax's interpreter does not implement, not a mistake found in your "
+        "kernel. Check the protocol with safedma.testing.verify, which reads the kernel "
+        "instead of running it."
+    )

@@ -162,3 +162,63 @@ def test_the_same_start_with_its_semaphore_in_scratch_is_still_simulated_and_cau
         simulate(start_only, example(BLOCK))
     assert _line_of(_future_start, ".start()") in str(caught.value)
     assert_clean_afterwards()
+
+
+# ------------------------------------ constructs jax's interpreter cannot lower
+
+
+def _exchange(x_ref: Any, o_ref: Any, ready: Any, send: Any, recv: Any, wait: bool) -> None:
+    peer = 1 - lax.axis_index("x")  # an unvarying constant minus a varying index
+    pl.semaphore_signal(ready, device_id=peer, device_id_type=pl.DeviceIdType.LOGICAL)
+    pl.semaphore_wait(ready)
+    copy = pltpu.make_async_remote_copy(
+        x_ref, o_ref, send, recv, device_id=peer, device_id_type=pl.DeviceIdType.LOGICAL
+    )
+    copy.start()
+    if wait:
+        copy.wait()
+
+
+def _exchange_call(wait: bool) -> Any:
+    def call(x: jax.Array) -> jax.Array:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            sems = (pltpu.SemaphoreType.REGULAR, pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA)
+            pl.run_scoped(lambda *s: _exchange(x_ref, o_ref, *s, wait=wait), *sems)
+
+        hbm = pl.BlockSpec(memory_space=pl.ANY)
+        varying = jax.sharding.ManualAxisType(varying={"x"})
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(BLOCK, F32, manual_axis_type=varying),
+            in_specs=[hbm],
+            out_specs=hbm,
+        )(x)
+        return out
+
+    return call
+
+
+def test_an_interpreter_lowering_failure_is_refused_naming_the_line_and_verify() -> None:
+    # jax's interpreter cannot lower a kernel under shard_map's check_vma=True
+    # (jax's default): its own arithmetic on axis_index mixes varying and
+    # unvarying values. That used to surface as jax's ValueError from inside
+    # the interpreter; now it names the construct, the kernel's line and verify.
+    mesh: Mesh = simulated_mesh(2, "x")
+    x = jax.device_put(example((16, 128)), jax.sharding.NamedSharding(mesh, P("x")))
+    checked = jax.jit(
+        jax.shard_map(_exchange_call(True), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    )
+    with pytest.raises(SimulationUnsupportedError) as refused:
+        simulate(checked, x)
+    message = str(refused.value)
+    assert "jax's TPU interpreter failed" in message, message
+    assert "safedma.testing.verify" in message and "check_vma=False" in message, message
+    assert f"at {_line_of(_exchange, 'peer = 1 - lax.axis_index')} " in message, message
+    # The same kernel under simulate's own shard_map (check_vma=False) runs ...
+    out = simulate(_exchange_call(True), x, mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 8, 0))
+    # ... and its twin without the wait is still caught, naming its start.
+    with pytest.raises((LeftoverSemaphoreError, RaceDetectedError)) as caught:
+        simulate(_exchange_call(False), x, mesh=mesh)
+    assert _line_of(_exchange, "copy.start()") in str(caught.value)
+    assert_clean_afterwards()
