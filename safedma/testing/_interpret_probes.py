@@ -216,6 +216,7 @@ class RaceReport:
     location: str | None
     message: str
     other_location: str | None = None  # the earlier access it raced with
+    device_count: int | None = None  # of the run: lower accessor ids are devices, not DMAs
 
 
 class InterpretObserver(Protocol):
@@ -567,6 +568,7 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
                         location=user_location(bound.get("source_info")),
                         message=message,
                         other_location=_other_access_location(message),
+                        device_count=_device_count(),
                     )
                 )
                 raise
@@ -574,6 +576,15 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
         return check
 
     return make
+
+
+def _device_count() -> int | None:
+    """How many devices the kernel being interpreted runs on (only for messages)."""
+    try:
+        run = current_interpret_run()
+        return None if run is None else run.cores // run.cores_per_device
+    except Exception:
+        return None
 
 
 def _other_access_location(message: str) -> str | None:

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 from jax import lax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
@@ -24,6 +25,9 @@ from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, exampl
 from safedma.testing import LeftoverSemaphoreError, RaceDetectedError, SimulationUnsupportedError
 from safedma.testing import simulate
 from safedma.testing import simulated_mesh
+from safedma.testing._interpret_probes import RaceReport
+from safedma.testing._meshes import DeviceNames
+from safedma.testing._recorder import Recorder
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
@@ -222,3 +226,50 @@ def test_an_interpreter_lowering_failure_is_refused_naming_the_line_and_verify()
         simulate(_exchange_call(False), x, mesh=mesh)
     assert _line_of(_exchange, "copy.start()") in str(caught.value)
     assert_clean_afterwards()
+
+
+# ------------------------------------ its own shard_map: races name devices as devices
+
+
+def _zero_then_send(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
+    o_ref[...] = jnp.zeros_like(o_ref)  # no barrier: the left neighbour may already write here
+    right = lax.rem(lax.axis_index("x") + 1, lax.axis_size("x"))
+    copy = pltpu.make_async_remote_copy(
+        x_ref, o_ref, send, recv, device_id=right, device_id_type=pl.DeviceIdType.LOGICAL
+    )
+    copy.start()
+    copy.wait()
+
+
+def test_a_race_in_a_program_with_its_own_shard_map_names_devices_not_dmas() -> None:
+    # simulate(fn) with no mesh= knew one device, so device 5's own write was
+    # reported as "DMA #5"; the run itself says how many devices there are.
+    mesh: Mesh = simulated_mesh(4, "x")
+    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+    call = pl.pallas_call(
+        _zero_then_send,
+        out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
+        in_specs=[vmem],
+        out_specs=vmem,
+        scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA],
+    )
+    program = jax.jit(
+        jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    )
+    x = jax.device_put(example((32, 128)), jax.sharding.NamedSharding(mesh, P("x")))
+    with pytest.raises(RaceDetectedError) as caught:
+        simulate(program, x)
+    race = caught.value.races[0]
+    assert race.accessor.startswith("device ") or int(race.accessor.split("#")[1]) >= 4, race
+    lines = (_line_of(_zero_then_send, "o_ref[...] ="), _line_of(_zero_then_send, "copy.start()"))
+    assert all(line in str(caught.value) for line in lines), str(caught.value)
+    assert_clean_afterwards()
+
+
+def test_race_accessors_below_the_runs_device_count_are_devices() -> None:
+    recorder = Recorder(DeviceNames(None))
+    for who in (5, 100):
+        recorder.race_detected(
+            RaceReport("write", (who, 0), ("vmem", 1, 5, 0), None, "RACE DETECTED", None, 8)
+        )
+    assert [r.accessor for r in recorder.races] == ["device 5", "DMA #100"]
