@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import os
+
+import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -22,7 +25,12 @@ from jax.experimental.pallas import tpu as pltpu
 from safedma.testing import _interpret_probes as probes
 from safedma.testing._errors import SimulationUnsupportedError
 
-__all__ = ["interpreter_limit", "refuse_uninterpretable"]
+__all__ = [
+    "interpreter_limit",
+    "raised_by_interpreter",
+    "refuse_uninterpretable",
+    "run_time_limit",
+]
 
 #: The primitive names of a Pallas kernel call (see ``_KERNEL_PRIMITIVES`` in
 #: the probes): a semaphore crossing one of their boundaries is a future.
@@ -120,3 +128,49 @@ def interpreter_limit(error: Exception) -> SimulationUnsupportedError:
         "kernel. Check the protocol with safedma.testing.verify, which reads the kernel "
         "instead of running it."
     )
+
+
+#: Where jax's interpreter and the ref machinery it calls live: an error of
+#: one of the kinds below raised from here is the interpreter meeting a
+#: construct it does not implement (an ``AttributeError`` on a ref transform
+#: it has no case for, a ``NotImplementedError``), not a check it makes on
+#: the kernel (those raise ``IndexError`` / ``ValueError`` with the kernel's
+#: mistake in the message).
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+_INTERPRETER_PARTS = (
+    os.path.join("_src", "pallas", "mosaic", "interpret") + os.sep,
+    os.path.join("_src", "state") + os.sep,
+)
+_LIMIT_KINDS = (NotImplementedError, AttributeError, TypeError)
+
+
+def raised_by_interpreter(error: BaseException) -> bool:
+    """True if ``error`` is jax's interpreter failing on a construct it lacks, at run time."""
+    if not isinstance(error, _LIMIT_KINDS):
+        return False
+    tb = error.__traceback__
+    last: str | None = None
+    while tb is not None:
+        last = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    if last is None or not last.startswith(_JAX_DIR):
+        return False
+    inside = last[len(_JAX_DIR) :]
+    return any(inside.startswith(part) for part in _INTERPRETER_PARTS)
+
+
+def run_time_limit(error: BaseException, device: str | None) -> SimulationUnsupportedError:
+    """The error for a kernel jax's interpreter stopped on at run time (see above)."""
+    where = probes.exception_location(error)
+    at = f" at {where}" if where else ""
+    on = f" on {device}" if device else ""
+    result = SimulationUnsupportedError(
+        f"simulate cannot run this kernel: jax's TPU interpreter stopped{on}{at} on a "
+        f"construct it does not implement: {type(error).__name__}: {_first_line(error)} "
+        "(a ref view such as .bitcast() or .reshape() on a ref, for instance). This is a "
+        "limit of jax's interpreter, not a mistake found in your kernel. Check the "
+        "protocol with safedma.testing.verify, which reads the kernel instead of "
+        "running it."
+    )
+    result.__cause__ = error
+    return result
