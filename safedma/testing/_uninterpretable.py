@@ -37,6 +37,19 @@ __all__ = [
 _KERNEL_CALLS = frozenset({"pallas_call", "core_map", "mpmd_map"})
 
 
+def _dtype(aval: object) -> Any:
+    inner = getattr(aval, "inner_aval", None)  # a ref's value type
+    return getattr(inner if inner is not None else aval, "dtype", None)
+
+
+def _is_regular_semaphore(aval: object) -> bool:
+    dtype = _dtype(aval)
+    try:
+        return dtype is not None and bool(jnp.issubdtype(dtype, pl.semaphore))
+    except TypeError:
+        return False
+
+
 def _is_semaphore(aval: object) -> bool:
     dtype = getattr(aval, "dtype", None)
     if dtype is None:
@@ -72,11 +85,41 @@ def _equations(jaxpr: Any) -> Iterator[Any]:
                 yield from _equations(sub)
 
 
+def _kernel_bodies(eqn: Any) -> Iterator[Any]:
+    for name in ("jaxpr", "jaxprs"):
+        yield from _sub_jaxprs(eqn.params.get(name))
+
+
+def _refuse_regular_semaphore_dma(kernel: Any) -> None:
+    """A copy that signals a REGULAR semaphore: TPU v6+ adds 1, jax's interpreter its bytes."""
+    for body in _kernel_bodies(kernel):
+        for eqn in _equations(body):
+            if str(eqn.primitive) != "dma_start":
+                continue
+            if not any(_is_regular_semaphore(getattr(v, "aval", None)) for v in eqn.invars):
+                continue
+            where = probes.user_location(eqn.source_info)
+            at = f" at {where}" if where else ""
+            raise SimulationUnsupportedError(
+                f"simulate cannot run this kernel: the copy started{at} signals a REGULAR "
+                "semaphore (waited with pl.semaphore_wait). On a TPU (v6 and later) the "
+                "copy's completion adds 1 to it; jax's TPU interpreter adds the number of "
+                "bytes copied instead, so a correct kernel would fail with a leftover "
+                "count. Check the protocol with safedma.testing.verify, or simulate the "
+                "kernel with a DMA semaphore and the copy's wait."
+            )
+
+
 def refuse_uninterpretable(jaxpr: Any) -> None:
-    """Raise :class:`SimulationUnsupportedError` if ``jaxpr`` passes semaphores between kernels."""
+    """Raise :class:`SimulationUnsupportedError` for what jax's interpreter cannot run.
+
+    Semaphores passed between kernels (futures), and copies that signal a
+    REGULAR semaphore.
+    """
     for eqn in _equations(jaxpr):
         if str(eqn.primitive) not in _KERNEL_CALLS:
             continue
+        _refuse_regular_semaphore_dma(eqn)
         outs = sum(_is_semaphore(v.aval) for v in eqn.outvars)
         ins = sum(_is_semaphore(getattr(v, "aval", None)) for v in eqn.invars)
         if not outs and not ins:

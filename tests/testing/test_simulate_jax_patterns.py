@@ -308,3 +308,47 @@ def test_a_ref_view_the_interpreter_lacks_is_refused_naming_the_line_and_verify(
         simulate(_vmem_call(_read_out_of_bounds, jax.ShapeDtypeStruct(BLOCK, F32)), example(BLOCK))
     assert _line_of(_read_out_of_bounds, "x_ref[100, 0]") in str(failed.value)
     assert_clean_afterwards()
+
+
+# ------------------------------------ a copy that signals a REGULAR semaphore (TPU v6+)
+
+
+def _copy_on_a_regular_semaphore(x_hbm: Any, o_hbm: Any) -> None:
+    def body(buf: Any, sem: Any) -> None:
+        pltpu.async_copy(x_hbm, buf, sem)  # its completion adds 1 on a TPU v6
+        pl.semaphore_wait(sem)
+        pltpu.async_copy(buf, o_hbm, sem)
+        pl.semaphore_wait(sem)
+
+    pl.run_scoped(body, pltpu.VMEM(BLOCK, F32), pltpu.SemaphoreType.REGULAR)
+
+
+def _copy_on_a_dma_semaphore(x_hbm: Any, o_hbm: Any) -> None:
+    def body(buf: Any, sem: Any) -> None:
+        pltpu.async_copy(x_hbm, buf, sem)  # the twin: no wait before the read
+        pltpu.async_copy(buf, o_hbm, sem).wait()
+
+    pl.run_scoped(body, pltpu.VMEM(BLOCK, F32), pltpu.SemaphoreType.DMA)
+
+
+def _hbm_call(kernel: Any) -> Any:
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(BLOCK, F32), in_specs=[hbm], out_specs=hbm
+    )
+
+
+def test_a_copy_signalling_a_regular_semaphore_is_refused_not_called_leftover() -> None:
+    # jax's interpreter adds the bytes copied to the REGULAR semaphore, so this
+    # correct kernel was reported as a LeftoverSemaphoreError of 8190 bytes.
+    with pytest.raises(SimulationUnsupportedError) as refused:
+        simulate(_hbm_call(_copy_on_a_regular_semaphore), example(BLOCK))
+    message = str(refused.value)
+    assert "REGULAR" in message and "safedma.testing.verify" in message, message
+    assert f"at {_line_of(_copy_on_a_regular_semaphore, 'async_copy(x_hbm')} " in message
+    # The refusal is for regular semaphores only: a copy on a DMA semaphore
+    # read before its wait is still simulated and caught.
+    with pytest.raises((RaceDetectedError, LeftoverSemaphoreError)) as caught:
+        simulate(_hbm_call(_copy_on_a_dma_semaphore), example(BLOCK))
+    assert _line_of(_copy_on_a_dma_semaphore, "async_copy(x_hbm") in str(caught.value)
+    assert_clean_afterwards()
