@@ -21,6 +21,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import itertools
@@ -677,6 +678,72 @@ def _probe_init_lock(orig: Any, probes: Installed) -> object:
     return _InitGuard(orig, probes)
 
 
+class _SemaphoreIndexOutOfRange(IndexError):
+    """A semaphore array indexed outside its length (raised on the device that did it)."""
+
+
+def _check_semaphore_indices(where: str | None, shape: tuple[int, ...], *values: Any) -> None:
+    # values: (dimension, first index, count) triples, flattened.
+    for k in range(0, len(values), 3):
+        dim, first, count = (int(values[k]), int(values[k + 1]), int(values[k + 2]))
+        if first < 0 or first + count > shape[dim]:
+            at = f" at {where}" if where else ""
+            what = f"index {first}" if count == 1 else f"slice [{first}:{first + count}]"
+            raise _SemaphoreIndexOutOfRange(
+                f"semaphore {what}{at} is out of range for a semaphore array of shape "
+                f"{shape} (dimension {dim}); on a TPU it touches another semaphore. "
+                "jax's interpreter would clamp it to the last one and run on"
+            )
+
+
+def _semaphore_bounds(transforms: Any, probes: Installed) -> None:
+    """Add a run-time bounds check for each semaphore index the interpreter will clamp.
+
+    Called at the interpreter's lowering, inside its loop over the kernel's
+    equations, so the caller's ``eqn`` names the user's line.
+    """
+    import jax  # noqa: PLC0415 (jax is imported by then; kept local to this probe)
+
+    caller = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
+    eqn = caller.f_locals.get("eqn")
+    where = probes.location(getattr(eqn, "source_info", None))
+    for transform in transforms or ():
+        indices = getattr(transform, "indices", None)
+        shape = getattr(transform, "shape", None)
+        if indices is None or shape is None:
+            continue
+        values: list[Any] = []
+        for dim, index in enumerate(indices):
+            if hasattr(index, "start") and hasattr(index, "size"):
+                values += [dim, index.start, index.size]
+            elif getattr(index, "shape", ()) == () or isinstance(index, int):
+                values += [dim, index, 1]
+        if values:
+            jax.debug.callback(
+                functools.partial(_check_semaphore_indices, where, tuple(int(d) for d in shape)),
+                *values,
+            )
+
+
+def _probe_state_discharge(orig: Any, probes: Installed) -> object:
+    """The interpreter's ``state_discharge`` module, with transform_array checking bounds.
+
+    The interpreter indexes a kernel's array of semaphore ids with
+    ``state_discharge.transform_array`` (its only use there), where jax clamps
+    an out-of-range index: ``sems.at[n]`` on an array of n semaphores becomes
+    the last semaphore and a wrong kernel runs clean.
+    """
+
+    def transform_array(x: Any, transforms: Any) -> Any:
+        _semaphore_bounds(transforms, probes)
+        return orig.transform_array(x, transforms)
+
+    proxy = ModuleType(orig.__name__)
+    proxy.__dict__.update(cast("dict[str, object]", vars(orig)))
+    setattr(proxy, "transform_array", transform_array)
+    return proxy
+
+
 @dataclasses.dataclass(frozen=True)
 class _Probe:
     """One patched name: where it lives, why it is patched, and what replaces it."""
@@ -802,6 +869,17 @@ _PROBES: tuple[_Probe, ...] = (
             "_validate prints the first leftover semaphore of each device to stdout; "
             "simulate raises LeftoverSemaphoreError listing all of them, so the print "
             "is only noise (module-level print shadowed, other prints pass through)"
+        ),
+    ),
+    _Probe(
+        _IPC,
+        None,
+        "state_discharge",
+        _probe_state_discharge,
+        why=(
+            "the interpreter picks a semaphore out of a semaphore array with "
+            "state_discharge.transform_array, which clamps an out-of-range index to "
+            "the last semaphore: a kernel using sems.at[n] of n semaphores ran clean"
         ),
     ),
     _Probe(

@@ -352,3 +352,42 @@ def test_a_copy_signalling_a_regular_semaphore_is_refused_not_called_leftover() 
         simulate(_hbm_call(_copy_on_a_dma_semaphore), example(BLOCK))
     assert _line_of(_copy_on_a_dma_semaphore, "async_copy(x_hbm") in str(caught.value)
     assert_clean_afterwards()
+
+
+# ------------------------------------ a semaphore array indexed one past its end
+
+
+def _per_step_semaphore(offset: int) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, sems: Any) -> None:
+        step = pl.program_id(0)
+        copy = pltpu.make_async_copy(x_ref.at[step], o_ref.at[step], sems.at[step + offset])
+        copy.start()
+        copy.wait()
+
+    return kernel
+
+
+def _steps_call(offset: int) -> Any:
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(
+        _per_step_semaphore(offset),
+        out_shape=jax.ShapeDtypeStruct((2, *BLOCK), F32),
+        in_specs=[hbm],
+        out_specs=hbm,
+        grid=(2,),
+        scratch_shapes=[pltpu.SemaphoreType.DMA((2,))],
+    )
+
+
+def test_a_semaphore_index_past_the_array_is_caught_naming_the_line() -> None:
+    # jax's interpreter clamps the index to the last semaphore, so the kernel
+    # (sems.at[step + 1] on two semaphores) ran clean; on a TPU it is another
+    # semaphore's memory.
+    x = example((2, *BLOCK))
+    np.testing.assert_array_equal(np.asarray(simulate(_steps_call(0), x)), np.asarray(x))
+    with pytest.raises(KernelFailedError) as caught:
+        simulate(_steps_call(1), x)
+    message = str(caught.value)
+    assert "semaphore index 2" in message and "shape (2,)" in message, message
+    assert _line_of(_per_step_semaphore, "copy.start()") in message, message
+    assert_clean_afterwards()
