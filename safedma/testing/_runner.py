@@ -37,7 +37,8 @@ from safedma.testing._errors import (
 )
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._recorder import Blocked, Recorder
-from safedma.testing._uninterpretable import interpreter_limit, refuse_uninterpretable
+from safedma.testing._uninterpretable import has_kernel, interpreter_limit
+from safedma.testing._uninterpretable import refuse_uninterpretable
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -205,9 +206,15 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
             out_info: object = getattr(lowered, "out_info")
             outputs = leaves(out_info)
-            _refuse_unsupported(devices, [*placed, *outputs])
+            # The jax 0.10 hang is in the interpreter's callbacks: a program
+            # with no kernel (a reference computation) runs as plain XLA.
+            kernels = has_kernel(traced.jaxpr)
+            if kernels:
+                _refuse_unsupported(devices, [*placed, *outputs])
             many = (
-                _jax_before(0, 11) and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
+                kernels
+                and _jax_before(0, 11)
+                and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
             compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
 

@@ -26,6 +26,7 @@ from safedma.testing import _interpret_probes as probes
 from safedma.testing._errors import SimulationUnsupportedError
 
 __all__ = [
+    "has_kernel",
     "interpreter_limit",
     "raised_by_interpreter",
     "refuse_uninterpretable",
@@ -108,6 +109,11 @@ def _refuse_regular_semaphore_dma(kernel: Any) -> None:
                 "count. Check the protocol with safedma.testing.verify, or simulate the "
                 "kernel with a DMA semaphore and the copy's wait."
             )
+
+
+def has_kernel(jaxpr: Any) -> bool:
+    """True if ``jaxpr`` calls a Pallas kernel anywhere (else the interpreter never runs)."""
+    return any(str(eqn.primitive) in _KERNEL_CALLS for eqn in _equations(jaxpr))
 
 
 def refuse_uninterpretable(jaxpr: Any) -> None:

@@ -391,3 +391,19 @@ def test_a_semaphore_index_past_the_array_is_caught_naming_the_line() -> None:
     assert "semaphore index 2" in message and "shape (2,)" in message, message
     assert _line_of(_per_step_semaphore, "copy.start()") in message, message
     assert_clean_afterwards()
+
+
+# ------------------------------------ a reference computation with no kernel in it
+
+
+def test_a_program_without_kernels_is_not_refused_for_its_buffer_sizes() -> None:
+    # jax's tests compute the expected values with lax collectives under the
+    # same shard_map; on jax 0.10 simulate refused any 8-device program with
+    # 100 KiB or more per device, though the hang it avoids is in the
+    # interpreter's callbacks. The same sizes with a kernel are still refused
+    # there (test_runner's test_many_devices_with_large_buffers_*).
+    mesh: Mesh = simulated_mesh(8, "x")
+    x = example((8 * 256, 128))  # 128 KiB per device
+    ring = [(i, (i + 1) % 8) for i in range(8)]
+    out = simulate(lambda a: lax.ppermute(a, "x", ring), x, mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 256, 0))
