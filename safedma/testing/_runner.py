@@ -171,6 +171,23 @@ def _program(
     return program, placed
 
 
+def _unjitted(program: Callable[..., T]) -> Callable[..., T]:
+    """The Python function under a ``jax.jit``, so simulate's own jit does not nest it.
+
+    jax 0.12's XLA aborts the process (``hlo_cse.cc: Check failed``) compiling a
+    jit that calls a jitted function whose interpreted kernel takes a constant
+    made inside it (jax's own interpret tests: ``@jax.jit def run(): return
+    pl.pallas_call(...)(jnp.zeros(...))``). ``simulate(run)`` wrapped ``run`` in
+    a second jit; tracing the function under it instead compiles one jit, as
+    calling ``run()`` does.  Its jit options (shardings, donation) do not
+    matter to a simulation, whose arguments are placed already.
+    """
+    inner = getattr(program, "__wrapped__", None)
+    if callable(inner) and callable(getattr(program, "lower", None)):
+        return cast("Callable[..., T]", inner)
+    return program
+
+
 def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:
     devices = meshes.DeviceNames(config.mesh)
     program, placed = _program(fn, args, config)
@@ -187,9 +204,11 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         # make this one fail.
         pltpu.reset_tpu_interpret_mode_state()
 
+        body = _unjitted(program)
+
         def fresh(*flat: object) -> T:
             # A new function each time: no jit cache entry traced elsewhere is reused.
-            return program(*flat)
+            return body(*flat)
 
         with probes.force_interpret_params(params):
             traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
