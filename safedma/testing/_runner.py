@@ -171,6 +171,29 @@ def _program(
     return program, placed
 
 
+def _outputs(lowered: object, compiled: object) -> list[object]:
+    """The program's outputs, each with its global shape and the sharding it gets.
+
+    The lowered program's output infos carry a sharding only where jax knew
+    one before compiling (jax 0.10 leaves it out for a shard_map's outputs
+    under a nested jit); the compiled program's output shardings are final.
+    Only sizes are read from them (bytes per device, for the refusal above).
+    """
+    leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
+    infos = leaves(getattr(lowered, "out_info"))
+    shardings = leaves(getattr(compiled, "output_shardings", None))
+    if len(shardings) != len(infos):
+        return infos
+    outputs: list[object] = []
+    for info, sharding in zip(infos, shardings, strict=True):
+        if getattr(info, "sharding", None) is None:
+            info = jax.ShapeDtypeStruct(
+                getattr(info, "shape"), getattr(info, "dtype"), sharding=sharding
+            )
+        outputs.append(info)
+    return outputs
+
+
 def _unjitted(program: Callable[..., T]) -> Callable[..., T]:
     """The Python function under a ``jax.jit``, so simulate's own jit does not nest it.
 
@@ -221,10 +244,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 raise
             except Exception as err:
                 raise interpreter_limit(err) from err
-            # Output infos carry their global shape and (under a mesh) sharding.
-            leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
-            out_info: object = getattr(lowered, "out_info")
-            outputs = leaves(out_info)
+            compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
+            outputs = _outputs(lowered, compiled)
             # The jax 0.10 hang is in the interpreter's callbacks: a program
             # with no kernel (a reference computation) runs as plain XLA.
             kernels = has_kernel(traced.jaxpr)
@@ -235,7 +256,6 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 and _jax_before(0, 11)
                 and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
-            compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
 
         outcome = _Outcome()
 

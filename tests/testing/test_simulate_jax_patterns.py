@@ -9,6 +9,7 @@ be caught, naming the kernel's own line.
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -21,14 +22,15 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example
+from tests.support.simulation import BLOCK, BLOCK_BYTES, F32, assert_clean_afterwards, example
 from safedma.testing import KernelFailedError, LeftoverSemaphoreError, RaceDetectedError
 from safedma.testing import SimulationUnsupportedError
 from safedma.testing import simulate
 from safedma.testing import simulated_mesh
 from safedma.testing._interpret_probes import RaceReport
-from safedma.testing._meshes import DeviceNames
+from safedma.testing._meshes import DeviceNames, bytes_per_device
 from safedma.testing._recorder import Recorder
+from safedma.testing._runner import _outputs  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
@@ -435,3 +437,44 @@ def test_a_jitted_function_is_simulated_without_a_second_jit_around_it() -> None
     out = np.asarray(simulate(_jitted_without_arguments))
     np.testing.assert_array_equal(out[0], np.ones(128, np.float32))
     assert np.isnan(out[1:]).all()  # never written: simulate's NaN-filled memory
+
+
+# ------------------------------------ its own shard_map: sizes are per device
+
+
+def _local_copy(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    copy = pltpu.make_async_copy(x_ref, o_ref, sem)
+    copy.start()
+    copy.wait()
+
+
+def test_its_own_shard_map_on_8_devices_is_sized_per_device_on_every_jax() -> None:
+    # 32 KiB per device, 256 KiB in all: runs on jax 0.10 (not refused as
+    # 256 KiB per device) and 0.12.
+    mesh: Mesh = simulated_mesh(8, "x")
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    call = pl.pallas_call(
+        _local_copy,
+        out_shape=jax.ShapeDtypeStruct((8, *BLOCK), F32),
+        in_specs=[hbm],
+        out_specs=hbm,
+        scratch_shapes=[pltpu.SemaphoreType.DMA],
+    )
+    program = jax.jit(
+        jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    )
+    x = jax.device_put(example((64, *BLOCK)), jax.sharding.NamedSharding(mesh, P("x")))
+    np.testing.assert_array_equal(np.asarray(simulate(program, x)), np.asarray(x))
+
+
+def test_an_output_without_a_sharding_before_compiling_is_sized_by_the_compiled_one() -> None:
+    # jax 0.10 left the output info of jax's all-gather test (its own
+    # shard_map) without a sharding, so its 32 KiB per device counted as
+    # 256 KiB and the run was refused; the compiled program's sharding is final.
+    mesh: Mesh = simulated_mesh(8, "x")
+    sharding = jax.sharding.NamedSharding(mesh, P("x"))
+    info = jax.ShapeDtypeStruct((64, *BLOCK), F32)  # no sharding, as jax 0.10 gives it
+    lowered = SimpleNamespace(out_info=(info,))
+    compiled = SimpleNamespace(output_shardings=(sharding,))
+    (output,) = _outputs(lowered, compiled)
+    assert bytes_per_device(output) == 8 * BLOCK_BYTES
