@@ -206,9 +206,16 @@ def _unjitted(program: Callable[..., T]) -> Callable[..., T]:
     matter to a simulation, whose arguments are placed already.
     """
     inner = getattr(program, "__wrapped__", None)
-    if callable(inner) and callable(getattr(program, "lower", None)):
+    # Only jax.jit's own type: functools.wraps copies a wrapped function's
+    # attributes (``lower`` among them) onto wrappers such as a shard_map's.
+    if isinstance(program, _JIT_TYPE) and callable(inner):
         return cast("Callable[..., T]", inner)
     return program
+
+
+#: The type of what ``jax.jit`` returns (jaxlib's PjitFunction), found without
+#: naming it.
+_JIT_TYPE: type = type(jax.jit(lambda: None))  # pyright: ignore[reportUnknownMemberType]
 
 
 def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:

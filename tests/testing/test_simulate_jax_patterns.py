@@ -478,3 +478,19 @@ def test_an_output_without_a_sharding_before_compiling_is_sized_by_the_compiled_
     compiled = SimpleNamespace(output_shardings=(sharding,))
     (output,) = _outputs(lowered, compiled)
     assert bytes_per_device(output) == 8 * BLOCK_BYTES
+
+
+def test_only_jax_jit_itself_is_unwrapped_not_a_wrapper_that_copied_its_attributes() -> None:
+    # functools.wraps (as shard_map uses) copies a function's attributes onto
+    # its wrapper; a shard_map of a function carrying `lower` was taken for a
+    # jit and simulated without its shard_map ("unbound axis name x").
+    mesh: Mesh = simulated_mesh(4, "x")
+
+    def body(x: jax.Array) -> jax.Array:
+        return x + lax.axis_index("x").astype(x.dtype)
+
+    body.lower = jax.jit(body).lower  # type: ignore[attr-defined]
+    program = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    x = jax.device_put(example((32, 128)), jax.sharding.NamedSharding(mesh, P("x")))
+    expected = np.asarray(x) + np.repeat(np.arange(4, dtype=np.float32), 8)[:, None]
+    np.testing.assert_array_equal(np.asarray(simulate(program, x)), expected)
