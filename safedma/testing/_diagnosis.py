@@ -16,11 +16,13 @@ from safedma.testing._errors import (
     LeftoverSemaphoreError,
     SemaphoreKind,
     SimulationTimeoutError,
+    SimulationUnsupportedError,
     StuckWait,
     UnsatisfiableWaitError,
 )
 from safedma.testing._meshes import DeviceNames
 from safedma.testing._recorder import CopyCounts, Failure, Recorder
+from safedma.testing._uninterpretable import raised_by_interpreter, run_time_limit
 
 __all__ = ["failure_error", "leftover_error", "timeout_error", "unsatisfiable_error"]
 
@@ -228,10 +230,18 @@ def timeout_error(
     )
 
 
-def failure_error(failure: Failure, devices: DeviceNames) -> KernelFailedError:
-    """An exception raised on one device, reported as itself, with its device and line."""
+def failure_error(
+    failure: Failure, devices: DeviceNames
+) -> KernelFailedError | SimulationUnsupportedError:
+    """An exception raised on one device, reported as itself, with its device and line.
+
+    Unless it is jax's interpreter meeting a construct it does not implement:
+    that is no failure of the kernel, and says so.
+    """
     error = failure.error
     device = None if failure.device_id is None else devices.label(failure.device_id)
+    if raised_by_interpreter(error):
+        return run_time_limit(error, device)
     location = probes.exception_location(error)
     on = f" on {device}" if device else ""
     at = f" at {location}" if location else ""

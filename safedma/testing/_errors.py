@@ -59,7 +59,8 @@ class Race:
     ``accessor`` names who made the access that found the race (a device, or
     ``DMA #n`` for a copy); ``buffer`` is interpret mode's key of the ref:
     ``(memory space, buffer id, owning device, core)``; ``report`` is
-    interpret mode's own description of both accesses.
+    interpret mode's own description of both accesses; ``other_location`` is
+    the user's line of the earlier access it raced with, when jax names one.
     """
 
     access: Literal["read", "write"]
@@ -68,6 +69,7 @@ class Race:
     buffer: tuple[object, ...]
     location: str | None
     report: str
+    other_location: str | None = None
 
 
 class RaceDetectedError(SimulationError):
@@ -88,6 +90,7 @@ class RaceDetectedError(SimulationError):
                 " while copying the kernel's outputs back after the body "
                 "returned (a copy into an output was still in flight)"
             )
+        other = f" (the copy or access at {first.other_location})" if first.other_location else ""
         # The vector clocks in jax's report are object reprs (0.12) or raw
         # counters (0.10): noise for a reader, so they are left out here.
         report = "\n".join(
@@ -97,7 +100,7 @@ class RaceDetectedError(SimulationError):
         )
         super().__init__(
             f"data race (R1): a {first.access} of {what}{on} by {first.accessor}"
-            f"{where} is not ordered after a copy that touches the same memory. A "
+            f"{where} is not ordered after a copy that touches the same memory{other}. A "
             "copy's destination may be read only after its wait, and its source "
             "overwritten only after its wait (wait_send for a remote copy).\n\n"
             f"Interpret mode's report:\n{report}"

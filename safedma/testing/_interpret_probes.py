@@ -21,11 +21,13 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import itertools
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -58,6 +60,7 @@ __all__ = [
     "interpret_probes",
     "races_raise_natively",
     "strict_interpret_params",
+    "unfiltered_tracebacks",
     "user_location",
     "warm_up",
 ]
@@ -213,6 +216,8 @@ class RaceReport:
     buffer: tuple[object, ...]
     location: str | None
     message: str
+    other_location: str | None = None  # the earlier access it raced with
+    device_count: int | None = None  # of the run: lower accessor ids are devices, not DMAs
 
 
 class InterpretObserver(Protocol):
@@ -294,6 +299,8 @@ def exception_location(error: BaseException) -> str | None:
         info = local.get("source_info")
         if info is None and "self" in local:
             info = getattr(local["self"], "source_info", None)
+        if info is None and "eqn" in local:  # the interpreter's loop over a kernel's equations
+            info = getattr(local["eqn"], "source_info", None)
         if info is not None:
             where = user_location(info)
             if where is not None:
@@ -561,6 +568,8 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
                         buffer=buffer,
                         location=user_location(bound.get("source_info")),
                         message=message,
+                        other_location=_other_access_location(message),
+                        device_count=_device_count(),
                     )
                 )
                 raise
@@ -568,6 +577,39 @@ def _probe_race_check(access: Literal["read", "write"]) -> Callable[[Any, Instal
         return check
 
     return make
+
+
+def _device_count() -> int | None:
+    """How many devices the kernel being interpreted runs on (only for messages)."""
+    try:
+        run = current_interpret_run()
+        return None if run is None else run.cores // run.cores_per_device
+    except Exception:
+        return None
+
+
+def _other_access_location(message: str) -> str | None:
+    """The line of the earlier access a race report names, when it is the user's.
+
+    jax keeps only a formatted frame (``file:line:col (function)``) for each
+    recorded access and prints it at the end of the access's line
+    (``write of KEY[RANGE] from THREAD, FRAME``; ``pallas_call`` stands for
+    the interpreter's own copy of the outputs).  Only for messages: anything
+    unexpected gives None.
+    """
+    accesses = [
+        line.strip()
+        for line in message.splitlines()
+        if line.strip().startswith(("read of", "write of"))
+    ]
+    found = _FRAME.search(accesses[1]) if len(accesses) > 1 else None
+    if found is None or _is_library_file(found.group(1)):
+        return None
+    return found.group(0)
+
+
+#: ``path:line[:col] (function)`` at the end of a line of jax's race report.
+_FRAME = re.compile(r"(\S+):\d+(?::\d+)? \([^()]*\)$")
 
 
 def _race_print(*args: object, **kwargs: Any) -> None:
@@ -634,6 +676,72 @@ class _InitGuard:
 
 def _probe_init_lock(orig: Any, probes: Installed) -> object:
     return _InitGuard(orig, probes)
+
+
+class _SemaphoreIndexOutOfRange(IndexError):
+    """A semaphore array indexed outside its length (raised on the device that did it)."""
+
+
+def _check_semaphore_indices(where: str | None, shape: tuple[int, ...], *values: Any) -> None:
+    # values: (dimension, first index, count) triples, flattened.
+    for k in range(0, len(values), 3):
+        dim, first, count = (int(values[k]), int(values[k + 1]), int(values[k + 2]))
+        if first < 0 or first + count > shape[dim]:
+            at = f" at {where}" if where else ""
+            what = f"index {first}" if count == 1 else f"slice [{first}:{first + count}]"
+            raise _SemaphoreIndexOutOfRange(
+                f"semaphore {what}{at} is out of range for a semaphore array of shape "
+                f"{shape} (dimension {dim}); on a TPU it touches another semaphore. "
+                "jax's interpreter would clamp it to the last one and run on"
+            )
+
+
+def _semaphore_bounds(transforms: Any, probes: Installed) -> None:
+    """Add a run-time bounds check for each semaphore index the interpreter will clamp.
+
+    Called at the interpreter's lowering, inside its loop over the kernel's
+    equations, so the caller's ``eqn`` names the user's line.
+    """
+    import jax  # noqa: PLC0415 (jax is imported by then; kept local to this probe)
+
+    caller = sys._getframe(2)  # pyright: ignore[reportPrivateUsage]
+    eqn = caller.f_locals.get("eqn")
+    where = probes.location(getattr(eqn, "source_info", None))
+    for transform in transforms or ():
+        indices = getattr(transform, "indices", None)
+        shape = getattr(transform, "shape", None)
+        if indices is None or shape is None:
+            continue
+        values: list[Any] = []
+        for dim, index in enumerate(indices):
+            if hasattr(index, "start") and hasattr(index, "size"):
+                values += [dim, index.start, index.size]
+            elif getattr(index, "shape", ()) == () or isinstance(index, int):
+                values += [dim, index, 1]
+        if values:
+            jax.debug.callback(
+                functools.partial(_check_semaphore_indices, where, tuple(int(d) for d in shape)),
+                *values,
+            )
+
+
+def _probe_state_discharge(orig: Any, probes: Installed) -> object:
+    """The interpreter's ``state_discharge`` module, with transform_array checking bounds.
+
+    The interpreter indexes a kernel's array of semaphore ids with
+    ``state_discharge.transform_array`` (its only use there), where jax clamps
+    an out-of-range index: ``sems.at[n]`` on an array of n semaphores becomes
+    the last semaphore and a wrong kernel runs clean.
+    """
+
+    def transform_array(x: Any, transforms: Any) -> Any:
+        _semaphore_bounds(transforms, probes)
+        return orig.transform_array(x, transforms)
+
+    proxy = ModuleType(orig.__name__)
+    proxy.__dict__.update(cast("dict[str, object]", vars(orig)))
+    setattr(proxy, "transform_array", transform_array)
+    return proxy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -766,6 +874,17 @@ _PROBES: tuple[_Probe, ...] = (
     _Probe(
         _IPC,
         None,
+        "state_discharge",
+        _probe_state_discharge,
+        why=(
+            "the interpreter picks a semaphore out of a semaphore array with "
+            "state_discharge.transform_array, which clamps an out-of-range index to "
+            "the last semaphore: a kernel using sems.at[n] of n semaphores ran clean"
+        ),
+    ),
+    _Probe(
+        _IPC,
+        None,
         "_shared_memory_init_lock",
         _probe_init_lock,
         why=(
@@ -878,37 +997,93 @@ def interpret_probes(observer: InterpretObserver) -> Generator[Installed, None, 
                 _installed = None
 
 
+#: The primitives a Pallas TPU kernel is bound as, each with an ``interpret``
+#: parameter: ``pallas_call_p`` (every jax), and the primitive ``pl.kernel`` /
+#: ``pl.core_map`` bind, which read the forced mode when *built* just as
+#: ``pl.pallas_call`` does: ``core_map_p`` (jax 0.10, 0.11) and ``mpmd_map_p``
+#: (jax 0.12, where ``core_map`` became an MPMD map).  Only pallas_call_p must
+#: exist; a jax has one of the other two.
+_KERNEL_PRIMITIVES: tuple[tuple[str, str, bool], ...] = (
+    ("jax._src.pallas.pallas_call", "pallas_call_p", True),
+    ("jax._src.pallas.core", "core_map_p", False),
+    ("jax._src.pallas.mpmd", "mpmd_map_p", False),
+)
+
+
+def _kernel_primitives() -> list[Any]:
+    found: list[Any] = []
+    for module_name, name, required in _KERNEL_PRIMITIVES:
+        try:
+            module = private_module(module_name)
+        except Exception:
+            if required:
+                raise
+            continue
+        primitive = getattr(module, name, None)
+        if primitive is None or not callable(getattr(primitive, "bind", None)):
+            if required:
+                raise moved(f"{module_name}.{name}.bind", "primitive missing")
+            continue
+        found.append(primitive)
+    return found
+
+
 @contextlib.contextmanager
 def force_interpret_params(params: _pltpu.InterpretParams) -> Generator[None, None, None]:
-    """Trace every ``pallas_call`` in the block with ``interpret=params``.
+    """Trace every Pallas TPU kernel in the block with ``interpret=params``.
 
-    Also pallas_calls built before the block, whatever ``interpret=`` they were
-    built with: ``pl.pallas_call(...)`` reads the forced mode
-    (``pltpu.force_tpu_interpret_mode``) when it is *built*, so the strict
-    parameters are substituted where ``pallas_call_p`` is bound (trace time,
-    before effects are computed), the one place every call passes.
+    Also kernels built before the block, whatever ``interpret=`` they were
+    built with: ``pl.pallas_call(...)``, ``pl.kernel(...)`` and
+    ``pl.core_map(...)`` read the forced mode
+    (``pltpu.force_tpu_interpret_mode``) when they are *built*, so the strict
+    parameters are substituted where their primitive is bound (trace time,
+    before effects are computed), the one place every call passes.  A kernel
+    left with its own parameters would be refused at its first step as if
+    another thread had started it.
     """
-    module = private_module("jax._src.pallas.pallas_call")
-    primitive = getattr(module, "pallas_call_p", None)
-    if primitive is None or not callable(getattr(primitive, "bind", None)):
-        raise moved(f"{module.__name__}.pallas_call_p.bind", "primitive missing")
-    shadowed = "bind" in vars(primitive)
-    orig = primitive.bind
+    patched: list[tuple[Any, bool, Any]] = []
 
-    def bind(*args: Any, **kwargs: Any) -> Any:
-        if "interpret" in kwargs:
-            kwargs["interpret"] = params
-        return orig(*args, **kwargs)
+    def forcing(orig: Any) -> Callable[..., Any]:
+        def bind(*args: Any, **kwargs: Any) -> Any:
+            if "interpret" in kwargs:
+                kwargs["interpret"] = params
+            return orig(*args, **kwargs)
 
-    primitive.bind = bind
+        return bind
+
+    primitives = _kernel_primitives()
     try:
+        with deferred_interrupts():
+            for primitive in primitives:
+                patched.append((primitive, "bind" in vars(primitive), primitive.bind))
+                primitive.bind = forcing(primitive.bind)
         with _pltpu.force_tpu_interpret_mode(params):
             yield
     finally:
-        if shadowed:
-            primitive.bind = orig
-        else:
-            del primitive.bind
+        with deferred_interrupts():
+            for primitive, shadowed, orig in reversed(patched):
+                if shadowed:
+                    primitive.bind = orig
+                else:
+                    del primitive.bind
+
+
+@contextlib.contextmanager
+def unfiltered_tracebacks() -> Generator[None, None, None]:
+    """Keep jax's own frames in tracebacks raised in the block.
+
+    An error jax's interpreter raises while lowering a kernel names the
+    kernel equation it was interpreting only in its own frames
+    (``_interpret_jaxpr``'s ``eqn``); jax's default traceback filtering
+    removes them.  ``jax._src.config.traceback_filtering`` is the context
+    manager form of ``JAX_TRACEBACK_FILTERING``, private.
+    """
+    state = getattr(private_module("jax._src.config"), "traceback_filtering", None)
+    if state is None or not callable(state):
+        yield
+        return
+    with cast("contextlib.AbstractContextManager[object]", state("off")):
+        yield
 
 
 # Loggers jax reports a failing host callback on ("jax.io_callback failed",

@@ -125,12 +125,23 @@ class Recorder:
 
     def race_detected(self, race: probes.RaceReport) -> None:
         who = race.accessor[0]
-        accessor = self._devices.label(who) if 0 <= who < self._devices.count else f"DMA #{who}"
+        # A program with its own shard_map (no mesh given) has more devices than
+        # the names know; the run says how many.
+        devices = race.device_count or self._devices.count
+        accessor = self._devices.label(who) if 0 <= who < devices else f"DMA #{who}"
         owner_id = race.buffer[2] if len(race.buffer) > 2 else None
         owner = self._devices.label(owner_id) if isinstance(owner_id, int) else None
         with self._lock:
             self.races.append(
-                Race(race.access, accessor, owner, race.buffer, race.location, race.message)
+                Race(
+                    race.access,
+                    accessor,
+                    owner,
+                    race.buffer,
+                    race.location,
+                    race.message,
+                    race.other_location,
+                )
             )
 
     def run_failed(

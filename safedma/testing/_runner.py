@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
+from safedma._errors import SafeDmaError
 from safedma.testing import _diagnosis as diagnosis
 from safedma.testing import _interpret_probes as probes
 from safedma.testing import _meshes as meshes
@@ -36,6 +37,8 @@ from safedma.testing._errors import (
 )
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._recorder import Blocked, Recorder
+from safedma.testing._uninterpretable import has_kernel, interpreter_limit
+from safedma.testing._uninterpretable import refuse_uninterpretable
 
 __all__ = ["SimulationConfig", "run_simulation"]
 
@@ -168,6 +171,53 @@ def _program(
     return program, placed
 
 
+def _outputs(lowered: object, compiled: object) -> list[object]:
+    """The program's outputs, each with its global shape and the sharding it gets.
+
+    The lowered program's output infos carry a sharding only where jax knew
+    one before compiling (jax 0.10 leaves it out for a shard_map's outputs
+    under a nested jit); the compiled program's output shardings are final.
+    Only sizes are read from them (bytes per device, for the refusal above).
+    """
+    leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
+    infos = leaves(getattr(lowered, "out_info"))
+    shardings = leaves(getattr(compiled, "output_shardings", None))
+    if len(shardings) != len(infos):
+        return infos
+    outputs: list[object] = []
+    for info, sharding in zip(infos, shardings, strict=True):
+        if getattr(info, "sharding", None) is None:
+            info = jax.ShapeDtypeStruct(
+                getattr(info, "shape"), getattr(info, "dtype"), sharding=sharding
+            )
+        outputs.append(info)
+    return outputs
+
+
+def _unjitted(program: Callable[..., T]) -> Callable[..., T]:
+    """The Python function under a ``jax.jit``, so simulate's own jit does not nest it.
+
+    jax 0.12's XLA aborts the process (``hlo_cse.cc: Check failed``) compiling a
+    jit that calls a jitted function whose interpreted kernel takes a constant
+    made inside it (jax's own interpret tests: ``@jax.jit def run(): return
+    pl.pallas_call(...)(jnp.zeros(...))``). ``simulate(run)`` wrapped ``run`` in
+    a second jit; tracing the function under it instead compiles one jit, as
+    calling ``run()`` does.  Its jit options (shardings, donation) do not
+    matter to a simulation, whose arguments are placed already.
+    """
+    inner = getattr(program, "__wrapped__", None)
+    # Only jax.jit's own type: functools.wraps copies a wrapped function's
+    # attributes (``lower`` among them) onto wrappers such as a shard_map's.
+    if isinstance(program, _JIT_TYPE) and callable(inner):
+        return cast("Callable[..., T]", inner)
+    return program
+
+
+#: The type of what ``jax.jit`` returns (jaxlib's PjitFunction), found without
+#: naming it.
+_JIT_TYPE: type = type(jax.jit(lambda: None))  # pyright: ignore[reportUnknownMemberType]
+
+
 def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:
     devices = meshes.DeviceNames(config.mesh)
     program, placed = _program(fn, args, config)
@@ -184,21 +234,35 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         # make this one fail.
         pltpu.reset_tpu_interpret_mode_state()
 
+        body = _unjitted(program)
+
         def fresh(*flat: object) -> T:
             # A new function each time: no jit cache entry traced elsewhere is reused.
-            return program(*flat)
+            return body(*flat)
 
         with probes.force_interpret_params(params):
-            lowered = jax.jit(fresh).lower(*placed)  # pyright: ignore[reportUnknownMemberType]
-            # Output infos carry their global shape and (under a mesh) sharding.
-            leaves: Callable[[object], list[object]] = getattr(jax.tree, "leaves")
-            out_info: object = getattr(lowered, "out_info")
-            outputs = leaves(out_info)
-            _refuse_unsupported(devices, [*placed, *outputs])
-            many = (
-                _jax_before(0, 11) and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
-            )
+            traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
+            # Refused before lowering: jax fails inside the lowering otherwise.
+            refuse_uninterpretable(traced.jaxpr)
+            try:
+                with probes.unfiltered_tracebacks():
+                    lowered = traced.lower()
+            except SafeDmaError:
+                raise
+            except Exception as err:
+                raise interpreter_limit(err) from err
             compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
+            outputs = _outputs(lowered, compiled)
+            # The jax 0.10 hang is in the interpreter's callbacks: a program
+            # with no kernel (a reference computation) runs as plain XLA.
+            kernels = has_kernel(traced.jaxpr)
+            if kernels:
+                _refuse_unsupported(devices, [*placed, *outputs])
+            many = (
+                kernels
+                and _jax_before(0, 11)
+                and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
+            )
 
         outcome = _Outcome()
 

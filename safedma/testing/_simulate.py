@@ -38,8 +38,8 @@ def simulate(
 
     Every ``pallas_call`` traced inside ``fn`` runs in interpret mode with race
     detection on, races fatal and DMAs executed when started; this wins over
-    any ``interpret=`` it was built with, even outside ``fn`` (``pl.core_map``
-    kernels are forced only when built inside ``fn``).  With ``mesh``, ``fn``
+    any ``interpret=`` it was built with, even outside ``fn`` (``pl.kernel``
+    and ``pl.core_map`` kernels too).  With ``mesh``, ``fn``
     is the per-device body: it runs as ``jax.jit(jax.shard_map(fn, mesh=mesh,
     ..., check_vma=False))`` with the arguments placed on the mesh;
     ``in_specs`` (one spec for all arguments, or one per argument) and
