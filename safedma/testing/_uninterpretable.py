@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from safedma import _compat
+from safedma._errors import MissingCollectiveIdError
 from safedma.testing import _interpret_probes as probes
 from safedma.testing._errors import SimulationUnsupportedError
 
@@ -111,6 +113,33 @@ def _refuse_regular_semaphore_dma(kernel: Any) -> None:
             )
 
 
+def _refuse_barrier_without_collective_id(kernel: Any) -> None:
+    """T9 in a raw kernel: the barrier semaphore with no ``collective_id`` to name it.
+
+    jax's interpreter then fails with ``TypeError: int(None)``, which says nothing
+    of the mistake (and Mosaic refuses the kernel when lowering for a TPU).
+    """
+    if str(kernel.primitive) != "pallas_call" or _compat.auto_collective_ids():
+        return
+    params = kernel.params.get("compiler_params")
+    if getattr(params, "collective_id", None) is not None:
+        return
+    for body in _kernel_bodies(kernel):
+        for eqn in _equations(body):
+            if str(eqn.primitive) != "get_barrier_semaphore":
+                continue
+            if eqn.params.get("tag") is not None:
+                continue  # jax 0.12: a tagged barrier gets its id from jax
+            where = probes.user_location(eqn.source_info)
+            at = f" at {where}" if where else ""
+            raise MissingCollectiveIdError(
+                f"the kernel takes the barrier semaphore{at} (get_barrier_semaphore), "
+                "but its pallas_call has no collective_id: pass "
+                "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique "
+                "among the collectives running at once) to the pallas_call (T9)."
+            )
+
+
 def has_kernel(jaxpr: Any) -> bool:
     """True if ``jaxpr`` calls a Pallas kernel anywhere (else the interpreter never runs)."""
     return any(str(eqn.primitive) in _KERNEL_CALLS for eqn in _equations(jaxpr))
@@ -120,11 +149,13 @@ def refuse_uninterpretable(jaxpr: Any) -> None:
     """Raise :class:`SimulationUnsupportedError` for what jax's interpreter cannot run.
 
     Semaphores passed between kernels (futures), and copies that signal a
-    REGULAR semaphore.
+    REGULAR semaphore; a barrier semaphore with no ``collective_id`` (T9) is
+    the kernel's mistake and raises :class:`safedma.MissingCollectiveIdError`.
     """
     for eqn in _equations(jaxpr):
         if str(eqn.primitive) not in _KERNEL_CALLS:
             continue
+        _refuse_barrier_without_collective_id(eqn)
         _refuse_regular_semaphore_dma(eqn)
         outs = sum(_is_semaphore(v.aval) for v in eqn.outvars)
         ins = sum(_is_semaphore(getattr(v, "aval", None)) for v in eqn.invars)
@@ -172,10 +203,10 @@ def interpreter_limit(error: Exception) -> SimulationUnsupportedError:
     )
     return SimulationUnsupportedError(
         f"simulate cannot run this program: jax's TPU interpreter failed while preparing "
-        f"the kernel{at}: {type(error).__name__}: {_first_line(error)}{vma}. This is a "
-        "construct jax's interpreter does not implement, not a mistake found in your "
-        "kernel. Check the protocol with safedma.testing.verify, which reads the kernel "
-        "instead of running it."
+        f"the kernel{at}: {type(error).__name__}: {_first_line(error)}{vma}. Most often "
+        "this is a construct jax's interpreter does not implement, and the kernel may "
+        "well be correct (jax's error above says which); check the protocol with "
+        "safedma.testing.verify, which reads the kernel instead of running it."
     )
 
 
@@ -216,10 +247,10 @@ def run_time_limit(error: BaseException, device: str | None) -> SimulationUnsupp
     result = SimulationUnsupportedError(
         f"simulate cannot run this kernel: jax's TPU interpreter stopped{on}{at} on a "
         f"construct it does not implement: {type(error).__name__}: {_first_line(error)} "
-        "(a ref view such as .bitcast() or .reshape() on a ref, for instance). This is a "
-        "limit of jax's interpreter, not a mistake found in your kernel. Check the "
-        "protocol with safedma.testing.verify, which reads the kernel instead of "
-        "running it."
+        "(a ref view such as .bitcast() or .reshape() on a ref, for instance). Most "
+        "often this is a limit of jax's interpreter and the kernel may well be correct "
+        "(jax's error says which); check the protocol with safedma.testing.verify, "
+        "which reads the kernel instead of running it."
     )
     result.__cause__ = error
     return result

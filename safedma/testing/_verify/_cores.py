@@ -119,7 +119,7 @@ class _Run:
     def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
         ctx.machine.leave_scope(ctx.p, sems, lambda s: describe_leftover(ctx, s))
 
-    def barrier_semaphore(self, ctx: Ctx, where: str) -> Buffer:
+    def barrier_semaphore(self, ctx: Ctx, where: str, tagged: bool) -> Buffer:
         raise VerificationUnsupportedError(
             f"a barrier semaphore in a pl.kernel body at {where} is not modelled yet"
         )

@@ -7,6 +7,8 @@ import itertools
 
 from typing import Any, cast
 
+from safedma._compat import auto_collective_ids
+from safedma._errors import MissingCollectiveIdError
 from safedma.testing._verify import _jax
 from safedma.testing._verify._program import (
     Ctx,
@@ -81,7 +83,14 @@ class KernelRun:
     def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
         ctx.machine.leave_scope(ctx.p, sems, lambda s: describe_leftover(ctx, s))
 
-    def barrier_semaphore(self, ctx: Ctx, where: str) -> Buffer:
+    def barrier_semaphore(self, ctx: Ctx, where: str, tagged: bool) -> Buffer:
+        if self.desc.collective_id is None and not tagged and not auto_collective_ids():
+            raise MissingCollectiveIdError(
+                f"the kernel takes the barrier semaphore at {where} "
+                "(get_barrier_semaphore), but its pallas_call has no collective_id: pass "
+                "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique "
+                "among the collectives running at once) to the pallas_call (T9)."
+            )
         buf = ctx.engine.barrier_buffer(ctx.p, self.desc.collective_id)
         self.barrier_buf = buf
         return buf

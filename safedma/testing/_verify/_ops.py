@@ -388,9 +388,10 @@ def _transformed(c: Compiler, ref: Any, transforms: Any) -> Callable[[list[Any]]
 def _barrier_semaphore(c: Compiler, eqn: Any) -> Op:
     (out,) = c.outs(eqn)
     where = location(eqn)
+    tagged = eqn.params.get("tag") is not None  # jax 0.12: jax gives a tagged barrier its id
 
     def op(env: list[Any], ctx: Ctx) -> None:
-        env[out] = RefVal(ctx.kernel.barrier_semaphore(ctx, where))
+        env[out] = RefVal(ctx.kernel.barrier_semaphore(ctx, where, tagged))
 
     return op
 
