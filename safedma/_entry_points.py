@@ -21,8 +21,10 @@ from typing_extensions import Unpack
 import jax
 from jax.experimental import pallas as pl
 
+from safedma import _compat
+from safedma._compat import SemaphoreKind
 from safedma._jax_errors import rewrite
-from safedma._ledger import ledger_scope
+from safedma._ledger import ledger_scope, settle_semaphore
 from safedma._scope import KernelConfig, kernel_config, kernel_scope
 
 __all__ = ["CoreKernelOptions", "PallasCallOptions", "checked", "core_kernel", "pallas_call"]
@@ -54,12 +56,33 @@ def _named_arguments(
     return named
 
 
+def _settle_operand_semaphores(args: tuple[object, ...], scratch: int) -> None:
+    """Copies on a DMA semaphore the kernel takes or returns as an operand may stay in flight.
+
+    Such a semaphore (``memory_space=pltpu.SEMAPHORE`` in ``in_specs`` / ``out_specs``,
+    ``pltpu.SemaphoreType.DMA(())`` in ``out_shape``) outlives the kernel: jax's DMA
+    futures start a copy on it in one ``pallas_call`` and wait it in another. T7 is
+    checked for the semaphores whose life is the kernel's (scratch, ``run_scoped``).
+    ``scratch`` positional arguments at the end are the kernel's scratch.
+    """
+    operands = args[: len(args) - scratch] if scratch else args
+    for leaf in jax.tree_util.tree_leaves(operands, is_leaf=_compat.is_ref):
+        if _compat.is_ref(leaf) and _compat.ref_kind(leaf) is SemaphoreKind.DMA:
+            settle_semaphore(leaf)
+
+
 def checked(body: Callable[P, None]) -> Callable[P, None]:
     """Check, each time ``body`` is traced, that it leaves no copy in flight.
 
     Use it on kernels passed to ``pl.pallas_call``; :func:`pallas_call`
     applies it for you.
     """
+    return _checked(body, None)
+
+
+def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
+    """:func:`checked`; ``scratch``: how many trailing positional arguments are scratch
+    (None: unknown, as under a plain ``pl.pallas_call``: every semaphore is checked)."""
     if getattr(body, _MARK, False):
         return body
     try:
@@ -74,6 +97,8 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
             ledger_scope() as ledger,
         ):
+            if scratch is not None:
+                _settle_operand_semaphores(args, scratch)
             try:
                 body(*args, **kwargs)
             except ValueError as error:
@@ -190,8 +215,19 @@ def pallas_call(
     defaults apply to the rest. The result is called like pl.pallas_call's.
     """
     config = _config_of(options.get("compiler_params"))
-    call = pl.pallas_call(checked(body), out_shape=out_shape, **cast("dict[str, Any]", options))
+    scratch = options.get("scratch_shapes")
+    if scratch is None:
+        scratch = getattr(options.get("grid_spec"), "scratch_shapes", None)
+    body = _checked(body, _positional_count(scratch))
+    call = pl.pallas_call(body, out_shape=out_shape, **cast("dict[str, Any]", options))
     return _with_config(call, config)
+
+
+def _positional_count(scratch: object) -> int:
+    """How many positional kernel arguments ``scratch`` adds (a mapping adds keywords)."""
+    if scratch is None or isinstance(scratch, Mapping):
+        return 0
+    return len(cast("Sequence[object]", scratch))
 
 
 def core_kernel(
@@ -213,7 +249,8 @@ def core_kernel(
     """
     config = _config_of(options.get("compiler_params"))
     given = cast("dict[str, Any]", options)
-    call = _pl_kernel(checked(body), out_type, mesh=mesh, **given)
+    body = _checked(body, _positional_count(options.get("scratch_types")))
+    call = _pl_kernel(body, out_type, mesh=mesh, **given)
     return _with_config(call, config)
 
 
