@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeAlias, TypedDict, cast, overload
+from typing import Any, ParamSpec, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
@@ -26,8 +26,16 @@ from safedma._compat import SemaphoreKind
 from safedma._jax_errors import rewrite
 from safedma._ledger import ledger_scope, settle_semaphore
 from safedma._scope import KernelConfig, kernel_config, kernel_scope
+from safedma._scratch import Scratch
 
-__all__ = ["CoreKernelOptions", "PallasCallOptions", "checked", "core_kernel", "pallas_call"]
+__all__ = [
+    "CoreKernelOptions",
+    "KernelCall",
+    "PallasCallOptions",
+    "checked",
+    "core_kernel",
+    "pallas_call",
+]
 
 P = ParamSpec("P")
 _MARK = "__safedma_kernel__"
@@ -181,9 +189,25 @@ def _with_config(call: Callable[..., Any], config: KernelConfig) -> Callable[...
 
 
 # ``out_shape`` as jax takes it: anything with a shape and a dtype (a ShapeDtypeStruct or an
-# array), or a pytree of them. A tuple or a list gives a tuple of arrays (jax returns a tuple
-# for a list too); another pytree (a dict, a dataclass) gets jax's own ``Any``.
-Shaped: TypeAlias = "jax.ShapeDtypeStruct | jax.Array"
+# array), a semaphore returned as an output (``safedma.dma_semaphore()``, which is jax's
+# ``pltpu.SemaphoreType.DMA(())``: a DMA future), or a pytree of them. A tuple or a list gives
+# a tuple of arrays (jax returns a tuple for a list too); another pytree (a dict, a dataclass,
+# nested tuples) gets jax's own ``Any``.
+Shaped: TypeAlias = "jax.ShapeDtypeStruct | jax.Array | Scratch[Any]"
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class KernelCall(Protocol[R_co]):
+    """What :func:`pallas_call` returns: called with the kernel's operands, it returns ``R_co``.
+
+    A protocol rather than ``Callable[..., R]``: when ``out_shape`` is ``Any`` (jax leaves
+    ``pltpu.SemaphoreType.DMA(())`` unannotated) mypy joins the overloads' results, and a
+    join of ``Callable[..., ...]`` types is an *untyped* callable, whose every call is a
+    ``no-untyped-call`` error under ``--strict``; a join of these is ``KernelCall[Any]``.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R_co: ...
 
 
 @overload
@@ -191,24 +215,24 @@ def pallas_call(
     body: Callable[..., None],
     out_shape: Shaped,
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., jax.Array]: ...
+) -> KernelCall[jax.Array]: ...
 @overload
 def pallas_call(
     body: Callable[..., None],
     out_shape: tuple[Shaped, ...] | list[jax.ShapeDtypeStruct] | list[jax.Array] | list[Shaped],
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., tuple[jax.Array, ...]]: ...
+) -> KernelCall[tuple[jax.Array, ...]]: ...
 @overload
 def pallas_call(
     body: Callable[..., None],
     out_shape: object,
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., Any]: ...
+) -> KernelCall[Any]: ...
 def pallas_call(
     body: Callable[..., None],
     out_shape: object,
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., Any]:
+) -> KernelCall[Any]:
     """``pl.pallas_call`` with safedma's kernel-scope checks.
 
     Takes the same arguments; only those given are passed on, so jax's own

@@ -279,3 +279,71 @@ def test_plain_checked_still_checks_every_semaphore() -> None:
 
 def _row_done_leak(x_hbm: sd.DataRef, out: sd.DataRef, sem: sd.SemRef) -> None:
     sd.LocalCopy(x_hbm, out, sem).start()
+
+
+# --- device ids over axes taken jointly (jax's {("y", "x"): i}) --------------------------
+
+
+def _joint(x_ref: sd.DataRef, y_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef) -> None:
+    n = sd.axis_size(("y", "x"))
+    target = sd.device({("y", "x"): jax.lax.rem(sd.my_index(("y", "x")) + 1, n)})
+    sd.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(target).start().wait()
+
+
+def _joint_raw(x_ref: Any, y_ref: Any, send: Any, recv: Any) -> None:
+    n = jax.lax.axis_size(("y", "x"))
+    target = {("y", "x"): jax.lax.rem(jax.lax.axis_index(("y", "x")) + 1, n)}
+    copy = pltpu.make_async_remote_copy(x_ref, y_ref, send, recv, device_id=target)
+    copy.start()
+    copy.wait()
+
+
+def _joint_call(body: Any, entry: Any, mesh: Any) -> Any:
+    def per_device(x: jax.Array) -> jax.Array:
+        return entry(
+            body,
+            _like(x),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[sd.dma_semaphore(), sd.dma_semaphore()],
+        )(x)
+
+    spec = P(("y", "x"))
+    return jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    )
+
+
+def test_joint_axis_device_ids_match_raw() -> None:
+    mesh = abstract_mesh(
+        (2, 3), ("y", "x"), tpu="v6e"
+    )  # jax lowers a joint id with the chip's layout
+    x = jax.ShapeDtypeStruct((6 * 8, 128), jnp.float32, sharding=NamedSharding(mesh, P(("y", "x"))))
+    assert_same_mosaic(
+        _joint_call(_joint, sd.pallas_call, mesh),
+        _joint_call(_joint_raw, pl.pallas_call, mesh),
+        x,
+        mesh=mesh,
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: sd.device({("y", "z"): 0}), "unknown mesh axis 'z'"),
+        (lambda: sd.device({("y", "x"): 6}), "index 6 is outside mesh axis .*'y', 'x'.* of size 6"),
+        (lambda: sd.device({(): 0}), "names no axis"),
+        (lambda: sd.my_index(("x", "w")), "unknown mesh axis 'w'"),
+    ],
+)
+def test_joint_axis_device_ids_are_checked(make: Any, expected: str) -> None:
+    mesh = abstract_mesh((2, 3), ("y", "x"))
+    x = jax.ShapeDtypeStruct((6 * 8, 128), jnp.float32, sharding=NamedSharding(mesh, P(("y", "x"))))
+
+    def body(x_ref: sd.DataRef, y_ref: sd.DataRef, send: sd.SemRef, recv: sd.SemRef) -> None:
+        target = make()
+        assert isinstance(target, sd.Device)
+        sd.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(target).start().wait()
+
+    with pytest.raises(sd.DeviceIdError, match=expected):
+        jax.eval_shape(_joint_call(body, sd.pallas_call, mesh), x)
