@@ -347,3 +347,89 @@ def test_joint_axis_device_ids_are_checked(make: Any, expected: str) -> None:
 
     with pytest.raises(sd.DeviceIdError, match=expected):
         jax.eval_shape(_joint_call(body, sd.pallas_call, mesh), x)
+
+
+# --- a copy whose size is read from SMEM once per side --------------------------------
+
+
+def _two_reads(
+    data: sd.DataRef,
+    where: sd.DataRef,
+    size: sd.DataRef,
+    array: sd.DataRef,
+    out: sd.DataRef,
+    sem: sd.SemRef,
+) -> None:
+    del array
+    src = data.at[pl.ds(0, size[0])]  # two reads of size[0]: two tracers, equal at run time
+    sd.LocalCopy(src, out.at[pl.ds(where[0], size[0])], sem).start().wait()
+
+
+def _two_reads_raw(data: Any, where: Any, size: Any, array: Any, out: Any, sem: Any) -> None:
+    del array
+    src = data.at[pl.ds(0, size[0])]
+    copy = pltpu.make_async_copy(src, out.at[pl.ds(where[0], size[0])], sem)
+    copy.start()
+    copy.wait()
+
+
+def _dynamic_call(body: Any, entry: Any) -> Any:
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    return entry(
+        body,
+        jax.ShapeDtypeStruct((256, 128), jnp.int32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM), smem, smem, ANY],
+        out_specs=ANY,
+        scratch_shapes=[sd.dma_semaphore()],
+        input_output_aliases={3: 0},
+    )
+
+
+def test_dynamic_sizes_read_per_side_match_raw() -> None:
+    args = (
+        jax.ShapeDtypeStruct((8, 128), jnp.int32),
+        jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.ShapeDtypeStruct((256, 128), jnp.int32),
+    )
+    assert_same_mosaic(
+        _dynamic_call(_two_reads, sd.pallas_call),
+        _dynamic_call(_two_reads_raw, pl.pallas_call),
+        *args,
+    )
+
+
+def test_a_static_size_mismatch_next_to_a_traced_size_is_still_caught() -> None:
+    def narrow(
+        data: sd.DataRef,
+        where: sd.DataRef,
+        size: sd.DataRef,
+        array: sd.DataRef,
+        out: sd.DataRef,
+        sem: sd.SemRef,
+    ) -> None:
+        del array, where
+        dst = out.at[pl.ds(0, size[0]), pl.ds(0, 64)]  # 64 lanes for a 128-lane source
+        sd.LocalCopy(data.at[pl.ds(0, size[0])], dst, sem).start().wait()
+
+    def rank(
+        data: sd.DataRef,
+        where: sd.DataRef,
+        size: sd.DataRef,
+        array: sd.DataRef,
+        out: sd.DataRef,
+        sem: sd.SemRef,
+    ) -> None:
+        del array, where
+        sd.LocalCopy(data.at[pl.ds(0, size[0])], out.at[0], sem).start().wait()
+
+    args = (
+        jax.ShapeDtypeStruct((8, 128), jnp.int32),
+        jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.ShapeDtypeStruct((256, 128), jnp.int32),
+    )
+    with pytest.raises(sd.CopyShapeMismatchError, match=r"different shapes \(.*128\) and \(.*64\)"):
+        jax.eval_shape(_dynamic_call(narrow, sd.pallas_call), *args)
+    with pytest.raises(sd.CopyShapeMismatchError, match=r"and \(128,\)"):
+        jax.eval_shape(_dynamic_call(rank, sd.pallas_call), *args)
