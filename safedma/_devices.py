@@ -106,6 +106,15 @@ class Device:
 
 def _joint_size(axes: Axes, mesh: Mapping[str, int], wanted: object) -> int:
     """The number of devices along ``axes`` (one axis, or a tuple taken jointly)."""
+    given = cast(object, axes)  # checked at run time too, for unchecked callers
+    if not isinstance(given, (str, tuple)) or not all(
+        isinstance(n, str)
+        for n in cast("tuple[object, ...]", (given,) if isinstance(given, str) else given)
+    ):
+        raise DeviceIdError(
+            f"device id key {given!r} in {wanted!r} is not a mesh axis name: use an axis name "
+            "(a str) or a tuple of axis names taken jointly."
+        )
     names = (axes,) if isinstance(axes, str) else axes
     if not names:
         raise DeviceIdError(f"an empty tuple of axes in device id {wanted!r} names no axis.")
@@ -120,7 +129,15 @@ def _joint_size(axes: Axes, mesh: Mapping[str, int], wanted: object) -> int:
     return size
 
 
-def device(axes: Mapping[Axes, Index] | None = None, /, **more_axes: Index) -> Device:
+AxisMap: TypeAlias = (
+    Mapping[str, Index] | Mapping[tuple[str, ...], Index] | Mapping[tuple[str, str], Index]
+)
+"""``{axis: index}``, an axis name or a tuple of axes taken jointly as each key. A mapping's
+key type is invariant, so a dict held in a variable keeps its own key type:
+``dict[tuple[str, str], ...]`` for two axes is listed besides ``tuple[str, ...]``."""
+
+
+def device(axes: AxisMap | None = None, /, **more_axes: Index) -> Device:
     """The device at ``{axis: index}``; axes left out are this device's own coordinates.
 
     ``device({"x": 0})`` or ``device(x=0)``. Axis names must be mesh axes in scope.
@@ -128,7 +145,8 @@ def device(axes: Mapping[Axes, Index] | None = None, /, **more_axes: Index) -> D
     with ``i`` counting the devices of ``x`` and ``y`` in row-major order
     (``safedma.my_index(("x", "y"))``).
     """
-    wanted: dict[Axes, Index] = dict(axes or {})
+    wanted: dict[Axes, Index] = {}
+    wanted.update(cast("Mapping[Axes, Index]", axes or {}))
     wanted.update(more_axes)
     mesh = _mesh_axes("safedma.device()")
     if not wanted:

@@ -333,6 +333,7 @@ def test_joint_axis_device_ids_match_raw() -> None:
         (lambda: sd.device({("y", "z"): 0}), "unknown mesh axis 'z'"),
         (lambda: sd.device({("y", "x"): 6}), "index 6 is outside mesh axis .*'y', 'x'.* of size 6"),
         (lambda: sd.device({(): 0}), "names no axis"),
+        (lambda: sd.device({0: 1}), "key 0 .* is not a mesh axis name"),
         (lambda: sd.my_index(("x", "w")), "unknown mesh axis 'w'"),
     ],
 )

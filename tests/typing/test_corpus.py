@@ -86,7 +86,9 @@ EQUIVALENT_CODES: dict[str, dict[str, frozenset[str]]] = {
         "call-overload": frozenset({"reportCallIssue", "reportArgumentType"}),
     },
     "pyrefly": {
-        "arg-type": frozenset({"bad-argument-type"}),
+        # A bad entry of a dict literal argument: mypy says arg-type when the parameter is a
+        # union of mappings (safedma.device's key forms), pyrefly still bad-assignment.
+        "arg-type": frozenset({"bad-argument-type", "bad-assignment"}),
         "dict-item": frozenset({"bad-assignment"}),
         "attr-defined": frozenset({"missing-attribute"}),
         "misc": frozenset({"bad-argument-type"}),  # the self argument of start() and friends

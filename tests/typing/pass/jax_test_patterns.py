@@ -76,5 +76,5 @@ def joint_axes(x_ref: DataRef, y_ref: DataRef, send: SemRef, recv: SemRef) -> No
     target = safedma.device({("y", "x"): jax.lax.rem(me + 1, size)})
     copy = safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(target)
     copy.start().wait()
-    mixed = safedma.device({"x": 0, ("y",): 1})
-    safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(mixed).start().wait()
+    held = {("y", "x"): jax.lax.rem(me + 2, size)}  # a dict in a variable: dict[tuple[str, str], ...]
+    safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(safedma.device(held)).start().wait()
