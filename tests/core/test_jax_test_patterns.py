@@ -434,3 +434,24 @@ def test_a_static_size_mismatch_next_to_a_traced_size_is_still_caught() -> None:
         jax.eval_shape(_dynamic_call(narrow, sd.pallas_call), *args)
     with pytest.raises(sd.CopyShapeMismatchError, match=r"and \(128,\)"):
         jax.eval_shape(_dynamic_call(rank, sd.pallas_call), *args)
+
+
+# --- a future's start kernel that starts nothing names its own def line -------------------
+
+
+def _starts_nothing(x_hbm: sd.DataRef, out: sd.DataRef, sem: sd.SemRef) -> None:  # the def
+    del sem
+    sd.sync_copy(x_hbm, out)  # a synchronous copy: nothing left on the future's semaphore
+
+
+def test_a_start_kernel_that_starts_nothing_names_its_def_and_call() -> None:
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+
+    def run(x: jax.Array) -> jax.Array:
+        return sd.start_async(_starts_nothing, x, dst=_like(x)).buffer  # the call
+
+    with pytest.raises(sd.FutureNotWaitedError) as err:
+        jax.eval_shape(run, x)
+    message = str(err.value)
+    assert f"defined at {__file__}:{_line_of('# the def')}" in message
+    assert f"start_async at {__file__}:{_line_of('# the call')}" in message
