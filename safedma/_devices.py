@@ -130,7 +130,10 @@ def _joint_size(axes: Axes, mesh: Mapping[str, int], wanted: object) -> int:
 
 
 AxisMap: TypeAlias = (
-    Mapping[str, Index] | Mapping[tuple[str, ...], Index] | Mapping[tuple[str, str], Index]
+    Mapping[str, Index]
+    | Mapping[tuple[str, ...], Index]
+    | Mapping[tuple[str, str], Index]
+    | Mapping["str | tuple[str, ...]", Index]
 )
 """``{axis: index}``, an axis name or a tuple of axes taken jointly as each key. A mapping's
 key type is invariant, so a dict held in a variable keeps its own key type:

@@ -114,13 +114,15 @@ from safedma._refs import BarrierSem, DataRef, RegularSem, SemRef
 _Index: TypeAlias = int | jax.Array
 # A key is an axis name or a tuple of axes taken jointly (``{("y", "x"): i}``), as jax
 # allows. A mapping's key type is invariant, so a dict held in a variable keeps its own key
-# type: ``dict[tuple[str, str], ...]`` for two axes is listed besides ``tuple[str, ...]``.
+# type: ``dict[tuple[str, str], ...]`` for two axes is listed besides ``tuple[str, ...]``,
+# and ``str | tuple[str, ...]`` for an annotated dict mixing both.
 _DeviceId: TypeAlias = (
     _Index
     | tuple[_Index, ...]
     | Mapping[str, _Index]
     | Mapping[tuple[str, ...], _Index]
     | Mapping[tuple[str, str], _Index]
+    | Mapping[str | tuple[str, ...], _Index]
 )
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
 # Data refs and DMA semaphores are spelled out in each signature (an alias would stand in
