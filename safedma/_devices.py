@@ -11,8 +11,8 @@ names, and static indices in range.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeAlias, cast, final
+from collections.abc import ItemsView, Mapping
+from typing import Protocol, TypeAlias, TypeVar, cast, final
 
 import jax
 import jax.numpy as jnp
@@ -129,18 +129,20 @@ def _joint_size(axes: Axes, mesh: Mapping[str, int], wanted: object) -> int:
     return size
 
 
-AxisMap: TypeAlias = (
-    Mapping[str, Index]
-    | Mapping[tuple[str, ...], Index]
-    | Mapping[tuple[str, str], Index]
-    | Mapping["str | tuple[str, ...]", Index]
-)
-"""``{axis: index}``, an axis name or a tuple of axes taken jointly as each key. A mapping's
-key type is invariant, so a dict held in a variable keeps its own key type:
-``dict[tuple[str, str], ...]`` for two axes is listed besides ``tuple[str, ...]``."""
+K_co = TypeVar("K_co", covariant=True)
+V_co = TypeVar("V_co", covariant=True)
 
 
-def device(axes: AxisMap | None = None, /, **more_axes: Index) -> Device:
+class AxisItems(Protocol[K_co, V_co]):
+    """A mapping read for its items: ``{axis: index}``. Not ``Mapping``, whose key type is
+    invariant: a dict held in a variable (``dict[str, jax.Array]``,
+    ``dict[tuple[str, str], int]``) would match only one key type, and mypy cannot infer a
+    dict literal against a union of mappings."""
+
+    def items(self) -> ItemsView[K_co, V_co]: ...
+
+
+def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) -> Device:
     """The device at ``{axis: index}``; axes left out are this device's own coordinates.
 
     ``device({"x": 0})`` or ``device(x=0)``. Axis names must be mesh axes in scope.
@@ -148,8 +150,7 @@ def device(axes: AxisMap | None = None, /, **more_axes: Index) -> Device:
     with ``i`` counting the devices of ``x`` and ``y`` in row-major order
     (``safedma.my_index(("x", "y"))``).
     """
-    wanted: dict[Axes, Index] = {}
-    wanted.update(cast("Mapping[Axes, Index]", axes or {}))
+    wanted: dict[Axes, Index] = dict(axes.items()) if axes is not None else {}
     wanted.update(more_axes)
     mesh = _mesh_axes("safedma.device()")
     if not wanted:

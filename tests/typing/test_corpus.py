@@ -86,9 +86,7 @@ EQUIVALENT_CODES: dict[str, dict[str, frozenset[str]]] = {
         "call-overload": frozenset({"reportCallIssue", "reportArgumentType"}),
     },
     "pyrefly": {
-        # A bad entry of a dict literal argument: mypy says arg-type when the parameter is a
-        # union of mappings (safedma.device's key forms), pyrefly still bad-assignment.
-        "arg-type": frozenset({"bad-argument-type", "bad-assignment"}),
+        "arg-type": frozenset({"bad-argument-type"}),
         "dict-item": frozenset({"bad-assignment"}),
         "attr-defined": frozenset({"missing-attribute"}),
         "misc": frozenset({"bad-argument-type"}),  # the self argument of start() and friends

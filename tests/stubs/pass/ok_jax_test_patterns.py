@@ -13,13 +13,14 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from safedma import DataRef, RegularSem, SemArray, SemRef
+from jax._src.state.types import TransformedRef
+
+from safedma import DataRef, RegularSem, SemRef
 
 
-def select_kernel(i: jax.Array, x0: DataRef, x1: DataRef, y: DataRef, sems: SemArray) -> None:
-    # jax leaves select_ref's *refs unannotated ("partially unknown" to pyright strict).
-    src = pl.select_ref(i, x0, x1)  # pyright: ignore[reportUnknownMemberType]
-    sem = pl.select_ref(i, sems.at[0], sems.at[1])  # pyright: ignore[reportUnknownMemberType]
+def select_kernel(src: TransformedRef, y: DataRef, sem: TransformedRef) -> None:
+    """What ``pl.select_ref(i, x0, x1)`` returns, as jax types it (calling it here would be
+    pyright strict's "partially unknown": jax leaves its ``*refs`` unannotated)."""
     pltpu.async_copy(src, y, sem).wait()
 
 

@@ -22,10 +22,10 @@ def wrong_index_types() -> None:
     # S7: a list where one index belongs.
     safedma.mesh_coords([0, 1])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     # S7: the same mistakes inside a {axis: index} dict.
-    safedma.device({"x": 1.5})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-assignment]  # ty: ignore[invalid-argument-type]
-    safedma.device({"x": [0]})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-assignment]  # ty: ignore[invalid-argument-type]
+    safedma.device({"x": 1.5})  # type: ignore[dict-item]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-assignment]  # ty: ignore[invalid-argument-type]
+    safedma.device({"x": [0]})  # type: ignore[dict-item]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-assignment]  # ty: ignore[invalid-argument-type]
     # S7: a non-str axis name, and a float ring shift.
-    safedma.device({0: 1})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-assignment]  # ty: ignore[invalid-argument-type]
+    safedma.device({0: 1})  # type: ignore[dict-item]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-assignment]  # ty: ignore[invalid-argument-type]
     safedma.neighbour("x", 0.5)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 

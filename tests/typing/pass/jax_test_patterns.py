@@ -77,6 +77,6 @@ def joint_axes(x_ref: DataRef, y_ref: DataRef, send: SemRef, recv: SemRef) -> No
     copy = safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(target)
     copy.start().wait()
     held = {("y", "x"): jax.lax.rem(me + 2, size)}  # a dict in a variable: dict[tuple[str, str], ...]
-    mixed: dict[str | tuple[str, ...], jax.Array] = {"x": me, ("y",): me}  # annotated when mixed
+    mixed: dict[str | tuple[str, ...], jax.Array] = {"x": me, ("y",): me}  # mypy joins the keys otherwise
     safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(safedma.device(mixed)).start().wait()
     safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(safedma.device(held)).start().wait()

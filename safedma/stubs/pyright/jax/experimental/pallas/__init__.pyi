@@ -10,8 +10,8 @@ keeps jax's own type. ``pl.dot`` and ``pl.debug_checks_enabled`` (deprecated
 in 0.10.2, removed in 0.12) are left out.
 """
 
-from collections.abc import Mapping
-from typing import TypeAlias
+from collections.abc import ItemsView, Mapping
+from typing import Protocol, TypeAlias, TypeVar, type_check_only
 
 import jax
 from jax._src import core as _jax_core
@@ -74,18 +74,19 @@ from jax._src.state.primitives import broadcast_to as broadcast_to
 from safedma._refs import BarrierSem, RegularSem, SemRef
 
 _Index: TypeAlias = int | jax.Array
-# A key is an axis name or a tuple of axes taken jointly (``{("y", "x"): i}``), as jax
-# allows. A mapping's key type is invariant, so a dict held in a variable keeps its own key
-# type: ``dict[tuple[str, str], ...]`` for two axes is listed besides ``tuple[str, ...]``,
-# and ``str | tuple[str, ...]`` for an annotated dict mixing both.
-_DeviceId: TypeAlias = (
-    _Index
-    | tuple[_Index, ...]
-    | Mapping[str, _Index]
-    | Mapping[tuple[str, ...], _Index]
-    | Mapping[tuple[str, str], _Index]
-    | Mapping[str | tuple[str, ...], _Index]
-)
+_K_co = TypeVar("_K_co", covariant=True)
+_V_co = TypeVar("_V_co", covariant=True)
+
+@type_check_only
+class _AxisItems(Protocol[_K_co, _V_co]):
+    """``{axis: index}`` read for its items. Not ``Mapping``, whose key type is invariant:
+    a dict held in a variable would match one key type only, and mypy cannot infer a dict
+    literal against a union of mappings. A key is an axis name or a tuple of axes taken
+    jointly (``{("y", "x"): i}``), as jax allows."""
+
+    def items(self) -> ItemsView[_K_co, _V_co]: ...
+
+_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | _AxisItems[str | tuple[str, ...], _Index]
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
 # A semaphore may also be one its kernel annotates with jax's own types (spelled out in
 # each signature, so that pyright's messages show it): a ``jax.Ref``, or ``sems.at[i]``
