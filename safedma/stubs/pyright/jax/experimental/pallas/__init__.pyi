@@ -10,7 +10,7 @@ keeps jax's own type. ``pl.dot`` and ``pl.debug_checks_enabled`` (deprecated
 in 0.10.2, removed in 0.12) are left out.
 """
 
-from collections.abc import ItemsView, Mapping
+from collections.abc import ItemsView
 from typing import Protocol, TypeAlias, TypeVar, type_check_only
 
 import jax

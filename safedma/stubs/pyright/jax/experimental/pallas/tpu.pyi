@@ -16,7 +16,7 @@ so code still using them is flagged before the upgrade breaks it.
 """
 
 import enum
-from collections.abc import Hashable, ItemsView, Mapping
+from collections.abc import Hashable, ItemsView
 from typing import Literal, Never, Protocol, TypeAlias, TypeVar, type_check_only
 
 import jax
