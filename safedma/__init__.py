@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         checked as checked,
         core_kernel as core_kernel,
         CoreKernelOptions as CoreKernelOptions,
+        KernelCall as KernelCall,
         pallas_call as pallas_call,
         PallasCallOptions as PallasCallOptions,
     )
@@ -153,6 +154,7 @@ _HOMES: dict[str, str] = {
     "IncompleteCopyError": "safedma._errors",
     "Index": "safedma._refs",
     "InvalidAmountError": "safedma._errors",
+    "KernelCall": "safedma._entry_points",
     "LocalCopy": "safedma._copies",
     "LocalHandle": "safedma._copies",
     "Missing": "safedma._copies",

@@ -101,11 +101,29 @@ def check_semaphore(
         )
 
 
+def _shapes_differ(src: tuple[object, ...], dst: tuple[object, ...]) -> bool:
+    """Whether two copy shapes certainly differ: in rank, or in a size known while tracing.
+
+    A dynamic-size copy (``pl.ds(start, n)`` with ``n`` read from SMEM) has a traced
+    size; reading ``n`` once per side gives two tracers that may well be equal at run
+    time, so only static sizes are compared (comparing tracers cannot even be asked).
+    """
+    if len(src) != len(dst):
+        return True
+    for a, b in zip(src, dst):
+        if a is b:
+            continue
+        static_a, static_b = _compat.static_int(a), _compat.static_int(b)
+        if static_a is not None and static_b is not None and static_a != static_b:
+            return True
+    return False
+
+
 def check_same_layout(src: object, dst: object, what: str) -> None:
     """Source and destination of a copy must agree in shape and dtype (T1, T2)."""
     src_shape, src_dtype = _compat.ref_layout(src)
     dst_shape, dst_dtype = _compat.ref_layout(dst)
-    if src_shape != dst_shape:
+    if _shapes_differ(src_shape, dst_shape):
         raise CopyShapeMismatchError(
             f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
             f"different shapes {src_shape} and {dst_shape}. A DMA copies a block as it is: "

@@ -528,7 +528,7 @@ def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDes
     return descriptor
 
 
-class LogicalId(dict[str, Any]):
+class LogicalId(dict["str | tuple[str, ...]", Any]):
     """A device named by its logical id (``device_id_type=LOGICAL``), not mesh coordinates.
 
     An empty ``dict`` to the type checker (so ``Device.pltpu_device_id`` keeps its

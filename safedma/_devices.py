@@ -11,8 +11,8 @@ names, and static indices in range.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeAlias, cast, final
+from collections.abc import ItemsView, Mapping
+from typing import Protocol, TypeAlias, TypeVar, cast, final
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,11 @@ __all__ = [
     "logical_device",
 ]
 
-_PltpuDeviceId: TypeAlias = tuple[Index, ...] | dict[str, Index]
+Axes: TypeAlias = "str | tuple[str, ...]"
+"""One mesh axis, or several taken jointly (jax's ``axis_index(("x", "y"))``: the index
+counts the devices of those axes in row-major order of the names given)."""
+
+_PltpuDeviceId: TypeAlias = "tuple[Index, ...] | dict[Axes, Index]"
 
 
 def _mesh_axes(purpose: str) -> Mapping[str, int]:
@@ -83,7 +87,7 @@ class Device:
         self._id = _pltpu_id
 
     @property
-    def pltpu_device_id(self) -> tuple[Index, ...] | dict[str, Index]:
+    def pltpu_device_id(self) -> tuple[Index, ...] | dict[Axes, Index]:
         """The value passed as ``device_id`` to pltpu (a logical id is passed with
         ``device_id_type=LOGICAL``)."""
         return self._id
@@ -92,17 +96,61 @@ class Device:
         if isinstance(self._id, _compat.LogicalId):
             return f"logical_device({describe_value(self._id.index)})"
         if isinstance(self._id, dict):
-            inner = ", ".join(f"{axis}={describe_value(i)}" for axis, i in self._id.items())
-            return f"device({inner})"
+            if all(isinstance(axis, str) for axis in self._id):
+                inner = ", ".join(f"{axis}={describe_value(i)}" for axis, i in self._id.items())
+                return f"device({inner})"
+            inner = ", ".join(f"{axis!r}: {describe_value(i)}" for axis, i in self._id.items())
+            return f"device({{{inner}}})"
         return f"mesh_coords({', '.join(describe_value(i) for i in self._id)})"
 
 
-def device(axes: Mapping[str, Index] | None = None, /, **more_axes: Index) -> Device:
+def _joint_size(axes: Axes, mesh: Mapping[str, int], wanted: object) -> int:
+    """The number of devices along ``axes`` (one axis, or a tuple taken jointly)."""
+    given = cast(object, axes)  # checked at run time too, for unchecked callers
+    if not isinstance(given, (str, tuple)) or not all(
+        isinstance(n, str)
+        for n in cast("tuple[object, ...]", (given,) if isinstance(given, str) else given)
+    ):
+        raise DeviceIdError(
+            f"device id key {given!r} in {wanted!r} is not a mesh axis name: use an axis name "
+            "(a str) or a tuple of axis names taken jointly."
+        )
+    names = (axes,) if isinstance(axes, str) else axes
+    if not names:
+        raise DeviceIdError(f"an empty tuple of axes in device id {wanted!r} names no axis.")
+    size = 1
+    for name in names:
+        if name not in mesh:
+            raise DeviceIdError(
+                f"unknown mesh axis {name!r} in device id {wanted!r}; axes in scope: "
+                f"{list(mesh)} (from the enclosing jax.shard_map)."
+            )
+        size *= mesh[name]
+    return size
+
+
+K_co = TypeVar("K_co", covariant=True)
+V_co = TypeVar("V_co", covariant=True)
+
+
+class AxisItems(Protocol[K_co, V_co]):
+    """A mapping read for its items: ``{axis: index}``. Not ``Mapping``, whose key type is
+    invariant: a dict held in a variable (``dict[str, jax.Array]``,
+    ``dict[tuple[str, str], int]``) would match only one key type, and mypy cannot infer a
+    dict literal against a union of mappings."""
+
+    def items(self) -> ItemsView[K_co, V_co]: ...
+
+
+def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) -> Device:
     """The device at ``{axis: index}``; axes left out are this device's own coordinates.
 
     ``device({"x": 0})`` or ``device(x=0)``. Axis names must be mesh axes in scope.
+    A key may be a tuple of axes taken jointly, as in jax: ``device({("x", "y"): i})``
+    with ``i`` counting the devices of ``x`` and ``y`` in row-major order
+    (``safedma.my_index(("x", "y"))``).
     """
-    wanted = dict(axes or {})
+    wanted: dict[Axes, Index] = dict(axes.items()) if axes is not None else {}
     wanted.update(more_axes)
     mesh = _mesh_axes("safedma.device()")
     if not wanted:
@@ -110,14 +158,10 @@ def device(axes: Mapping[str, Index] | None = None, /, **more_axes: Index) -> De
             "safedma.device() needs at least one axis, e.g. device(x=0); "
             f"mesh axes in scope: {dict(mesh)}."
         )
-    checked: dict[str, Index] = {}
+    checked: dict[Axes, Index] = {}
     for axis, index in wanted.items():
-        if axis not in mesh:
-            raise DeviceIdError(
-                f"unknown mesh axis {axis!r} in device id {wanted!r}; axes in scope: "
-                f"{list(mesh)} (from the enclosing jax.shard_map)."
-            )
-        checked[axis] = _check_index(index, axis, mesh[axis])
+        size = _joint_size(axis, mesh, wanted)
+        checked[axis] = _check_index(index, str(axis), size)
     return Device(checked)
 
 
@@ -135,21 +179,16 @@ def mesh_coords(*coords: Index) -> Device:
     )
 
 
-def my_index(axis: str) -> jax.Array:
-    """This device's index along ``axis``."""
-    mesh = _mesh_axes("safedma.my_index()")
-    if axis not in mesh:
-        raise DeviceIdError(f"unknown mesh axis {axis!r}; axes in scope: {list(mesh)}.")
+def my_index(axis: Axes) -> jax.Array:
+    """This device's index along ``axis`` (a tuple of axes: their joint, row-major index)."""
+    _joint_size(axis, _mesh_axes("safedma.my_index()"), axis)
     index: jax.Array = jax.lax.axis_index(axis)
     return index
 
 
-def axis_size(axis: str) -> int:
-    """The number of devices along ``axis`` (a static Python int)."""
-    mesh = _mesh_axes("safedma.axis_size()")
-    if axis not in mesh:
-        raise DeviceIdError(f"unknown mesh axis {axis!r}; axes in scope: {list(mesh)}.")
-    return mesh[axis]
+def axis_size(axis: Axes) -> int:
+    """The number of devices along ``axis`` (a tuple of axes: their product; a static int)."""
+    return _joint_size(axis, _mesh_axes("safedma.axis_size()"), axis)
 
 
 def neighbour(axis: str, shift: int = 1) -> Device:

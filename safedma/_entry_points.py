@@ -15,19 +15,28 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeAlias, TypedDict, cast, overload
+from typing import Any, ParamSpec, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
 import jax
 from jax.experimental import pallas as pl
 
-from safedma._jax_errors import rewrite
-from safedma._ledger import ledger_scope
 from safedma import _compat
+from safedma._compat import SemaphoreKind
+from safedma._jax_errors import rewrite
+from safedma._ledger import ledger_scope, settle_semaphore
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
+from safedma._scratch import Scratch
 
-__all__ = ["CoreKernelOptions", "PallasCallOptions", "checked", "core_kernel", "pallas_call"]
+__all__ = [
+    "CoreKernelOptions",
+    "KernelCall",
+    "PallasCallOptions",
+    "checked",
+    "core_kernel",
+    "pallas_call",
+]
 
 P = ParamSpec("P")
 _MARK = "__safedma_kernel__"
@@ -56,12 +65,33 @@ def _named_arguments(
     return named
 
 
+def _settle_operand_semaphores(args: tuple[object, ...], scratch: int) -> None:
+    """Copies on a DMA semaphore the kernel takes or returns as an operand may stay in flight.
+
+    Such a semaphore (``memory_space=pltpu.SEMAPHORE`` in ``in_specs`` / ``out_specs``,
+    ``pltpu.SemaphoreType.DMA(())`` in ``out_shape``) outlives the kernel: jax's DMA
+    futures start a copy on it in one ``pallas_call`` and wait it in another. T7 is
+    checked for the semaphores whose life is the kernel's (scratch, ``run_scoped``).
+    ``scratch`` positional arguments at the end are the kernel's scratch.
+    """
+    operands = args[: len(args) - scratch] if scratch else args
+    for leaf in jax.tree_util.tree_leaves(operands, is_leaf=_compat.is_ref):
+        if _compat.is_ref(leaf) and _compat.ref_kind(leaf) is SemaphoreKind.DMA:
+            settle_semaphore(leaf)
+
+
 def checked(body: Callable[P, None]) -> Callable[P, None]:
     """Check, each time ``body`` is traced, that it leaves no copy in flight.
 
     Use it on kernels passed to ``pl.pallas_call``; :func:`pallas_call`
     applies it for you.
     """
+    return _checked(body, None)
+
+
+def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
+    """:func:`checked`; ``scratch``: how many trailing positional arguments are scratch
+    (None: unknown, as under a plain ``pl.pallas_call``: every semaphore is checked)."""
     if getattr(body, _MARK, False):
         return body
     try:
@@ -77,6 +107,8 @@ def checked(body: Callable[P, None]) -> Callable[P, None]:
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
             ledger_scope() as ledger,
         ):
+            if scratch is not None:
+                _settle_operand_semaphores(args, scratch)
             try:
                 body(*args, **kwargs)
             except ValueError as error:
@@ -171,9 +203,25 @@ def _with_config(call: Callable[..., Any], config: KernelConfig) -> Callable[...
 
 
 # ``out_shape`` as jax takes it: anything with a shape and a dtype (a ShapeDtypeStruct or an
-# array), or a pytree of them. A tuple or a list gives a tuple of arrays (jax returns a tuple
-# for a list too); another pytree (a dict, a dataclass) gets jax's own ``Any``.
-Shaped: TypeAlias = "jax.ShapeDtypeStruct | jax.Array"
+# array), a semaphore returned as an output (``safedma.dma_semaphore()``, which is jax's
+# ``pltpu.SemaphoreType.DMA(())``: a DMA future), or a pytree of them. A tuple or a list gives
+# a tuple of arrays (jax returns a tuple for a list too); another pytree (a dict, a dataclass,
+# nested tuples) gets jax's own ``Any``.
+Shaped: TypeAlias = "jax.ShapeDtypeStruct | jax.Array | Scratch[Any]"
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class KernelCall(Protocol[R_co]):
+    """What :func:`pallas_call` returns: called with the kernel's operands, it returns ``R_co``.
+
+    A protocol rather than ``Callable[..., R]``: when ``out_shape`` is ``Any`` (jax leaves
+    ``pltpu.SemaphoreType.DMA(())`` unannotated) mypy joins the overloads' results, and a
+    join of ``Callable[..., ...]`` types is an *untyped* callable, whose every call is a
+    ``no-untyped-call`` error under ``--strict``; a join of these is ``KernelCall[Any]``.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R_co: ...
 
 
 @overload
@@ -181,32 +229,43 @@ def pallas_call(
     body: Callable[..., None],
     out_shape: Shaped,
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., jax.Array]: ...
+) -> KernelCall[jax.Array]: ...
 @overload
 def pallas_call(
     body: Callable[..., None],
     out_shape: tuple[Shaped, ...] | list[jax.ShapeDtypeStruct] | list[jax.Array] | list[Shaped],
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., tuple[jax.Array, ...]]: ...
+) -> KernelCall[tuple[jax.Array, ...]]: ...
 @overload
 def pallas_call(
     body: Callable[..., None],
     out_shape: object,
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., Any]: ...
+) -> KernelCall[Any]: ...
 def pallas_call(
     body: Callable[..., None],
     out_shape: object,
     **options: Unpack[PallasCallOptions],
-) -> Callable[..., Any]:
+) -> KernelCall[Any]:
     """``pl.pallas_call`` with safedma's kernel-scope checks.
 
     Takes the same arguments; only those given are passed on, so jax's own
     defaults apply to the rest. The result is called like pl.pallas_call's.
     """
     config = _config_of(options.get("compiler_params"))
-    call = pl.pallas_call(checked(body), out_shape=out_shape, **cast("dict[str, Any]", options))
+    scratch = options.get("scratch_shapes")
+    if scratch is None:
+        scratch = getattr(options.get("grid_spec"), "scratch_shapes", None)
+    body = _checked(body, _positional_count(scratch))
+    call = pl.pallas_call(body, out_shape=out_shape, **cast("dict[str, Any]", options))
     return _with_config(call, config)
+
+
+def _positional_count(scratch: object) -> int:
+    """How many positional kernel arguments ``scratch`` adds (a mapping adds keywords)."""
+    if scratch is None or isinstance(scratch, Mapping):
+        return 0
+    return len(cast("Sequence[object]", scratch))
 
 
 def core_kernel(
@@ -228,7 +287,8 @@ def core_kernel(
     """
     config = _config_of(options.get("compiler_params"))
     given = cast("dict[str, Any]", options)
-    call = _pl_kernel(checked(body), out_type, mesh=mesh, **given)
+    body = _checked(body, _positional_count(options.get("scratch_types")))
+    call = _pl_kernel(body, out_type, mesh=mesh, **given)
     return _with_config(call, config)
 
 

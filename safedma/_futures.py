@@ -112,6 +112,17 @@ def _body_name(body: Callable[..., None]) -> str:
     return str(getattr(body, "__name__", type(body).__name__))
 
 
+def _defined_at(body: Callable[..., None]) -> str:
+    """``file:line`` of the body's ``def`` (looking through partials), for error messages."""
+    inner: object = inspect.unwrap(body)
+    while isinstance(inner, functools.partial):
+        inner = cast("functools.partial[None]", inner).func
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return "an unknown place"
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
 def _name_like(
     kernel: Callable[..., None], body: Callable[..., None], layout: Callable[[list[str]], list[str]]
 ) -> None:
@@ -148,6 +159,7 @@ def start_async(
     """
     n = len(sources)
     kernel_name = _body_name(body)
+    here = call_site()
 
     def start_kernel(*refs: Any) -> None:
         ins, dst_ref, sem = refs[:n], refs[2 * n], refs[2 * n + 1]
@@ -155,8 +167,9 @@ def start_async(
         body(*ins, dst_ref, sem)
         if not started_on(sem):
             raise FutureNotWaitedError(
-                f"start kernel {kernel_name!r} started no copy on the future's semaphore: "
-                "its done kernel would wait forever. Start the copy on the `sem` it is given."
+                f"start kernel {kernel_name!r} started no copy on the future's semaphore "
+                f"(kernel defined at {_defined_at(body)}, run by start_async at {here}): its "
+                "done kernel would wait forever. Start the copy on the `sem` it is given."
             )
 
     _name_like(
@@ -190,7 +203,7 @@ def start_async(
         **options,
     )
     outputs = call(*sources)
-    state = _State(call_site(), kernel_name)
+    state = _State(here, kernel_name)
     registry = _registry.get()
     if registry is not None:
         registry.append(state)
@@ -230,7 +243,8 @@ def finish_async(
         body(*ins, buffer, sem)
         if not waited_on(sem):
             raise FutureNotWaitedError(
-                f"done kernel {kernel_name!r} never waited the future's semaphore: its copy "
+                f"done kernel {kernel_name!r} never waited the future's semaphore (kernel "
+                f"defined at {_defined_at(body)}, run by finish_async at {here}): its copy "
                 "would still be in flight when the buffer is returned. Wait it with "
                 "LocalCopy(src, buf, sem).started_elsewhere().wait() or "
                 "safedma.wait_bytes(sem, buf)."

@@ -156,10 +156,11 @@ def _marker_lines(path: Path) -> dict[str, int]:
     }
 
 
-# The semaphore parameters also take a jax.Ref and ``sems.at[i]`` of a jax.Array-annotated
-# array (an _IndexUpdateRef), so the messages list those; a bare jax.Array is still refused.
-_SEM = "SemRef | Ref | _IndexUpdateRef"
-_SIGNALLED = "RegularSem | BarrierSem | Ref | _IndexUpdateRef"
+# The semaphore parameters also take a jax.Ref, jax's TransformedRef (pl.select_ref's result)
+# and ``sems.at[i]`` of a jax.Array-annotated array (an _IndexUpdateRef), so the messages
+# list those; a bare jax.Array is still refused.
+_SEM = "SemRef | Ref | TransformedRef | _IndexUpdateRef"
+_SIGNALLED = "RegularSem | BarrierSem | Ref | TransformedRef | _IndexUpdateRef"
 _PYRIGHT_MESSAGES = {
     "seed": {
         (
@@ -167,6 +168,7 @@ _PYRIGHT_MESSAGES = {
             f'Argument of type "Array" cannot be assigned to parameter "send_sem" of type "{_SEM}" in function '
             f'"make_async_remote_copy"\n  Type "Array" is not assignable to type "{_SEM}"\n'
             '    "Array" is not assignable to "SemRef"\n    "Array" is not assignable to "Ref"\n'
+            '    "Array" is not assignable to "TransformedRef"\n'
             '    "Array" is not assignable to "_IndexUpdateRef"',
         )
     },
@@ -182,7 +184,8 @@ _PYRIGHT_MESSAGES = {
             f'Argument of type "SemRef" cannot be assigned to parameter "sem_or_view" of type "{_SIGNALLED}" '
             f'in function "semaphore_signal"\n  Type "SemRef" is not assignable to type "{_SIGNALLED}"\n'
             '    "SemRef" is not assignable to "RegularSem"\n    "SemRef" is not assignable to "BarrierSem"\n'
-            '    "SemRef" is not assignable to "Ref"\n    "SemRef" is not assignable to "_IndexUpdateRef"',
+            '    "SemRef" is not assignable to "Ref"\n    "SemRef" is not assignable to "TransformedRef"\n'
+            '    "SemRef" is not assignable to "_IndexUpdateRef"',
         )
     },
 }
@@ -214,7 +217,8 @@ EXPECTED_MESSAGES = {
         "seed": {
             (
                 "bad-argument-type",
-                "Argument `Array` is not assignable to parameter `send_sem` with type `Ref | SemRef | _IndexUpdateRef` "
+                "Argument `Array` is not assignable to parameter `send_sem` with type "
+                "`Ref | SemRef | TransformedRef | _IndexUpdateRef` "
                 "in function `jax.experimental.pallas.tpu.make_async_remote_copy`",
             )
         },
@@ -229,7 +233,8 @@ EXPECTED_MESSAGES = {
             (
                 "bad-argument-type",
                 "Argument `SemRef` is not assignable to parameter `sem_or_view` with type "
-                "`BarrierSem | Ref | RegularSem | _IndexUpdateRef` in function `jax.experimental.pallas.semaphore_signal`",
+                "`BarrierSem | Ref | RegularSem | TransformedRef | _IndexUpdateRef` in function "
+                "`jax.experimental.pallas.semaphore_signal`",
             )
         },
     },

@@ -65,5 +65,5 @@ def gather(idx: jax.Array, x: jax.Array) -> jax.Array:
     )
     options: safedma.PallasCallOptions = {"grid_spec": grid_spec, "name": "gather"}
     call = safedma.pallas_call(gather_kernel, ShapeDtype(x.shape[1:], x.dtype), **options)
-    assert_type(call, Callable[..., jax.Array])
+    assert_type(call, safedma.KernelCall[jax.Array])
     return call(idx, x)

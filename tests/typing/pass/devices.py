@@ -34,7 +34,9 @@ def pick_devices(
     traced_dict = safedma.device({"x": (me_x + 1) % nx, "y": me_y})
     coords = safedma.mesh_coords(me_x, (me_y + 1) % ny)
     along_y = safedma.neighbour("y", 2)
-    assert_type(coords.pltpu_device_id, tuple[int | jax.Array, ...] | dict[str, int | jax.Array])
+    assert_type(
+        coords.pltpu_device_id, tuple[int | jax.Array, ...] | dict[str | tuple[str, ...], int | jax.Array]
+    )
 
     # Row k of the target's output belongs to the k-th permutation: no two copies
     # ever write the same rows.

@@ -58,7 +58,7 @@ def scale(x: jax.Array, *, interpret: bool = True) -> jax.Array:
         scratch_shapes=[safedma.vmem(x.shape, x.dtype), safedma.dma_semaphore()],
         interpret=pltpu.InterpretParams() if interpret else False,
     )
-    assert_type(call, Callable[..., jax.Array])
+    assert_type(call, safedma.KernelCall[jax.Array])
     out = call(x)
     assert_type(out, jax.Array)
     return out
@@ -84,5 +84,5 @@ def scale_pair(x: jax.Array, y: jax.Array) -> tuple[jax.Array, ...]:
         scratch_shapes=[safedma.vmem(y.shape, np.float32), safedma.dma_semaphore()],
         interpret=pltpu.InterpretParams(),
     )
-    assert_type(call, Callable[..., tuple[jax.Array, ...]])
+    assert_type(call, safedma.KernelCall[tuple[jax.Array, ...]])
     return call(x, y)

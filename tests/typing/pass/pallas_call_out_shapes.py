@@ -33,7 +33,7 @@ def arrays_as_shapes(x: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Arr
         two_outputs, (x, state), in_specs=[ANY, ANY], out_specs=(ANY, ANY),
         scratch_shapes=[safedma.dma_semaphore()], debug=False, metadata={"kind": "copy"},
     )
-    assert_type(call, Callable[..., tuple[jax.Array, ...]])
+    assert_type(call, safedma.KernelCall[tuple[jax.Array, ...]])
     out, new_state = call(x, state)
     return out, new_state
 
@@ -54,7 +54,7 @@ def one_array_as_shape(x: jax.Array, state: jax.Array) -> jax.Array:
 
     call = safedma.pallas_call(body, x, in_specs=[ANY], out_specs=ANY,
                                scratch_shapes=[safedma.dma_semaphore()])
-    assert_type(call, Callable[..., jax.Array])
+    assert_type(call, safedma.KernelCall[jax.Array])
     return call(x)
 
 
@@ -63,7 +63,7 @@ def dict_of_outputs(x: jax.Array, state: jax.Array) -> dict[str, jax.Array]:
     call = safedma.pallas_call(two_outputs, shapes, in_specs=[ANY, ANY],
                                out_specs={"out": ANY, "state": ANY},
                                scratch_shapes=[safedma.dma_semaphore()])
-    assert_type(call, Callable[..., Any])  # jax's own type for a pytree of outputs
+    assert_type(call, safedma.KernelCall[Any])  # jax's own type for a pytree of outputs
     result: dict[str, jax.Array] = call(x, state)
     return result
 

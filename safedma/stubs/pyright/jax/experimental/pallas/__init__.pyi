@@ -10,12 +10,15 @@ keeps jax's own type. ``pl.dot`` and ``pl.debug_checks_enabled`` (deprecated
 in 0.10.2, removed in 0.12) are left out.
 """
 
-from collections.abc import Mapping
-from typing import TypeAlias
+from collections.abc import ItemsView
+from typing import Protocol, TypeAlias, TypeVar, type_check_only
 
 import jax
 from jax._src import core as _jax_core
 from jax._src.basearray import _IndexUpdateRef
+
+# What pl.select_ref and ref views are typed as by jax: a ref like jax.Ref, with no brand.
+from jax._src.state.types import TransformedRef as _TransformedRef
 from jax._src.pallas.core import BlockDim as BlockDim
 from jax._src.pallas.core import Blocked as Blocked
 from jax._src.pallas.core import BlockSpec as BlockSpec
@@ -71,7 +74,19 @@ from jax._src.state.primitives import broadcast_to as broadcast_to
 from safedma._refs import BarrierSem, RegularSem, SemRef
 
 _Index: TypeAlias = int | jax.Array
-_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]
+_K_co = TypeVar("_K_co", covariant=True)
+_V_co = TypeVar("_V_co", covariant=True)
+
+@type_check_only
+class _AxisItems(Protocol[_K_co, _V_co]):
+    """``{axis: index}`` read for its items. Not ``Mapping``, whose key type is invariant:
+    a dict held in a variable would match one key type only, and mypy cannot infer a dict
+    literal against a union of mappings. A key is an axis name or a tuple of axes taken
+    jointly (``{("y", "x"): i}``), as jax allows."""
+
+    def items(self) -> ItemsView[_K_co, _V_co]: ...
+
+_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | _AxisItems[str | tuple[str, ...], _Index]
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
 # A semaphore may also be one its kernel annotates with jax's own types (spelled out in
 # each signature, so that pyright's messages show it): a ``jax.Ref``, or ``sems.at[i]``
@@ -83,12 +98,12 @@ HOST: MemorySpace | _jax_core.MemorySpace
 """``pl.HOST``: a pallas ``MemorySpace`` member in jax 0.10.2, jax's core ``MemorySpace.Host`` in 0.12."""
 
 def semaphore_read(
-    sem_or_view: SemRef | RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef,
+    sem_or_view: SemRef | RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef,
 ) -> jax.Array:
     """The current value of one semaphore: a ``jax.Array``, never a semaphore."""
 
 def semaphore_signal(
-    sem_or_view: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef,
+    sem_or_view: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef,
     inc: _Index = 1,
     *,
     device_id: _DeviceId | None = None,
@@ -98,7 +113,7 @@ def semaphore_signal(
     """Add ``inc`` to a REGULAR or BARRIER semaphore, here or on ``device_id``."""
 
 def semaphore_wait(
-    sem_or_view: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef,
+    sem_or_view: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef,
     value: _Index = 1,
     *,
     decrement: bool = True,

@@ -16,12 +16,15 @@ so code still using them is flagged before the upgrade breaks it.
 """
 
 import enum
-from collections.abc import Hashable, Mapping
-from typing import Literal, Never, TypeAlias, type_check_only
+from collections.abc import Hashable, ItemsView
+from typing import Literal, Never, Protocol, TypeAlias, TypeVar, type_check_only
 
 import jax
 from jax._src import core as _jax_core
 from jax._src.basearray import _IndexUpdateRef
+
+# What pl.select_ref and ref views are typed as by jax: a ref like jax.Ref, with no brand.
+from jax._src.state.types import TransformedRef as _TransformedRef
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas.einshape import einshape as einshape
 from jax._src.pallas.mosaic import core as core
@@ -109,7 +112,19 @@ from jax._src.pallas.mosaic.primitives import matmul_pop_fifo as matmul_pop_fifo
 from safedma._refs import BarrierSem, DataRef, RegularSem, SemRef
 
 _Index: TypeAlias = int | jax.Array
-_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | Mapping[str, _Index]
+_K_co = TypeVar("_K_co", covariant=True)
+_V_co = TypeVar("_V_co", covariant=True)
+
+@type_check_only
+class _AxisItems(Protocol[_K_co, _V_co]):
+    """``{axis: index}`` read for its items. Not ``Mapping``, whose key type is invariant:
+    a dict held in a variable would match one key type only, and mypy cannot infer a dict
+    literal against a union of mappings. A key is an axis name or a tuple of axes taken
+    jointly (``{("y", "x"): i}``), as jax allows."""
+
+    def items(self) -> ItemsView[_K_co, _V_co]: ...
+
+_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | _AxisItems[str | tuple[str, ...], _Index]
 """A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
 # Data refs and DMA semaphores are spelled out in each signature (an alias would stand in
 # pyright's messages under its own name). A data ref: a ``DataRef``, or a ref its kernel
@@ -182,16 +197,16 @@ class RemoteCopyDescriptor(CopyDescriptor):
     def wait_recv(self) -> None: ...
 
 def make_async_copy(
-    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    sem: SemRef | jax.Ref | _IndexUpdateRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
 ) -> LocalCopyDescriptor:
     """Describe a copy on this device; ``sem`` (one DMA semaphore) is required."""
 
 def async_copy(
-    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    sem: SemRef | jax.Ref | _IndexUpdateRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
     *,
     priority: Literal[0, 1] = 0,
     add: Literal[False] = False,
@@ -199,20 +214,20 @@ def async_copy(
     """Describe and start a copy on this device."""
 
 def make_async_remote_copy(
-    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    send_sem: SemRef | jax.Ref | _IndexUpdateRef,
-    recv_sem: SemRef | jax.Ref | _IndexUpdateRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    send_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    recv_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
     device_id: _DeviceId,
     device_id_type: _DeviceIdType | None = ...,
 ) -> RemoteCopyDescriptor:
     """Describe a copy to ``device_id``; both semaphores and the device are required."""
 
 def async_remote_copy(
-    src_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    dst_ref: DataRef | jax.Array | jax.Ref | _IndexUpdateRef,
-    send_sem: SemRef | jax.Ref | _IndexUpdateRef,
-    recv_sem: SemRef | jax.Ref | _IndexUpdateRef,
+    src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    dst_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    send_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    recv_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
     device_id: _DeviceId,
     device_id_type: _DeviceIdType | None = ...,
 ) -> RemoteCopyDescriptor:
@@ -222,6 +237,8 @@ def get_barrier_semaphore(tag: Hashable | None = ...) -> BarrierSem:
     """The kernel's barrier semaphore (``tag`` is jax 0.12 only)."""
 
 def core_barrier(
-    sem: RegularSem | BarrierSem | jax.Ref | _IndexUpdateRef, *, core_axis_name: str
+    sem: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    *,
+    core_axis_name: str,
 ) -> None:
     """Synchronise the cores along ``core_axis_name`` with a REGULAR or BARRIER semaphore."""
