@@ -440,8 +440,18 @@ class Row:
 
 
 ROWS: tuple[Row, ...] = (
-    Row("r5_static", lambda: [pltpu.SemaphoreType.DMA((2,))], "silent"),
-    Row("r5_per_device", lambda: [pltpu.SemaphoreType.DMA((2,))], "silent"),
+    Row(
+        "r5_static",
+        lambda: [pltpu.SemaphoreType.DMA((2,))],
+        "silent",
+        simulate_bug="KernelFailedError",
+    ),
+    Row(
+        "r5_per_device",
+        lambda: [pltpu.SemaphoreType.DMA((2,))],
+        "silent",
+        simulate_bug="KernelFailedError",
+    ),
     Row("r6_unwritten_staging", lambda: [_block(), *_dma(3)], "silent"),
     # The race detector's vector clocks see this one: the wait on slot 1 orders
     # nothing with the copy into slot 0.
