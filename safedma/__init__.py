@@ -239,6 +239,7 @@ __all__ = [
     "IncompleteCopyError",
     "Index",
     "InvalidAmountError",
+    "KernelCall",
     "LocalCopy",
     "LocalHandle",
     "Missing",
