@@ -118,6 +118,18 @@ class UnsupportedByJaxError(SafeDmaError, NotImplementedError):
 class MissingCollectiveIdError(SafeDmaError, ValueError):
     """The barrier semaphore was used in a kernel compiled without ``collective_id`` (T9)."""
 
+    @classmethod
+    def in_raw_kernel(cls, where: str | None) -> MissingCollectiveIdError:
+        """T9 found in a kernel's program (``simulate`` and ``verify``): ``where`` is the
+        user's line that takes the barrier, when known."""
+        at = f" at {where}" if where else ""
+        return cls(
+            f"the kernel takes the barrier semaphore{at} (get_barrier_semaphore), but its "
+            "pallas_call has no collective_id: pass "
+            "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique among "
+            "the collectives running at once) to the pallas_call (T9)."
+        )
+
 
 class InvalidAmountError(SafeDmaError, TypeError):
     """A semaphore increment or wait value that is not an integer scalar."""

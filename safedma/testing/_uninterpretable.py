@@ -130,14 +130,7 @@ def _refuse_barrier_without_collective_id(kernel: Any) -> None:
                 continue
             if eqn.params.get("tag") is not None:
                 continue  # jax 0.12: a tagged barrier gets its id from jax
-            where = probes.user_location(eqn.source_info)
-            at = f" at {where}" if where else ""
-            raise MissingCollectiveIdError(
-                f"the kernel takes the barrier semaphore{at} (get_barrier_semaphore), "
-                "but its pallas_call has no collective_id: pass "
-                "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique "
-                "among the collectives running at once) to the pallas_call (T9)."
-            )
+            raise MissingCollectiveIdError.in_raw_kernel(probes.user_location(eqn.source_info))
 
 
 def has_kernel(jaxpr: Any) -> bool:

@@ -85,12 +85,7 @@ class KernelRun:
 
     def barrier_semaphore(self, ctx: Ctx, where: str, tagged: bool) -> Buffer:
         if self.desc.collective_id is None and not tagged and not auto_collective_ids():
-            raise MissingCollectiveIdError(
-                f"the kernel takes the barrier semaphore at {where} "
-                "(get_barrier_semaphore), but its pallas_call has no collective_id: pass "
-                "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique "
-                "among the collectives running at once) to the pallas_call (T9)."
-            )
+            raise MissingCollectiveIdError.in_raw_kernel(where)
         buf = ctx.engine.barrier_buffer(ctx.p, self.desc.collective_id)
         self.barrier_buf = buf
         return buf
