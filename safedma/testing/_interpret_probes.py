@@ -54,6 +54,7 @@ __all__ = [
     "WaitStart",
     "callback_failures",
     "current_interpret_run",
+    "enclosing_lines",
     "exception_location",
     "force_interpret_params",
     "interpret_mode_busy",
@@ -255,17 +256,8 @@ def _source_info_util() -> ModuleType:
     return private_module("jax._src.source_info_util")
 
 
-def user_location(source_info: object) -> str | None:
-    """``file:line (function)`` of the first frame outside jax and safedma's library.
-
-    jax's own ``summarize`` stops at the first frame outside jax, which for a
-    copy built with safedma is safedma's wrapper; we skip those frames here,
-    in one place, rather than register safedma's directory with jax
-    (``source_info_util.register_exclusion``), which would also drop safedma's
-    frames from every traceback jax filters in the process.
-    """
-    if source_info is None:
-        return None
+def _own_location(source_info: object) -> str | None:
+    """The user's frame in ``source_info``'s own traceback, if it has one."""
     try:
         user_frames = private_callable(_source_info_util(), "user_frames")
         frames = cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None)))
@@ -275,6 +267,82 @@ def user_location(source_info: object) -> str | None:
     except Exception:  # only for messages; never let it break a run
         return None
     return None
+
+
+#: The user's line of the nearest enclosing equation, per traceback (by id,
+#: the traceback kept alive beside it), for the equations of the program being
+#: simulated whose own traceback has no user frame: jax records, for an
+#: equation traced inside a sub-jaxpr (a ``run_scoped`` body, a loop body), only
+#: the frames since that sub-trace began, so a copy jax builds inside one of its
+#: helpers (``pltpu.sync_copy``: a ``run_scoped`` whose body starts the copy)
+#: has no frame of the user's; the ``run_scoped`` equation around it has.
+#: Filled by :func:`enclosing_lines` for the duration of one simulate.
+_enclosing: dict[int, tuple[object, str]] = {}
+
+
+def user_location(source_info: object) -> str | None:
+    """``file:line (function)`` of the first frame outside jax and safedma's library.
+
+    jax's own ``summarize`` stops at the first frame outside jax, which for a
+    copy built with safedma is safedma's wrapper; we skip those frames here,
+    in one place, rather than register safedma's directory with jax
+    (``source_info_util.register_exclusion``), which would also drop safedma's
+    frames from every traceback jax filters in the process.  An equation whose
+    traceback holds no such frame gets the line of the nearest enclosing
+    equation that has one (see :func:`enclosing_lines`).
+    """
+    if source_info is None:
+        return None
+    own = _own_location(source_info)
+    if own is not None:
+        return own
+    traceback = getattr(source_info, "traceback", None)
+    hit = _enclosing.get(id(traceback))
+    if hit is not None and hit[0] is traceback:
+        return hit[1]
+    return None
+
+
+def _sub_jaxprs(value: object) -> Iterable[Any]:
+    if isinstance(value, (tuple, list)):
+        for item in cast("Sequence[object]", value):
+            yield from _sub_jaxprs(item)
+        return
+    inner = getattr(value, "jaxpr", None)  # a ClosedJaxpr
+    if inner is not None and hasattr(inner, "eqns"):
+        yield inner
+    elif hasattr(value, "eqns"):
+        yield value
+
+
+def _register_enclosing(jaxpr: Any, outer: str | None, seen: set[int]) -> None:
+    if id(jaxpr) in seen:  # a sub-jaxpr shared by several equations: its first user wins
+        return
+    seen.add(id(jaxpr))
+    for eqn in getattr(jaxpr, "eqns", ()):
+        info = getattr(eqn, "source_info", None)
+        own = None if info is None else _own_location(info)
+        if own is None and outer is not None:
+            traceback = getattr(info, "traceback", None)
+            if traceback is not None and id(traceback) not in _enclosing:
+                _enclosing[id(traceback)] = (traceback, outer)
+        for value in getattr(eqn, "params", {}).values():
+            for sub in _sub_jaxprs(value):
+                _register_enclosing(sub, own or outer, seen)
+
+
+@contextlib.contextmanager
+def enclosing_lines(jaxpr: object) -> Generator[None, None, None]:
+    """While simulating ``jaxpr``: every equation with no user frame of its own is
+    located at the user's line of the nearest enclosing equation that has one."""
+    try:
+        try:
+            _register_enclosing(jaxpr, None, set())
+        except Exception:  # only for messages; never let it break a run
+            pass
+        yield
+    finally:
+        _enclosing.clear()
 
 
 def exception_location(error: BaseException) -> str | None:

@@ -12,6 +12,7 @@ clean and the process can exit normally.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -56,6 +57,9 @@ _POLL_S = 0.05
 #: a wait is called unsatisfiable: longer than the 0.1 s an interpreter wait
 #: sleeps between looks at its count, so a signal that just landed is seen.
 _CONFIRM_S = 0.3
+
+#: XLA options for compiling a simulation (see where it is compiled).
+_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}
 
 # jaxlib's exception class is untyped for pyright.
 # getattr into a declared variable, not cast(): pyright and basedpyright disagree on
@@ -229,7 +233,7 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             "keeps one simulated TPU per process, so simulate cannot start until it "
             "returns (starting now would wipe that kernel's state)"
         )
-    with probes.interpret_probes(recorder) as installed:
+    with probes.interpret_probes(recorder) as installed, contextlib.ExitStack() as located:
         # Leftovers of an earlier failed interpret run outside simulate() would
         # make this one fail.
         pltpu.reset_tpu_interpret_mode_state()
@@ -242,6 +246,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
 
         with probes.force_interpret_params(params):
             traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
+            # Lines for the equations jax traced inside its own helpers (sync_copy).
+            located.enter_context(probes.enclosing_lines(traced.jaxpr))
             # Refused before lowering: jax fails inside the lowering otherwise.
             refuse_uninterpretable(traced.jaxpr)
             try:
@@ -251,7 +257,13 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 raise
             except Exception as err:
                 raise interpreter_limit(err) from err
-            compiled = lowered.compile()  # pyright: ignore[reportUnknownMemberType]
+            # Without XLA's CSE pass: jax 0.12's XLA aborts the process (hlo_cse.cc
+            # "Check failed") removing a duplicate NaN constant of the interpreter's
+            # uninitialised memory that has control predecessors, once a user's own
+            # jax.jit around a kernel is inlined into this jit. CSE only saves time.
+            compiled = lowered.compile(  # pyright: ignore[reportUnknownMemberType]
+                _COMPILER_OPTIONS
+            )
             outputs = _outputs(lowered, compiled)
             # The jax 0.10 hang is in the interpreter's callbacks: a program
             # with no kernel (a reference computation) runs as plain XLA.
