@@ -72,6 +72,16 @@ _SHM = f"{_INTERPRET}.shared_memory"
 _RDS = f"{_INTERPRET}.race_detection_state"
 
 
+#: Vector-clock entries for copies, beyond one per simulated core.  jax gives
+#: each copy one of ``vector_clock_size - cores`` entries (at random), and by
+#: default that is as many entries as cores: on one device every copy shares
+#: one entry, so a read of a copy's destination after the wait of ANOTHER copy
+#: started before it counted as ordered (a missed race).  With this many
+#: entries, handed out in turn (see ``_probe_virtual_device``), two copies share
+#: one only if this many copies are started between them.
+DMA_CLOCK_ENTRIES = 64
+
+
 class StrictInterpretParams(_pltpu.InterpretParams):
     """simulate's interpret parameters; the subclass marks a kernel as simulate's own.
 
@@ -79,6 +89,16 @@ class StrictInterpretParams(_pltpu.InterpretParams):
     dataclass equality compares classes, so no kernel built elsewhere compares
     equal to one of these.
     """
+
+    def get_vector_clock_size(self, num_devices: int) -> int:
+        """One entry per core, and :data:`DMA_CLOCK_ENTRIES` for the copies.
+
+        jax calls this (a method of its ``InterpretParams``) when a kernel starts,
+        with the number of devices; its default leaves the copies as many entries
+        as there are cores.
+        """
+        cores = int(num_devices) * int(getattr(self, "num_cores_or_threads", 1))
+        return cores + DMA_CLOCK_ENTRIES
 
 
 class StopRun(RuntimeError):
@@ -600,6 +620,19 @@ def _probe_set_failed(orig: Any, probes: Installed) -> object:
     return set_failed
 
 
+def _probe_virtual_device(orig: Any, probes: Installed) -> object:
+    del probes
+    turn = itertools.count()
+
+    def virtual_device_id(self: Any) -> int:
+        cores, size = int(self.num_cores), int(self.vector_clock_size)
+        if size <= cores:
+            return int(orig(self))
+        return cores + next(turn) % (size - cores)
+
+    return virtual_device_id
+
+
 def _probe_allocate(orig: Any, probes: Installed) -> object:
     def allocate_buffer(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
         parts = cast("tuple[object, ...]", key) if isinstance(key, tuple) else ()
@@ -887,6 +920,18 @@ _PROBES: tuple[_Probe, ...] = (
             "the first failure of a run is its root cause; the error XLA hands back "
             "is whichever device failed first in XLA, often a secondary "
             "BrokenBarrierError (jax's own TODO in SharedMemory.check_failed)"
+        ),
+    ),
+    _Probe(
+        _SHM,
+        "SharedMemory",
+        "get_random_virtual_device_id",
+        _probe_virtual_device,
+        why=(
+            "the vector-clock entry of each copy: jax draws it at random, so two "
+            "copies in flight together could share one and a read ordered after "
+            "the wait of one counted as ordered after the other (a race missed at "
+            "random); in turn over DMA_CLOCK_ENTRIES entries, runs are repeatable"
         ),
     ),
     _Probe(
