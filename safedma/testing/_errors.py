@@ -72,6 +72,21 @@ class Race:
     other_location: str | None = None
 
 
+def _raced_with_output_copy(report: str) -> bool:
+    """Whether the earlier access of jax's race report is its copy of the outputs.
+
+    jax ends each access line of its report with the access's frame, or with
+    ``pallas_call`` for the interpreter's own copy of a kernel's outputs once
+    the body has returned.
+    """
+    accesses = [
+        line.strip()
+        for line in report.splitlines()
+        if line.strip().startswith(("read of", "write of"))
+    ]
+    return len(accesses) > 1 and accesses[1].endswith("pallas_call")
+
+
 class RaceDetectedError(SimulationError):
     """R1: a ref was touched while a copy that reads or writes it was in flight."""
 
@@ -91,6 +106,15 @@ class RaceDetectedError(SimulationError):
                 "returned (a copy into an output was still in flight)"
             )
         other = f" (the copy or access at {first.other_location})" if first.other_location else ""
+        ordered = f" is not ordered after a copy that touches the same memory{other}"
+        if first.location and _raced_with_output_copy(first.report):
+            # The earlier access is the interpreter copying the outputs back:
+            # that device's body had returned with this copy still to land.
+            ordered = (
+                f" landed after the kernel body of {first.owner or 'that device'} had "
+                "returned (its outputs were already being copied back): the receiving "
+                "side never waited for this copy, a wait_recv (or wait) is missing there"
+            )
         # The vector clocks in jax's report are object reprs (0.12) or raw
         # counters (0.10): noise for a reader, so they are left out here.
         report = "\n".join(
@@ -100,7 +124,7 @@ class RaceDetectedError(SimulationError):
         )
         super().__init__(
             f"data race (R1): a {first.access} of {what}{on} by {first.accessor}"
-            f"{where} is not ordered after a copy that touches the same memory{other}. A "
+            f"{where}{ordered}. A "
             "copy's destination may be read only after its wait, and its source "
             "overwritten only after its wait (wait_send for a remote copy).\n\n"
             f"Interpret mode's report:\n{report}"
