@@ -58,19 +58,21 @@ def test_unsatisfiable_safedma_wait_is_located_at_the_users_line() -> None:
 
 def test_copies_started_from_different_lines_are_reported_separately() -> None:
     # Before: every start was "safedma/copies.py:127", merged as "started 5 times".
-    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any, out_sem: Any) -> None:
+    # The extra copy lands in a buffer of its own: into buf.at[0:8] it would race
+    # with the loop's first copy (two copies writing the same rows, neither
+    # waited), which simulate reports once copies have clock entries of their own.
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, spare: Any, sem: Any, out_sem: Any) -> None:
         for i in range(4):
             sd.LocalCopy(
                 x_ref.at[pl.ds(8 * i, 8)], buf.at[pl.ds(8 * i, 8)], sem
             ).start()  # marker: page loop
-        sd.LocalCopy(x_ref.at[pl.ds(0, 8)], buf.at[pl.ds(0, 8)], sem).start()  # marker: extra
+        sd.LocalCopy(x_ref.at[pl.ds(0, 8)], spare, sem).start()  # marker: extra
         sd.wait_all_into(buf, sem)  # waits for four pages: the fifth is left over
         sd.LocalCopy(buf, o_ref, out_sem).start().wait()
 
+    scratch = [pltpu.VMEM((32, 128), F32), pltpu.VMEM(BLOCK, F32), *dma(2)]
     with pytest.raises(LeftoverSemaphoreError) as info:
-        simulate(
-            hbm_call(sd.checked(kernel), [pltpu.VMEM((32, 128), F32), *dma(2)]), example((32, 128))
-        )
+        simulate(hbm_call(sd.checked(kernel), scratch), example((32, 128)))
     [leftover] = info.value.leftovers
     loop_line, extra_line = _line_of("marker: page loop"), _line_of("marker: extra")
     # The loop's start is one statement over two lines: Python 3.11 reports its

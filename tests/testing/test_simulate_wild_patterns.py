@@ -276,3 +276,27 @@ def test_a_copy_landing_after_the_outputs_were_copied_back_says_the_wait_is_miss
     assert "by DMA #100 at /k.py:36 (send) landed after the kernel body of device 1" in message
     assert "a wait_recv (or wait) is missing there" in message
     assert "is not ordered after" not in message
+
+
+def _two_copies_into_the_same_rows(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+    first = pltpu.make_async_copy(x_ref.at[pl.ds(0, 8)], buf, sem)
+    second = pltpu.make_async_copy(x_ref.at[pl.ds(8, 8)], buf, sem)
+    first.start()
+    second.start()  # writes the rows `first` may still be writing
+    first.wait()
+    second.wait()
+    o_ref[...] = buf[...]
+
+
+def test_two_copies_in_flight_into_the_same_rows_are_a_race() -> None:
+    # Masked while every copy of a one-device run shared one clock entry.
+    call = pl.pallas_call(
+        _two_copies_into_the_same_rows,
+        out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM(BLOCK, F32), pltpu.SemaphoreType.DMA],
+    )
+    with pytest.raises(RaceDetectedError) as caught:
+        simulate(call, example((16, 128)))
+    assert _line_of(_two_copies_into_the_same_rows, "second.start()") in str(caught.value)
