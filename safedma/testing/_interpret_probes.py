@@ -42,6 +42,7 @@ from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
 
 __all__ = [
+    "DMA_CLOCK_ENTRIES",
     "DmaStart",
     "Installed",
     "InterpretObserver",
