@@ -61,6 +61,9 @@ def is_library_file(path: str) -> bool:
 
 _MAX_VIA_FRAMES = 64
 """How far above the user's line to look for the kernel body (safedma's checked wrapper)."""
+_WRAPPER_MODULE = "safedma._entry_points"
+_WRAPPER_FUNCTION = "traced"
+"""``safedma.checked``'s wrapper, which calls the kernel body (``_entry_points._checked``)."""
 
 
 def _is_jax_frame(module_name: str) -> bool:
@@ -75,8 +78,9 @@ def call_site() -> SourceLine:
         frame = frame.f_back
     site = (frame.f_code.co_filename, frame.f_lineno)
     # The user's frames between this line and safedma's checked wrapper (the kernel body's
-    # caller), skipping jax's (loop bodies, branches). None found, or no wrapper above
-    # (a body traced without safedma.checked): the line alone.
+    # caller), skipping jax's (loop bodies, branches). No wrapper above (a body traced
+    # without safedma.checked, a call outside any kernel), or another safedma frame first:
+    # the line alone.
     via: list[tuple[str, int]] = []
     outer = frame.f_back
     for _ in range(_MAX_VIA_FRAMES):
@@ -84,6 +88,8 @@ def call_site() -> SourceLine:
             return SourceLine(*site)
         module = outer.f_globals.get("__name__", "")
         if _is_library_frame(module):
+            if module != _WRAPPER_MODULE or outer.f_code.co_name != _WRAPPER_FUNCTION:
+                return SourceLine(*site)
             break
         if not _is_jax_frame(module) and not module.startswith("functools"):
             via.append((outer.f_code.co_filename, outer.f_lineno))

@@ -660,3 +660,22 @@ def test_seeded_mistake_is_stopped_at_the_users_line(name: str) -> None:
         f.lineno for f in traceback.extract_tb(err.value.__traceback__) if f.filename == __file__
     ]
     assert in_message or line in frames, (line, frames, str(err.value))
+
+
+def test_helper_callers_are_named_up_to_the_checked_wrapper_only() -> None:
+    from safedma import _describe
+
+    def body(x_ref: sd.DataRef) -> None:
+        del x_ref
+
+    wrapper = sd.checked(body)
+    assert wrapper.__code__.co_name == _describe._WRAPPER_FUNCTION
+    assert wrapper.__globals__["__name__"] == _describe._WRAPPER_MODULE
+
+    def helper() -> Any:
+        return _describe.call_site()
+
+    def outside_any_kernel() -> Any:
+        return helper()
+
+    assert outside_any_kernel().via == ()  # no checked wrapper above: the line alone
