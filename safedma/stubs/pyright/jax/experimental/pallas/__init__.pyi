@@ -10,7 +10,6 @@ keeps jax's own type. ``pl.dot`` and ``pl.debug_checks_enabled`` (deprecated
 in 0.10.2, removed in 0.12) are left out.
 """
 
-
 from typing import TypeAlias
 
 import jax
