@@ -471,32 +471,40 @@ def auto_collective_ids() -> bool:
     return str(mode) in ("yes", "override")
 
 
-# The compiler_params of a plain ``pl.pallas_call`` whose kernel is being traced.
-# ``safedma.checked`` wrapped in ``pl.pallas_call`` (not ``safedma.pallas_call``)
-# has no other way to learn the kernel's collective_id (T9): jax traces the body
-# inside the ``wrapped`` closure that ``_pallas_call`` returns (jax/_src/pallas/
-# pallas_call.py, 0.10.2 through 0.12), and ``compiler_params`` is one of that
-# closure's free variables, so the live frame of ``wrapped`` holds it. Private:
-# if jax renames either, the lookup finds nothing and the check is skipped, as
-# before it existed.
+# The compiler_params of a plain ``pl.pallas_call``, ``pl.kernel`` or ``pl.core_map``
+# whose kernel is being traced. ``safedma.checked`` under one of them (not under a
+# safedma entry point) has no other way to learn the kernel's collective_id (T9): jax
+# traces the body inside a closure of that entry point whose live frame holds
+# ``compiler_params`` (a free variable or a local):
+#   pl.pallas_call: ``wrapped`` in jax/_src/pallas/pallas_call.py (0.10.2 through 0.12);
+#   pl.kernel: ``wrapper`` in jax/_src/pallas/mpmd.py (0.10.2 through 0.12);
+#   pl.core_map: ``wrapped`` in jax/_src/pallas/core.py (0.10.2; in 0.12 it calls
+#   pl.kernel's ``wrapper`` too).
+# The innermost such frame is the kernel being traced. Private: if jax renames one,
+# the lookup finds nothing and the check is skipped, as before it existed
+# (tests/core/test_compat.py fails loudly then).
+_ENTRY_FRAMES = (
+    ("pallas/pallas_call.py", "wrapped"),
+    ("pallas/mpmd.py", "wrapper"),
+    ("pallas/core.py", "wrapped"),
+)
 NOT_FOUND = object()
-"""What :func:`enclosing_pallas_call_params` returns outside a ``pl.pallas_call`` trace."""
+"""What :func:`enclosing_pallas_call_params` returns outside a kernel trace."""
 
 
 def enclosing_pallas_call_params() -> object:
-    """The ``compiler_params`` of the innermost ``pl.pallas_call`` being traced
-    (None when it was given none), or :data:`NOT_FOUND`."""
+    """The ``compiler_params`` of the innermost ``pl.pallas_call``, ``pl.kernel`` or
+    ``pl.core_map`` being traced (None when it was given none), or :data:`NOT_FOUND`."""
     import inspect
 
     frame = inspect.currentframe()  # None only on Pythons without frames: no check then
     while frame is not None:
         code = frame.f_code
-        if (
-            code.co_name == "wrapped"
-            and "compiler_params" in code.co_freevars
-            and code.co_filename.replace("\\", "/").endswith("pallas/pallas_call.py")
-        ):
-            return frame.f_locals.get("compiler_params", NOT_FOUND)
+        if "compiler_params" in code.co_freevars or "compiler_params" in code.co_varnames:
+            filename = code.co_filename.replace("\\", "/")
+            for suffix, name in _ENTRY_FRAMES:
+                if code.co_name == name and filename.endswith(suffix):
+                    return frame.f_locals.get("compiler_params", NOT_FOUND)
         frame = frame.f_back
     return NOT_FOUND
 

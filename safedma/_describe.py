@@ -25,13 +25,22 @@ Describe = Callable[[], str]
 
 
 class SourceLine(NamedTuple):
-    """Where user code called safedma; formatted only when an error names it."""
+    """Where user code called safedma; formatted only when an error names it.
+
+    ``via``: when that line is in a helper the kernel body called (directly, or from a
+    loop body or branch), the user's lines that led there, innermost first, up to the
+    kernel body: a helper called from several places is then named at each call.
+    """
 
     filename: str
     lineno: int
+    via: tuple[tuple[str, int], ...] = ()
 
     def __str__(self) -> str:
-        return f"{self.filename}:{self.lineno}"
+        here = f"{self.filename}:{self.lineno}"
+        if not self.via:
+            return here
+        return f"{here} (called from {', from '.join(f'{f}:{n}' for f, n in self.via)})"
 
 
 @functools.cache
@@ -50,12 +59,46 @@ def is_library_file(path: str) -> bool:
     return os.path.dirname(os.path.abspath(path)) == _LIBRARY_DIR
 
 
+_MAX_VIA_FRAMES = 64
+"""How far above the user's line to look for the kernel body (safedma's checked wrapper)."""
+_WRAPPER_MODULE = "safedma._entry_points"
+_WRAPPER_FUNCTION = "traced"
+"""``safedma.checked``'s wrapper, which calls the kernel body (``_entry_points._checked``)."""
+
+
+def _is_jax_frame(module_name: str) -> bool:
+    return module_name.split(".", 1)[0] in ("jax", "jaxlib")
+
+
 def call_site() -> SourceLine:
-    """The nearest caller outside safedma's own top-level modules (``str()`` is ``file:line``)."""
+    """The nearest caller outside safedma's own top-level modules (``str()`` is ``file:line``),
+    with the user's calls that led there from the kernel body (see :class:`SourceLine`)."""
     frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]  # documented CPython API
     while frame.f_back is not None and _is_library_frame(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
-    return SourceLine(frame.f_code.co_filename, frame.f_lineno)
+    site = (frame.f_code.co_filename, frame.f_lineno)
+    # The user's frames between this line and safedma's checked wrapper (the kernel body's
+    # caller), skipping jax's (loop bodies, branches). No wrapper above (a body traced
+    # without safedma.checked, a call outside any kernel), or another safedma frame first:
+    # the line alone.
+    via: list[tuple[str, int]] = []
+    outer = frame.f_back
+    for _ in range(_MAX_VIA_FRAMES):
+        if outer is None:
+            return SourceLine(*site)
+        module = outer.f_globals.get("__name__", "")
+        if _is_library_frame(module):
+            if module != _WRAPPER_MODULE or outer.f_code.co_name != _WRAPPER_FUNCTION:
+                return SourceLine(*site)
+            break
+        if not _is_jax_frame(module) and not module.startswith("functools"):
+            via.append((outer.f_code.co_filename, outer.f_lineno))
+        outer = outer.f_back
+    else:
+        return SourceLine(*site)
+    # A call made in the kernel body itself has no user frame between it and the
+    # wrapper: the line alone.
+    return SourceLine(site[0], site[1], tuple(via))
 
 
 def describe_value(value: object) -> str:

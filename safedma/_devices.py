@@ -142,6 +142,12 @@ class AxisItems(Protocol[K_co, V_co]):
     def items(self) -> ItemsView[K_co, V_co]: ...
 
 
+RawDeviceId: TypeAlias = "Index | tuple[Index, ...] | AxisItems[Axes, Index]"
+"""A raw pltpu ``device_id``: a flat id, mesh coordinates, or ``{axis: index}``; never a
+float, str or list. The one home of the type the stubs give ``device_id`` (both
+``jax.experimental.pallas`` and ``jax.experimental.pallas.tpu`` import it from here)."""
+
+
 def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) -> Device:
     """The device at ``{axis: index}``; axes left out are this device's own coordinates.
 

@@ -46,12 +46,16 @@ T4 = TypeVar("T4")
 T5 = TypeVar("T5")
 T6 = TypeVar("T6")
 R = TypeVar("R")
+T_co = TypeVar("T_co", covariant=True)
 
 
-class Scratch(Generic[T]):
-    """A pltpu scratch declaration whose ref, inside the kernel, is a ``T``.
+class Scratch(Generic[T_co]):
+    """A pltpu scratch declaration whose ref, inside the kernel, is a ``T_co``.
 
-    Only a type: values are the pltpu declarations themselves.
+    Only a type: values are the pltpu declarations themselves. Covariant: a list of
+    different scratch held in a variable (``scratch = [vmem(...), dma_semaphores(2)]``)
+    is a ``list[Scratch[object]]`` under mypy (its join), which grid specs and
+    ``pallas_call`` accept, as they accept the list written inline.
     """
 
     __slots__ = ()
@@ -68,7 +72,7 @@ class Scratch(Generic[T]):
 
         # ``scratch @ mesh`` places the scratch on one mesh of a multi-mesh ``pl.kernel``
         # (vLLM's SparseCore collectives); jax's declarations support it in 0.10.2 and 0.12.
-        def __matmul__(self, mesh: object, /) -> Scratch[T]:
+        def __matmul__(self, mesh: object, /) -> Scratch[T_co]:
             raise NotImplementedError
 
 

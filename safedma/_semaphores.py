@@ -117,7 +117,7 @@ def barrier_semaphore(tag: Hashable | None = None) -> BarrierSem:
         raise MissingCollectiveIdError(
             "barrier_semaphore() is used, but the kernel has no collective_id: pass "
             "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique among "
-            "the collectives running at once) to the kernel's pallas_call (safedma.pallas_call "
-            f"or pl.pallas_call){later}."
+            "the collectives running at once) to the call that runs the kernel (safedma.pallas_call "
+            f"or pl.pallas_call; safedma.core_kernel, pl.kernel or pl.core_map){later}."
         )
     return cast(BarrierSem, _compat.barrier_semaphore(tag))

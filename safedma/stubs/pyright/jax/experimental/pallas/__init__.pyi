@@ -10,8 +10,7 @@ keeps jax's own type. ``pl.dot`` and ``pl.debug_checks_enabled`` (deprecated
 in 0.10.2, removed in 0.12) are left out.
 """
 
-from collections.abc import ItemsView
-from typing import Protocol, TypeAlias, TypeVar, type_check_only
+from typing import TypeAlias
 
 import jax
 from jax._src import core as _jax_core
@@ -71,23 +70,11 @@ from jax._src.indexing import Slice as Slice
 from jax._src.indexing import ds as ds
 from jax._src.indexing import dslice as dslice
 from jax._src.state.primitives import broadcast_to as broadcast_to
+from safedma._devices import RawDeviceId as _DeviceId
 from safedma._refs import BarrierSem, RegularSem, SemRef
 
 _Index: TypeAlias = int | jax.Array
-_K_co = TypeVar("_K_co", covariant=True)
-_V_co = TypeVar("_V_co", covariant=True)
-
-@type_check_only
-class _AxisItems(Protocol[_K_co, _V_co]):
-    """``{axis: index}`` read for its items. Not ``Mapping``, whose key type is invariant:
-    a dict held in a variable would match one key type only, and mypy cannot infer a dict
-    literal against a union of mappings. A key is an axis name or a tuple of axes taken
-    jointly (``{("y", "x"): i}``), as jax allows."""
-
-    def items(self) -> ItemsView[_K_co, _V_co]: ...
-
-_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | _AxisItems[str | tuple[str, ...], _Index]
-"""A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
+# One home for the device-id types: safedma._devices (imported, not redefined).
 # A semaphore may also be one its kernel annotates with jax's own types (spelled out in
 # each signature, so that pyright's messages show it): a ``jax.Ref``, or ``sems.at[i]``
 # of an array annotated ``jax.Array`` (an ``_IndexUpdateRef``). A bare ``jax.Array``

@@ -16,8 +16,8 @@ so code still using them is flagged before the upgrade breaks it.
 """
 
 import enum
-from collections.abc import Hashable, ItemsView
-from typing import Literal, Never, Protocol, TypeAlias, TypeVar, type_check_only
+from collections.abc import Hashable
+from typing import Literal, Never, type_check_only
 
 import jax
 from jax._src import core as _jax_core
@@ -109,23 +109,10 @@ from jax._src.pallas.mosaic.primitives import conv as conv  # type: ignore[attr-
 from jax._src.pallas.mosaic.primitives import has_memory_space as has_memory_space  # type: ignore[attr-defined, unused-ignore]
 from jax._src.pallas.mosaic.primitives import matmul_lhs_fifo as matmul_lhs_fifo  # type: ignore[attr-defined, unused-ignore]
 from jax._src.pallas.mosaic.primitives import matmul_pop_fifo as matmul_pop_fifo  # type: ignore[attr-defined, unused-ignore]
+from safedma._devices import RawDeviceId as _DeviceId
 from safedma._refs import BarrierSem, DataRef, RegularSem, SemRef
 
-_Index: TypeAlias = int | jax.Array
-_K_co = TypeVar("_K_co", covariant=True)
-_V_co = TypeVar("_V_co", covariant=True)
-
-@type_check_only
-class _AxisItems(Protocol[_K_co, _V_co]):
-    """``{axis: index}`` read for its items. Not ``Mapping``, whose key type is invariant:
-    a dict held in a variable would match one key type only, and mypy cannot infer a dict
-    literal against a union of mappings. A key is an axis name or a tuple of axes taken
-    jointly (``{("y", "x"): i}``), as jax allows."""
-
-    def items(self) -> ItemsView[_K_co, _V_co]: ...
-
-_DeviceId: TypeAlias = _Index | tuple[_Index, ...] | _AxisItems[str | tuple[str, ...], _Index]
-"""A target device: a flat id, mesh coordinates, or ``{axis: index}``; never a float, str or list."""
+# One home for the device-id types: safedma._devices (imported, not redefined).
 # Data refs and DMA semaphores are spelled out in each signature (an alias would stand in
 # pyright's messages under its own name). A data ref: a ``DataRef``, or a ref its kernel
 # annotates with jax's own types (``x_ref: jax.Array`` or ``jax.Ref``; ``.at[...]`` of a
