@@ -244,11 +244,18 @@ class Machine:
     def check_written(self, p: int, view: View, what: str, where: str, fix: str) -> None:
         if view.empty or view.buffer.space == "SEMAPHORE":
             return
-        if not self._history(view.buffer).coverage.covers(view.box):
+        coverage = self._history(view.buffer).coverage
+        if not coverage.covers(view.box):
+            gap = coverage.gap(view.box)
+            part = (
+                f"{view.buffer.name}{_fmt_box(gap)}"
+                if gap is not None and gap != view.box
+                else f"that part of {view.buffer.name}"
+            )
             raise UnwrittenReadError(
                 f"read of unwritten data (R6) on {self.labels[p]}: {what} {view.buffer.name}"
-                f"{_fmt_box(view.box)} at {where}, but nothing wrote that part of "
-                f"{view.buffer.name} before{self.partly_from.get(view.buffer.ident, '')} "
+                f"{_fmt_box(view.box)} at {where}, but nothing wrote "
+                f"{part} before{self.partly_from.get(view.buffer.ident, '')} "
                 f"(its contents are garbage). {fix}"
             )
 
