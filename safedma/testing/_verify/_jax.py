@@ -254,6 +254,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
                 # an array made with pltpu.VMEM(...)/SMEM(...) lives there: no copies
                 "array_space": memory_space(bm.array_aval),
                 "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
+                "block_kinds": tuple(_block_kind(b) for b in bm.block_shape),
                 "array_shape": tuple(int(d) for d in bm.array_aval.shape),
                 "index_map": index_map,
                 "origin": str(getattr(bm, "origin", "")),
@@ -264,6 +265,12 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
     if name is None:
         nsi = p.get("name_and_src_info")
         name = getattr(nsi, "name", None)
+    if name is None:
+        # no name= given: the kernel function's own name (a functools.partial's too),
+        # from the kernel jaxpr's debug info ("my_kernel at file.py:12")
+        info = getattr(getattr(p["jaxpr"], "debug_info", None), "func_src_info", None)
+        if isinstance(info, str) and info:
+            name = info.split(" at ")[0] or None
     return {
         "jaxpr": p["jaxpr"],
         "grid": tuple(
@@ -293,6 +300,20 @@ def _block_space(aval: Any) -> str:
     if space is None or str(space).lower() == "default":
         return "VMEM"
     return memory_space(aval)
+
+
+def _block_kind(b: Any) -> str:
+    """``"blocked"`` (an int or ``pl.Blocked``: index_map gives block indices),
+    ``"squeezed"`` (``None`` / ``pl.Squeezed``: an element index), else the class name
+    (``Element``, ``BoundedSlice``: index_map gives element offsets or slices).
+
+    Why: the block-dimension classes are private (``jax._src.pallas.core``).
+    """
+    if b is None or type(b).__name__ == "Squeezed":
+        return "squeezed"
+    if isinstance(b, (int, np.integer)) or type(b).__name__ == "Blocked":
+        return "blocked"
+    return type(b).__name__
 
 
 def _block_dim(b: Any) -> int | None:

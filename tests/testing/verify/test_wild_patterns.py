@@ -1,0 +1,175 @@
+"""Patterns of kernels from other authors that verify had never seen (session 5).
+
+docs/verify.md, "Kernels from other authors (session 5)", lists the kernels and
+verdicts. Each kernel here is written for this file in raw pltpu and reproduces
+one construct that made verify raise a false alarm or an unclear message; each
+correct one must verify clean and each seeded mistake must still be caught,
+naming this file's line.
+
+* an index table passed as a *blocked* SMEM operand (``BlockSpec((1, K),
+  index_map, memory_space=SMEM)``): each grid step holds its own block of the
+  table's values, which pick the rows the kernel gathers;
+* an output with padding rows the kernel never writes, dropped by the wrapper
+  (``out[:n]``, or a transpose/reshape/slice chain): only what the program reads
+  must be written, and an unwritten part it does read is named exactly;
+* a kernel given as a ``functools.partial`` with no ``name=``: the report and
+  messages name the kernel function.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.testing import (
+    OutOfBoundsDmaError,
+    RaceDetectedError,
+    UnwrittenReadError,
+    verify,
+)
+
+F32 = jnp.float32
+HERE = r"test_wild_patterns\.py:\d+"
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _s(*shape: int, dtype: Any = F32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+# ------------------------------------------------ a blocked SMEM index table
+
+ROWS, K, STEPS = 16, 3, 2
+
+
+def _gather(*, wait: bool = True) -> Any:
+    """Per grid step b, gather rows ``table[b, :]`` of ``src`` (one semaphore each)."""
+
+    def kernel(idx_ref: Any, src_ref: Any, o_ref: Any, rows: Any, sems: Any) -> None:
+        for k in range(K):
+            pltpu.make_async_copy(
+                src_ref.at[pl.ds(idx_ref[0, k], 1)], rows.at[pl.ds(k, 1)], sems.at[k]
+            ).start()
+        if wait:
+            for k in range(K):
+                pltpu.make_async_copy(
+                    src_ref.at[pl.ds(idx_ref[0, k], 1)], rows.at[pl.ds(k, 1)], sems.at[k]
+                ).wait()
+        o_ref[0] = rows[...]
+
+    def fn(table: Any, src: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            grid=(STEPS,),
+            in_specs=[
+                pl.BlockSpec((1, K), lambda b: (b, 0), memory_space=pltpu.SMEM),
+                ANY,
+            ],
+            out_specs=pl.BlockSpec((1, K, 128), lambda b: (b, 0, 0)),
+            out_shape=_s(STEPS, K, 128),
+            scratch_shapes=[pltpu.VMEM((K, 128), F32), pltpu.SemaphoreType.DMA((K,))],
+        )(table, src)
+
+    return fn
+
+
+TABLE = np.array([[3, 0, 15], [7, 7, 1]], np.int32)
+
+
+def test_a_blocked_smem_table_gives_each_grid_step_its_own_values() -> None:
+    report = verify(_gather(), TABLE, _s(ROWS, 128))
+    assert report.dmas == K * STEPS
+
+
+def test_a_row_past_the_source_in_the_second_block_is_caught() -> None:
+    bad = TABLE.copy()
+    bad[1, 2] = ROWS  # only grid step 1 reads it
+    with pytest.raises(OutOfBoundsDmaError, match=HERE) as err:
+        verify(_gather(), bad, _s(ROWS, 128))
+    assert "window [16, 17)" in str(err.value)
+
+
+def test_the_gather_without_its_waits_is_caught() -> None:
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_gather(wait=False), TABLE, _s(ROWS, 128))
+
+
+# --------------------------------------------- padding rows the wrapper drops
+
+N, PAD = 12, 4
+
+
+def _padded(*, keep: int, chain: bool = False) -> Any:
+    """Copy ``x`` (N rows) into an output of N + PAD rows; the wrapper keeps ``keep``."""
+
+    def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref, o_ref.at[pl.ds(0, N)], sem)
+        copy.start()
+        copy.wait()
+
+    def fn(x: Any) -> Any:
+        out = pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=_s(N + PAD, 2, 128),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+        if chain:  # a layout change first, as a wrapper restoring its public layout does
+            out = out.swapaxes(0, 1).reshape(2, (N + PAD) * 128)
+            return out[:, : keep * 128]
+        return out[:keep]
+
+    return fn
+
+
+def test_padding_rows_the_wrapper_slices_off_may_stay_unwritten() -> None:
+    assert verify(_padded(keep=N), _s(N, 2, 128)).dmas == 1
+
+
+def test_padding_dropped_after_a_transpose_and_reshape_may_stay_unwritten() -> None:
+    assert verify(_padded(keep=N, chain=True), _s(N, 2, 128)).dmas == 1
+
+
+def test_a_slice_that_keeps_an_unwritten_row_is_caught_naming_the_row() -> None:
+    with pytest.raises(UnwrittenReadError, match=HERE) as err:
+        verify(_padded(keep=N + 1), _s(N, 2, 128))
+    assert "o_ref[12:13, 0:2, 0:128]" in str(err.value)
+
+
+def test_the_chain_that_keeps_an_unwritten_row_is_caught() -> None:
+    with pytest.raises(UnwrittenReadError, match=HERE):
+        verify(_padded(keep=N + 1, chain=True), _s(N, 2, 128))
+
+
+def test_an_output_returned_whole_must_be_written_whole() -> None:
+    with pytest.raises(UnwrittenReadError, match=HERE):
+        verify(_padded(keep=N + PAD), _s(N, 2, 128))
+
+
+# ------------------------------------------------ a partial kernel's name
+
+
+def test_a_partial_kernel_is_named_by_its_function() -> None:
+    def copy_rows(x_ref: Any, o_ref: Any, sem: Any, *, rows: int) -> None:
+        copy = pltpu.make_async_copy(x_ref.at[pl.ds(0, rows)], o_ref.at[pl.ds(0, rows)], sem)
+        copy.start()
+        copy.wait()
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            functools.partial(copy_rows, rows=8),
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=_s(8, 128),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+
+    assert verify(fn, _s(8, 128)).kernels == ("copy_rows",)
