@@ -483,6 +483,26 @@ class Machine:
                     "per round (or slot), or make the signaller wait for a signal sent "
                     "after the wait."
                 )
+            else:
+                known = [
+                    self.labels[q]
+                    for q, calls in enumerate(self.entry)
+                    if q not in (p, target)
+                    and calls.get(kernel) is not None
+                    and rows[p, q] >= calls[kernel]
+                ]
+                if known:
+                    who = ", ".join(known[:3]) + (
+                        f" and {len(known) - 3} other devices" if len(known) > 3 else ""
+                    )
+                    fix = (
+                        f"{self.labels[p]} knows only that {who} entered this "
+                        f"call (from what its waits received), not {self.labels[target]}: a "
+                        "barrier wait tells a device only that the devices that signalled it "
+                        "entered. Have every device you write to or signal signal you, and "
+                        "wait for those signals before this access (e.g. signal both "
+                        "neighbours and wait for 2)."
+                    )
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
                 "before it has entered this kernel call (nothing orders its entry before "

@@ -13,7 +13,10 @@ naming this file's line.
   (``out[:n]``, or a transpose/reshape/slice chain): only what the program reads
   must be written, and an unwritten part it does read is named exactly;
 * a kernel given as a ``functools.partial`` with no ``name=``: the report and
-  messages name the kernel function.
+  messages name the kernel function;
+* an entry barrier that waits for a signal from the device that writes into it
+  rather than from the device it writes to (a course lab): R10, and the message
+  says which devices the writer does know entered.
 """
 
 from __future__ import annotations
@@ -28,10 +31,14 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jax.sharding import PartitionSpec as P
+
 from safedma.testing import (
     OutOfBoundsDmaError,
     RaceDetectedError,
+    SignalAfterExitError,
     UnwrittenReadError,
+    abstract_mesh,
     verify,
 )
 
@@ -173,3 +180,54 @@ def test_a_partial_kernel_is_named_by_its_function() -> None:
         )(x)
 
     assert verify(fn, _s(8, 128)).kernels == ("copy_rows",)
+
+
+# ----------------------------------------- a barrier that waits for the wrong peer
+
+RING = 4
+
+
+def _ring_push(*, signal_source: bool) -> Any:
+    """Push ``x`` to the right neighbour behind a one-round barrier.
+
+    Correct: tell the device that writes into me (my left) that I entered, and wait
+    for my right neighbour to say the same. Broken (a course lab's shape): signal
+    the device I write to and wait for one signal, which only says my *left*
+    neighbour entered.
+    """
+
+    def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
+        me = jax.lax.axis_index("x")
+        right = jax.lax.rem(me + 1, RING)
+        left = jax.lax.rem(me + RING - 1, RING)
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, 1, device_id=(left if signal_source else right,))
+        pl.semaphore_wait(barrier, 1)
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(right,))
+        copy.start()
+        copy.wait()
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    return fn
+
+
+def test_a_barrier_that_hears_from_the_target_orders_the_push() -> None:
+    mesh = abstract_mesh((RING,), ("x",))
+    report = verify(_ring_push(signal_source=True), _s(RING * 8, 128), mesh=mesh, in_specs=P("x"))
+    assert report.remote_dmas == RING
+
+
+def test_a_barrier_that_hears_from_the_source_is_r10_and_says_who_is_known() -> None:
+    mesh = abstract_mesh((RING,), ("x",))
+    with pytest.raises(SignalAfterExitError, match=HERE) as err:
+        verify(_ring_push(signal_source=False), _s(RING * 8, 128), mesh=mesh, in_specs=P("x"))
+    assert "knows only that device" in str(err.value)
