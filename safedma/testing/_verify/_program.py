@@ -595,14 +595,15 @@ class Compiler:
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             n = ctx.scoped_counts.get(key, 0)
             ctx.scoped_counts[key] = n + 1
+            kernel = kernel_of(ctx, "pl.run_scoped", where)
             allocs = [
-                RefVal(ctx.kernel.scoped_buffer(ctx, (key, n, i), aval, where))
+                RefVal(kernel.scoped_buffer(ctx, (key, n, i), aval, where))
                 for i, aval in enumerate(avals)
             ]
             res = yield from run(body, [*[r(env) for r in ins], *allocs], ctx)
             sems = [a.buffer for a in allocs if a.buffer.sem_kind is not None]
             if sems:
-                ctx.kernel.check_scoped_sems(ctx, sems)
+                kernel.check_scoped_sems(ctx, sems)
             for s, v in zip(outs, res):
                 env[s] = v
             return None
@@ -845,6 +846,19 @@ def _key(v: Any) -> object:
     if hasattr(v, "tobytes") and hasattr(v, "shape"):  # a numpy array
         return (v.tobytes(), v.shape, str(v.dtype))
     return v
+
+
+def kernel_of(ctx: Ctx, what: str, where: str) -> Any:
+    """The kernel call ``ctx`` runs in; a clear error for ``what`` outside any kernel."""
+    kernel = ctx.kernel
+    if kernel is None:
+        raise VerificationUnsupportedError(
+            f"{what} at {where} runs outside any Pallas kernel (a pallas_call or pl.kernel "
+            "body): verify models DMAs, semaphores and scoped allocations inside kernels "
+            "only. Move it into a kernel, or check this program with "
+            "safedma.testing.simulate."
+        )
+    return kernel
 
 
 def need_int(v: Any, what: str) -> int:

@@ -16,7 +16,10 @@ naming this file's line.
   messages name the kernel function;
 * an entry barrier that waits for a signal from the device that writes into it
   rather than from the device it writes to (a course lab): R10, and the message
-  says which devices the writer does know entered.
+  says which devices the writer does know entered;
+* a barrier semaphore taken outside any kernel (jax's newer style of Pallas ops
+  directly under ``shard_map``): a clear unsupported error naming the line, not
+  a crash.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from safedma.testing import (
     RaceDetectedError,
     SignalAfterExitError,
     UnwrittenReadError,
+    VerificationUnsupportedError,
     abstract_mesh,
     verify,
 )
@@ -231,3 +235,46 @@ def test_a_barrier_that_hears_from_the_source_is_r10_and_says_who_is_known() -> 
     with pytest.raises(SignalAfterExitError, match=HERE) as err:
         verify(_ring_push(signal_source=False), _s(RING * 8, 128), mesh=mesh, in_specs=P("x"))
     assert "knows only that device" in str(err.value)
+
+
+# ------------------------------------------- semaphores outside any kernel
+
+
+def _handshake(*, wait: bool) -> None:
+    other = jax.lax.rem(jax.lax.axis_index("x") + 1, 2)
+    sem = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(sem, 1, device_id=(other,))
+    if wait:
+        pl.semaphore_wait(sem, 1)
+
+
+def test_a_barrier_outside_any_kernel_is_unsupported_naming_the_line() -> None:
+    def fn(x: Any) -> Any:
+        _handshake(wait=True)  # jax's newer "pallas ops in jit" style, no pallas_call
+        return x
+
+    mesh = abstract_mesh((2,), ("x",))
+    with pytest.raises(VerificationUnsupportedError, match=HERE) as err:
+        verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x"))
+    assert "outside any Pallas kernel" in str(err.value)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_the_same_handshake_inside_a_kernel_is_checked(wait: bool) -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        _handshake(wait=wait)
+        o_ref[...] = x_ref[...]
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    mesh = abstract_mesh((2,), ("x",))
+    if wait:
+        assert verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x")).signals == 2
+    else:
+        with pytest.raises(SignalAfterExitError, match=HERE):  # R8: lands after exit
+            verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x"))
