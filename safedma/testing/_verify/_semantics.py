@@ -456,7 +456,7 @@ class Machine:
                 f"after it left the kernel (R8): nothing it waits for orders its exit "
                 "after this signal, so on a TPU the count lands in a semaphore no one "
                 "waits (a crash or corruption of the next kernel). Have the target wait "
-                "for it, or drop the signal."
+                f"for it, or drop the signal.{self._leftover_hint()}"
             )
         if barrier:
             # The barrier semaphore outlives the call: an early signal from a peer's
@@ -768,6 +768,20 @@ class Machine:
             + "\n".join(f"  {text} (when it {when})" for _, when, text in items)
         )
 
+    def _leftover_hint(self) -> str:
+        """An earlier kernel left a count on a semaphore of its own (a start kernel
+        whose done kernel rebuilds the descriptor on its own scratch semaphore): a
+        later kernel cannot wait for it on another one. Empty when none was left."""
+        if not self.leftovers:
+            return ""
+        _, when, text = self.leftovers[0]
+        return (
+            f" Earlier, a semaphore was left non-zero when it {when}: {text}. A wait in a "
+            "later kernel cannot take that count from another semaphore (scratch "
+            "semaphores do not outlive their call): return the semaphore from the kernel "
+            "that starts the copy (a DMA future) and pass it to the one that waits."
+        )
+
     def deadlock(self, blocked: list[Blocked], done: list[int]) -> DeadlockError:
         lines: list[str] = []
         for b in sorted(blocked, key=lambda b: b.participant):
@@ -801,6 +815,7 @@ class Machine:
                 f" {len(done)} device(s) already left the kernel, e.g. "
                 f"{self.labels[done[0]]}: a signal they should have sent never came."
             )
+        hint += self._leftover_hint()
         return DeadlockError(
             "deadlock (R3): every device is blocked or finished and nothing in flight can "
             "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines) + "\n" + hint

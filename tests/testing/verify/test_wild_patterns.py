@@ -19,7 +19,10 @@ naming this file's line.
   says which devices the writer does know entered;
 * a barrier semaphore taken outside any kernel (jax's newer style of Pallas ops
   directly under ``shard_map``): a clear unsupported error naming the line, not
-  a crash.
+  a crash;
+* a start/done split whose done call rebuilds the descriptor on its own scratch
+  semaphore: the deadlock message points at the count the start call left on
+  its semaphore and says to return it (a DMA future).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from safedma.testing import (
+    DeadlockError,
     OutOfBoundsDmaError,
     RaceDetectedError,
     SignalAfterExitError,
@@ -278,3 +282,69 @@ def test_the_same_handshake_inside_a_kernel_is_checked(wait: bool) -> None:
     else:
         with pytest.raises(SignalAfterExitError, match=HERE):  # R8: lands after exit
             verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x"))
+
+
+# ------------------------------ a start/done split that rebuilds its semaphore
+
+
+def _start_done(*, future: bool) -> Any:
+    """Start a copy in one call and wait for it in the next.
+
+    Correct: the start call returns its semaphore (a DMA future) and the done call
+    waits on it. Broken (a runtime gate in the wild): each call allocates its own
+    scratch semaphore and the done call rebuilds the descriptor on it.
+    """
+
+    def start_kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+    def done_kernel(x_ref: Any, d_ref: Any, sem: Any, o_ref: Any) -> None:
+        del o_ref
+        pltpu.make_async_copy(x_ref, d_ref, sem).wait()
+
+    sem_spec = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+
+    def fn(x: Any) -> Any:
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        if future:
+            d, sem = pl.pallas_call(
+                start_kernel,
+                in_specs=[ANY],
+                out_specs=(ANY, sem_spec),
+                out_shape=(out, pltpu.SemaphoreType.DMA(())),
+            )(x)
+            return pl.pallas_call(
+                done_kernel,
+                in_specs=[ANY, ANY, sem_spec],
+                out_specs=ANY,
+                out_shape=out,
+                input_output_aliases={1: 0},
+            )(x, d, sem)
+        d = pl.pallas_call(
+            start_kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=out,
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+        return pl.pallas_call(
+            lambda x_ref, d_ref, o_ref, sem: done_kernel(x_ref, d_ref, sem, o_ref),
+            in_specs=[ANY, ANY],
+            out_specs=ANY,
+            out_shape=out,
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+            input_output_aliases={1: 0},
+        )(x, d)
+
+    return fn
+
+
+def test_a_start_done_split_through_a_returned_semaphore_verifies() -> None:
+    report = verify(_start_done(future=True), _s(8, 128))
+    assert (report.dmas, report.waits) == (1, 1)
+
+
+def test_a_done_call_on_its_own_scratch_semaphore_hangs_and_says_why() -> None:
+    with pytest.raises(DeadlockError, match=HERE) as err:
+        verify(_start_done(future=False), _s(8, 128))
+    assert "scratch semaphores do not outlive their call" in str(err.value)
