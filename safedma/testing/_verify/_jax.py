@@ -229,6 +229,18 @@ def scan_split(params: dict[str, Any]) -> tuple[int, int]:
     return len(list(consts)), len(list(carry))
 
 
+def tpu_compiler_params(params: dict[str, Any]) -> Any:
+    """The Mosaic TPU ``CompilerParams`` of a ``pallas_call`` or ``pl.kernel`` equation.
+
+    Why: some versions keep them in a dict keyed by backend.
+    """
+    cp: Any = params.get("compiler_params")
+    if isinstance(cp, dict):
+        by_backend = cast("dict[str, Any]", cp)
+        cp = by_backend.get("mosaic_tpu", by_backend.get("mosaic"))
+    return cp
+
+
 def kernel_params(eqn: Any) -> dict[str, Any]:
     """The parts of a ``pallas_call`` equation the verifier reads.
 
@@ -238,10 +250,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
     """
     p: dict[str, Any] = eqn.params
     gm: Any = p["grid_mapping"]
-    cp: Any = p.get("compiler_params")
-    if isinstance(cp, dict):
-        by_backend = cast("dict[str, Any]", cp)
-        cp = by_backend.get("mosaic_tpu", by_backend.get("mosaic"))
+    cp: Any = tpu_compiler_params(p)
     collective_id = getattr(cp, "collective_id", None) if cp is not None else None
     skip = bool(getattr(cp, "skip_device_barrier", False)) if cp is not None else False
     blocks: list[dict[str, Any]] = []

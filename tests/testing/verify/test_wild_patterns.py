@@ -22,7 +22,9 @@ naming this file's line.
   a crash;
 * a start/done split whose done call rebuilds the descriptor on its own scratch
   semaphore: the deadlock message points at the count the start call left on
-  its semaphore and says to return it (a DMA future).
+  its semaphore and says to return it (a DMA future);
+* the barrier semaphore inside a ``pl.kernel`` body over a TensorCoreMesh (jax's
+  core_map guide): each core has its own, ``{'core': j}`` signals reach core j's.
 """
 
 from __future__ import annotations
@@ -348,3 +350,52 @@ def test_a_done_call_on_its_own_scratch_semaphore_hangs_and_says_why() -> None:
     with pytest.raises(DeadlockError, match=HERE) as err:
         verify(_start_done(future=False), _s(8, 128))
     assert "scratch semaphores do not outlive their call" in str(err.value)
+
+
+# -------------------------------------- a barrier between the cores of pl.kernel
+
+
+def _core_swap(*, wait: bool) -> Any:
+    """Each core copies its half to VMEM and sends it to the other core behind the
+    barrier semaphore (the shape of jax's core_map guide), then writes it back."""
+    tc = (
+        pltpu.TensorCoreMesh(axis_name="core", num_cores=2)
+        if hasattr(pltpu, "TensorCoreMesh")
+        and "num_cores" in str(getattr(pltpu.TensorCoreMesh, "__dataclass_fields__", ""))
+        else pltpu.create_tensorcore_mesh("core", num_cores=2)
+    )
+
+    def kernel(x: Any, o: Any, mine: Any, theirs: Any, sem: Any, send: Any, recv: Any) -> None:
+        core = jax.lax.axis_index("core")
+        half = pl.ds(core * 128, 128)
+        pltpu.async_copy(x.at[:, half], mine, sem).wait()
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, 1, device_id={"core": 1 - core})
+        if wait:
+            pl.semaphore_wait(barrier, 1)
+        swap = pltpu.make_async_remote_copy(mine, theirs, send, recv, device_id={"core": 1 - core})
+        swap.start()
+        swap.wait()
+        pltpu.async_copy(theirs, o.at[:, half], sem).wait()
+
+    def fn(x: Any) -> Any:
+        return pl.kernel(
+            kernel,
+            out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            mesh=tc,
+            scratch_types=[pltpu.VMEM((8, 128), F32)] * 2 + [pltpu.SemaphoreType.DMA] * 3,
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    return fn
+
+
+@pytest.mark.parametrize("invocations", [1, 2])
+def test_a_barrier_between_the_cores_of_a_pl_kernel_orders_the_swap(invocations: int) -> None:
+    report = verify(_core_swap(wait=True), _s(8, 256), invocations=invocations)
+    assert report.remote_dmas == 2 * invocations
+
+
+def test_the_core_swap_without_its_barrier_wait_is_caught() -> None:
+    with pytest.raises(SignalAfterExitError, match=HERE):
+        verify(_core_swap(wait=False), _s(8, 256))
