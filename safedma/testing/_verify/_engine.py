@@ -82,6 +82,7 @@ class Engine:
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
+        self.machine.cores = cores
         self.machine.sem_names = self.sem_name
         self._registry: dict[tuple[int, object], Buffer] = {}
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}

@@ -214,6 +214,7 @@ class Machine:
         self.partly_from: dict[int, str] = {}
         # clock at each kernel call's entry and exit, by call number
         self.entry: list[dict[int, int]] = [{} for _ in labels]
+        self.cores = 1  # participants per device (pl.kernel over a TensorCoreMesh)
         self.exits: list[dict[int, int]] = [{} for _ in labels]
         self.calls: list[int] = [0] * len(labels)
         self.inside: list[bool] = [False] * len(labels)
@@ -471,6 +472,13 @@ class Machine:
                 "(pltpu.get_barrier_semaphore with a collective_id) or leave "
                 "collective_id unset for Mosaic's default device barrier."
             )
+            if self.cores > 1 and p // self.cores == target // self.cores:
+                fix = (
+                    "synchronise the cores first: signal the barrier semaphore of the "
+                    "core you write to (device_id={'core': j}) and wait for its signal "
+                    "(pass a collective_id to pl.kernel); Mosaic's device barrier does "
+                    "not order the cores of one device."
+                )
             if relied is not None and relied.kind == "BARRIER":
                 fix = (
                     "make the barrier round impossible to release by a neighbour's next "

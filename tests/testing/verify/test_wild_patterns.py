@@ -397,5 +397,6 @@ def test_a_barrier_between_the_cores_of_a_pl_kernel_orders_the_swap(invocations:
 
 
 def test_the_core_swap_without_its_barrier_wait_is_caught() -> None:
-    with pytest.raises(SignalAfterExitError, match=HERE):
+    with pytest.raises(SignalAfterExitError, match=HERE) as err:
         verify(_core_swap(wait=False), _s(8, 256))
+    assert "synchronise the cores first" in str(err.value)
