@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from safedma.testing import (
     DeadlockError,
+    LeftoverSemaphoreError,
     OutOfBoundsDmaError,
     RaceDetectedError,
     SignalAfterExitError,
@@ -400,3 +401,23 @@ def test_the_core_swap_without_its_barrier_wait_is_caught() -> None:
     with pytest.raises(SignalAfterExitError, match=HERE) as err:
         verify(_core_swap(wait=False), _s(8, 256))
     assert "synchronise the cores first" in str(err.value)
+
+
+def test_a_barrier_signalled_twice_names_the_signals_left_over() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        other = jax.lax.rem(jax.lax.axis_index("x") + 1, 2)
+        sem = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(sem, 1, device_id=(other,))
+        pl.semaphore_signal(sem, 1, device_id=(other,))  # one too many
+        pl.semaphore_wait(sem, 1)
+        o_ref[...] = x_ref[...]
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    with pytest.raises(LeftoverSemaphoreError, match=HERE):
+        verify(fn, _s(16, 128), mesh=abstract_mesh((2,), ("x",)), in_specs=P("x"))
