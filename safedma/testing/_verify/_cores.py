@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
+from safedma._compat import auto_collective_ids
+from safedma._errors import MissingCollectiveIdError
 from safedma.testing._verify import _jax
 from safedma.testing._verify._kernels import describe_leftover
 from safedma.testing._verify._program import (
@@ -98,7 +100,8 @@ class _CoreKernel:
         self.n_out = len(tuple(p.get("out_avals", ())))
         aliases = dict(cast("dict[int, int]", p.get("input_output_aliases") or {}))
         self.aliases = {int(o): int(i) for i, o in aliases.items()}
-        self.collective_id: object = None
+        cp = _jax.tpu_compiler_params(p)
+        self.collective_id: object = getattr(cp, "collective_id", None)
         self.grid: tuple[int, ...] = ()
 
 
@@ -120,9 +123,13 @@ class _Run:
         ctx.machine.leave_scope(ctx.p, sems, lambda s: describe_leftover(ctx, s))
 
     def barrier_semaphore(self, ctx: Ctx, where: str, tagged: bool) -> Buffer:
-        raise VerificationUnsupportedError(
-            f"a barrier semaphore in a pl.kernel body at {where} is not modelled yet"
-        )
+        """Each core has its barrier semaphore (``{'core': j}`` signals reach core j's);
+        like a pallas_call's, it is shared by every call with the same collective_id
+        and must be back to zero once all calls are over."""
+        cid = self.desc.collective_id
+        if cid is None and not tagged and not auto_collective_ids():
+            raise MissingCollectiveIdError.in_raw_kernel(where)
+        return ctx.engine.barrier_buffer(ctx.p, cid)
 
 
 def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal]) -> Gen:

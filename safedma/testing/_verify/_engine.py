@@ -82,6 +82,7 @@ class Engine:
         self.participants = self.devices * cores
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
+        self.machine.cores = cores
         self.machine.sem_names = self.sem_name
         self._registry: dict[tuple[int, object], Buffer] = {}
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
@@ -250,11 +251,18 @@ class Engine:
         )
 
     def _describe_barrier(self, s: SemState) -> str:
-        unit = ""
+        sources = sorted({(self.labels[c.issuer], c.where) for c in s.pending})
+        fed = (
+            "; counted signals not yet taken by a wait include those from "
+            + "; ".join(f"{who} at {where}" for who, where in sources[:3])
+            + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
+            if sources
+            else ""
+        )
         return (
             f"{self.labels[s.buffer.owner]}: BARRIER semaphore {self.sem_name(s)} holds "
-            f"{s.total()}{unit} after the last call: every barrier signal needs a wait "
-            "(the barrier semaphore is shared by every call with this collective_id)"
+            f"{s.total()} after the last call: every barrier signal needs a wait "
+            f"(the barrier semaphore is shared by every call with this collective_id){fed}"
         )
 
     def sem_name(self, s: SemState) -> str:

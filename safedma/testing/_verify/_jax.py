@@ -229,6 +229,18 @@ def scan_split(params: dict[str, Any]) -> tuple[int, int]:
     return len(list(consts)), len(list(carry))
 
 
+def tpu_compiler_params(params: dict[str, Any]) -> Any:
+    """The Mosaic TPU ``CompilerParams`` of a ``pallas_call`` or ``pl.kernel`` equation.
+
+    Why: some versions keep them in a dict keyed by backend.
+    """
+    cp: Any = params.get("compiler_params")
+    if isinstance(cp, dict):
+        by_backend = cast("dict[str, Any]", cp)
+        cp = by_backend.get("mosaic_tpu", by_backend.get("mosaic"))
+    return cp
+
+
 def kernel_params(eqn: Any) -> dict[str, Any]:
     """The parts of a ``pallas_call`` equation the verifier reads.
 
@@ -238,10 +250,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
     """
     p: dict[str, Any] = eqn.params
     gm: Any = p["grid_mapping"]
-    cp: Any = p.get("compiler_params")
-    if isinstance(cp, dict):
-        by_backend = cast("dict[str, Any]", cp)
-        cp = by_backend.get("mosaic_tpu", by_backend.get("mosaic"))
+    cp: Any = tpu_compiler_params(p)
     collective_id = getattr(cp, "collective_id", None) if cp is not None else None
     skip = bool(getattr(cp, "skip_device_barrier", False)) if cp is not None else False
     blocks: list[dict[str, Any]] = []
@@ -254,6 +263,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
                 # an array made with pltpu.VMEM(...)/SMEM(...) lives there: no copies
                 "array_space": memory_space(bm.array_aval),
                 "block_shape": tuple(_block_dim(b) for b in bm.block_shape),
+                "block_kinds": tuple(_block_kind(b) for b in bm.block_shape),
                 "array_shape": tuple(int(d) for d in bm.array_aval.shape),
                 "index_map": index_map,
                 "origin": str(getattr(bm, "origin", "")),
@@ -264,6 +274,12 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
     if name is None:
         nsi = p.get("name_and_src_info")
         name = getattr(nsi, "name", None)
+    if name is None:
+        # no name= given: the kernel function's own name (a functools.partial's too),
+        # from the kernel jaxpr's debug info ("my_kernel at file.py:12")
+        info = getattr(getattr(p["jaxpr"], "debug_info", None), "func_src_info", None)
+        if isinstance(info, str) and info:
+            name = info.split(" at ")[0] or None
     return {
         "jaxpr": p["jaxpr"],
         "grid": tuple(
@@ -293,6 +309,20 @@ def _block_space(aval: Any) -> str:
     if space is None or str(space).lower() == "default":
         return "VMEM"
     return memory_space(aval)
+
+
+def _block_kind(b: Any) -> str:
+    """``"blocked"`` (an int or ``pl.Blocked``: index_map gives block indices),
+    ``"squeezed"`` (``None`` / ``pl.Squeezed``: an element index), else the class name
+    (``Element``, ``BoundedSlice``: index_map gives element offsets or slices).
+
+    Why: the block-dimension classes are private (``jax._src.pallas.core``).
+    """
+    if b is None or type(b).__name__ == "Squeezed":
+        return "squeezed"
+    if isinstance(b, (int, np.integer)) or type(b).__name__ == "Blocked":
+        return "blocked"
+    return type(b).__name__
 
 
 def _block_dim(b: Any) -> int | None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 from typing import Any, cast
+
+import numpy as np
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
@@ -22,7 +25,7 @@ from safedma.testing._verify._program import (
     run,
     run_plain,
 )
-from safedma.testing._verify._regions import Buffer
+from safedma.testing._verify._regions import Buffer, View
 from safedma.testing._verify._report import VerificationUnsupportedError
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import SemState
@@ -63,6 +66,7 @@ class KernelDesc:
         self.collective_id = kp["collective_id"]
         self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
         self.core_axes = _jax.core_mesh_axes(kp["mesh"])
+        self.out_read: list[tuple[tuple[int, int], ...] | None] = []
 
 
 class KernelRun:
@@ -141,6 +145,8 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
 
 def _pallas_call(c: Compiler, eqn: Any) -> Op:
     desc = KernelDesc(eqn)
+    # what the program around the kernel reads of each output (None: all of it)
+    desc.out_read = [c.read_box(v) for v in eqn.outvars]
     ins = [c.reader(a) for a in eqn.invars]
     outs = c.outs(eqn)
 
@@ -179,6 +185,8 @@ def _run_kernel(
     for i in range(desc.n_index):
         args.append(RefVal(eng.operand_buffer(ctx, instance, i, desc, operands[i], smem=True)))
     blocked: list[tuple[int, Buffer, bool]] = []
+    smem_blocks: list[tuple[int, Buffer, list[object] | None]] = []
+    prefetch = args[desc.n_consts :]
     outer_out: list[Buffer] = []
     for j in range(desc.n_in + desc.n_out):
         pos = desc.n_index + j
@@ -219,6 +227,9 @@ def _run_kernel(
             )
             args.append(RefVal(buf))
             blocked.append((j, buf, is_out))
+            if not is_out and buf.values is not None:
+                # an SMEM block: each step holds its window of the operand's values
+                smem_blocks.append((j, buf, _known_values(src, block["array_shape"])))
             if is_out:
                 res = eng.buffer(
                     p,
@@ -247,6 +258,8 @@ def _run_kernel(
             if not is_out:
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
+        for j, buf, values in smem_blocks:
+            _fill_block(desc, ctx, j, buf, values, point, prefetch)
         yield from run(desc.body, args, ctx)
         last = n == len(points) - 1
         for j, buf, is_out in blocked:
@@ -267,7 +280,7 @@ def _run_kernel(
     # that returns semaphores returns copies in flight (DMA futures): their buffers
     # are checked where the kernel that waits them reads or returns them.
     future = any(b.sem_kind is not None for b in outer_out)
-    for buf in outer_out if len(m.leftovers) == before and not future else ():
+    for k, buf in enumerate(outer_out) if len(m.leftovers) == before and not future else ():
         if (buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident) and (
             buf.sem_kind is None
         ):
@@ -280,6 +293,10 @@ def _run_kernel(
             # Checked once every participant is done: a remote copy into this output
             # that arrives after the kernel returned is then reported as what it is
             # (R8, naming the copy) rather than as an output nothing wrote.
+            read = desc.out_read[k] if k < len(desc.out_read) else None
+            if read is not None and len(read) == len(buf.shape):
+                # the program only slices this output: parts it drops may stay unwritten
+                view = View(buf, read, tuple(hi - lo for lo, hi in read), buf.itemsize)
             eng.deferred.append(
                 functools.partial(
                     m.check_written,
@@ -326,6 +343,72 @@ def _ints(shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in cast("tuple[Any, ...]", shape))
 
 
+def _known_values(src: Any, shape: Any) -> list[object] | None:
+    """The values of operand ``src`` (row-major over ``shape``) when the verifier has them."""
+    values: Any = src.buffer.values if isinstance(src, RefVal) else None
+    if isinstance(src, (np.ndarray, np.generic, int, float, bool)):
+        flat: Any = np.asarray(cast(object, src)).reshape(-1)
+        values = cast("list[object]", flat.tolist())  # computed outside the kernels
+    if values is None or len(values) != math.prod(_ints(shape)):
+        return None
+    return cast("list[object]", values)
+
+
+def _fill_block(
+    desc: KernelDesc,
+    ctx: Ctx,
+    j: int,
+    buf: Buffer,
+    values: list[object] | None,
+    point: tuple[int, ...],
+    prefetch: list[Any],
+) -> None:
+    """Load the values of grid step ``point``'s block of SMEM operand ``j`` into ``buf``.
+
+    Pallas copies the block the index map names into SMEM before the step; the
+    kernel then reads page tables, indices and lengths from it as scalars. Parts
+    outside the operand (a partial last block), blocks the index map picks from
+    unknown data, and windows other than plain blocks hold unknown values.
+    """
+    block: dict[str, Any] = desc.blocks[j]
+    name = desc.param_names[desc.n_index + j]
+    size = len(buf.values) if buf.values is not None else 0
+    unknown: object = Unknown(
+        f"the contents of operand {name} (pass it as a concrete array, not a ShapeDtypeStruct)"
+    )
+    kinds: tuple[str, ...] = tuple(block.get("block_kinds", ()))
+    if values is None or any(k not in ("blocked", "squeezed") for k in kinds):
+        buf.values = list[object]([unknown] * size)
+        return
+    index: list[Any]
+    try:
+        index = run_plain(desc.index_maps[j], [*point, *prefetch[: desc.n_index]], ctx)
+    except VerificationUnsupportedError:
+        index = [unknown]
+    if len(index) != len(kinds) or not all(isinstance(i, int) for i in index):
+        why = next((i for i in index if isinstance(i, Unknown)), unknown)
+        buf.values = list[object]([why] * size)
+        return
+    dims = _ints(block["array_shape"])
+    ranges: list[range] = []
+    shape: tuple[int | None, ...] = block["block_shape"]
+    for i, kind, bs in zip(cast("list[int]", index), kinds, shape):
+        n = 1 if kind == "squeezed" or bs is None else int(bs)
+        start = i * n if kind == "blocked" else i
+        ranges.append(range(start, start + n))
+    strides = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
+    pad: object = Unknown(f"padding past the end of operand {name} (a partial block)")
+    filled: list[object] = []
+    for coords in itertools.product(*ranges):
+        inside = all(0 <= c < d for c, d in zip(coords, dims))
+        flat = sum(c * st for c, st in zip(coords, strides))
+        filled.append(values[flat] if inside else pad)
+    if len(filled) == size:
+        buf.values = filled
+    else:
+        buf.values = list[object]([unknown] * size)
+
+
 def _block_changes(
     desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...], nxt: tuple[int, ...]
 ) -> bool:
@@ -340,8 +423,6 @@ def _block_changes(
 
 
 def _full(buf: Buffer) -> Any:
-    from safedma.testing._verify._regions import View
-
     return View(buf, buf.full_box(), buf.shape, buf.itemsize)
 
 

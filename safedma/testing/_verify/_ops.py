@@ -13,6 +13,7 @@ from safedma.testing._verify._program import (
     Op,
     RefVal,
     Compiler,
+    kernel_of,
     location,
     need_int,
     register,
@@ -170,6 +171,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         ssem_ref = g_ssem(env)
         kernel = ctx.kernel
         if target != ctx.p:
+            kernel = kernel_of(ctx, "a remote copy", where)
             ctx.machine.check_reach(
                 ctx.p,
                 target,
@@ -322,7 +324,7 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
             # A semaphore passed between kernels exists from the call that returned
             # it: the signal needs the target inside that call or after it.
             future = any(b is ref.buffer for b in eng.futures)
-            call: int = ctx.kernel.instance
+            call: int = kernel_of(ctx, "a remote semaphore signal", where).instance
             if future:
                 call = eng.born.get(ref.buffer.ident, call)
             ctx.machine.check_reach(
@@ -391,7 +393,8 @@ def _barrier_semaphore(c: Compiler, eqn: Any) -> Op:
     tagged = eqn.params.get("tag") is not None  # jax 0.12: jax gives a tagged barrier its id
 
     def op(env: list[Any], ctx: Ctx) -> None:
-        env[out] = RefVal(ctx.kernel.barrier_semaphore(ctx, where, tagged))
+        kernel = kernel_of(ctx, "pltpu.get_barrier_semaphore()", where)
+        env[out] = RefVal(kernel.barrier_semaphore(ctx, where, tagged))
 
     return op
 

@@ -7,6 +7,7 @@ computed; vectors are :data:`VECTOR`; refs are :class:`RefVal`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -123,6 +124,114 @@ def compile_jaxpr(
     return c
 
 
+_Box = tuple[tuple[int, int], ...]
+_LAYOUT = ("slice", "transpose", "reshape")
+
+
+def _layout_reads(jaxpr: Any) -> dict[Any, _Box | None]:
+    """Per variable, the bounding box of what the program reads of it (None: all).
+
+    One backward pass: a layout equation pulls its output's read box back to its
+    operand; any other use (an equation, a jaxpr output) reads all of it. A variable
+    no equation uses is absent (its caller treats that as all of it)."""
+    reads: dict[Any, _Box | None] = {a: None for a in jaxpr.outvars if not _jax.is_literal(a)}
+    for eqn in reversed(jaxpr.eqns):
+        pulled: _Box | None = None
+        skip = False
+        if eqn.primitive.name in _LAYOUT and len(eqn.outvars) == 1 and len(eqn.invars) == 1:
+            out = eqn.outvars[0]
+            if out not in reads:
+                skip = True  # the result is never used: this use reads nothing
+            else:
+                pulled = _pull_back(eqn, reads[out])
+        for a in eqn.invars:
+            if skip or _jax.is_literal(a):
+                continue
+            if pulled is None:
+                reads[a] = None
+            elif a not in reads:
+                reads[a] = pulled
+            else:
+                old = reads[a]
+                if old is not None:
+                    reads[a] = tuple(
+                        (min(lo, olo), max(hi, ohi)) for (lo, hi), (olo, ohi) in zip(pulled, old)
+                    )
+    return reads
+
+
+def _pull_back(eqn: Any, box: _Box | None) -> _Box | None:
+    """The bounding box of the operand of layout equation ``eqn`` that ``box`` of its
+    result comes from (``box`` None: all of the result); None when unknown."""
+    try:
+        in_shape = tuple(int(d) for d in eqn.invars[0].aval.shape)
+        out_shape = tuple(int(d) for d in eqn.outvars[0].aval.shape)
+        params = eqn.params
+        name = eqn.primitive.name
+        if box is None:
+            box = tuple((0, d) for d in out_shape)
+        if any(hi <= lo for lo, hi in box):
+            return tuple((0, 0) for _ in in_shape)
+        if name == "slice":
+            starts = [int(i) for i in params["start_indices"]]
+            strides = [int(i) for i in (params.get("strides") or [1] * len(starts))]
+            return tuple(
+                (st + lo * sd, st + (hi - 1) * sd + 1)
+                for (lo, hi), st, sd in zip(box, starts, strides)
+            )
+        if name == "transpose":
+            perm = [int(i) for i in params["permutation"]]
+            res: list[tuple[int, int]] = [(0, 0)] * len(perm)
+            for i, d in enumerate(perm):
+                res[d] = box[i]
+            return tuple(res)
+        if params.get("dimensions") is None:
+            return _pull_reshape(in_shape, out_shape, box)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError):
+        pass
+    return None
+
+
+def _pull_reshape(in_shape: tuple[int, ...], out_shape: tuple[int, ...], box: _Box) -> _Box:
+    """Bounding box in ``in_shape`` of ``box`` in the row-major reshape ``out_shape``:
+    per group of dimensions with equal products, the flat range of the box's corners."""
+    res: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(in_shape) or j < len(out_shape):
+        gi, gj = [i], [j]
+        pi = in_shape[i] if i < len(in_shape) else 1
+        pj = out_shape[j] if j < len(out_shape) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= in_shape[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= out_shape[j]
+                j += 1
+        gi = [d for d in gi if d < len(in_shape)]
+        gj = [d for d in gj if d < len(out_shape)]
+        lo = hi = 0
+        for d in gj:
+            lo = lo * out_shape[d] + box[d][0]
+            hi = hi * out_shape[d] + box[d][1] - 1
+        hi += 1
+        part: list[tuple[int, int]] = []
+        for k in range(len(gi)):
+            inner = math.prod(in_shape[e] for e in gi[k + 1 :])
+            a, b = lo // inner, (hi - 1) // inner + 1
+            if b - a > 1 or k == len(gi) - 1:
+                part.append((a, b))
+                part.extend((0, in_shape[e]) for e in gi[k + 1 :])
+                break
+            part.append((a, b))  # one index here: the rest of the range lies inside it
+            lo, hi = lo - a * inner, hi - a * inner
+        res.extend(part)
+    return tuple(res)
+
+
 def _const(v: object, outer: bool = False) -> object:
     try:
         import numpy as np
@@ -203,6 +312,8 @@ def _is_scalar(aval: Any) -> bool:
 class Compiler:
     def __init__(self, jaxpr: Any, outer: bool = False) -> None:
         self.outer = outer
+        self.jaxpr = jaxpr
+        self._slice_reads: dict[Any, tuple[tuple[int, int], ...] | None] | None = None
         self.slots: dict[Any, int] = {}
         self.compiled = c = Compiled()
         for v in jaxpr.constvars:
@@ -214,6 +325,14 @@ class Compiler:
             c.eqns.append(eqn)
         c.outvars = [self.atom(a) for a in jaxpr.outvars]
         c.nslots = len(self.slots)
+
+    def read_box(self, v: Any) -> tuple[tuple[int, int], ...] | None:
+        """The part of array ``v`` this program can read, when only layout equations
+        (``slice``, ``transpose``, ``reshape``) lead from it to every use that reads
+        it (a wrapper that drops a kernel's padding rows); None: all of it."""
+        if self._slice_reads is None:
+            self._slice_reads = _layout_reads(self.jaxpr)
+        return self._slice_reads.get(v)
 
     def slot(self, v: Any) -> int:
         s = self.slots.get(v)
@@ -476,14 +595,15 @@ class Compiler:
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             n = ctx.scoped_counts.get(key, 0)
             ctx.scoped_counts[key] = n + 1
+            kernel = kernel_of(ctx, "pl.run_scoped", where)
             allocs = [
-                RefVal(ctx.kernel.scoped_buffer(ctx, (key, n, i), aval, where))
+                RefVal(kernel.scoped_buffer(ctx, (key, n, i), aval, where))
                 for i, aval in enumerate(avals)
             ]
             res = yield from run(body, [*[r(env) for r in ins], *allocs], ctx)
             sems = [a.buffer for a in allocs if a.buffer.sem_kind is not None]
             if sems:
-                ctx.kernel.check_scoped_sems(ctx, sems)
+                kernel.check_scoped_sems(ctx, sems)
             for s, v in zip(outs, res):
                 env[s] = v
             return None
@@ -726,6 +846,19 @@ def _key(v: Any) -> object:
     if hasattr(v, "tobytes") and hasattr(v, "shape"):  # a numpy array
         return (v.tobytes(), v.shape, str(v.dtype))
     return v
+
+
+def kernel_of(ctx: Ctx, what: str, where: str) -> Any:
+    """The kernel call ``ctx`` runs in; a clear error for ``what`` outside any kernel."""
+    kernel = ctx.kernel
+    if kernel is None:
+        raise VerificationUnsupportedError(
+            f"{what} at {where} runs outside any Pallas kernel (a pallas_call or pl.kernel "
+            "body): verify models DMAs, semaphores and scoped allocations inside kernels "
+            "only. Move it into a kernel, or check this program with "
+            "safedma.testing.simulate."
+        )
+    return kernel
 
 
 def need_int(v: Any, what: str) -> int:

@@ -396,6 +396,27 @@ class Coverage:
                 out.append(cut)
         return out
 
+    def gap(self, box: Box) -> Box | None:
+        """A part of ``box`` nothing covers (the first cell of the boxes' grid), or None."""
+        if is_empty(box) or self.covers(box):
+            return None
+        parts = [b for b in self.boxes if overlaps(b, box)]
+        cuts: list[list[int]] = []
+        for d, (lo, hi) in enumerate(box):
+            points = {lo, hi}
+            for b in parts:
+                points.update(p for p in b[d] if lo < p < hi)
+            cuts.append(sorted(points))
+        if math.prod(len(c) - 1 for c in cuts) > 100_000:
+            return None
+        import itertools
+
+        for cell in itertools.product(*[range(len(c) - 1) for c in cuts]):
+            point = tuple(cuts[d][i] for d, i in enumerate(cell))
+            if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
+                return tuple((cuts[d][i], cuts[d][i + 1]) for d, i in enumerate(cell))
+        return None
+
     def covers(self, box: Box) -> bool:
         if is_empty(box):
             return True

@@ -214,6 +214,7 @@ class Machine:
         self.partly_from: dict[int, str] = {}
         # clock at each kernel call's entry and exit, by call number
         self.entry: list[dict[int, int]] = [{} for _ in labels]
+        self.cores = 1  # participants per device (pl.kernel over a TensorCoreMesh)
         self.exits: list[dict[int, int]] = [{} for _ in labels]
         self.calls: list[int] = [0] * len(labels)
         self.inside: list[bool] = [False] * len(labels)
@@ -244,11 +245,18 @@ class Machine:
     def check_written(self, p: int, view: View, what: str, where: str, fix: str) -> None:
         if view.empty or view.buffer.space == "SEMAPHORE":
             return
-        if not self._history(view.buffer).coverage.covers(view.box):
+        coverage = self._history(view.buffer).coverage
+        if not coverage.covers(view.box):
+            gap = coverage.gap(view.box)
+            part = (
+                f"{view.buffer.name}{_fmt_box(gap)}"
+                if gap is not None and gap != view.box
+                else f"that part of {view.buffer.name}"
+            )
             raise UnwrittenReadError(
                 f"read of unwritten data (R6) on {self.labels[p]}: {what} {view.buffer.name}"
-                f"{_fmt_box(view.box)} at {where}, but nothing wrote that part of "
-                f"{view.buffer.name} before{self.partly_from.get(view.buffer.ident, '')} "
+                f"{_fmt_box(view.box)} at {where}, but nothing wrote "
+                f"{part} before{self.partly_from.get(view.buffer.ident, '')} "
                 f"(its contents are garbage). {fix}"
             )
 
@@ -449,7 +457,7 @@ class Machine:
                 f"after it left the kernel (R8): nothing it waits for orders its exit "
                 "after this signal, so on a TPU the count lands in a semaphore no one "
                 "waits (a crash or corruption of the next kernel). Have the target wait "
-                "for it, or drop the signal."
+                f"for it, or drop the signal.{self._leftover_hint()}"
             )
         if barrier:
             # The barrier semaphore outlives the call: an early signal from a peer's
@@ -464,6 +472,13 @@ class Machine:
                 "(pltpu.get_barrier_semaphore with a collective_id) or leave "
                 "collective_id unset for Mosaic's default device barrier."
             )
+            if self.cores > 1 and p // self.cores == target // self.cores:
+                fix = (
+                    "synchronise the cores first: signal the barrier semaphore of the "
+                    "core you write to (device_id={'core': j}) and wait for its signal "
+                    "(pass a collective_id to pl.kernel); Mosaic's device barrier does "
+                    "not order the cores of one device."
+                )
             if relied is not None and relied.kind == "BARRIER":
                 fix = (
                     "make the barrier round impossible to release by a neighbour's next "
@@ -476,6 +491,26 @@ class Machine:
                     "per round (or slot), or make the signaller wait for a signal sent "
                     "after the wait."
                 )
+            else:
+                known = [
+                    self.labels[q]
+                    for q, calls in enumerate(self.entry)
+                    if q not in (p, target)
+                    and calls.get(kernel) is not None
+                    and rows[p, q] >= calls[kernel]
+                ]
+                if known:
+                    who = ", ".join(known[:3]) + (
+                        f" and {len(known) - 3} other devices" if len(known) > 3 else ""
+                    )
+                    fix = (
+                        f"{self.labels[p]} knows only that {who} entered this "
+                        f"call (from what its waits received), not {self.labels[target]}: a "
+                        "barrier wait tells a device only that the devices that signalled it "
+                        "entered. Have every device you write to or signal signal you, and "
+                        "wait for those signals before this access (e.g. signal both "
+                        "neighbours and wait for 2)."
+                    )
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
                 "before it has entered this kernel call (nothing orders its entry before "
@@ -741,6 +776,20 @@ class Machine:
             + "\n".join(f"  {text} (when it {when})" for _, when, text in items)
         )
 
+    def _leftover_hint(self) -> str:
+        """An earlier kernel left a count on a semaphore of its own (a start kernel
+        whose done kernel rebuilds the descriptor on its own scratch semaphore): a
+        later kernel cannot wait for it on another one. Empty when none was left."""
+        if not self.leftovers:
+            return ""
+        _, when, text = self.leftovers[0]
+        return (
+            f" Earlier, a semaphore was left non-zero when it {when}: {text}. A wait in a "
+            "later kernel cannot take that count from another semaphore (scratch "
+            "semaphores do not outlive their call): return the semaphore from the kernel "
+            "that starts the copy (a DMA future) and pass it to the one that waits."
+        )
+
     def deadlock(self, blocked: list[Blocked], done: list[int]) -> DeadlockError:
         lines: list[str] = []
         for b in sorted(blocked, key=lambda b: b.participant):
@@ -774,6 +823,7 @@ class Machine:
                 f" {len(done)} device(s) already left the kernel, e.g. "
                 f"{self.labels[done[0]]}: a signal they should have sent never came."
             )
+        hint += self._leftover_hint()
         return DeadlockError(
             "deadlock (R3): every device is blocked or finished and nothing in flight can "
             "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines) + "\n" + hint
