@@ -119,15 +119,18 @@ class MissingCollectiveIdError(SafeDmaError, ValueError):
     """The barrier semaphore was used in a kernel compiled without ``collective_id`` (T9)."""
 
     @classmethod
-    def in_raw_kernel(cls, where: str | None) -> MissingCollectiveIdError:
+    def in_raw_kernel(
+        cls, where: str | None, entry: str = "pallas_call"
+    ) -> MissingCollectiveIdError:
         """T9 found in a kernel's program (``simulate`` and ``verify``): ``where`` is the
-        user's line that takes the barrier, when known."""
+        user's line that takes the barrier, when known; ``entry`` the jax call that
+        launched the kernel (``pallas_call`` or ``pl.kernel``), named in the fix."""
         at = f" at {where}" if where else ""
         return cls(
             f"the kernel takes the barrier semaphore{at} (get_barrier_semaphore), but its "
-            "pallas_call has no collective_id: pass "
+            f"{entry} has no collective_id: pass "
             "compiler_params=pltpu.CompilerParams(collective_id=0) (any int, unique among "
-            "the collectives running at once) to the pallas_call (T9)."
+            f"the collectives running at once) to the {entry} (T9)."
         )
 
 

@@ -128,7 +128,7 @@ class _Run:
         and must be back to zero once all calls are over."""
         cid = self.desc.collective_id
         if cid is None and not tagged and not auto_collective_ids():
-            raise MissingCollectiveIdError.in_raw_kernel(where)
+            raise MissingCollectiveIdError.in_raw_kernel(where, entry="pl.kernel")
         return ctx.engine.barrier_buffer(ctx.p, cid)
 
 

@@ -41,6 +41,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jax.sharding import PartitionSpec as P
 
+from safedma import MissingCollectiveIdError
 from safedma.testing import (
     DeadlockError,
     LeftoverSemaphoreError,
@@ -356,7 +357,7 @@ def test_a_done_call_on_its_own_scratch_semaphore_hangs_and_says_why() -> None:
 # -------------------------------------- a barrier between the cores of pl.kernel
 
 
-def _core_swap(*, wait: bool) -> Any:
+def _core_swap(*, wait: bool, collective_id: int | None = 0) -> Any:
     """Each core copies its half to VMEM and sends it to the other core behind the
     barrier semaphore (the shape of jax's core_map guide), then writes it back."""
     tc = (
@@ -385,7 +386,7 @@ def _core_swap(*, wait: bool) -> Any:
             out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
             mesh=tc,
             scratch_types=[pltpu.VMEM((8, 128), F32)] * 2 + [pltpu.SemaphoreType.DMA] * 3,
-            compiler_params=pltpu.CompilerParams(collective_id=0),
+            compiler_params=pltpu.CompilerParams(collective_id=collective_id),
         )(x)
 
     return fn
@@ -401,6 +402,12 @@ def test_the_core_swap_without_its_barrier_wait_is_caught() -> None:
     with pytest.raises(SignalAfterExitError, match=HERE) as err:
         verify(_core_swap(wait=False), _s(8, 256))
     assert "synchronise the cores first" in str(err.value)
+
+
+def test_the_core_swap_without_a_collective_id_names_pl_kernel_in_the_fix() -> None:
+    with pytest.raises(MissingCollectiveIdError, match=HERE) as err:
+        verify(_core_swap(wait=True, collective_id=None), _s(8, 256))
+    assert "to the pl.kernel (T9)" in str(err.value)
 
 
 def test_a_barrier_signalled_twice_names_the_signals_left_over() -> None:
