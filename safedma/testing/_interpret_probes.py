@@ -62,6 +62,7 @@ __all__ = [
     "interpret_probes",
     "races_raise_natively",
     "strict_interpret_params",
+    "sub_jaxprs",
     "unfiltered_tracebacks",
     "user_location",
     "warm_up",
@@ -324,10 +325,11 @@ def user_location(source_info: object) -> str | None:
     return None
 
 
-def _sub_jaxprs(value: object) -> Iterable[Any]:
+def sub_jaxprs(value: object) -> Iterable[Any]:
+    """The jaxprs held by an equation parameter (a jaxpr, a ClosedJaxpr, or lists of them)."""
     if isinstance(value, (tuple, list)):
         for item in cast("Sequence[object]", value):
-            yield from _sub_jaxprs(item)
+            yield from sub_jaxprs(item)
         return
     inner = getattr(value, "jaxpr", None)  # a ClosedJaxpr
     if inner is not None and hasattr(inner, "eqns"):
@@ -348,7 +350,7 @@ def _register_enclosing(jaxpr: Any, outer: str | None, seen: set[int]) -> None:
             if traceback is not None and id(traceback) not in _enclosing:
                 _enclosing[id(traceback)] = (traceback, outer)
         for value in getattr(eqn, "params", {}).values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 _register_enclosing(sub, own or outer, seen)
 
 

@@ -12,8 +12,8 @@ refused here, naming the construct and the user's line, and pointed to
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import Any
 
 import os
 
@@ -65,18 +65,6 @@ def _is_semaphore(aval: object) -> bool:
         return False
 
 
-def _sub_jaxprs(value: object) -> Iterator[Any]:
-    if isinstance(value, (tuple, list)):
-        for item in cast("Sequence[object]", value):
-            yield from _sub_jaxprs(item)
-        return
-    inner = getattr(value, "jaxpr", None)  # a ClosedJaxpr
-    if inner is not None and hasattr(inner, "eqns"):
-        yield inner
-    elif hasattr(value, "eqns"):
-        yield value
-
-
 def _equations(jaxpr: Any) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and its sub-jaxprs, kernel bodies left out."""
     for eqn in jaxpr.eqns:
@@ -84,13 +72,13 @@ def _equations(jaxpr: Any) -> Iterator[Any]:
         if str(eqn.primitive) in _KERNEL_CALLS:
             continue
         for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in probes.sub_jaxprs(value):
                 yield from _equations(sub)
 
 
 def _kernel_bodies(eqn: Any) -> Iterator[Any]:
     for name in ("jaxpr", "jaxprs"):
-        yield from _sub_jaxprs(eqn.params.get(name))
+        yield from probes.sub_jaxprs(eqn.params.get(name))
 
 
 def _refuse_regular_semaphore_dma(kernel: Any) -> None:
