@@ -58,8 +58,10 @@ _POLL_S = 0.05
 #: sleeps between looks at its count, so a signal that just landed is seen.
 _CONFIRM_S = 0.3
 
-#: XLA options for compiling a simulation (see where it is compiled).
-_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}
+#: XLA options for compiling a simulation (see where it is compiled). Typed as jax's
+#: CompilerOptions (``dict[str, str | bool]`` in jax 0.10.2, ``dict[str, Any]`` in 0.12):
+#: a bare literal is ``dict[str, str]``, which dict's invariance keeps out of 0.10.2's.
+_COMPILER_OPTIONS: dict[str, str | bool] = {"xla_disable_hlo_passes": "cse"}
 
 # jaxlib's exception class is untyped for pyright.
 # getattr into a declared variable, not cast(): pyright and basedpyright disagree on

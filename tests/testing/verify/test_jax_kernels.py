@@ -119,9 +119,12 @@ def test_a_manual_dma_into_the_pipelines_output_is_a_race() -> None:
     assert isinstance(err.value, RaceDetectedError), type(err.value).__name__
 
 
-def test_simulate_misses_the_pipeline_race() -> None:
-    """Eager DMAs land at their start, before the pipeline writes: simulate sees no race."""
-    simulate(_on_tpu_mesh(True), jnp.ones(X.shape, X.dtype), timeout_s=30)
+def test_simulate_also_catches_the_pipeline_race() -> None:
+    """Eager DMAs land at their start, before the pipeline writes, so simulate once saw
+    no race; with a clock entry per copy (session 5) the interpreter's race detector
+    sees the pipeline's write-back is not ordered after the side copy, as verify does."""
+    with pytest.raises(RaceDetectedError, match=r"jax_programs\.py:10[5-9]"):
+        simulate(_on_tpu_mesh(True), jnp.ones(X.shape, X.dtype), timeout_s=30)
 
 
 # ------------------------------------------------------------------ jax's kernels
