@@ -10,6 +10,7 @@ otherwise a conservative bound).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import cast
@@ -398,8 +399,22 @@ class Coverage:
 
     def gap(self, box: Box) -> Box | None:
         """A part of ``box`` nothing covers (the first cell of the boxes' grid), or None."""
-        if is_empty(box) or self.covers(box):
+        if is_empty(box) or any(contains(b, box) for b in self.boxes):
             return None
+        cell = self._uncovered_cell(box)
+        return None if cell is _TOO_FINE else cast("Box | None", cell)
+
+    def covers(self, box: Box) -> bool:
+        if is_empty(box) or any(contains(b, box) for b in self.boxes):
+            return True
+        # Too fine to check cheaply: assume covered (no false alarm).
+        cell = self._uncovered_cell(box)
+        return cell is None or cell is _TOO_FINE
+
+    def _uncovered_cell(self, box: Box) -> Box | object | None:
+        """The first cell of ``box`` no box covers, by coordinate compression over the
+        boxes that touch it; None when all are covered, :data:`_TOO_FINE` when the grid
+        has too many cells to look."""
         parts = [b for b in self.boxes if overlaps(b, box)]
         cuts: list[list[int]] = []
         for d, (lo, hi) in enumerate(box):
@@ -407,42 +422,18 @@ class Coverage:
             for b in parts:
                 points.update(p for p in b[d] if lo < p < hi)
             cuts.append(sorted(points))
-        if math.prod(len(c) - 1 for c in cuts) > 100_000:
-            return None
-        import itertools
-
+        if math.prod(len(c) - 1 for c in cuts) > _MAX_CELLS:
+            return _TOO_FINE
         for cell in itertools.product(*[range(len(c) - 1) for c in cuts]):
             point = tuple(cuts[d][i] for d, i in enumerate(cell))
             if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
                 return tuple((cuts[d][i], cuts[d][i + 1]) for d, i in enumerate(cell))
         return None
 
-    def covers(self, box: Box) -> bool:
-        if is_empty(box):
-            return True
-        for b in self.boxes:
-            if contains(b, box):
-                return True
-        parts = [b for b in self.boxes if overlaps(b, box)]
-        if not parts:
-            return False
-        # Coordinate compression over the boxes that touch ``box``.
-        cuts: list[list[int]] = []
-        for d, (lo, hi) in enumerate(box):
-            points = {lo, hi}
-            for b in parts:
-                points.update(p for p in b[d] if lo < p < hi)
-            cuts.append(sorted(points))
-        cells = math.prod(len(c) - 1 for c in cuts)
-        if cells > 100_000:
-            return True  # too fine to check cheaply: assume covered (no false alarm)
-        import itertools
 
-        for cell in itertools.product(*[range(len(c) - 1) for c in cuts]):
-            point = tuple(cuts[d][i] for d, i in enumerate(cell))
-            if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
-                return False
-        return True
+_MAX_CELLS = 100_000
+_TOO_FINE = object()
+"""What ``Coverage._uncovered_cell`` returns for a grid of more than ``_MAX_CELLS`` cells."""
 
 
 def carried(parts: Sequence[Box], src: Box, dst: Box) -> list[Box]:
