@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -56,6 +57,16 @@ def hbm_call(
 
 def dma(n: int = 1) -> list[object]:
     return [pltpu.SemaphoreType.DMA(()) for _ in range(n)]
+
+
+def line_of(fn: Callable[..., Any], text: str) -> str:
+    """``path:line`` of the first line of ``fn``'s source containing ``text``: the user
+    line an error about ``fn`` must name."""
+    lines, first = inspect.getsourcelines(fn)
+    for offset, line in enumerate(lines):
+        if text in line:
+            return f"{inspect.getsourcefile(fn)}:{first + offset}"
+    raise AssertionError(f"{text!r} not in {fn.__name__}")
 
 
 def example(shape: tuple[int, ...]) -> jax.Array:

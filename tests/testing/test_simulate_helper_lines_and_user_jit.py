@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import textwrap
@@ -32,17 +31,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from safedma.testing import KernelFailedError, simulate
 from tests.support.processes import run_python
-from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example
+from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example, line_of
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
-
-
-def _line_of(fn: Any, text: str) -> str:
-    lines, first = inspect.getsourcelines(fn)
-    for offset, line in enumerate(lines):
-        if text in line:
-            return f"{__file__}:{first + offset}"
-    raise AssertionError(f"{text!r} not in {fn.__name__}")
 
 
 # ------------------------------------ 1: a copy jax builds inside sync_copy
@@ -90,7 +81,7 @@ def test_an_out_of_range_sync_copy_names_the_users_line(
         simulate(_windowed(kernel, scratch), jnp.array([4], jnp.int32), example(BLOCK))
     message = str(failed.value)
     assert what in message, message
-    line = _line_of(kernel, "x_ref, buf.at" if scratch else "pltpu.sync_copy(")
+    line = line_of(kernel, "x_ref, buf.at" if scratch else "pltpu.sync_copy(")
     assert f"at {line} " in message, message
     assert_clean_afterwards()
 
@@ -120,7 +111,7 @@ def _write_window_by_helper(s_ref: Any, x_ref: Any, o_ref: Any) -> None:
 def test_a_users_own_helper_is_still_named_by_its_own_line() -> None:
     with pytest.raises(KernelFailedError) as failed:
         simulate(_windowed(_write_window_by_helper), jnp.array([4], jnp.int32), example(BLOCK))
-    assert f"at {_line_of(_helper_copy, 'copy.start()')} " in str(failed.value)
+    assert f"at {line_of(_helper_copy, 'copy.start()')} " in str(failed.value)
 
 
 # ------------------------------------ 2: the user's own jax.jit around a kernel

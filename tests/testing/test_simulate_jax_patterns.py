@@ -22,7 +22,14 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from tests.support.simulation import BLOCK, BLOCK_BYTES, F32, assert_clean_afterwards, example
+from tests.support.simulation import (
+    BLOCK,
+    BLOCK_BYTES,
+    F32,
+    assert_clean_afterwards,
+    example,
+    line_of,
+)
 from safedma.testing import KernelFailedError, LeftoverSemaphoreError, RaceDetectedError
 from safedma.testing import SimulationUnsupportedError
 from safedma.testing import simulate
@@ -33,15 +40,6 @@ from safedma.testing._recorder import Recorder
 from safedma.testing._runner import _outputs  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
-
-
-def _line_of(fn: Any, text: str) -> str:
-    """``path:line`` of the first line of ``fn`` containing ``text``."""
-    lines, first = inspect.getsourcelines(fn)
-    for offset, line in enumerate(lines):
-        if text in line:
-            return f"{__file__}:{first + offset}"
-    raise AssertionError(f"{text!r} not in {fn.__name__}")
 
 
 # ------------------------------------ pl.kernel built outside simulate, own interpret=
@@ -96,7 +94,7 @@ def test_pl_kernel_built_outside_simulate_without_its_wait_is_caught() -> None:
         simulate(kernel, example((16, 128)), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
     headline = str(caught.value).splitlines()[0]
     # Whichever access the detector meets second, the headline names the start.
-    assert _line_of(_swap_body, "copy.start()") in headline, headline
+    assert line_of(_swap_body, "copy.start()") in headline, headline
     assert_clean_afterwards()
 
 
@@ -141,7 +139,7 @@ def test_a_dma_future_across_pallas_calls_is_refused_naming_the_call_and_verify(
         simulate(_copy_through_a_future, example(BLOCK))
     message = str(refused.value)
     assert "future" in message and "safedma.testing.verify" in message, message
-    start_line = _line_of(_copy_through_a_future, "x, out, sem = pl.pallas_call(")
+    start_line = line_of(_copy_through_a_future, "x, out, sem = pl.pallas_call(")
     assert f"at {start_line} " in message, message
     assert "returns 1 semaphore" in message, message
     assert_clean_afterwards()
@@ -168,7 +166,7 @@ def test_the_same_start_with_its_semaphore_in_scratch_is_still_simulated_and_cau
 
     with pytest.raises((LeftoverSemaphoreError, RaceDetectedError)) as caught:
         simulate(start_only, example(BLOCK))
-    assert _line_of(_future_start, ".start()") in str(caught.value)
+    assert line_of(_future_start, ".start()") in str(caught.value)
     assert_clean_afterwards()
 
 
@@ -221,14 +219,14 @@ def test_an_interpreter_lowering_failure_is_refused_naming_the_line_and_verify()
     message = str(refused.value)
     assert "jax's TPU interpreter failed" in message, message
     assert "safedma.testing.verify" in message and "check_vma=False" in message, message
-    assert f"at {_line_of(_exchange, 'peer = 1 - lax.axis_index')} " in message, message
+    assert f"at {line_of(_exchange, 'peer = 1 - lax.axis_index')} " in message, message
     # The same kernel under simulate's own shard_map (check_vma=False) runs ...
     out = simulate(_exchange_call(True), x, mesh=mesh)
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 8, 0))
     # ... and its twin without the wait is still caught, naming its start.
     with pytest.raises((LeftoverSemaphoreError, RaceDetectedError)) as caught:
         simulate(_exchange_call(False), x, mesh=mesh)
-    assert _line_of(_exchange, "copy.start()") in str(caught.value)
+    assert line_of(_exchange, "copy.start()") in str(caught.value)
     assert_clean_afterwards()
 
 
@@ -265,7 +263,7 @@ def test_a_race_in_a_program_with_its_own_shard_map_names_devices_not_dmas() -> 
         simulate(program, x)
     race = caught.value.races[0]
     assert race.accessor.startswith("device ") or int(race.accessor.split("#")[1]) >= 4, race
-    lines = (_line_of(_zero_then_send, "o_ref[...] ="), _line_of(_zero_then_send, "copy.start()"))
+    lines = (line_of(_zero_then_send, "o_ref[...] ="), line_of(_zero_then_send, "copy.start()"))
     assert all(line in str(caught.value) for line in lines), str(caught.value)
     assert_clean_afterwards()
 
@@ -304,11 +302,11 @@ def test_a_ref_view_the_interpreter_lacks_is_refused_naming_the_line_and_verify(
         simulate(call, x)
     message = str(refused.value)
     assert "does not implement" in message and "safedma.testing.verify" in message, message
-    assert f"at {_line_of(_read_through_a_view, 'o_ref[...] =')} " in message, message
+    assert f"at {line_of(_read_through_a_view, 'o_ref[...] =')} " in message, message
     # A mistake the interpreter checks is still the kernel's failure, with its line.
     with pytest.raises(KernelFailedError) as failed:
         simulate(_vmem_call(_read_out_of_bounds, jax.ShapeDtypeStruct(BLOCK, F32)), example(BLOCK))
-    assert _line_of(_read_out_of_bounds, "x_ref[100, 0]") in str(failed.value)
+    assert line_of(_read_out_of_bounds, "x_ref[100, 0]") in str(failed.value)
     assert_clean_afterwards()
 
 
@@ -347,12 +345,12 @@ def test_a_copy_signalling_a_regular_semaphore_is_refused_not_called_leftover() 
         simulate(_hbm_call(_copy_on_a_regular_semaphore), example(BLOCK))
     message = str(refused.value)
     assert "REGULAR" in message and "safedma.testing.verify" in message, message
-    assert f"at {_line_of(_copy_on_a_regular_semaphore, 'async_copy(x_hbm')} " in message
+    assert f"at {line_of(_copy_on_a_regular_semaphore, 'async_copy(x_hbm')} " in message
     # The refusal is for regular semaphores only: a copy on a DMA semaphore
     # read before its wait is still simulated and caught.
     with pytest.raises((RaceDetectedError, LeftoverSemaphoreError)) as caught:
         simulate(_hbm_call(_copy_on_a_dma_semaphore), example(BLOCK))
-    assert _line_of(_copy_on_a_dma_semaphore, "async_copy(x_hbm") in str(caught.value)
+    assert line_of(_copy_on_a_dma_semaphore, "async_copy(x_hbm") in str(caught.value)
     assert_clean_afterwards()
 
 
@@ -391,7 +389,7 @@ def test_a_semaphore_index_past_the_array_is_caught_naming_the_line() -> None:
         simulate(_steps_call(1), x)
     message = str(caught.value)
     assert "semaphore index 2" in message and "shape (2,)" in message, message
-    assert _line_of(_per_step_semaphore, "copy.start()") in message, message
+    assert line_of(_per_step_semaphore, "copy.start()") in message, message
     assert_clean_afterwards()
 
 

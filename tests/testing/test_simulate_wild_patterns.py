@@ -9,7 +9,6 @@ be caught, naming the kernel's own line.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import jax
@@ -23,17 +22,9 @@ from jax.experimental.pallas import tpu as pltpu
 from safedma.testing import LeftoverSemaphoreError, RaceDetectedError, simulate, simulated_mesh
 from safedma.testing._errors import Race
 from safedma.testing._interpret_probes import DMA_CLOCK_ENTRIES
-from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example
+from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example, line_of
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
-
-
-def _line_of(fn: Any, text: str) -> str:
-    lines, first = inspect.getsourcelines(fn)
-    for offset, line in enumerate(lines):
-        if text in line:
-            return f"{__file__}:{first + offset}"
-    raise AssertionError(f"{text!r} not in {fn.__name__}")
 
 
 # ------------------------------------ G gathers in flight, one semaphore each
@@ -85,8 +76,8 @@ def test_a_read_after_the_other_copies_waits_but_before_its_own_is_a_race(skippe
     with pytest.raises(RaceDetectedError) as caught:
         simulate(_gather_call(skipped), example((UNITS * 8, 128)))
     message = str(caught.value)
-    assert f"at {_line_of(_gather_units, 'o_ref[...] = buf')} " in message, message
-    assert _line_of(_gather_units, "unit(g).start()") in message, message
+    assert f"at {line_of(_gather_units, 'o_ref[...] = buf')} " in message, message
+    assert line_of(_gather_units, "unit(g).start()") in message, message
     assert_clean_afterwards()
 
 
@@ -110,7 +101,7 @@ def test_copies_started_in_any_order_get_separate_clock_entries() -> None:
     )
     with pytest.raises(RaceDetectedError) as caught:
         simulate(call, example((16, 128)))
-    assert f"at {_line_of(_wait_the_other_half, 'o_ref[...] =')} " in str(caught.value)
+    assert f"at {line_of(_wait_the_other_half, 'o_ref[...] =')} " in str(caught.value)
 
 
 def _many_in_flight(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
@@ -210,9 +201,9 @@ def test_a_slice_never_waited_on_the_shared_semaphore_is_caught() -> None:
         simulate(
             _cache_update(True), jnp.asarray(slices), example((16, 128)), jnp.zeros((32, 128), F32)
         )
-    assert _line_of(_slices_through_scratch, "x_ref.at[pl.ds(s_ref[1, i], length)]") in str(
+    assert line_of(_slices_through_scratch, "x_ref.at[pl.ds(s_ref[1, i], length)]") in str(
         caught.value
-    ) or _line_of(_slices_through_scratch, "copy.start()") in str(caught.value), str(caught.value)
+    ) or line_of(_slices_through_scratch, "copy.start()") in str(caught.value), str(caught.value)
 
 
 # ------------------------------------ one chip sends, the other only waits (no barrier)
@@ -260,7 +251,7 @@ def test_a_receiver_that_returns_without_wait_recv_is_a_race_naming_the_send() -
     message = str(caught.value)
     # Whichever access jax's detector meets second, the message names the copy's
     # start and says the receiver's body had returned.
-    assert _line_of(_one_way_send, "copy.start()") in message, message
+    assert line_of(_one_way_send, "copy.start()") in message, message
     assert "copying the kernel's outputs back" in message or "wait_recv" in message, message
     assert_clean_afterwards()
 
@@ -299,4 +290,4 @@ def test_two_copies_in_flight_into_the_same_rows_are_a_race() -> None:
     )
     with pytest.raises(RaceDetectedError) as caught:
         simulate(call, example((16, 128)))
-    assert _line_of(_two_copies_into_the_same_rows, "second.start()") in str(caught.value)
+    assert line_of(_two_copies_into_the_same_rows, "second.start()") in str(caught.value)

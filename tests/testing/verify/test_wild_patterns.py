@@ -63,6 +63,19 @@ def _s(*shape: int, dtype: Any = F32) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+def _with_collective_id(kernel: Any) -> Any:
+    """``kernel(x_ref, o_ref)`` as a function of x, with ``collective_id=0``."""
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    return fn
+
+
 # ------------------------------------------------ a blocked SMEM index table
 
 ROWS, K, STEPS = 16, 3, 2
@@ -273,13 +286,7 @@ def test_the_same_handshake_inside_a_kernel_is_checked(wait: bool) -> None:
         _handshake(wait=wait)
         o_ref[...] = x_ref[...]
 
-    def fn(x: Any) -> Any:
-        return pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            compiler_params=pltpu.CompilerParams(collective_id=0),
-        )(x)
-
+    fn = _with_collective_id(kernel)
     mesh = abstract_mesh((2,), ("x",))
     if wait:
         assert verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x")).signals == 2
@@ -419,12 +426,6 @@ def test_a_barrier_signalled_twice_names_the_signals_left_over() -> None:
         pl.semaphore_wait(sem, 1)
         o_ref[...] = x_ref[...]
 
-    def fn(x: Any) -> Any:
-        return pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            compiler_params=pltpu.CompilerParams(collective_id=0),
-        )(x)
-
+    fn = _with_collective_id(kernel)
     with pytest.raises(LeftoverSemaphoreError, match=HERE):
         verify(fn, _s(16, 128), mesh=abstract_mesh((2,), ("x",)), in_specs=P("x"))
