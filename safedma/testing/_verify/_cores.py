@@ -16,7 +16,7 @@ from typing import Any, cast
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
 from safedma.testing._verify import _jax
-from safedma.testing._verify._kernels import describe_leftover
+from safedma.testing._verify._kernels import describe_leftover, parameter_names
 from safedma.testing._verify._program import (
     Compiler,
     Ctx,
@@ -86,18 +86,22 @@ class _CoreKernel:
                 "body's protocol as its own pl.kernel, or test this one on hardware"
             )
         jaxpr, consts = _jax.jaxpr_of(jaxprs[0])
-        self.body = compile_jaxpr(jaxpr, consts)
+        self.body = compile_jaxpr(jaxpr, consts, kernel_body=True)
         self.axis, self.cores = mesh_cores(meshes[0])
         self.axes = core_axes(meshes[0]) or ((self.axis, self.cores),)
         self.where = location(eqn)
         self.name = str(p.get("name") or "pl.kernel")
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
-        names = _jax.kernel_param_names(jaxpr)
-        self.param_names: list[str] = [
-            names[i] if i < len(names) else f"operand {i}" for i in range(len(self.avals))
-        ]
         self.n_in = len(eqn.invars)
         self.n_out = len(tuple(p.get("out_avals", ())))
+        roles = (
+            ("input", self.n_in),
+            ("output", self.n_out),
+            ("scratch", len(self.avals) - self.n_in - self.n_out),
+        )
+        self.param_names, self.param_named = parameter_names(
+            _jax.kernel_param_names(jaxpr), self.avals, roles
+        )
         aliases = dict(cast("dict[int, int]", p.get("input_output_aliases") or {}))
         self.aliases = {int(o): int(i) for i, o in aliases.items()}
         cp = _jax.tpu_compiler_params(p)

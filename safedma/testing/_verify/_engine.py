@@ -199,7 +199,7 @@ class Engine:
             )
             src = self.input_value(ctx.p, aval, known, name)
         if isinstance(src, RefVal) and not block and not smem:
-            if src.buffer.name.startswith("argument ") and not name.startswith("operand "):
+            if src.buffer.name.startswith("argument ") and desc.param_named[pos]:
                 src.buffer.name = name  # messages name the kernel's own parameter
             return self.adopt(ctx.p, role, src.buffer, aval, name)
         buf = self.buffer(ctx.p, role, aval, name)

@@ -13,6 +13,7 @@ import ast
 import functools
 import linecache
 import os
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -46,7 +47,9 @@ __all__ = [
     "is_ref_aval",
     "scan_split",
     "kernel_params",
+    "traceback_frames",
     "user_frame",
+    "user_frame_of",
     "kernel_param_names",
     "bind_concrete",
     "JaxprEqn",
@@ -359,31 +362,51 @@ def _is_library(path: str) -> bool:
 
 
 def user_frame(source_info: Any) -> str | None:
-    """ "file:line (function)" of the first frame outside jax and safedma's library.
+    """ "file:line (function)" of the first frame outside jax and safedma's library,
+    with the lines that called it when it is a helper of the kernel.
 
     Why: ``source_info.traceback.frames`` is jax's record of where the
     equation was traced; safedma's wrappers bind primitives from
     safedma/_compat.py, so jax's own user-frame filter would name safedma.
-    ``safedma/kernels/`` counts as user code.
+    ``safedma/kernels/`` counts as user code. A helper's line is the same for
+    every copy it issues (``_async_copy(src, dst, sem)``, a zero-fill helper
+    in another module), so the lines of the kernel that called it tell them
+    apart: up to two calling frames, stopping where Pallas traced the kernel.
+    """
+    return user_frame_of(traceback_frames(source_info))
+
+
+def traceback_frames(source_info: Any) -> list[Any]:
+    """The frames jax recorded where an equation was traced, innermost first.
+
+    Why: ``source_info.traceback.frames`` is private to jax; an equation
+    inside a ``fori_loop`` or ``pl.when`` body records frames only up to that
+    body's trace, so callers add the frames of the enclosing equations.
     """
     tb = getattr(source_info, "traceback", None)
     if tb is None:
-        return None
+        return []
     try:
-        frames = list(tb.frames)
+        return list(tb.frames)
     except Exception:
-        return None
+        return []
+
+
+def user_frame_of(frames: Sequence[Any], whole_kernel: bool = False) -> str | None:
+    """:func:`user_frame` over a list of frames, innermost first; ``whole_kernel``:
+    the list ends at the kernel function (its callers are not in it)."""
     for i, frame in enumerate(frames):
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
-            caller = frames[i + 1] if i + 1 < len(frames) else None
-            if caller is not None and caller.file_name == frame.file_name:
-                # a helper of the kernel (``_async_copy(src, dst, sem, wait)``): its
-                # line is the same for every copy, the caller's line tells them apart
-                return (
-                    f"{frame.file_name}:{frame.line_num} ({frame.function_name}, "
-                    f"called at line {caller.line_num} in {caller.function_name})"
-                )
-            return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+            callers = _kernel_callers(frames, i, whole_kernel)
+            if not callers:
+                return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+            via = ", ".join(
+                f"line {c.line_num} in {c.function_name}"
+                if c.file_name == frame.file_name
+                else f"{c.file_name}:{c.line_num} in {c.function_name}"
+                for c in callers
+            )
+            return f"{frame.file_name}:{frame.line_num} ({frame.function_name}, called at {via})"
     # Kernels shipped inside jax itself (jax/experimental/pallas/ops): their own line.
     for frame in frames:
         path = frame.file_name
@@ -393,6 +416,49 @@ def user_frame(source_info: Any) -> str | None:
         ):
             return f"{path}:{frame.line_num} ({frame.function_name})"
     return None
+
+
+_MAX_CALLERS = 2
+# where Pallas traces a kernel body: frames past these are the code that called the kernel
+_KERNEL_TRACERS = (
+    f"{os.sep}pallas{os.sep}pallas_call.py",
+    f"{os.sep}pallas{os.sep}core.py",
+)
+
+
+# jax frames that wrap a call without tracing a body (``@jax.named_scope``, api boundaries)
+_TRANSPARENT = ("source_info_util.py", "traceback_util.py")
+
+
+def _kernel_callers(frames: Sequence[Any], first: int, whole_kernel: bool) -> list[Any]:
+    """User frames that called ``frames[first]`` inside the kernel, innermost first.
+
+    Only direct calls are named: a function run by jax (a ``fori_loop`` or
+    ``pl.when`` body) is traced once where it is written, so its line already
+    tells it apart, while a helper called from several lines is not. The walk
+    ends where Pallas traced the kernel, so the code that called
+    ``pallas_call`` is never named (``whole_kernel``: the frames end there). If
+    that point is not in the record, only a direct caller in the same file is
+    named.
+    """
+    through_jax = False
+    found: list[Any] = []
+    for outer in frames[first + 1 :]:
+        path = str(outer.file_name)
+        if _is_library(path) or "<frozen" in path:
+            if path.endswith(_KERNEL_TRACERS) and f"{os.sep}jax{os.sep}" in path:
+                return found[:_MAX_CALLERS]
+            through_jax = through_jax or not path.endswith(_TRANSPARENT)
+            continue
+        if not through_jax:
+            found.append(outer)
+        through_jax = False
+    if whole_kernel:
+        return found[:_MAX_CALLERS]
+    direct = frames[first + 1] if first + 1 < len(frames) else None
+    if direct is not None and direct.file_name == frames[first].file_name:
+        return [direct]
+    return []
 
 
 @functools.lru_cache(maxsize=256)
@@ -410,6 +476,10 @@ def _def_params(path: str, line: int) -> tuple[str, ...]:
     return ()
 
 
+# jax's name for an item of a ``*args`` parameter: no name of the author's
+_STAR_ITEM = re.compile(r"\w+\[\d+\]")
+
+
 def kernel_param_names(kernel_jaxpr: Any) -> tuple[str, ...]:
     """The kernel function's positional parameter names, from its ``def`` line.
 
@@ -420,7 +490,7 @@ def kernel_param_names(kernel_jaxpr: Any) -> tuple[str, ...]:
     info = getattr(kernel_jaxpr, "debug_info", None)
     raw: Sequence[object] = getattr(info, "arg_names", None) or ()
     names = tuple(str(n) for n in raw if n is not None)
-    if names and len(names) == len(raw) and all(n and not n.startswith("args[") for n in names):
+    if names and len(names) == len(raw) and not any(_STAR_ITEM.fullmatch(n) for n in names):
         return names
     src = str(getattr(info, "func_src_info", "") or "")
     if " at " in src and ":" in src:

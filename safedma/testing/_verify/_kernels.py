@@ -30,7 +30,39 @@ from safedma.testing._verify._report import VerificationUnsupportedError
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import SemState
 
-__all__ = ["KernelRun", "describe_leftover"]
+__all__ = ["KernelRun", "describe_leftover", "parameter_names"]
+
+
+def parameter_names(
+    names: tuple[str, ...], avals: list[Any], groups: tuple[tuple[str, int], ...]
+) -> tuple[list[str], list[bool]]:
+    """Each kernel parameter's name for messages, and whether its ``def`` named it.
+
+    Why: a kernel written as ``def kernel(*args)`` (vLLM's RPA forwards its
+    operands that way) has no parameter names, and "operand 16" does not tell
+    the author which buffer a message is about. Such a parameter is named by
+    its role among the call's operands (``groups``: role, count, in order), its
+    position and its type, e.g. ``scratch 2 (parameter 16: vmem float32[2,128])``.
+    """
+    by_position: list[str] = []
+    if all(n >= 0 for _, n in groups) and sum(n for _, n in groups) == len(avals):
+        for role, count in groups:
+            by_position.extend(f"{role} {k}" for k in range(count))
+    else:
+        by_position = [f"operand {i}" for i in range(len(avals))]
+    result: list[str] = []
+    named: list[bool] = []
+    for i, aval in enumerate(avals):
+        if i < len(names):
+            result.append(names[i])
+            named.append(True)
+            continue
+        space = str(getattr(aval, "memory_space", "") or "")
+        inner = str(getattr(aval, "inner_aval", aval))
+        typed = f"{space} {inner}" if space and "sem" not in inner else inner
+        result.append(f"{by_position[i]} (parameter {i}: {typed})")
+        named.append(False)
+    return result, named
 
 
 class KernelDesc:
@@ -46,14 +78,21 @@ class KernelDesc:
         operands = int(kp["num_dynamic_grid_bounds"]) + int(kp["num_index_operands"])
         extra = len(eqn.invars) - operands - int(kp["num_inputs"])
         self.n_consts = extra if extra > 0 and extra == len(jaxpr.constvars) else 0
-        self.body = compile_jaxpr(jaxpr, consts, consts_are_args=self.n_consts > 0)
+        self.body = compile_jaxpr(
+            jaxpr, consts, consts_are_args=self.n_consts > 0, kernel_body=True
+        )
         self.where = location(eqn)
-        names = _jax.kernel_param_names(jaxpr)
-        self.param_names: list[str] = [
-            names[i] if i < len(names) else f"operand {i}" for i in range(len(jaxpr.invars))
-        ]
-        self.name = kp["name"] or "kernel"
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
+        roles = (
+            ("scalar-prefetch operand", int(kp["num_index_operands"])),
+            ("input", int(kp["num_inputs"])),
+            ("output", int(kp["num_outputs"])),
+            ("scratch", int(kp["num_scratch"])),
+        )
+        self.param_names, self.param_named = parameter_names(
+            _jax.kernel_param_names(jaxpr), self.avals, roles
+        )
+        self.name = kp["name"] or "kernel"
         self.n_index = int(kp["num_index_operands"])
         self.n_in = int(kp["num_inputs"])
         self.n_out = int(kp["num_outputs"])

@@ -106,17 +106,32 @@ def _effect_free(eqn: Any) -> bool:
 
 
 def compile_jaxpr(
-    jaxpr: Any, consts: Sequence[object] = (), outer: bool = False, consts_are_args: bool = False
+    jaxpr: Any,
+    consts: Sequence[object] = (),
+    outer: bool = False,
+    consts_are_args: bool = False,
+    kernel_body: bool = False,
 ) -> Compiled:
     """``jaxpr`` as closures; ``outer`` for the program around the kernels, where small
     arrays built from known values (page tables, flags) are computed concretely.
     ``consts_are_args``: the constvars are fed by the equation's operands (run_scoped
-    in jax 0.12), not by constants."""
+    in jax 0.12), not by constants. ``kernel_body``: the body of a kernel, whose
+    equations' lines are named up to the kernel function and no further out."""
     key = (id(jaxpr), outer, consts_are_args)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
-    c = Compiler(jaxpr, outer).compiled
+    if kernel_body:
+        saved = _ENCLOSING[:]
+        _ENCLOSING.clear()
+        _IN_KERNEL.append(True)
+        try:
+            c = Compiler(jaxpr, outer).compiled
+        finally:
+            _IN_KERNEL.pop()
+            _ENCLOSING[:] = saved
+    else:
+        c = Compiler(jaxpr, outer).compiled
     values = [_const(v, outer) for v in consts]
     nconst = 0 if consts_are_args else len(jaxpr.constvars)
     c.consts = (values + [VECTOR] * nconst)[:nconst]
@@ -293,16 +308,22 @@ def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
 
 
 def location(eqn: Any) -> str:
-    """The user's line of ``eqn``; for an equation jax built with no user frame (the
-    copies inside ``pltpu.sync_copy``), the line of the user's call that holds it."""
-    found = _jax.user_frame(eqn.source_info)
-    if found:
-        return found
-    return _ENCLOSING[-1] if _ENCLOSING else f"<{eqn.primitive.name}>"
+    """The user's line of ``eqn``, with the kernel lines that called its helper; for an
+    equation jax built with no user frame (the copies inside ``pltpu.sync_copy``), the
+    line of the user's call that holds it. jax records an equation's frames only up to
+    the body it was traced in, so the frames of the equations enclosing it count too."""
+    frames = _jax.traceback_frames(eqn.source_info)
+    for outer in reversed(_ENCLOSING):
+        frames.extend(outer)
+    found = _jax.user_frame_of(frames, whole_kernel=bool(_IN_KERNEL))
+    return found if found else f"<{eqn.primitive.name}>"
 
 
-# User lines of the equations being compiled, innermost last (see ``location``).
-_ENCLOSING: list[str] = []
+# Frames of the equations whose bodies are being compiled, innermost last (``location``).
+_ENCLOSING: list[list[Any]] = []
+# Non-empty while a kernel body is compiled: its equations' frames plus _ENCLOSING reach
+# exactly the kernel function (jax cuts a body's frames where its trace began).
+_IN_KERNEL: list[bool] = []
 
 
 def _is_scalar(aval: Any) -> bool:
@@ -361,14 +382,11 @@ class Compiler:
             return self.generic(eqn)
         if next(iter(_jax.sub_jaxprs(eqn.params)), None) is None:
             return builder(self, eqn)
-        where = _jax.user_frame(eqn.source_info)
-        if where:
-            _ENCLOSING.append(where)
+        _ENCLOSING.append(_jax.traceback_frames(eqn.source_info))
         try:
             return builder(self, eqn)
         finally:
-            if where:
-                _ENCLOSING.pop()
+            _ENCLOSING.pop()
 
     def outs(self, eqn: Any) -> list[int]:
         return [self.slot(v) for v in eqn.outvars]

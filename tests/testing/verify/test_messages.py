@@ -308,3 +308,97 @@ def test_a_needed_value_given_only_as_a_shape_names_the_operand() -> None:
         raise error
     assert isinstance(error, SimulationError), type(error).__name__
     assert "indices" in str(error), str(error)
+
+
+# ------------------------------------------- helpers' callers, unnamed parameters
+
+
+def _filled_by_helper(drain: bool) -> Any:
+    """The output is filled by a helper of another module, then read back."""
+    from tests.support import dma_helpers
+
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        dma_helpers.fill_rows(buf, x_ref, sem, 2)  # verify: msg_helper_call
+        if drain:
+            dma_helpers.drain_rows(buf, x_ref, sem, 2)
+        o_ref[...] = buf[0:8]
+
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32), pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return out
+
+    return fn
+
+
+def test_a_copy_in_another_modules_helper_names_the_kernel_line_that_called_it() -> None:
+    x = jax.ShapeDtypeStruct(BLOCK, jnp.float32)
+    assert pk.verify(_filled_by_helper(True), x).dmas == 2
+    with pytest.raises(RaceDetectedError) as caught:
+        pk.verify(_filled_by_helper(False), x)
+    message = str(caught.value)
+    # the copy's own line is in the helper module (inside its fori_loop body), the
+    # call is this file's; the named_scope wrapper between them does not hide it
+    assert "dma_helpers.py:" in message and "fill_rows.<locals>.body" in message, message
+    (line,) = pk.marked_lines(HERE, "msg_helper_call")
+    assert f"called at {HERE}:{line} in _filled_by_helper.<locals>.kernel" in message, message
+
+
+def _copy_in_when_body() -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        @pl.when(pl.program_id(0) == 0)
+        def _() -> None:
+            pltpu.make_async_copy(x_ref, buf, sem).start()  # verify: msg_when_body
+
+        o_ref[...] = buf[...]
+
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            grid=(1,),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=pl.BlockSpec(BLOCK, lambda i: (0, 0)),
+            scratch_shapes=[pltpu.VMEM(BLOCK, jnp.float32), pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return out
+
+    return fn
+
+
+def test_a_copy_in_a_pl_when_body_names_its_own_line_alone() -> None:
+    """A body jax runs (pl.when, fori_loop) is written once: no caller is added."""
+    with pytest.raises(SimulationError) as caught:
+        pk.verify(_copy_in_when_body(), jax.ShapeDtypeStruct(BLOCK, jnp.float32))
+    message = str(caught.value)
+    (line,) = pk.marked_lines(HERE, "msg_when_body")
+    assert f"{HERE}:{line} (_copy_in_when_body.<locals>.kernel.<locals>._)" in message, message
+
+
+def _star_args_kernel() -> Any:
+    def kernel(*refs: Any) -> None:
+        x_ref, o_ref, buf, sem = refs
+        pltpu.make_async_copy(x_ref, buf, sem).start()
+        o_ref[...] = buf[...]
+
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            scratch_shapes=[pltpu.VMEM(BLOCK, jnp.float32), pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return out
+
+    return fn
+
+
+def test_a_kernel_taking_star_args_names_buffers_by_role_position_and_type() -> None:
+    with pytest.raises(RaceDetectedError) as caught:
+        pk.verify(_star_args_kernel(), jax.ShapeDtypeStruct(BLOCK, jnp.float32))
+    message = str(caught.value)
+    assert "buffer scratch 0 (parameter 2: vmem float32[8,128])" in message, message
