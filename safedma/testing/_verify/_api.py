@@ -109,7 +109,9 @@ def verify(
     """Prove the DMA/semaphore protocol of every Pallas TPU kernel ``fn`` runs, on every device.
 
     Same calling convention as :func:`safedma.testing.simulate`; ``mesh`` may be
-    a real mesh or a device-free ``abstract_mesh``; ``args`` are arrays or
+    a real mesh or a device-free ``abstract_mesh``; one with no axes
+    (``abstract_mesh((), (), tpu="v5p")``) only names the TPU generation for a
+    ``fn`` that asks for it, and ``fn`` runs whole; ``args`` are arrays or
     ``jax.ShapeDtypeStruct``. Nothing is compiled or executed: ``fn`` is traced
     once and each device's kernel program is walked with exact scalars and no
     vector data. ``invocations=k`` runs the program k times back to back.
@@ -159,6 +161,15 @@ def verify(
         sizes = tuple(
             int(s) for s in (mesh.axis_sizes if hasattr(mesh, "axis_sizes") else mesh.devices.shape)
         )
+    # A mesh with no axes (``abstract_mesh((), (), tpu="v5p")``) only names the TPU
+    # generation the wrappers ask for: fn runs as it is, inside that mesh.
+    split = mesh is not None and bool(names)
+    if mesh is not None and not split and (in_specs is not None or out_specs is not None):
+        raise ValueError(
+            "in_specs/out_specs need a mesh with axes; a mesh with none only names the "
+            "TPU generation, and fn gets its arguments whole"
+        )
+    if mesh is not None and split:
         default = _partition_spec(names[0] if len(names) == 1 else names)
         ins = _specs(in_specs, default, True)
         outs = _specs(out_specs, default, False)
@@ -179,13 +190,13 @@ def verify(
     closed = traced.jaxpr
     top = closed.jaxpr
     found = _find_device_program(top)
-    if mesh is not None and found is None:
+    if split and found is None:
         raise VerificationUnsupportedError("no shard_map found in the traced program")
     if found is None:
         body, consts = top, list(_jax.consts_of(closed))
     else:
         body, consts, inner_mesh, _ = found
-        if mesh is None:
+        if not split:
             # fn runs its own shard_map: verify on that mesh, arguments unsplit.
             names = tuple(str(n) for n in inner_mesh.axis_names)
             sizes = tuple(int(inner_mesh.shape[n]) for n in names)
