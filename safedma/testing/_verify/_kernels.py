@@ -140,7 +140,10 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     unit = " bytes" if s.kind == "DMA" else ""
     total = s.total()
     items: list[str] = []
-    for c in s.pending[:3]:
+    # the copies that carry the count first: a zero-length copy (a row that stayed
+    # home in a scatter) is pending too, but it is not what the count is made of
+    shown = sorted(s.pending, key=lambda c: c.amount == 0)[:3]
+    for c in shown:
         if c.dma is not None:
             d = c.dma
             side = "send side of the copy" if c.side == "read" else "copy"
