@@ -18,7 +18,7 @@ from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
 from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
-from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
+from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, location, run
 from safedma.testing._verify._semantics import Blocked
 from safedma.testing._verify._waits import Hints
 from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
@@ -217,7 +217,7 @@ def verify(
     for s in m.sems.values():
         key = s.buffer.name
         peaks[key] = max(peaks.get(key, 0), s.peak)
-    kernels = tuple(sorted({k for k in _kernel_names(body)}))
+    kernels = _kernel_labels(_kernel_names(body))
     return VerifyReport(
         devices=engine.devices,
         kernels=kernels,
@@ -280,16 +280,33 @@ def _cores_in(jaxpr: Any) -> tuple[str, int]:
     return found
 
 
-def _kernel_names(jaxpr: Any) -> list[str]:
-    out: list[str] = []
+def _kernel_names(jaxpr: Any) -> list[tuple[str, str]]:
+    """(name, user line) of every kernel call in the program."""
+    out: list[tuple[str, str]] = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
-            out.append(str(_jax.kernel_params(eqn)["name"] or "kernel"))
+            out.append((str(_jax.kernel_params(eqn)["name"] or "kernel"), location(eqn)))
         if eqn.primitive.name == "mpmd_map":
-            out.append(str(eqn.params.get("name") or "pl.kernel"))
+            out.append((str(eqn.params.get("name") or "pl.kernel"), location(eqn)))
         for sub in _jax.sub_jaxprs(eqn.params):
             out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out
+
+
+def _kernel_labels(found: list[tuple[str, str]]) -> tuple[str, ...]:
+    """Distinct kernels by name; a name shared by kernels at different lines (every
+    ``emit_pipeline`` body is called ``wrapped``) gets each line, so the report counts
+    every kernel the program calls."""
+    lines: dict[str, set[str]] = {}
+    for name, where in found:
+        lines.setdefault(name, set()).add(where)
+    return tuple(
+        sorted(
+            label
+            for name, wheres in lines.items()
+            for label in ([name] if len(wheres) == 1 else [f"{name} ({w})" for w in wheres])
+        )
+    )
 
 
 def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:

@@ -25,7 +25,7 @@ from safedma.testing._verify._program import (
     run,
     run_plain,
 )
-from safedma.testing._verify._regions import Buffer, View
+from safedma.testing._verify._regions import Buffer, Coverage, View
 from safedma.testing._verify._report import VerificationUnsupportedError
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import SemState
@@ -263,7 +263,9 @@ def _run_kernel(
         yield from run(desc.body, args, ctx)
         last = n == len(points) - 1
         for j, buf, is_out in blocked:
-            if is_out and (last or _block_changes(desc, ctx, j, points[n], points[n + 1])):
+            if is_out and (
+                last or _block_changes(desc, ctx, j, points[n], points[n + 1], prefetch)
+            ):
                 view = _full(buf)
                 m.check_written(
                     p,
@@ -273,6 +275,8 @@ def _run_kernel(
                     "Write every output block before the grid step ends.",
                 )
                 m.access(p, view, False, "copies the output block out of", desc.where)
+                if not last:
+                    _fresh_block(m, buf)
     sems = list(run_.sems)
     before = len(m.leftovers)
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
@@ -410,16 +414,35 @@ def _fill_block(
 
 
 def _block_changes(
-    desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...], nxt: tuple[int, ...]
+    desc: KernelDesc,
+    ctx: Ctx,
+    j: int,
+    now: tuple[int, ...],
+    nxt: tuple[int, ...],
+    prefetch: list[Any],
 ) -> bool:
+    """Whether output ``j``'s block index differs at the next step (Pallas copies the
+    block out only then). Index maps take the scalar-prefetch refs after the grid
+    indices (a ragged kernel maps a logical tile to its physical block through them)."""
+    scalars = prefetch[: desc.n_index]
     try:
-        a = run_plain(desc.index_maps[j], list(now), ctx)
-        b = run_plain(desc.index_maps[j], list(nxt), ctx)
+        a = run_plain(desc.index_maps[j], [*now, *scalars], ctx)
+        b = run_plain(desc.index_maps[j], [*nxt, *scalars], ctx)
     except Exception:
         return True
     if any(isinstance(v, Unknown) for v in (*a, *b)):
         return True
     return list(a) != list(b)
+
+
+def _fresh_block(m: Any, buf: Buffer) -> None:
+    """The output block after a copy-out holds no data of the next block: Pallas
+    writes the next block into another pipeline buffer (stale, or garbage at the
+    start) and never copies an output block in, so what the kernel wrote for the
+    block just copied out does not count as written for the next one."""
+    history = m.histories.get(buf.ident)
+    if history is not None:
+        history.coverage = Coverage()
 
 
 def _full(buf: Buffer) -> Any:
