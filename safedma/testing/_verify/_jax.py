@@ -13,6 +13,7 @@ import ast
 import functools
 import linecache
 import os
+import sysconfig
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -349,11 +350,23 @@ _LIBRARY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 _USER_CODE = os.path.join(_LIBRARY, "kernels") + os.sep
 
 
+# Python's standard library: a wrapper frame of its own (``contextlib``'s
+# ContextDecorator around a ``jax.named_scope``-decorated function, ``functools``)
+# is never the user's line; installed packages below it are not stdlib.
+_STDLIB = tuple(
+    {os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
+)
+
+
 def _is_library(path: str) -> bool:
     path = os.path.abspath(path)
     if path.startswith(_USER_CODE):
         return False
     if path.startswith(_LIBRARY + os.sep):
+        return True
+    if path.startswith(_STDLIB) and not any(
+        f"{os.sep}{d}{os.sep}" in path for d in ("site-packages", "dist-packages")
+    ):
         return True
     return f"{os.sep}jax{os.sep}" in path or f"{os.sep}jaxlib{os.sep}" in path
 
