@@ -21,7 +21,12 @@ from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, location, run
 from safedma.testing._verify._semantics import Blocked
 from safedma.testing._verify._waits import Hints
-from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
+from safedma.testing._verify._report import (
+    DeadlockError,
+    VerificationUnsupportedError,
+    VerifyReport,
+)
+
 
 __all__ = ["verify"]
 
@@ -203,7 +208,13 @@ def verify(
         hints.start_walk()
         engine = Engine(names, sizes, cores, core_axis)
         engine.machine.hints = hints
-        _walk(engine, compiled, body, op_values, op_specs, invocations)
+        try:
+            _walk(engine, compiled, body, op_values, op_specs, invocations)
+        except DeadlockError as err:
+            note = _parallel_grid_note(body)
+            if not note:
+                raise
+            raise type(err)(f"{err}{note}") from err
         if not hints.changed:
             break
         if hints.walks >= _MAX_WALKS:
@@ -278,6 +289,36 @@ def _cores_in(jaxpr: Any) -> tuple[str, int]:
             inner = _cores_in(_jax.jaxpr_of(sub)[0])
             found = max(found, inner, key=lambda f: f[1])
     return found
+
+
+def _parallel_grid_note(jaxpr: Any) -> str:
+    """What a deadlock means for kernels whose grid has a "parallel" dimension: verify
+    runs every grid step in order on one core, as a single-TensorCore chip does; on a
+    megacore chip Mosaic splits that dimension between two cores, each with its own
+    scratch and scalar-prefetch copies (a kernel that starts each core's first copy
+    at ``program_id(0) == core`` is written for that split). Empty when none has one."""
+    found: list[str] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            dims = _jax.parallel_grid_dims(eqn)
+            if dims:
+                name = str(_jax.kernel_params(eqn)["name"] or "kernel")
+                found.append(f"{name} at {location(eqn)} (grid dimension(s) {dims})")
+        for sub in _jax.sub_jaxprs(eqn.params):
+            inner = _parallel_grid_note(_jax.jaxpr_of(sub)[0])
+            if inner:
+                return inner
+    if not found:
+        return ""
+    return (
+        f"\nNote: {found[0]} marks a grid dimension 'parallel'. verify runs every grid "
+        "step in order on one core, as a single-TensorCore chip (v5e, v6e) does, where "
+        "this deadlock is real. On a megacore chip (v4, v5p) Mosaic splits a parallel "
+        "dimension between the two TensorCores, each with its own scratch and "
+        "scalar-prefetch values; verify does not model that split, so if the kernel "
+        "only runs there (a copy chain that each core starts at its own first step), "
+        "check it with simulate or on hardware, or make the chain start on every core."
+    )
 
 
 def _kernel_names(jaxpr: Any) -> list[tuple[str, str]]:

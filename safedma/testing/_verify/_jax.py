@@ -242,6 +242,25 @@ def tpu_compiler_params(params: dict[str, Any]) -> Any:
     return cp
 
 
+def parallel_grid_dims(eqn: Any) -> tuple[int, ...]:
+    """Grid dimensions of a ``pallas_call`` marked "parallel" (or core-parallel) with
+    more than one step.
+
+    Why: ``dimension_semantics`` lives in the private ``compiler_params`` and is a
+    string in some jax versions and a ``GridDimensionSemantics`` enum in others.
+    """
+    cp = tpu_compiler_params(eqn.params)
+    sems = tuple(getattr(cp, "dimension_semantics", None) or ()) if cp is not None else ()
+    grid = tuple(getattr(eqn.params["grid_mapping"], "grid", ()))
+    return tuple(
+        d
+        for d, sem in enumerate(sems)
+        if "parallel" in str(getattr(sem, "name", sem)).lower()
+        and d < len(grid)
+        and not (isinstance(grid[d], int) and grid[d] <= 1)
+    )
+
+
 def kernel_params(eqn: Any) -> dict[str, Any]:
     """The parts of a ``pallas_call`` equation the verifier reads.
 

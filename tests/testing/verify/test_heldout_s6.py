@@ -16,6 +16,10 @@ naming this file's line.
   (maxtext's grouped matmul zero-fills the rows the pipeline does not write):
   jax wraps the pipeline's functions in ``jax.named_scope``, whose frame is
   Python's ``contextlib``; the message names the user's line, never the stdlib;
+* a cross-step prefetch chain in a grid whose first dimension is "parallel"
+  (axlearn's paged attention in megacore mode, grid ``(num_cores, ...)``): verify
+  runs the grid in order on one core, where a chain started only at the very first
+  step deadlocks; the deadlock says that a megacore split is not modelled;
 * several kernels with one name (every ``emit_pipeline`` body is ``wrapped``): the
   report counts and names each by its line.
 """
@@ -31,7 +35,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from safedma.testing import RaceDetectedError, UnwrittenReadError, verify
+from safedma.testing import DeadlockError, RaceDetectedError, UnwrittenReadError, verify
 
 F32 = jnp.float32
 HERE = r"test_heldout_s6\.py:\d+"
@@ -183,3 +187,57 @@ def test_zero_fill_under_a_pipeline_names_the_users_line() -> None:
     text = str(err.value)
     assert "contextlib" not in text and "functools" not in text
     assert text.count("test_heldout_s6.py:") >= 2  # the pipeline's line and the fill's
+
+
+# ------------------------------------ a prefetch chain across a "parallel" grid axis
+
+
+def _chained_fetch(start_each_slice: bool, semantics: str) -> Any:
+    """Grid (2, 3): each step waits the copy of its row block and prefetches the next
+    step's into the other slot. The chain starts at step (0, 0) only, or at the first
+    step of every slice of the first grid dimension."""
+
+    def kernel(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        c, j = pl.program_id(0), pl.program_id(1)
+        step = c * 3 + j
+
+        def fetch(s: Any) -> Any:
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(s * 8, 8)], buf.at[s % 2], sems.at[s % 2])
+
+        first = j == 0 if start_each_slice else step == 0
+
+        @pl.when(first)
+        def _() -> None:
+            fetch(step).start()
+
+        @pl.when(j < 2)
+        def _() -> None:
+            fetch(step + 1).start()
+
+        fetch(step).wait()
+        o_ref[...] = buf[step % 2]
+
+    return pl.pallas_call(
+        kernel,
+        grid=(2, 3),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((8, 128), lambda c, j: (c * 3 + j, 0)),
+        out_shape=jax.ShapeDtypeStruct((48, 128), F32),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=(semantics, "arbitrary")),
+    )
+
+
+def test_prefetch_chain_started_in_every_parallel_slice_is_clean() -> None:
+    assert verify(_chained_fetch(True, "parallel"), _s(48, 128)) is not None
+
+
+def test_prefetch_chain_across_a_parallel_axis_deadlocks_and_says_why() -> None:
+    with pytest.raises(DeadlockError, match=r"(?s)test_heldout_s6\.py:\d+.*megacore"):
+        verify(_chained_fetch(False, "parallel"), _s(48, 128))
+
+
+def test_prefetch_chain_across_an_arbitrary_axis_deadlock_has_no_megacore_note() -> None:
+    with pytest.raises(DeadlockError) as err:
+        verify(_chained_fetch(False, "arbitrary"), _s(48, 128))
+    assert "megacore" not in str(err.value)
