@@ -251,13 +251,17 @@ def parallel_grid_dims(eqn: Any) -> tuple[int, ...]:
     """
     cp = tpu_compiler_params(eqn.params)
     sems = tuple(getattr(cp, "dimension_semantics", None) or ()) if cp is not None else ()
-    grid = tuple(getattr(eqn.params["grid_mapping"], "grid", ()))
+    grid: tuple[object, ...] = tuple(getattr(eqn.params["grid_mapping"], "grid", ()))
+
+    def one_step(size: object) -> bool:  # a dynamic size is not an int here
+        return isinstance(size, int) and size <= 1
+
     return tuple(
         d
         for d, sem in enumerate(sems)
         if "parallel" in str(getattr(sem, "name", sem)).lower()
         and d < len(grid)
-        and not (isinstance(grid[d], int) and grid[d] <= 1)
+        and not one_step(grid[d])
     )
 
 

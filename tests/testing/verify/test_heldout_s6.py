@@ -12,6 +12,9 @@ naming this file's line.
   only when the index map's answer changes, which verify must compute with the
   table, not treat as "changes every step"; and an output block the kernel does not
   write at its step is garbage even if it wrote the previous block;
+* a sparse grid whose output index map skips some blocks (jax's block-sparse
+  guide): the blocks never copied out are garbage unless the output is aliased to
+  an input (the guide aliases a zeros array for this reason);
 * a race between an ``emit_pipeline``'s own copy-out and a copy of the user's
   (maxtext's grouped matmul zero-fills the rows the pipeline does not write):
   jax wraps the pipeline's functions in ``jax.named_scope``, whose frame is
@@ -241,3 +244,48 @@ def test_prefetch_chain_across_an_arbitrary_axis_deadlock_has_no_megacore_note()
     with pytest.raises(DeadlockError) as err:
         verify(_chained_fetch(False, "arbitrary"), _s(48, 128))
     assert "megacore" not in str(err.value)
+
+
+# ------------------------------------------- output blocks a sparse grid never visits
+
+
+def _sparse_rows(alias: bool) -> Any:
+    """Copy the row blocks ``rows[b]`` of x into the same rows of the output, one grid
+    step per listed block; the other row blocks are never visited."""
+
+    def kernel(rows: Any, x_ref: Any, zeros_ref: Any, o_ref: Any) -> None:
+        del rows, zeros_ref
+        o_ref[...] = x_ref[...]
+
+    def fn(rows: Any, x: Any, zeros: Any) -> Any:
+        spec = pl.BlockSpec((8, 128), lambda b, rows: (rows[b], 0))
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(2,), in_specs=[spec, spec], out_specs=spec
+            ),
+            out_shape=jax.ShapeDtypeStruct((32, 128), F32),
+            input_output_aliases={2: 0} if alias else {},
+        )(rows, x, zeros)
+
+    return fn
+
+
+ROWS = np.array([0, 3], np.int32)
+
+
+def test_sparse_grid_over_an_aliased_output_is_clean() -> None:
+    assert verify(_sparse_rows(alias=True), ROWS, _s(32, 128), _s(32, 128)) is not None
+
+
+def test_sparse_grid_output_blocks_never_visited_are_caught() -> None:
+    with pytest.raises(UnwrittenReadError, match=r"o_ref\[8:24, 0:128\]"):
+        verify(_sparse_rows(alias=False), ROWS, _s(32, 128), _s(32, 128))
+
+
+def test_sparse_grid_output_read_only_where_visited_is_clean() -> None:
+    def fn(rows: Any, x: Any, zeros: Any) -> Any:
+        out = _sparse_rows(alias=False)(rows, x, zeros)
+        return out[24:]  # one visited block (reads are bounded by one box)
+
+    assert verify(fn, ROWS, _s(32, 128), _s(32, 128)) is not None
