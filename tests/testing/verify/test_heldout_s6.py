@@ -29,7 +29,7 @@ naming this file's line.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -195,7 +195,7 @@ def test_zero_fill_under_a_pipeline_names_the_users_line() -> None:
 # ------------------------------------ a prefetch chain across a "parallel" grid axis
 
 
-def _chained_fetch(start_each_slice: bool, semantics: str) -> Any:
+def _chained_fetch(start_each_slice: bool, semantics: Literal["parallel", "arbitrary"]) -> Any:
     """Grid (2, 3): each step waits the copy of its row block and prefetches the next
     step's into the other slot. The chain starts at step (0, 0) only, or at the first
     step of every slice of the first grid dimension."""
