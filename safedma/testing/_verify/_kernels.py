@@ -295,7 +295,7 @@ def _run_kernel(
             buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident or blocked_result
         ) and (buf.sem_kind is None):
             view = _full(buf)
-            m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
+            m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
             if buf.ident in eng.resident:
                 # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
                 # pipeline window): garbage in it is reported where something reads it

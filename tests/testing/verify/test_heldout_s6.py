@@ -23,6 +23,10 @@ naming this file's line.
   (axlearn's paged attention in megacore mode, grid ``(num_cores, ...)``): verify
   runs the grid in order on one core, where a chain started only at the very first
   step deadlocks; the deadlock says that a megacore split is not modelled;
+* a start/wait split (google-deepmind/simply's ragged all-to-all): the start call
+  returns its semaphores with the copies in flight, and a wait call that forgets
+  a wait returns the output while a copy still writes it: the race names the
+  wait call's line, not only the kernel's name;
 * several kernels with one name (every ``emit_pipeline`` body is ``wrapped``): the
   report counts and names each by its line.
 """
@@ -289,3 +293,47 @@ def test_sparse_grid_output_read_only_where_visited_is_clean() -> None:
         return out[24:]  # one visited block (reads are bounded by one box)
 
     assert verify(fn, ROWS, _s(32, 128), _s(32, 128)) is not None
+
+
+# ----------------------------------------------- a start/wait split (DMA future)
+
+
+def _start_then_wait(wait: bool) -> Any:
+    any_ = pl.BlockSpec(memory_space=pl.ANY)
+    sem_spec = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+
+    def start_kernel(x_ref: Any, o_in: Any, o_ref: Any, sem: Any) -> None:
+        del o_in  # aliased to o_ref
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+    def wait_kernel(x_ref: Any, o_in: Any, sem: Any, o_ref: Any) -> None:
+        del o_in
+        if wait:
+            pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+    def fn(x: Any, out: Any) -> Any:
+        o, sem = pl.pallas_call(
+            start_kernel,
+            out_shape=[jax.ShapeDtypeStruct(out.shape, out.dtype), pltpu.SemaphoreType.DMA(())],
+            in_specs=[any_, any_],
+            out_specs=[any_, sem_spec],
+            input_output_aliases={1: 0},
+        )(x, out)
+        return pl.pallas_call(
+            wait_kernel,
+            out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+            in_specs=[any_, any_, sem_spec],
+            out_specs=any_,
+            input_output_aliases={1: 0},
+        )(x, o, sem)
+
+    return fn
+
+
+def test_start_wait_split_is_clean() -> None:
+    assert verify(_start_then_wait(True), _s(8, 128), _s(8, 128)) is not None
+
+
+def test_wait_call_without_its_wait_names_the_wait_calls_line() -> None:
+    with pytest.raises(RaceDetectedError, match=rf"end of kernel wait_kernel \([^)]*{HERE}"):
+        verify(_start_then_wait(False), _s(8, 128), _s(8, 128))
