@@ -18,10 +18,15 @@ from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify._engine import Engine
 from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
-from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, run
+from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, location, run
 from safedma.testing._verify._semantics import Blocked
 from safedma.testing._verify._waits import Hints
-from safedma.testing._verify._report import VerificationUnsupportedError, VerifyReport
+from safedma.testing._verify._report import (
+    DeadlockError,
+    VerificationUnsupportedError,
+    VerifyReport,
+)
+
 
 __all__ = ["verify"]
 
@@ -214,7 +219,13 @@ def verify(
         hints.start_walk()
         engine = Engine(names, sizes, cores, core_axis)
         engine.machine.hints = hints
-        _walk(engine, compiled, body, op_values, op_specs, invocations)
+        try:
+            _walk(engine, compiled, body, op_values, op_specs, invocations)
+        except DeadlockError as err:
+            note = _parallel_grid_note(body)
+            if not note:
+                raise
+            raise type(err)(f"{err}{note}") from err
         if not hints.changed:
             break
         if hints.walks >= _MAX_WALKS:
@@ -228,7 +239,7 @@ def verify(
     for s in m.sems.values():
         key = s.buffer.name
         peaks[key] = max(peaks.get(key, 0), s.peak)
-    kernels = tuple(sorted({k for k in _kernel_names(body)}))
+    kernels = _kernel_labels(_kernel_names(body))
     return VerifyReport(
         devices=engine.devices,
         kernels=kernels,
@@ -291,16 +302,63 @@ def _cores_in(jaxpr: Any) -> tuple[str, int]:
     return found
 
 
-def _kernel_names(jaxpr: Any) -> list[str]:
-    out: list[str] = []
+def _parallel_grid_note(jaxpr: Any) -> str:
+    """What a deadlock means for kernels whose grid has a "parallel" dimension: verify
+    runs every grid step in order on one core, as a single-TensorCore chip does; on a
+    megacore chip Mosaic splits that dimension between two cores, each with its own
+    scratch and scalar-prefetch copies (a kernel that starts each core's first copy
+    at ``program_id(0) == core`` is written for that split). Empty when none has one."""
+    found: list[str] = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
-            out.append(str(_jax.kernel_params(eqn)["name"] or "kernel"))
+            dims = _jax.parallel_grid_dims(eqn)
+            if dims:
+                name = str(_jax.kernel_params(eqn)["name"] or "kernel")
+                found.append(f"{name} at {location(eqn)} (grid dimension(s) {dims})")
+        for sub in _jax.sub_jaxprs(eqn.params):
+            inner = _parallel_grid_note(_jax.jaxpr_of(sub)[0])
+            if inner:
+                return inner
+    if not found:
+        return ""
+    return (
+        f"\nNote: {found[0]} marks a grid dimension 'parallel'. verify runs every grid "
+        "step in order on one core, as a single-TensorCore chip (v5e, v6e) does, where "
+        "this deadlock is real. On a megacore chip (v4, v5p) Mosaic splits a parallel "
+        "dimension between the two TensorCores, each with its own scratch and "
+        "scalar-prefetch values; verify does not model that split, so if the kernel "
+        "only runs there (a copy chain that each core starts at its own first step), "
+        "check it with simulate or on hardware, or make the chain start on every core."
+    )
+
+
+def _kernel_names(jaxpr: Any) -> list[tuple[str, str]]:
+    """(name, user line) of every kernel call in the program."""
+    out: list[tuple[str, str]] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            out.append((str(_jax.kernel_params(eqn)["name"] or "kernel"), location(eqn)))
         if eqn.primitive.name == "mpmd_map":
-            out.append(str(eqn.params.get("name") or "pl.kernel"))
+            out.append((str(eqn.params.get("name") or "pl.kernel"), location(eqn)))
         for sub in _jax.sub_jaxprs(eqn.params):
             out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out
+
+
+def _kernel_labels(found: list[tuple[str, str]]) -> tuple[str, ...]:
+    """Distinct kernels by name; a name shared by kernels at different lines (every
+    ``emit_pipeline`` body is called ``wrapped``) gets each line, so the report counts
+    every kernel the program calls."""
+    lines: dict[str, set[str]] = {}
+    for name, where in found:
+        lines.setdefault(name, set()).add(where)
+    return tuple(
+        sorted(
+            label
+            for name, wheres in lines.items()
+            for label in ([name] if len(wheres) == 1 else [f"{name} ({w})" for w in wheres])
+        )
+    )
 
 
 def _local_specs(in_specs: Any, names: tuple[str, ...], n: int) -> list[Any]:

@@ -229,7 +229,7 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env:
             desc.where,
             "Write (or copy into) every part of each output before the kernel returns.",
         )
-        m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
+        m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
     for s, buf in zip(outs, outputs):
         env[s] = RefVal(buf)
     return None

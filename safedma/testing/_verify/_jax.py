@@ -14,6 +14,7 @@ import functools
 import linecache
 import os
 import re
+import sysconfig
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -244,6 +245,29 @@ def tpu_compiler_params(params: dict[str, Any]) -> Any:
     return cp
 
 
+def parallel_grid_dims(eqn: Any) -> tuple[int, ...]:
+    """Grid dimensions of a ``pallas_call`` marked "parallel" (or core-parallel) with
+    more than one step.
+
+    Why: ``dimension_semantics`` lives in the private ``compiler_params`` and is a
+    string in some jax versions and a ``GridDimensionSemantics`` enum in others.
+    """
+    cp = tpu_compiler_params(eqn.params)
+    sems = tuple(getattr(cp, "dimension_semantics", None) or ()) if cp is not None else ()
+    grid: tuple[object, ...] = tuple(getattr(eqn.params["grid_mapping"], "grid", ()))
+
+    def one_step(size: object) -> bool:  # a dynamic size is not an int here
+        return isinstance(size, int) and size <= 1
+
+    return tuple(
+        d
+        for d, sem in enumerate(sems)
+        if "parallel" in str(getattr(sem, "name", sem)).lower()
+        and d < len(grid)
+        and not one_step(grid[d])
+    )
+
+
 def kernel_params(eqn: Any) -> dict[str, Any]:
     """The parts of a ``pallas_call`` equation the verifier reads.
 
@@ -352,11 +376,23 @@ _LIBRARY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 _USER_CODE = os.path.join(_LIBRARY, "kernels") + os.sep
 
 
+# Python's standard library: a wrapper frame of its own (``contextlib``'s
+# ContextDecorator around a ``jax.named_scope``-decorated function, ``functools``)
+# is never the user's line; installed packages below it are not stdlib.
+_STDLIB = tuple(
+    {os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
+)
+
+
 def _is_library(path: str) -> bool:
     path = os.path.abspath(path)
     if path.startswith(_USER_CODE):
         return False
     if path.startswith(_LIBRARY + os.sep):
+        return True
+    if path.startswith(_STDLIB) and not any(
+        f"{os.sep}{d}{os.sep}" in path for d in ("site-packages", "dist-packages")
+    ):
         return True
     return f"{os.sep}jax{os.sep}" in path or f"{os.sep}jaxlib{os.sep}" in path
 
@@ -426,8 +462,9 @@ _KERNEL_TRACERS = (
 )
 
 
-# jax frames that wrap a call without tracing a body (``@jax.named_scope``, api boundaries)
-_TRANSPARENT = ("source_info_util.py", "traceback_util.py")
+# frames that wrap a call without tracing a body: jax's (``@jax.named_scope``, api
+# boundaries) and the standard library's (contextlib around a named_scope, functools)
+_TRANSPARENT = ("source_info_util.py", "traceback_util.py", "contextlib.py", "functools.py")
 
 
 def _kernel_callers(frames: Sequence[Any], first: int, whole_kernel: bool) -> list[Any]:

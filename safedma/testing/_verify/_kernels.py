@@ -25,7 +25,7 @@ from safedma.testing._verify._program import (
     run,
     run_plain,
 )
-from safedma.testing._verify._regions import Buffer, View
+from safedma.testing._verify._regions import Buffer, Coverage, View
 from safedma.testing._verify._report import VerificationUnsupportedError
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import SemState
@@ -227,6 +227,8 @@ def _run_kernel(
     for i in range(desc.n_index):
         args.append(RefVal(eng.operand_buffer(ctx, instance, i, desc, operands[i], smem=True)))
     blocked: list[tuple[int, Buffer, bool]] = []
+    # blocked output j -> the array its blocks are copied out into
+    results: dict[int, Buffer] = {}
     smem_blocks: list[tuple[int, Buffer, list[object] | None]] = []
     prefetch = args[desc.n_consts :]
     outer_out: list[Buffer] = []
@@ -280,7 +282,9 @@ def _run_kernel(
                     desc.param_names[pos],
                     shape=_ints(block["array_shape"]),
                 )
-                m.mark_written(res)  # the pipeline copies every output block into it
+                if src is not None:
+                    m.mark_written(res)  # aliased: blocks never copied out keep the input
+                results[j] = res
                 outer_out.append(res)
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
@@ -305,7 +309,9 @@ def _run_kernel(
         yield from run(desc.body, args, ctx)
         last = n == len(points) - 1
         for j, buf, is_out in blocked:
-            if is_out and (last or _block_changes(desc, ctx, j, points[n], points[n + 1])):
+            if is_out and (
+                last or _block_changes(desc, ctx, j, points[n], points[n + 1], prefetch)
+            ):
                 view = _full(buf)
                 m.check_written(
                     p,
@@ -315,6 +321,9 @@ def _run_kernel(
                     "Write every output block before the grid step ends.",
                 )
                 m.access(p, view, False, "copies the output block out of", desc.where)
+                m.mark_written(results[j], _block_box(desc, ctx, j, point, prefetch))
+                if not last:
+                    _fresh_block(m, buf)
     sems = list(run_.sems)
     before = len(m.leftovers)
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
@@ -323,11 +332,12 @@ def _run_kernel(
     # are checked where the kernel that waits them reads or returns them.
     future = any(b.sem_kind is not None for b in outer_out)
     for k, buf in enumerate(outer_out) if len(m.leftovers) == before and not future else ():
-        if (buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident) and (
-            buf.sem_kind is None
-        ):
+        blocked_result = any(buf is r for r in results.values())
+        if (
+            buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident or blocked_result
+        ) and (buf.sem_kind is None):
             view = _full(buf)
-            m.access(p, view, False, "returns", f"the end of kernel {desc.name}")
+            m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
             if buf.ident in eng.resident:
                 # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
                 # pipeline window): garbage in it is reported where something reads it
@@ -452,16 +462,60 @@ def _fill_block(
 
 
 def _block_changes(
-    desc: KernelDesc, ctx: Ctx, j: int, now: tuple[int, ...], nxt: tuple[int, ...]
+    desc: KernelDesc,
+    ctx: Ctx,
+    j: int,
+    now: tuple[int, ...],
+    nxt: tuple[int, ...],
+    prefetch: list[Any],
 ) -> bool:
+    """Whether output ``j``'s block index differs at the next step (Pallas copies the
+    block out only then). Index maps take the scalar-prefetch refs after the grid
+    indices (a ragged kernel maps a logical tile to its physical block through them)."""
+    scalars = prefetch[: desc.n_index]
     try:
-        a = run_plain(desc.index_maps[j], list(now), ctx)
-        b = run_plain(desc.index_maps[j], list(nxt), ctx)
+        a = run_plain(desc.index_maps[j], [*now, *scalars], ctx)
+        b = run_plain(desc.index_maps[j], [*nxt, *scalars], ctx)
     except Exception:
         return True
     if any(isinstance(v, Unknown) for v in (*a, *b)):
         return True
     return list(a) != list(b)
+
+
+def _block_box(
+    desc: KernelDesc, ctx: Ctx, j: int, point: tuple[int, ...], prefetch: list[Any]
+) -> tuple[tuple[int, int], ...] | None:
+    """The part of blocked operand ``j``'s array that grid step ``point``'s block covers
+    (the part a copy-out writes); None (all of it) when the index map's answer is not
+    known or the block is not made of plain blocked/squeezed dimensions."""
+    block: dict[str, Any] = desc.blocks[j]
+    kinds: tuple[str, ...] = tuple(block.get("block_kinds", ()))
+    if any(k not in ("blocked", "squeezed") for k in kinds):
+        return None
+    try:
+        index = run_plain(desc.index_maps[j], [*point, *prefetch[: desc.n_index]], ctx)
+    except Exception:
+        return None
+    if len(index) != len(kinds) or not all(isinstance(i, int) for i in index):
+        return None
+    box: list[tuple[int, int]] = []
+    shape: tuple[int | None, ...] = block["block_shape"]
+    for i, kind, bs, dim in zip(index, kinds, shape, _ints(block["array_shape"])):
+        n = 1 if kind == "squeezed" or bs is None else int(bs)
+        start = int(i) * n if kind == "blocked" else int(i)
+        box.append((max(0, min(start, dim)), max(0, min(start + n, dim))))
+    return tuple(box)
+
+
+def _fresh_block(m: Any, buf: Buffer) -> None:
+    """The output block after a copy-out holds no data of the next block: Pallas
+    writes the next block into another pipeline buffer (stale, or garbage at the
+    start) and never copies an output block in, so what the kernel wrote for the
+    block just copied out does not count as written for the next one."""
+    history = m.histories.get(buf.ident)
+    if history is not None:
+        history.coverage = Coverage()
 
 
 def _full(buf: Buffer) -> Any:
