@@ -489,7 +489,10 @@ def test_sparse_core_ordered_waits_dropped_is_t7_in_the_pipeline_body() -> None:
     broken = _sc_call(_sc_gather(SAFE, drop_row_waits=True), sd.core_kernel)
     with pytest.raises(sd.CopyNeverWaitedError, match="kernel 'inner'") as err:
         mosaic_text(broken, *_sc_args(), mesh=_tpu_mesh())
-    assert f"{__file__}:{_line_of(_sc_gather, '# STARTED')}" in str(err.value)
+    message = str(err.value)
+    assert f"{__file__}:{_line_of(_sc_gather, '# STARTED')}" in message, message
+    # Defect 5: refs the pipeline body closes over keep the kernel's names.
+    assert "x_hbm.at[...] uint32[128] -> rows_buf.at[...] uint32[128]" in message, message
 
 
 # --- an emit_pipeline as the pallas_call body, three outputs ------------------------------
