@@ -325,6 +325,8 @@ def allocated_inside(value: object, frame: object) -> bool:
     """Whether ``value`` is a tracer of a block nested in ``frame`` (a ref a ``run_scoped``
     allocated), not of ``frame`` or an enclosing trace (a kernel parameter, scratch, or
     a ref an enclosing body closes over)."""
+    # Private: a tracer's ``_trace`` is the only record of the trace that made it (jax
+    # 0.10.2 and 0.12 alike); a non-tracer has none and is never allocated inside.
     trace = getattr(value, "_trace", None)
     if trace is None:
         return False
