@@ -12,7 +12,7 @@ import jax
 
 from safedma import _compat
 from safedma._compat import SemaphoreKind
-from safedma._describe import describe_ref
+from safedma._describe import describe_ref, shape_text
 from safedma._sem_arrays import check_static_indices, how_to_select_one
 from safedma._errors import (
     CopyDtypeMismatchError,
@@ -126,7 +126,8 @@ def check_same_layout(src: object, dst: object, what: str) -> None:
     if _shapes_differ(src_shape, dst_shape):
         raise CopyShapeMismatchError(
             f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
-            f"different shapes {src_shape} and {dst_shape}. A DMA copies a block as it is: "
+            f"different shapes {shape_text(src_shape)} and {shape_text(dst_shape)}. "
+            "A DMA copies a block as it is: "
             "slice one side with .at[pl.ds(start, size)] (or reshape the buffer) so both "
             "shapes match."
         )

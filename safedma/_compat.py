@@ -50,6 +50,8 @@ __all__ = [
     "FlowKind",
     "current_frame",
     "raw_dma_waits",
+    "ALLOCATED_INSIDE",
+    "allocated_inside",
     "frame_parent",
     "frame_kind",
     "static_positions",
@@ -311,7 +313,29 @@ _trace_context: Any = _jax_core.trace_ctx
 
 RawWait: TypeAlias = "tuple[object | None, object | None]"
 """A raw wait's semaphore as ``(root, view)``: ``view`` None means any slot of
-``root``; ``root`` None means a semaphore the check cannot name (any)."""
+``root``; ``root`` None means a semaphore the check cannot name (any);
+``root`` :data:`ALLOCATED_INSIDE` means any semaphore allocated inside a block."""
+
+ALLOCATED_INSIDE: object = object()
+"""The root of raw waits in a block that receives no semaphore: they wait semaphores
+allocated inside blocks (``run_scoped``), never one the kernel body was given."""
+
+
+def allocated_inside(value: object, frame: object) -> bool:
+    """Whether ``value`` is a tracer of a block nested in ``frame`` (a ref a ``run_scoped``
+    allocated), not of ``frame`` or an enclosing trace (a kernel parameter, scratch, or
+    a ref an enclosing body closes over)."""
+    # Private: a tracer's ``_trace`` is the only record of the trace that made it (jax
+    # 0.10.2 and 0.12 alike); a non-tracer has none and is never allocated inside.
+    trace = getattr(value, "_trace", None)
+    if trace is None:
+        return False
+    enclosing: object | None = frame
+    while enclosing is not None:
+        if trace is enclosing:
+            return False
+        enclosing = frame_parent(enclosing)
+    return True
 
 
 def _emitted_from(eqn: Any, is_own_file: Callable[[str], bool]) -> bool:
@@ -378,9 +402,12 @@ def raw_dma_waits(frame: object, is_own_file: Callable[[str], bool]) -> list[Raw
             found += [(root_of(view), view) for view in views] or [(None, None)]
         elif any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
             # The wait's slot inside the block is not mapped back to the operands:
-            # any slot of any semaphore the block receives (or any, if none).
+            # any slot of any semaphore the block receives. A block sees an outer
+            # semaphore only as an operand (jax passes closed-over refs in), so one
+            # that receives none waits only semaphores allocated inside it (a
+            # run_scoped, an emit_pipeline's own): never a kernel-level semaphore.
             roots = [root_of(a) for a in operands if _is_semaphore(a)]
-            found += [(root, None) for root in roots] or [(None, None)]
+            found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]
     return found
 
 

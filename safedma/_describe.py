@@ -111,6 +111,18 @@ def describe_value(value: object) -> str:
     return repr(value)
 
 
+def _dims(shape: tuple[object, ...]) -> list[str]:
+    # A size known only at run time (``pl.ds(0, n)`` with a traced ``n``) is ``?``,
+    # not the tracer's repr.
+    return [str(d) if isinstance(d, int) else "?" for d in shape]
+
+
+def shape_text(shape: tuple[object, ...]) -> str:
+    """A shape as a Python tuple reads, ``(8, 128)`` or ``(128,)``; run-time sizes are ``?``."""
+    dims = _dims(shape)
+    return f"({', '.join(dims)}{',' if len(dims) == 1 else ''})"
+
+
 def describe_ref(ref: object) -> str:
     """A ref as an author recognises it: its kernel parameter name, dtype and shape."""
     scope = current_scope()
@@ -118,7 +130,7 @@ def describe_ref(ref: object) -> str:
     shape = getattr(ref, "shape", None)
     dtype = getattr(ref, "dtype", None)
     layout = (
-        f"{getattr(dtype, 'name', dtype)}[{','.join(str(d) for d in shape)}]"
+        f"{getattr(dtype, 'name', dtype)}[{','.join(_dims(tuple(shape)))}]"
         if shape is not None
         else type(ref).__name__
     )

@@ -230,6 +230,27 @@ def pallas_call(
     out_shape: Shaped,
     **options: Unpack[PallasCallOptions],
 ) -> KernelCall[jax.Array]: ...
+# A tuple of two, three or four shapes gives a tuple of as many arrays, so a caller may name
+# the result ``tuple[jax.Array, jax.Array]`` (jax's own ``pallas_call`` returns ``Any``, which
+# every annotation accepts); longer tuples and lists give ``tuple[jax.Array, ...]``.
+@overload
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: tuple[Shaped, Shaped],
+    **options: Unpack[PallasCallOptions],
+) -> KernelCall[tuple[jax.Array, jax.Array]]: ...
+@overload
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: tuple[Shaped, Shaped, Shaped],
+    **options: Unpack[PallasCallOptions],
+) -> KernelCall[tuple[jax.Array, jax.Array, jax.Array]]: ...
+@overload
+def pallas_call(
+    body: Callable[..., None],
+    out_shape: tuple[Shaped, Shaped, Shaped, Shaped],
+    **options: Unpack[PallasCallOptions],
+) -> KernelCall[tuple[jax.Array, jax.Array, jax.Array, jax.Array]]: ...
 @overload
 def pallas_call(
     body: Callable[..., None],

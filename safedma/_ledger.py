@@ -91,6 +91,9 @@ def _slot(sem: object) -> _Slot:
 
 _ANY_SEMAPHORE = -1
 """The root id of a raw wait whose semaphore the check cannot name: it meets every slot."""
+_ALLOCATED_INSIDE = -2
+"""The root id of raw waits on semaphores allocated inside a block (``run_scoped``): they
+meet every slot of such a semaphore, and none of the body's own (see _on_slot)."""
 
 
 def _raw_wait_slots() -> list[_Slot]:
@@ -101,7 +104,9 @@ def _raw_wait_slots() -> list[_Slot]:
     """
     slots: list[_Slot] = []
     for root, view in _compat.raw_dma_waits(_compat.current_frame(), is_library_file):
-        if root is None:
+        if root is _compat.ALLOCATED_INSIDE:
+            slots.append((_ALLOCATED_INSIDE, None))
+        elif root is None:
             slots.append((_ANY_SEMAPHORE, None))
         else:
             slots.append((id(root), None if view is None else _compat.static_positions(view)))
@@ -121,7 +126,13 @@ def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
     """Whether ``sem`` could be one of the semaphores ``slots`` name: the per-slot match
     every question of this ledger (is a copy covered, started, waited?) comes down to."""
     slot = _slot(sem)
-    return any(_slots_meet(slot, other) for other in slots)
+    for other in slots:
+        if other[0] == _ALLOCATED_INSIDE:
+            if _compat.allocated_inside(_compat.root_of(sem), _compat.current_frame()):
+                return True
+        elif _slots_meet(slot, other):
+            return True
+    return False
 
 
 @dataclasses.dataclass(eq=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+import jax
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma._checks import check_data_ref, check_same_layout
@@ -38,12 +39,13 @@ def sync_copy(src: DataRef, dst: DataRef) -> None:
 
 
 def emit_pipeline(
-    body: Callable[..., None], *, grid: tuple[int, ...], **options: Any
+    body: Callable[..., None], *, grid: tuple[int | jax.Array, ...], **options: Any
 ) -> Callable[..., None]:
     """``pltpu.emit_pipeline(body, grid=grid, **options)`` with ``body`` checked like
     a kernel body each time it is traced (``in_specs``, ``out_specs`` and every
     other option are passed on as given). Call the result with the HBM refs, as
-    jax's pipeline."""
+    jax's pipeline. A grid dimension may be traced (a step count read in the
+    kernel), as jax's own ``grid: tuple[int | jax.Array, ...]`` allows."""
     pipeline = _emit_pipeline(checked(body), grid=grid, **options)
 
     def run(*refs: DataRef | Any, **kwargs: Any) -> None:

@@ -43,9 +43,15 @@ class KernelScope:
     names: dict[int, str]
     config: KernelConfig | None
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
+    # The body this one is traced inside (an emit_pipeline body inside its kernel): a ref
+    # the inner body closes over keeps the name the outer body gave it.
+    enclosing: KernelScope | None = None
 
     def name_of(self, ref: object) -> str | None:
-        return self.names.get(id(_compat.root_of(ref)))
+        name = self.names.get(id(_compat.root_of(ref)))
+        if name is None and self.enclosing is not None:
+            return self.enclosing.name_of(ref)
+        return name
 
 
 _current: contextvars.ContextVar[KernelScope | None] = contextvars.ContextVar(
@@ -92,6 +98,7 @@ def kernel_scope(
         config=_config.get(),
         # ids name refs only while the refs live: keep them for the whole trace.
         keep_alive=list(named_refs.values()),
+        enclosing=_current.get(),
     )
     token = _current.set(scope)
     try:

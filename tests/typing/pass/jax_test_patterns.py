@@ -57,7 +57,7 @@ def one_semaphore_out() -> tuple[jax.Array, ...]:
 
     like = ShapeDtype((8, 128), "float32")
     call = safedma.pallas_call(body, (like, safedma.dma_semaphore()), out_specs=(ANY, SEM))
-    assert_type(call, safedma.KernelCall[tuple[jax.Array, ...]])
+    assert_type(call, safedma.KernelCall[tuple[jax.Array, jax.Array]])
     return call()
 
 

@@ -84,5 +84,5 @@ def scale_pair(x: jax.Array, y: jax.Array) -> tuple[jax.Array, ...]:
         scratch_shapes=[safedma.vmem(y.shape, np.float32), safedma.dma_semaphore()],
         interpret=pltpu.InterpretParams(),
     )
-    assert_type(call, safedma.KernelCall[tuple[jax.Array, ...]])
+    assert_type(call, safedma.KernelCall[tuple[jax.Array, jax.Array]])
     return call(x, y)

@@ -33,7 +33,7 @@ def arrays_as_shapes(x: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Arr
         two_outputs, (x, state), in_specs=[ANY, ANY], out_specs=(ANY, ANY),
         scratch_shapes=[safedma.dma_semaphore()], debug=False, metadata={"kind": "copy"},
     )
-    assert_type(call, safedma.KernelCall[tuple[jax.Array, ...]])
+    assert_type(call, safedma.KernelCall[tuple[jax.Array, jax.Array]])
     out, new_state = call(x, state)
     return out, new_state
 
