@@ -37,6 +37,7 @@ from typing import Any, Literal, Protocol, cast
 from jax.experimental.pallas import tpu as _pltpu
 
 import safedma
+from safedma.testing import _semaphore_clocks
 from safedma.testing._errors import ConcurrentInterpretError
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
@@ -538,7 +539,9 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
                     read_count=read_count,
                 ),
             )
-            return orig(self, value, global_core_id, *args, **kwargs)
+            _semaphore_clocks.install(self)
+            with _semaphore_clocks.waiting(self, int(value)):
+                return orig(self, value, global_core_id, *args, **kwargs)
         finally:
             probes.observer.wait_finished(token)
 
@@ -547,7 +550,9 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
 
 def _probe_signal(orig: Any, probes: Installed) -> object:
     def signal(self: Any, inc: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
-        result = orig(self, inc, global_core_id, *args, **kwargs)
+        _semaphore_clocks.install(self)
+        with _semaphore_clocks.signalling(self, int(inc)):
+            result = orig(self, inc, global_core_id, *args, **kwargs)
         info = kwargs.get("logging_info")
         source = getattr(info, "source_info", None)
         sender = getattr(info, "device_id", None)
@@ -869,7 +874,9 @@ _PROBES: tuple[_Probe, ...] = (
         _probe_wait,
         why=(
             "who waits on which semaphore for what: interpret mode polls a wait that "
-            "nothing can satisfy forever, with no hook to see it (R3, deadlock check)"
+            "nothing can satisfy forever, with no hook to see it (R3, deadlock check); "
+            "and which signals the wait consumes, so it is ordered after those only "
+            "(_semaphore_clocks: jax orders it after every signal so far, R9)"
         ),
     ),
     _Probe(
@@ -880,7 +887,8 @@ _PROBES: tuple[_Probe, ...] = (
         why=(
             "which device signalled which semaphore from which line (semaphore_signal "
             "passes its source_info only to jax's optional logging): the hints of a "
-            "leftover REGULAR or BARRIER count (R2)"
+            "leftover REGULAR or BARRIER count (R2); and each signal's amount and clock, "
+            "kept in arrival order for the waits (_semaphore_clocks)"
         ),
     ),
     _Probe(
