@@ -280,13 +280,26 @@ def _source_info_util() -> ModuleType:
 
 
 def _own_location(source_info: object) -> str | None:
-    """The user's frame in ``source_info``'s own traceback, if it has one."""
+    """The user's frame in ``source_info``'s own traceback, if it has one.
+
+    A frame whose caller is in the same file is a helper of the kernel (a
+    descriptor class's ``start``, ``_copy(src, dst, sem)``): its line is the
+    same for every copy it makes, so the caller's line is added to tell them
+    apart, as ``verify`` does.
+    """
     try:
         user_frames = private_callable(_source_info_util(), "user_frames")
-        frames = cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None)))
-        for frame in frames:
+        frames = list(cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None))))
+        for i, frame in enumerate(frames):
             if not _is_library_file(str(frame.file_name)):
-                return f"{frame.file_name}:{int(frame.start_line)} ({frame.function_name})"
+                where = f"{frame.file_name}:{int(frame.start_line)}"
+                caller = frames[i + 1] if i + 1 < len(frames) else None
+                if caller is not None and caller.file_name == frame.file_name:
+                    return (
+                        f"{where} ({frame.function_name}, called at line "
+                        f"{int(caller.start_line)} in {caller.function_name})"
+                    )
+                return f"{where} ({frame.function_name})"
     except Exception:  # only for messages; never let it break a run
         return None
     return None

@@ -204,3 +204,54 @@ def test_a_look_ahead_past_the_table_fails_at_its_line() -> None:
     message = str(caught.value)
     assert line_of(_next_nonempty, "skip = jnp.logical_and") in message, message
     assert "Out-of-bounds read" in message, message
+
+
+# --------------------- copies started by a helper of the kernel: which call
+
+
+def _start_page(src: Any, dst: Any, sem: Any) -> Any:
+    copy = pltpu.make_async_copy(src, dst, sem)
+    copy.start()  # the same line for every page: the caller's tells them apart
+    return copy
+
+
+def _two_pages(x_ref: Any, o_ref: Any, buf: Any, sems: Any, *, wait_first: bool) -> None:
+    # The paged-attention descriptors start every copy from one method; the
+    # twin reuses the buffer for the second page while the first is in flight.
+    first = _start_page(x_ref.at[pl.ds(0, ROWS)], buf, sems.at[0])
+    if wait_first:
+        first.wait()
+        o_ref[pl.ds(0, ROWS), :] = buf[...]
+    second = _start_page(x_ref.at[pl.ds(ROWS, ROWS)], buf, sems.at[1])  # second page
+    second.wait()
+    o_ref[pl.ds(ROWS, ROWS), :] = buf[...]
+    if not wait_first:
+        first.wait()
+        o_ref[pl.ds(0, ROWS), :] = x_ref[pl.ds(0, ROWS), :]
+
+
+def _two_pages_call(wait_first: bool) -> Any:
+    def kernel(*refs: Any) -> None:
+        _two_pages(*refs, wait_first=wait_first)
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((2 * ROWS, 128), F32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((ROWS, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+    )
+
+
+def test_pages_started_by_one_helper_and_waited_run_clean() -> None:
+    x = example((2 * ROWS, 128))
+    np.testing.assert_array_equal(np.asarray(simulate(_two_pages_call(True), x)), np.asarray(x))
+
+
+def test_a_race_between_copies_of_one_helper_names_the_callers_line() -> None:
+    with pytest.raises(RaceDetectedError) as caught:
+        simulate(_two_pages_call(False), example((2 * ROWS, 128)))
+    message = str(caught.value)
+    helper = line_of(_start_page, "copy.start()")
+    caller = line_of(_two_pages, "# second page").rsplit(":", 1)[1]
+    assert f"{helper} (_start_page, called at line {caller} in _two_pages)" in message, message
