@@ -145,7 +145,12 @@ class FifoClocks:
 
 def install(semaphore: Any) -> None:
     """Give ``semaphore`` (a jax interpreter ``Semaphore`` with race detection) FIFO clocks."""
-    clocks: Any = getattr(semaphore, "clocks", None)
-    if clocks is None or isinstance(clocks, FifoClocks):
-        return  # race detection off, or already installed
-    semaphore.clocks = FifoClocks(semaphore, list(clocks))
+    if isinstance(getattr(semaphore, "clocks", None), FifoClocks):
+        return
+    # Under the semaphore's own lock, which jax holds while it signals: a device
+    # signalling while another installs would otherwise add to the list replaced.
+    with semaphore.cv:
+        clocks: Any = getattr(semaphore, "clocks", None)
+        if clocks is None or isinstance(clocks, FifoClocks):
+            return  # race detection off, or installed meanwhile
+        semaphore.clocks = FifoClocks(semaphore, list(clocks))
