@@ -37,6 +37,7 @@ from typing import Any, Literal, Protocol, cast
 from jax.experimental.pallas import tpu as _pltpu
 
 import safedma
+from safedma.testing import _semaphore_clocks
 from safedma.testing._errors import ConcurrentInterpretError
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
@@ -279,13 +280,26 @@ def _source_info_util() -> ModuleType:
 
 
 def _own_location(source_info: object) -> str | None:
-    """The user's frame in ``source_info``'s own traceback, if it has one."""
+    """The user's frame in ``source_info``'s own traceback, if it has one.
+
+    A frame whose caller is in the same file is a helper of the kernel (a
+    descriptor class's ``start``, ``_copy(src, dst, sem)``): its line is the
+    same for every copy it makes, so the caller's line is added to tell them
+    apart, as ``verify`` does.
+    """
     try:
         user_frames = private_callable(_source_info_util(), "user_frames")
-        frames = cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None)))
-        for frame in frames:
+        frames = list(cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None))))
+        for i, frame in enumerate(frames):
             if not _is_library_file(str(frame.file_name)):
-                return f"{frame.file_name}:{int(frame.start_line)} ({frame.function_name})"
+                where = f"{frame.file_name}:{int(frame.start_line)}"
+                caller = frames[i + 1] if i + 1 < len(frames) else None
+                if caller is not None and caller.file_name == frame.file_name:
+                    return (
+                        f"{where} ({frame.function_name}, called at line "
+                        f"{int(caller.start_line)} in {caller.function_name})"
+                    )
+                return f"{where} ({frame.function_name})"
     except Exception:  # only for messages; never let it break a run
         return None
     return None
@@ -538,7 +552,9 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
                     read_count=read_count,
                 ),
             )
-            return orig(self, value, global_core_id, *args, **kwargs)
+            _semaphore_clocks.install(self)
+            with _semaphore_clocks.waiting(self, int(value)):
+                return orig(self, value, global_core_id, *args, **kwargs)
         finally:
             probes.observer.wait_finished(token)
 
@@ -547,7 +563,9 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
 
 def _probe_signal(orig: Any, probes: Installed) -> object:
     def signal(self: Any, inc: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
-        result = orig(self, inc, global_core_id, *args, **kwargs)
+        _semaphore_clocks.install(self)
+        with _semaphore_clocks.signalling(self, int(inc)):
+            result = orig(self, inc, global_core_id, *args, **kwargs)
         info = kwargs.get("logging_info")
         source = getattr(info, "source_info", None)
         sender = getattr(info, "device_id", None)
@@ -895,7 +913,9 @@ _PROBES: tuple[_Probe, ...] = (
         _probe_wait,
         why=(
             "who waits on which semaphore for what: interpret mode polls a wait that "
-            "nothing can satisfy forever, with no hook to see it (R3, deadlock check)"
+            "nothing can satisfy forever, with no hook to see it (R3, deadlock check); "
+            "and which signals the wait consumes, so it is ordered after those only "
+            "(_semaphore_clocks: jax orders it after every signal so far, R9)"
         ),
     ),
     _Probe(
@@ -906,7 +926,8 @@ _PROBES: tuple[_Probe, ...] = (
         why=(
             "which device signalled which semaphore from which line (semaphore_signal "
             "passes its source_info only to jax's optional logging): the hints of a "
-            "leftover REGULAR or BARRIER count (R2)"
+            "leftover REGULAR or BARRIER count (R2); and each signal's amount and clock, "
+            "kept in arrival order for the waits (_semaphore_clocks)"
         ),
     ),
     _Probe(
