@@ -1,9 +1,10 @@
 """safedma.kernels.gather: exact gathers under strict simulation, twin identity, TPU builds.
 
 Pure data movement, so every output must equal ``pages[indices]`` bit for bit.
-The strict simulation also proves the aggregate wait is exact: a wait for
-fewer bytes than the k copies moved leaves the semaphore non-zero
-(LeftoverSemaphoreError), one for more never returns (UnsatisfiableWaitError).
+The strict simulation also proves the aggregate wait is exact: after a wait for
+fewer bytes than the k copies moved, the last page may still be in flight when
+the buffer is read (RaceDetectedError, before its bytes are found left on the
+semaphore), and one for more never returns (UnsatisfiableWaitError).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.support.kernel_params import TOPOLOGIES, DType, assert_built, split_d
 from safedma.testing import (
     KernelFailedError,
     TpuCompileError,
-    LeftoverSemaphoreError,
+    RaceDetectedError,
     UnsatisfiableWaitError,
     assert_same_mosaic,
     compile_for_tpu,
@@ -237,21 +238,34 @@ def _wrong_aggregate_wait(
 
 
 @pytest.mark.parametrize(
-    "body,error",
+    "body,error,match",
     [
-        # one page's bytes left on sem
-        (functools.partial(_wrong_aggregate_wait, twice=False), LeftoverSemaphoreError),
-        (functools.partial(_wrong_aggregate_wait, twice=True), UnsatisfiableWaitError),
+        # a page short: the last page may still be in flight when buf is copied out
+        # (a wait is ordered only after the copies it consumes), and its bytes stay
+        # on sem; the race comes first
+        (
+            functools.partial(_wrong_aggregate_wait, twice=False),
+            RaceDetectedError,
+            "_wrong_aggregate_wait",
+        ),
+        (
+            functools.partial(_wrong_aggregate_wait, twice=True),
+            UnsatisfiableWaitError,
+            "DMA semaphore",
+        ),
     ],
     ids=["short", "twice"],
 )
 def test_a_wrong_aggregate_wait_fails_the_simulation(
-    monkeypatch: pytest.MonkeyPatch, body: Callable[..., None], error: type[Exception]
+    monkeypatch: pytest.MonkeyPatch,
+    body: Callable[..., None],
+    error: type[Exception],
+    match: str,
 ) -> None:
     """The same set-up with the aggregate wait changed: the simulation must reject it."""
     monkeypatch.setattr(gather_module, "gather_pages_kernel", body)
     pages = example_pages(4, 8, 128, F32)
-    with pytest.raises(error, match="DMA semaphore"):
+    with pytest.raises(error, match=match):
         simulate(gather_pages, pages, jnp.asarray([3, 0, 2], I32), timeout_s=1.0)
 
 
