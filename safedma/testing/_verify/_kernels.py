@@ -105,7 +105,7 @@ class KernelDesc:
         self.collective_id = kp["collective_id"]
         self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
         self.core_axes = _jax.core_mesh_axes(kp["mesh"])
-        self.out_read: list[tuple[tuple[int, int], ...] | None] = []
+        self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
 
 
 class KernelRun:
@@ -188,7 +188,7 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
 def _pallas_call(c: Compiler, eqn: Any) -> Op:
     desc = KernelDesc(eqn)
     # what the program around the kernel reads of each output (None: all of it)
-    desc.out_read = [c.read_box(v) for v in eqn.outvars]
+    desc.out_read = [c.read_boxes(v) for v in eqn.outvars]
     ins = [c.reader(a) for a in eqn.invars]
     outs = c.outs(eqn)
 
@@ -346,21 +346,25 @@ def _run_kernel(
             # that arrives after the kernel returned is then reported as what it is
             # (R8, naming the copy) rather than as an output nothing wrote.
             read = desc.out_read[k] if k < len(desc.out_read) else None
-            if read is not None and len(read) == len(buf.shape):
+            views = [view]
+            if read is not None and all(len(box) == len(buf.shape) for box in read):
                 # the program only slices this output: parts it drops may stay unwritten
-                view = View(buf, read, tuple(hi - lo for lo, hi in read), buf.itemsize)
-            eng.deferred.append(
-                functools.partial(
-                    m.check_written,
-                    p,
-                    view,
-                    "the kernel returns output",
-                    desc.where,
-                    "Write (or copy into) every part of each output before the "
-                    "kernel returns, or alias it to an input (a remote copy into it "
-                    "must be waited, wait_recv, before the kernel returns).",
+                views = [
+                    View(buf, box, tuple(hi - lo for lo, hi in box), buf.itemsize) for box in read
+                ]
+            for part in views:
+                eng.deferred.append(
+                    functools.partial(
+                        m.check_written,
+                        p,
+                        part,
+                        "the kernel returns output",
+                        desc.where,
+                        "Write (or copy into) every part of each output before the "
+                        "kernel returns, or alias it to an input (a remote copy into it "
+                        "must be waited, wait_recv, before the kernel returns).",
+                    )
                 )
-            )
     for s, buf in zip(outs, outer_out):
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved

@@ -143,22 +143,30 @@ _Box = tuple[tuple[int, int], ...]
 _LAYOUT = ("slice", "transpose", "reshape")
 
 
-def _layout_reads(jaxpr: Any) -> dict[Any, _Box | None]:
-    """Per variable, the bounding box of what the program reads of it (None: all).
+_MAX_READ_BOXES = 8  # past this many disjoint reads of one array, their bounding box
 
-    One backward pass: a layout equation pulls its output's read box back to its
-    operand; any other use (an equation, a jaxpr output) reads all of it. A variable
-    no equation uses is absent (its caller treats that as all of it)."""
-    reads: dict[Any, _Box | None] = {a: None for a in jaxpr.outvars if not _jax.is_literal(a)}
+
+def _layout_reads(jaxpr: Any) -> dict[Any, tuple[_Box, ...] | None]:
+    """Per variable, the boxes of what the program reads of it (None: all of it).
+
+    One backward pass: a layout equation pulls each box its output is read in back to
+    its operand; any other use (an equation, a jaxpr output) reads all of it. Reads
+    through several layout equations (two slices of one output) stay separate boxes,
+    so the part between them is not counted as read; past ``_MAX_READ_BOXES`` they
+    merge into their bounding box. A variable no equation uses is absent (its caller
+    treats that as all of it)."""
+    reads: dict[Any, tuple[_Box, ...] | None] = {
+        a: None for a in jaxpr.outvars if not _jax.is_literal(a)
+    }
     for eqn in reversed(jaxpr.eqns):
-        pulled: _Box | None = None
+        pulled: tuple[_Box, ...] | None = None
         skip = False
         if eqn.primitive.name in _LAYOUT and len(eqn.outvars) == 1 and len(eqn.invars) == 1:
             out = eqn.outvars[0]
             if out not in reads:
                 skip = True  # the result is never used: this use reads nothing
             else:
-                pulled = _pull_back(eqn, reads[out])
+                pulled = _pull_back_all(eqn, reads[out])
         for a in eqn.invars:
             if skip or _jax.is_literal(a):
                 continue
@@ -169,10 +177,30 @@ def _layout_reads(jaxpr: Any) -> dict[Any, _Box | None]:
             else:
                 old = reads[a]
                 if old is not None:
-                    reads[a] = tuple(
-                        (min(lo, olo), max(hi, ohi)) for (lo, hi), (olo, ohi) in zip(pulled, old)
-                    )
+                    reads[a] = _union(old, pulled)
     return reads
+
+
+def _pull_back_all(eqn: Any, boxes: tuple[_Box, ...] | None) -> tuple[_Box, ...] | None:
+    """Each box pulled back through ``eqn``; None if any is unknown."""
+    if boxes is None:
+        one = _pull_back(eqn, None)
+        return None if one is None else (one,)
+    pulled: list[_Box] = []
+    for box in boxes:
+        one = _pull_back(eqn, box)
+        if one is None:
+            return None
+        pulled.append(one)
+    return tuple(pulled)
+
+
+def _union(a: tuple[_Box, ...], b: tuple[_Box, ...]) -> tuple[_Box, ...]:
+    """The boxes of ``a`` and ``b`` (each once); their bounding box when too many."""
+    boxes = tuple(dict.fromkeys((*a, *b)))
+    if len(boxes) <= _MAX_READ_BOXES:
+        return boxes
+    return (tuple((min(d), max(e)) for d, e in (zip(*dim) for dim in zip(*boxes))),)
 
 
 def _pull_back(eqn: Any, box: _Box | None) -> _Box | None:
@@ -334,7 +362,7 @@ class Compiler:
     def __init__(self, jaxpr: Any, outer: bool = False) -> None:
         self.outer = outer
         self.jaxpr = jaxpr
-        self._slice_reads: dict[Any, tuple[tuple[int, int], ...] | None] | None = None
+        self._slice_reads: dict[Any, tuple[_Box, ...] | None] | None = None
         self.slots: dict[Any, int] = {}
         self.compiled = c = Compiled()
         for v in jaxpr.constvars:
@@ -347,8 +375,8 @@ class Compiler:
         c.outvars = [self.atom(a) for a in jaxpr.outvars]
         c.nslots = len(self.slots)
 
-    def read_box(self, v: Any) -> tuple[tuple[int, int], ...] | None:
-        """The part of array ``v`` this program can read, when only layout equations
+    def read_boxes(self, v: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+        """The parts of array ``v`` this program can read, when only layout equations
         (``slice``, ``transpose``, ``reshape``) lead from it to every use that reads
         it (a wrapper that drops a kernel's padding rows); None: all of it."""
         if self._slice_reads is None:
