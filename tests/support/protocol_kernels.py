@@ -470,7 +470,15 @@ ROWS: tuple[Row, ...] = (
         simulate_bug="schedule-dependent",
     ),
     Row("r9_shared_sem", lambda: [_chunks(), _block(), *_dma(2)], "silent"),
-    Row("early_wait", lambda: [_chunks(), _block(), *_dma(3)], "silent"),
+    # Depends on the schedule: simulate orders a wait after the signals it consumes in
+    # arrival order, so the bug is seen only when the neighbour's copy lands before the
+    # local one (device threads race for that).
+    Row(
+        "early_wait",
+        lambda: [_chunks(), _block(), *_dma(3)],
+        "silent",
+        simulate_bug="schedule-dependent",
+    ),
     # Five devices: on a ring of four or fewer one round is safe across calls (a
     # device's barrier wait then implies its right neighbour entered the call; see
     # test_engine_protocols.py::test_r10_single_barrier_reused_across_calls).
