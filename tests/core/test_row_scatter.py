@@ -191,6 +191,22 @@ def _x(n: int, mesh: Any = None) -> jax.ShapeDtypeStruct:
 SPECS = (P(), P(), P(), P("x"))
 
 
+def verify_scatter(kernel: Callable[..., None], safe: bool, n: int, invocations: int = 1) -> Any:
+    """verify the scatter on a device-free ring of ``n``, with the tables of ``_tables``."""
+    dest, pos, incoming = _tables(n)
+    return verify(
+        _per_device(kernel, safe),
+        dest,
+        pos,
+        incoming,
+        _x(n),
+        mesh=abstract_mesh((n,), ("x",)),
+        in_specs=SPECS,
+        out_specs=P("x"),
+        invocations=invocations,
+    )
+
+
 def test_the_safedma_scatter_lowers_to_the_raw_kernels_mosaic() -> None:
     n = 4
     mesh = abstract_mesh((n,), ("x",))
@@ -222,19 +238,7 @@ def test_the_safedma_scatter_lowers_to_the_raw_kernels_mosaic() -> None:
 @pytest.mark.parametrize("safe", [True, False], ids=["safedma", "raw"])
 def test_the_scatter_verifies_clean_twice_in_a_row(n: int, safe: bool) -> None:
     kernel = _safe_kernel(n) if safe else _raw_kernel(n)
-    dest, pos, incoming = _tables(n)
-    report = verify(
-        _per_device(kernel, safe),
-        dest,
-        pos,
-        incoming,
-        _x(n),
-        mesh=abstract_mesh((n,), ("x",)),
-        in_specs=SPECS,
-        out_specs=P("x"),
-        invocations=2,
-    )
-    assert report.devices == n
+    assert verify_scatter(kernel, safe, n, invocations=2).devices == n
 
 
 @pytest.mark.parametrize(
@@ -247,37 +251,15 @@ def test_the_scatter_verifies_clean_twice_in_a_row(n: int, safe: bool) -> None:
     ],
 )
 def test_the_raw_scatters_seeded_mistakes_are_caught(seed: str) -> None:
-    n = 4
-    dest, pos, incoming = _tables(n)
     with pytest.raises(SimulationError, match="test_row_scatter.py"):
-        verify(
-            _per_device(_raw_kernel(n, seed), False),
-            dest,
-            pos,
-            incoming,
-            _x(n),
-            mesh=abstract_mesh((n,), ("x",)),
-            in_specs=SPECS,
-            out_specs=P("x"),
-        )
+        verify_scatter(_raw_kernel(4, seed), False, 4)
 
 
 def test_undrained_sends_are_named_by_the_copies_that_carry_the_count() -> None:
     """Rows that stayed home were sent with length 0: listing those as "never waited"
     would point at copies that do not make up the leftover count."""
-    n = 4
-    dest, pos, incoming = _tables(n)
     with pytest.raises(LeftoverSemaphoreError) as caught:
-        verify(
-            _per_device(_raw_kernel(n, "sends_not_drained"), False),
-            dest,
-            pos,
-            incoming,
-            _x(n),
-            mesh=abstract_mesh((n,), ("x",)),
-            in_specs=SPECS,
-            out_specs=P("x"),
-        )
+        verify_scatter(_raw_kernel(4, "sends_not_drained"), False, 4)
     message = str(caught.value)
     assert "(512 bytes) was never waited" in message, message
     assert "(0 bytes) was never waited" not in message, message

@@ -10,6 +10,9 @@ touches no memory: it is neither checked nor recorded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,6 +24,22 @@ from tests.core import test_row_scatter as scatter
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
 N = 4
+
+
+def _simulate(kernel: Callable[..., None], safe: bool, x: jax.Array) -> jax.Array:
+    """simulate the scatter on N simulated devices, with the tables of ``_tables``."""
+    dest, pos, incoming = scatter._tables(N)
+    out: jax.Array = simulate(
+        scatter._per_device(kernel, safe),
+        jnp.asarray(dest),
+        jnp.asarray(pos),
+        jnp.asarray(incoming),
+        x,
+        mesh=simulated_mesh(N, "x"),
+        in_specs=scatter.SPECS,
+        out_specs=P("x"),
+    )
+    return out
 
 
 def _expected(x: np.ndarray, dest: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -37,30 +56,11 @@ def test_a_scatter_with_zero_length_copies_simulates_clean_and_right(safe: bool)
     dest, pos, incoming = scatter._tables(N)
     x = jnp.arange(N * scatter.ROWS * 128, dtype=jnp.float32).reshape(N * scatter.ROWS, 128)
     kernel = scatter._safe_kernel(N) if safe else scatter._raw_kernel(N)
-    out = simulate(
-        scatter._per_device(kernel, safe),
-        jnp.asarray(dest),
-        jnp.asarray(pos),
-        jnp.asarray(incoming),
-        x,
-        mesh=simulated_mesh(N, "x"),
-        in_specs=scatter.SPECS,
-        out_specs=P("x"),
-    )
+    out = _simulate(kernel, safe, x)
     np.testing.assert_array_equal(np.asarray(out), _expected(np.asarray(x), dest, pos))
 
 
 def test_a_row_sent_to_the_wrong_position_is_still_a_race() -> None:
-    dest, pos, incoming = scatter._tables(N)
     x = jnp.ones((N * scatter.ROWS, 128), jnp.float32)
     with pytest.raises(RaceDetectedError, match="test_row_scatter.py"):
-        simulate(
-            scatter._per_device(scatter._raw_kernel(N, "row_to_the_wrong_position"), False),
-            jnp.asarray(dest),
-            jnp.asarray(pos),
-            jnp.asarray(incoming),
-            x,
-            mesh=simulated_mesh(N, "x"),
-            in_specs=scatter.SPECS,
-            out_specs=P("x"),
-        )
+        _simulate(scatter._raw_kernel(N, "row_to_the_wrong_position"), False, x)
