@@ -292,13 +292,10 @@ def _repeat(
 def _cores_in(jaxpr: Any) -> tuple[str, int]:
     """The core axis and count of the program's pl.kernel (mpmd_map) meshes, if any."""
     found: tuple[str, int] = ("core", 1)
-    for eqn in jaxpr.eqns:
+    for eqn in _jax.all_eqns(jaxpr):
         if eqn.primitive.name == "mpmd_map":
             for mesh in eqn.params["meshes"]:
                 found = max(found, mesh_cores(mesh), key=lambda f: f[1])
-        for sub in _jax.sub_jaxprs(eqn.params):
-            inner = _cores_in(_jax.jaxpr_of(sub)[0])
-            found = max(found, inner, key=lambda f: f[1])
     return found
 
 
@@ -308,21 +305,16 @@ def _parallel_grid_note(jaxpr: Any) -> str:
     megacore chip Mosaic splits that dimension between two cores, each with its own
     scratch and scalar-prefetch copies (a kernel that starts each core's first copy
     at ``program_id(0) == core`` is written for that split). Empty when none has one."""
-    found: list[str] = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            dims = _jax.parallel_grid_dims(eqn)
-            if dims:
-                name = str(_jax.kernel_params(eqn)["name"] or "kernel")
-                found.append(f"{name} at {location(eqn)} (grid dimension(s) {dims})")
-        for sub in _jax.sub_jaxprs(eqn.params):
-            inner = _parallel_grid_note(_jax.jaxpr_of(sub)[0])
-            if inner:
-                return inner
-    if not found:
+    for eqn in _jax.all_eqns(jaxpr):
+        dims = _jax.parallel_grid_dims(eqn) if eqn.primitive.name == "pallas_call" else ()
+        if dims:
+            break
+    else:
         return ""
+    name = str(_jax.kernel_params(eqn)["name"] or "kernel")
     return (
-        f"\nNote: {found[0]} marks a grid dimension 'parallel'. verify runs every grid "
+        f"\nNote: {name} at {location(eqn)} (grid dimension(s) {dims}) marks a grid "
+        "dimension 'parallel'. verify runs every grid "
         "step in order on one core, as a single-TensorCore chip (v5e, v6e) does, where "
         "this deadlock is real. On a megacore chip (v4, v5p) Mosaic splits a parallel "
         "dimension between the two TensorCores, each with its own scratch and "
@@ -335,13 +327,11 @@ def _parallel_grid_note(jaxpr: Any) -> str:
 def _kernel_names(jaxpr: Any) -> list[tuple[str, str]]:
     """(name, user line) of every kernel call in the program."""
     out: list[tuple[str, str]] = []
-    for eqn in jaxpr.eqns:
+    for eqn in _jax.all_eqns(jaxpr):
         if eqn.primitive.name == "pallas_call":
             out.append((str(_jax.kernel_params(eqn)["name"] or "kernel"), location(eqn)))
         if eqn.primitive.name == "mpmd_map":
             out.append((str(eqn.params.get("name") or "pl.kernel"), location(eqn)))
-        for sub in _jax.sub_jaxprs(eqn.params):
-            out.extend(_kernel_names(_jax.jaxpr_of(sub)[0]))
     return out
 
 

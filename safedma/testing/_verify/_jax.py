@@ -48,8 +48,8 @@ __all__ = [
     "is_ref_aval",
     "scan_split",
     "kernel_params",
+    "all_eqns",
     "traceback_frames",
-    "user_frame",
     "user_frame_of",
     "kernel_param_names",
     "bind_concrete",
@@ -97,6 +97,14 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
         for item in items:
             if isinstance(item, _JAXPR_TYPES):
                 yield item
+
+
+def all_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and, after each, those of the jaxprs it holds."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in sub_jaxprs(eqn.params):
+            yield from all_eqns(jaxpr_of(sub)[0])
 
 
 def unflatten(tree: Any, leaves: Sequence[object]) -> Any:
@@ -397,21 +405,6 @@ def _is_library(path: str) -> bool:
     return f"{os.sep}jax{os.sep}" in path or f"{os.sep}jaxlib{os.sep}" in path
 
 
-def user_frame(source_info: Any) -> str | None:
-    """ "file:line (function)" of the first frame outside jax and safedma's library,
-    with the lines that called it when it is a helper of the kernel.
-
-    Why: ``source_info.traceback.frames`` is jax's record of where the
-    equation was traced; safedma's wrappers bind primitives from
-    safedma/_compat.py, so jax's own user-frame filter would name safedma.
-    ``safedma/kernels/`` counts as user code. A helper's line is the same for
-    every copy it issues (``_async_copy(src, dst, sem)``, a zero-fill helper
-    in another module), so the lines of the kernel that called it tell them
-    apart: up to two calling frames, stopping where Pallas traced the kernel.
-    """
-    return user_frame_of(traceback_frames(source_info))
-
-
 def traceback_frames(source_info: Any) -> list[Any]:
     """The frames jax recorded where an equation was traced, innermost first.
 
@@ -429,8 +422,17 @@ def traceback_frames(source_info: Any) -> list[Any]:
 
 
 def user_frame_of(frames: Sequence[Any], whole_kernel: bool = False) -> str | None:
-    """:func:`user_frame` over a list of frames, innermost first; ``whole_kernel``:
-    the list ends at the kernel function (its callers are not in it)."""
+    """ "file:line (function)" of the first of ``frames`` (innermost first) outside jax
+    and safedma's library, with the lines that called it when it is a helper of the
+    kernel; ``whole_kernel``: the list ends at the kernel function.
+
+    Why: safedma's wrappers bind primitives from safedma/_compat.py, so jax's own
+    user-frame filter would name safedma; ``safedma/kernels/`` counts as user code.
+    A helper's line is the same for every copy it issues (``_async_copy(src, dst,
+    sem)``, a zero-fill helper in another module), so the lines of the kernel that
+    called it tell them apart: up to two calling frames, stopping where Pallas
+    traced the kernel.
+    """
     for i, frame in enumerate(frames):
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
             callers = _kernel_callers(frames, i, whole_kernel)
