@@ -465,6 +465,18 @@ def _fill_block(
         buf.values = list[object]([unknown] * size)
 
 
+def _block_index(
+    desc: KernelDesc, ctx: Ctx, j: int, point: tuple[int, ...], prefetch: list[Any]
+) -> list[Any] | None:
+    """Blocked operand ``j``'s block index at grid step ``point``; None when its index
+    map fails. Index maps take the scalar-prefetch refs after the grid indices (a
+    ragged kernel maps a logical tile to its physical block through them)."""
+    try:
+        return list(run_plain(desc.index_maps[j], [*point, *prefetch[: desc.n_index]], ctx))
+    except Exception:
+        return None
+
+
 def _block_changes(
     desc: KernelDesc,
     ctx: Ctx,
@@ -474,13 +486,10 @@ def _block_changes(
     prefetch: list[Any],
 ) -> bool:
     """Whether output ``j``'s block index differs at the next step (Pallas copies the
-    block out only then). Index maps take the scalar-prefetch refs after the grid
-    indices (a ragged kernel maps a logical tile to its physical block through them)."""
-    scalars = prefetch[: desc.n_index]
-    try:
-        a = run_plain(desc.index_maps[j], [*now, *scalars], ctx)
-        b = run_plain(desc.index_maps[j], [*nxt, *scalars], ctx)
-    except Exception:
+    block out only then)."""
+    a = _block_index(desc, ctx, j, now, prefetch)
+    b = _block_index(desc, ctx, j, nxt, prefetch)
+    if a is None or b is None:
         return True
     if any(isinstance(v, Unknown) for v in (*a, *b)):
         return True
@@ -497,11 +506,8 @@ def _block_box(
     kinds: tuple[str, ...] = tuple(block.get("block_kinds", ()))
     if any(k not in ("blocked", "squeezed") for k in kinds):
         return None
-    try:
-        index = run_plain(desc.index_maps[j], [*point, *prefetch[: desc.n_index]], ctx)
-    except Exception:
-        return None
-    if len(index) != len(kinds) or not all(isinstance(i, int) for i in index):
+    index = _block_index(desc, ctx, j, point, prefetch)
+    if index is None or len(index) != len(kinds) or not all(isinstance(i, int) for i in index):
         return None
     box: list[tuple[int, int]] = []
     shape: tuple[int | None, ...] = block["block_shape"]
