@@ -19,7 +19,7 @@ from safedma.testing._verify._engine import Engine
 from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, location, run
-from safedma.testing._verify._semantics import Blocked
+from safedma.testing._verify._semantics import Blocked, LooseMiss, PruneMiss
 from safedma.testing._verify._waits import Hints
 from safedma.testing._verify._report import (
     DeadlockError,
@@ -215,12 +215,22 @@ def verify(
         assert outer is not None  # found is a shard_map
         op_values, op_specs = outer
     hints = Hints()
+    prune, loose_kept = True, True
     while True:  # walk again while early contributions weaken a wait (_waits.py)
         hints.start_walk()
         engine = Engine(names, sizes, cores, core_axis)
         engine.machine.hints = hints
+        engine.machine.prune = prune
+        if not loose_kept:
+            engine.machine.keep_loose(None)
         try:
             _walk(engine, compiled, body, op_values, op_specs, invocations)
+        except PruneMiss:
+            prune = False  # a late new contributor: walk again keeping every wait
+            continue
+        except LooseMiss:
+            loose_kept = False  # an error's message needs an old wait: keep them all
+            continue
         except DeadlockError as err:
             note = _parallel_grid_note(body)
             if not note:

@@ -20,7 +20,10 @@ Rules (docs/verify.md gives the sources):
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+
+import numpy as np
 
 from safedma.testing._verify._clocks import Clock, Clocks
 from safedma.testing._verify._regions import (
@@ -42,7 +45,28 @@ from safedma.testing._verify._report import (
 )
 from safedma.testing._verify._waits import Early, Hints, Outcome, WaitRecord, outcome
 
-__all__ = ["Machine", "Dma", "SemState", "Blocked"]
+__all__ = ["Machine", "Dma", "SemState", "Blocked", "LooseMiss", "PruneMiss"]
+
+# A semaphore's completed waits are pruned (see Machine._prune_waits) once it holds this
+# many, and again whenever their number doubles: amortised O(1) work per wait.
+_PRUNE_FROM = 16
+
+
+# The waits kept for explain() (messages only): the newest this many. A message whose
+# explanation may lie in an older one makes the walk run again keeping all (LooseMiss).
+_LOOSE_KEPT = 2048
+
+
+class LooseMiss(Exception):
+    """explain() found nothing among the waits it kept, and older ones were dropped."""
+
+
+class PruneMiss(Exception):
+    """A contributor new to a semaphore may count at a wait already pruned from it.
+
+    Pruning assumed the semaphore's contributors so far are all it will have; the
+    walk is repeated with pruning off (Machine.prune = False), which is always exact.
+    """
 
 
 class Dma:
@@ -144,6 +168,8 @@ class SemState:
         "peak",
         "waits",
         "waiter",
+        "horizon",
+        "next_prune",
     )
 
     def __init__(self, buffer: Buffer, index: int, label: str) -> None:
@@ -158,6 +184,10 @@ class SemState:
         self.waits: list[WaitRecord] = []
         # the one participant that waits here (-2: several; they are scanned without a stop)
         self.waiter = -1
+        # waits dropped from ``waits`` because every contributor is ordered after them:
+        # per waiter, the latest such wait's epoch (a new contributor is checked against it)
+        self.horizon: dict[int, int] = {}
+        self.next_prune = _PRUNE_FROM
 
     def total(self) -> int:
         if not self.pending:
@@ -229,7 +259,19 @@ class Machine:
         self.wait_seq = 0  # sequence numbers of completed waits
         # waits that did not guarantee all they counted: (waiter, its clock after the
         # wait, where, semaphore, the contributions counted, the clock learned)
-        self.loose: list[tuple[int, int, str, SemState, list[Contribution | Early], Clock]] = []
+        self.loose: deque[tuple[int, int, str, SemState, list[Contribution | Early], Clock]]
+        self.keep_loose(_LOOSE_KEPT)
+        # drop completed waits no later contribution can count at (memory: without it a
+        # ring keeps devices^2 wait records, each holding clocks of devices entries)
+        self.prune = True
+
+    def keep_loose(self, newest: int | None) -> None:
+        """Keep the ``newest`` waits for explain() (None: all of them).
+
+        Each holds the clocks of what it counted, so keeping all of them costs memory
+        growing as devices^3 on a ring at scale; messages rarely need an old one.
+        """
+        self.loose = deque(maxlen=newest)
 
     # ---------------------------------------------------------------- accesses
 
@@ -397,6 +439,10 @@ class Machine:
     def _contribute(self, sem: SemState, c: Contribution) -> None:
         c.seq = self.contributions
         self.contributions += 1
+        if sem.horizon and c.issuer not in sem.contributors:
+            clock = c.clock
+            if any(clock[w] < at for w, at in sem.horizon.items()):
+                raise PruneMiss
         waits = sem.waits
         if waits:
             # _early's first test, inline: one waiter, and ``c`` ordered after its last
@@ -669,6 +715,38 @@ class Machine:
             sem.waiter = p
         elif sem.waiter != p:
             sem.waiter = -2
+        if self.prune and len(sem.waits) >= sem.next_prune:
+            self._prune_waits(sem)
+
+    def _prune_waits(self, sem: SemState) -> None:
+        """Drop the completed waits every contributor so far is ordered after.
+
+        Rule 6 checks a new contribution only against waits it is not ordered after; a
+        contributor's later contributions carry clocks at least its current row, so once
+        every contributor's row covers a wait's epoch, nothing they issue can count there.
+        A contributor not seen yet could: its first contribution is checked against the
+        latest pruned epoch per waiter (``horizon``) and, if unordered, the walk is
+        repeated without pruning (PruneMiss).
+        """
+        waits = sem.waits
+        who = np.fromiter(sem.contributors, dtype=np.intp)
+        waiters = np.fromiter((w.waiter for w in waits), dtype=np.intp, count=len(waits))
+        ats = np.fromiter((w.at for w in waits), dtype=np.int64, count=len(waits))
+        if len(who):
+            known = self.clocks.rows[np.ix_(who, waiters)].min(axis=0) >= ats
+        else:
+            known = np.ones(len(waits), dtype=bool)
+        if known.any():
+            horizon = sem.horizon
+            kept: list[WaitRecord] = []
+            for w, gone in zip(waits, known.tolist()):
+                if gone:
+                    if horizon.get(w.waiter, -1) < w.at:
+                        horizon[w.waiter] = w.at
+                else:
+                    kept.append(w)
+            sem.waits = kept
+        sem.next_prune = max(_PRUNE_FROM, 2 * len(sem.waits))
 
     def _note_unguaranteed(
         self,
@@ -720,6 +798,8 @@ class Machine:
                 f"{_describe(self.labels, carry)}, which carry this order (R7/R9/R10).",
                 sem,
             )
+        if self.loose.maxlen is not None and len(self.loose) == self.loose.maxlen:
+            raise LooseMiss  # the explaining wait may be one of those dropped
         return "", None
 
     # ---------------------------------------------------------------- kernels
