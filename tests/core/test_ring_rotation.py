@@ -25,12 +25,11 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 from safedma.testing import RaceDetectedError, SimulationError, abstract_mesh, assert_same_mosaic
 from safedma.testing import verify
+from tests.support.ring_twins import ring_blocks, sharded
 
 ROWS = 8
 ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -156,27 +155,18 @@ def _per_device(kernel: Callable[..., None], safe: bool) -> Callable[[jax.Array]
 
 
 def _x(n: int, mesh: Any = None) -> jax.ShapeDtypeStruct:
-    sharding = NamedSharding(mesh, P("x")) if mesh is not None else None
-    return jax.ShapeDtypeStruct((n * ROWS, 128), jnp.float32, sharding=sharding)
+    return ring_blocks(n, ROWS, mesh)
 
 
 def test_the_safedma_rotation_lowers_to_the_raw_kernels_mosaic() -> None:
     n = 4
     mesh = abstract_mesh((n,), ("x",))
 
-    def sharded(safe: bool) -> Any:
+    def twin(safe: bool) -> Any:
         kernel = _safe_kernel(n) if safe else _raw_kernel(n)
-        return jax.jit(
-            jax.shard_map(
-                _per_device(kernel, safe),
-                mesh=mesh,
-                in_specs=P("x"),
-                out_specs=P("x"),
-                check_vma=False,
-            )
-        )
+        return sharded(_per_device(kernel, safe), mesh)
 
-    assert_same_mosaic(sharded(True), sharded(False), _x(n, mesh), mesh=mesh)
+    assert_same_mosaic(twin(True), twin(False), _x(n, mesh), mesh=mesh)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

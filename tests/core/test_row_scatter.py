@@ -36,6 +36,7 @@ from safedma.testing import (
     assert_same_mosaic,
     verify,
 )
+from tests.support.ring_twins import ring_blocks, sharded
 
 ROWS = 8
 ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -184,8 +185,7 @@ def _per_device(kernel: Callable[..., None], safe: bool) -> Callable[..., jax.Ar
 
 
 def _x(n: int, mesh: Any = None) -> jax.ShapeDtypeStruct:
-    sharding = NamedSharding(mesh, P("x")) if mesh is not None else None
-    return jax.ShapeDtypeStruct((n * ROWS, 128), jnp.float32, sharding=sharding)
+    return ring_blocks(n, ROWS, mesh)
 
 
 SPECS = (P(), P(), P(), P("x"))
@@ -212,17 +212,9 @@ def test_the_safedma_scatter_lowers_to_the_raw_kernels_mosaic() -> None:
     mesh = abstract_mesh((n,), ("x",))
     dest, pos, incoming = _tables(n)
 
-    def sharded(safe: bool) -> Any:
+    def twin(safe: bool) -> Any:
         kernel = _safe_kernel(n) if safe else _raw_kernel(n)
-        return jax.jit(
-            jax.shard_map(
-                _per_device(kernel, safe),
-                mesh=mesh,
-                in_specs=SPECS,
-                out_specs=P("x"),
-                check_vma=False,
-            )
-        )
+        return sharded(_per_device(kernel, safe), mesh, SPECS)
 
     args = (
         *(
@@ -231,7 +223,7 @@ def test_the_safedma_scatter_lowers_to_the_raw_kernels_mosaic() -> None:
         ),
         _x(n, mesh),
     )
-    assert_same_mosaic(sharded(True), sharded(False), *args, mesh=mesh)
+    assert_same_mosaic(twin(True), twin(False), *args, mesh=mesh)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
