@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from safedma.testing._verify import _jax
+from safedma.testing._verify import _jax, _megacore
 from safedma.testing._verify import _kernels as _kernels  # registers pallas_call
 from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
 from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
@@ -206,6 +206,10 @@ def verify(
             names = tuple(str(n) for n in inner_mesh.axis_names)
             sizes = tuple(int(inner_mesh.shape[n]) for n in names)
     core_axis, cores = _cores_in(body)
+    ambient = jax.sharding.get_abstract_mesh()
+    chip = _megacore.chip_of([mesh, None if found is None else found[2], ambient])
+    if chip is not None and chip.cores > 1 and cores == 1 and _split_kernels(body):
+        cores = chip.cores  # a megacore split: each TensorCore is a participant
     compiled = compile_jaxpr(body, consts, outer=True)
     # the value and in_spec of each operand of the device program
     op_values: list[Any] = list(values)
@@ -219,6 +223,7 @@ def verify(
     while True:  # walk again while early contributions weaken a wait (_waits.py)
         hints.start_walk()
         engine = Engine(names, sizes, cores, core_axis)
+        engine.chip = chip
         engine.machine.hints = hints
         engine.machine.prune = prune
         if not loose_kept:
@@ -232,7 +237,7 @@ def verify(
             loose_kept = False  # an error's message needs an old wait: keep them all
             continue
         except DeadlockError as err:
-            note = _parallel_grid_note(body)
+            note = _parallel_grid_note(body, chip)
             if not note:
                 raise
             raise type(err)(f"{err}{note}") from err
@@ -309,28 +314,61 @@ def _cores_in(jaxpr: Any) -> tuple[str, int]:
     return found
 
 
-def _parallel_grid_note(jaxpr: Any) -> str:
-    """What a deadlock means for kernels whose grid has a "parallel" dimension: verify
-    runs every grid step in order on one core, as a single-TensorCore chip does; on a
-    megacore chip Mosaic splits that dimension between two cores, each with its own
-    scratch and scalar-prefetch copies (a kernel that starts each core's first copy
-    at ``program_id(0) == core`` is written for that split). Empty when none has one."""
+def _split_kernels(jaxpr: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """Every pallas_call with a leading "parallel" grid dimension, and those dimensions
+    (what a megacore chip splits between its cores)."""
+    found: list[tuple[Any, tuple[int, ...]]] = []
+    for eqn in _jax.all_eqns(jaxpr):
+        if eqn.primitive.name != "pallas_call":
+            continue
+        params = _jax.kernel_params(eqn)
+        name = str(params["name"] or "kernel")
+        dims = _megacore.split_dims(tuple(params["semantics"]), name, location(eqn))
+        if dims:
+            found.append((eqn, dims))
+    return found
+
+
+def _parallel_grid_note(jaxpr: Any, chip: _megacore.Chip | None) -> str:
+    """What a deadlock means for kernels whose grid has a "parallel" dimension.
+
+    With no TPU named, verify runs every grid step in order on one core, as a
+    single-TensorCore chip does; on a megacore chip Mosaic splits that dimension
+    between two cores, each with its own scratch and scalar-prefetch copies (a
+    kernel that starts each core's first copy at ``program_id(0) == core`` is
+    written for that split): the note says so. With a TPU named, the note says
+    what that chip does: the split it ran (megacore), or one core. Empty when no
+    kernel has a parallel dimension."""
     for eqn in _jax.all_eqns(jaxpr):
         dims = _jax.parallel_grid_dims(eqn) if eqn.primitive.name == "pallas_call" else ()
         if dims:
             break
     else:
         return ""
-    name = str(_jax.kernel_params(eqn)["name"] or "kernel")
+    params = _jax.kernel_params(eqn)
+    name = str(params["name"] or "kernel")
+    if chip is not None and chip.cores > 1:
+        notes: list[str] = []
+        for split_eqn, split in _split_kernels(jaxpr):
+            grid = tuple(int(g) for g in _jax.kernel_params(split_eqn)["grid"])
+            parts = (
+                _megacore.describe_parts(_megacore.core_parts(grid, len(split), chip.cores))
+                if all(g >= 0 for g in grid)
+                else "the parallel points in contiguous parts"
+            )
+            split_name = str(_jax.kernel_params(split_eqn)["name"] or "kernel")
+            notes.append(_megacore.split_note(chip, split_name, location(split_eqn), split, parts))
+        return "".join(dict.fromkeys(notes))
+    if chip is not None:
+        return _megacore.single_core_note(chip, name, location(eqn), dims)
     return (
         f"\nNote: {name} at {location(eqn)} (grid dimension(s) {dims}) marks a grid "
         "dimension 'parallel'. verify runs every grid "
         "step in order on one core, as a single-TensorCore chip (v5e, v6e) does, where "
         "this deadlock is real. On a megacore chip (v4, v5p) Mosaic splits a parallel "
         "dimension between the two TensorCores, each with its own scratch and "
-        "scalar-prefetch values; verify does not model that split, so if the kernel "
-        "only runs there (a copy chain that each core starts at its own first step), "
-        "check it with simulate or on hardware, or make the chain start on every core."
+        "scalar-prefetch values; name the TPU (abstract_mesh(..., tpu='v5p')) and "
+        "verify models that split."
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, cast
 import numpy as np
 
 from safedma.testing._verify import _jax
+from safedma.testing._verify._megacore import Chip
 from safedma.testing._verify._program import Ctx, Gen, RefVal
 from safedma.testing._verify._regions import Buffer
 from safedma.testing._verify._semantics import Blocked, Machine, SemState
@@ -68,6 +69,9 @@ class Engine:
         self.devices = math.prod(axis_sizes) if axis_sizes else 1
         self.cores = cores
         self.core_axis = core_axis
+        # the TPU the mesh names (None: unnamed); on a megacore chip a pallas_call's
+        # "parallel" grid dimensions are split between its cores (_megacore.py)
+        self.chip: Chip | None = None
         self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
         self._finished: set[int] = set()
         self.futures: list[Buffer] = []
@@ -294,13 +298,15 @@ class Engine:
 
     # ------------------------------------------------------------ barriers
 
-    def entry_barrier(self, ctx: Ctx, instance: int, where: str) -> Gen:
+    def entry_barrier(self, ctx: Ctx, instance: int, where: str, parties: int) -> Gen:
+        """Mosaic's default device barrier among the ``parties`` participants that run
+        the call (every device's first core, or every core of a megacore split)."""
         st = self._barriers.get(instance)
         if st is None:
             st = self._barriers[instance] = _Barrier()
         st.arrived.add(ctx.p)
-        if len(st.arrived) == self.participants:
-            self.machine.clocks.barrier(list(range(self.participants)))
+        if len(st.arrived) == parties:
+            self.machine.clocks.barrier(sorted(st.arrived))
             st.done = True
             for w in st.waiters:
                 self.machine.wake(w)

@@ -276,6 +276,21 @@ def parallel_grid_dims(eqn: Any) -> tuple[int, ...]:
     )
 
 
+def grid_semantics(eqn: Any) -> tuple[str, ...]:
+    """Each grid dimension's ``dimension_semantics`` as a lower-case name ("parallel",
+    "arbitrary", "core_parallel", ...); every dimension "arbitrary" when unset.
+
+    Why: the semantics live in the private ``compiler_params`` (a dict keyed by
+    backend in some jax versions) and are strings or ``GridDimensionSemantics``
+    enum members depending on how the kernel was written.
+    """
+    cp = tpu_compiler_params(eqn.params)
+    grid: tuple[object, ...] = tuple(getattr(eqn.params["grid_mapping"], "grid", ()))
+    sems = tuple(getattr(cp, "dimension_semantics", None) or ()) if cp is not None else ()
+    names = [str(getattr(s, "value", s)).lower() for s in sems]
+    return tuple(names[d] if d < len(names) else "arbitrary" for d in range(len(grid)))
+
+
 def kernel_params(eqn: Any) -> dict[str, Any]:
     """The parts of a ``pallas_call`` equation the verifier reads.
 
@@ -322,6 +337,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
             for g in cast("tuple[object, ...]", gm.grid)
         ),
         "grid_names": tuple(gm.grid_names) if gm.grid_names else (),
+        "semantics": grid_semantics(eqn),
         "num_index_operands": int(gm.num_index_operands),
         "num_inputs": int(gm.num_inputs),
         "num_outputs": int(gm.num_outputs),

@@ -12,7 +12,7 @@ import numpy as np
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
-from safedma.testing._verify import _jax
+from safedma.testing._verify import _jax, _megacore
 from safedma.testing._verify._program import (
     Ctx,
     Gen,
@@ -28,7 +28,7 @@ from safedma.testing._verify._program import (
 from safedma.testing._verify._regions import Buffer, Coverage, View
 from safedma.testing._verify._report import VerificationUnsupportedError
 from safedma.testing._verify._scalars import Unknown
-from safedma.testing._verify._semantics import SemState
+from safedma.testing._verify._semantics import Blocked, SemState
 
 __all__ = ["KernelRun", "describe_leftover", "parameter_names"]
 
@@ -105,6 +105,7 @@ class KernelDesc:
         self.collective_id = kp["collective_id"]
         self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
         self.core_axes = _jax.core_mesh_axes(kp["mesh"])
+        self.semantics: tuple[str, ...] = tuple(kp["semantics"])
         self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
 
 
@@ -198,23 +199,47 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
     return op
 
 
-def _run_kernel(
-    ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int], env: list[Any]
-) -> Gen:
+class _Shared:
+    """What the cores of one device share in a kernel call: operands left in place
+    (HBM, ANY, arrays resident in VMEM/SMEM) and the arrays blocked outputs are
+    copied out into."""
+
+    def __init__(self) -> None:
+        self.in_place: dict[int, RefVal] = {}
+        self.results: dict[int, Buffer] = {}
+        self.outer_out: list[Buffer] = []
+
+
+class _Frame:
+    """One core's side of a kernel call: the kernel's arguments, its pipeline buffers."""
+
+    def __init__(self) -> None:
+        self.args: list[Any] = []
+        self.blocked: list[tuple[int, Buffer, bool]] = []
+        self.smem_blocks: list[tuple[int, Buffer, list[object] | None]] = []
+        self.prefetch: list[Any] = []
+        # megacore: blocked output j -> (box, grid step) of each block copied out
+        self.copied_out: dict[int, list[tuple[tuple[tuple[int, int], ...] | None, Any]]] = {}
+
+
+def _frame(
+    ctx: Ctx,
+    desc: KernelDesc,
+    run_: KernelRun,
+    operands: list[Any],
+    shared: _Shared | None,
+    cores: list[int],
+) -> tuple[_Frame, _Shared]:
+    """Build participant ``ctx.p``'s arguments. The first core of a device builds the
+    shared operands (``shared`` None) and registers them for the device's other
+    ``cores``; each core gets its own scalar-prefetch copies, pipeline buffers and
+    scratch."""
     eng, m, p = ctx.engine, ctx.machine, ctx.p
-    instance = m.enter(p)
-    run_ = KernelRun(desc, instance)
-    grid = _grid(desc, operands)
-    saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
-    ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
-        run_,
-        grid,
-        tuple(desc.params["grid_names"]),
-        dict[int, int](),
-    )
-    if desc.barrier and eng.participants > 1:
-        yield from eng.entry_barrier(ctx, instance, desc.where)
-    args: list[Any] = []
+    instance = run_.instance
+    first = shared is None
+    sh = _Shared() if shared is None else shared
+    fr = _Frame()
+    args = fr.args
     for k, captured in enumerate(operands[: desc.n_consts]):
         if not isinstance(captured, RefVal):
             raise VerificationUnsupportedError(
@@ -226,12 +251,7 @@ def _run_kernel(
     # scalar prefetch operands: SMEM with known values
     for i in range(desc.n_index):
         args.append(RefVal(eng.operand_buffer(ctx, instance, i, desc, operands[i], smem=True)))
-    blocked: list[tuple[int, Buffer, bool]] = []
-    # blocked output j -> the array its blocks are copied out into
-    results: dict[int, Buffer] = {}
-    smem_blocks: list[tuple[int, Buffer, list[object] | None]] = []
-    prefetch = args[desc.n_consts :]
-    outer_out: list[Buffer] = []
+    fr.prefetch = args[desc.n_consts :]
     for j in range(desc.n_in + desc.n_out):
         pos = desc.n_index + j
         block = desc.blocks[j]
@@ -250,42 +270,49 @@ def _run_kernel(
             or (isinstance(src, RefVal) and src.buffer.ident in eng.resident)
         )
         if block["space"] in ("ANY", "HBM", "HOST", "SEMAPHORE") or resident:
+            if not first:
+                args.append(sh.in_place[pos])
+                continue
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
+            for q in cores[1:]:
+                # the device's other cores address the same memory
+                eng.adopt(q, ("k", instance, pos), buf, desc.avals[pos], desc.param_names[pos])
             if resident:
                 eng.resident.add(buf.ident)
-            args.append(RefVal(buf))
+            sh.in_place[pos] = RefVal(buf)
+            args.append(sh.in_place[pos])
             if buf.sem_kind is not None:
                 eng.futures.append(buf)  # a semaphore passed between kernels
             if is_out:
-                outer_out.append(buf)
-        else:
-            buf = eng.operand_buffer(
-                ctx,
-                instance,
-                pos,
-                desc,
-                src,
-                smem=bool(block["space"] == "SMEM"),
-                output=is_out,
-                block=True,
+                sh.outer_out.append(buf)
+            continue
+        buf = eng.operand_buffer(
+            ctx,
+            instance,
+            pos,
+            desc,
+            src,
+            smem=bool(block["space"] == "SMEM"),
+            output=is_out,
+            block=True,
+        )
+        args.append(RefVal(buf))
+        fr.blocked.append((j, buf, is_out))
+        if not is_out and buf.values is not None:
+            # an SMEM block: each step holds its window of the operand's values
+            fr.smem_blocks.append((j, buf, _known_values(src, block["array_shape"])))
+        if is_out and first:
+            res = eng.buffer(
+                p,
+                ("r", instance, pos),
+                desc.avals[pos],
+                desc.param_names[pos],
+                shape=_ints(block["array_shape"]),
             )
-            args.append(RefVal(buf))
-            blocked.append((j, buf, is_out))
-            if not is_out and buf.values is not None:
-                # an SMEM block: each step holds its window of the operand's values
-                smem_blocks.append((j, buf, _known_values(src, block["array_shape"])))
-            if is_out:
-                res = eng.buffer(
-                    p,
-                    ("r", instance, pos),
-                    desc.avals[pos],
-                    desc.param_names[pos],
-                    shape=_ints(block["array_shape"]),
-                )
-                if src is not None:
-                    m.mark_written(res)  # aliased: blocks never copied out keep the input
-                results[j] = res
-                outer_out.append(res)
+            if src is not None:
+                m.mark_written(res)  # aliased: blocks never copied out keep the input
+            sh.results[j] = res
+            sh.outer_out.append(res)
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
@@ -296,21 +323,35 @@ def _run_kernel(
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)
-    # no grid is one step (product() == [()]); a grid with a zero-size axis is none
-    points = list(itertools.product(*[range(g) for g in grid]))
+    return fr, sh
+
+
+def _steps(
+    ctx: Ctx,
+    desc: KernelDesc,
+    fr: _Frame,
+    sh: _Shared,
+    points: list[tuple[int, ...]],
+    hint: str,
+) -> Gen:
+    """Run grid ``points`` in order on ``ctx.p`` with Pallas's pipeline around each:
+    input blocks copied in before, output blocks copied out when the next point's
+    block differs and after the last point (``hint``: what the core split adds to
+    an unwritten-output message)."""
+    m, p = ctx.machine, ctx.p
     for n, point in enumerate(points):
         ctx.grid_point = point
-        for _, buf, is_out in blocked:
+        for _, buf, is_out in fr.blocked:
             if not is_out:
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
-        for j, buf, values in smem_blocks:
-            _fill_block(desc, ctx, j, buf, values, point, prefetch)
-        yield from run(desc.body, args, ctx)
+        for j, buf, values in fr.smem_blocks:
+            _fill_block(desc, ctx, j, buf, values, point, fr.prefetch)
+        yield from run(desc.body, fr.args, ctx)
         last = n == len(points) - 1
-        for j, buf, is_out in blocked:
+        for j, buf, is_out in fr.blocked:
             if is_out and (
-                last or _block_changes(desc, ctx, j, points[n], points[n + 1], prefetch)
+                last or _block_changes(desc, ctx, j, points[n], points[n + 1], fr.prefetch)
             ):
                 view = _full(buf)
                 m.check_written(
@@ -318,21 +359,156 @@ def _run_kernel(
                     view,
                     "the pipeline copies out",
                     desc.where,
-                    "Write every output block before the grid step ends.",
+                    "Write every output block before the grid step ends." + hint,
                 )
                 m.access(p, view, False, "copies the output block out of", desc.where)
-                m.mark_written(results[j], _block_box(desc, ctx, j, point, prefetch))
+                box = _block_box(desc, ctx, j, point, fr.prefetch)
+                m.mark_written(sh.results[j], box)
+                if hint:
+                    fr.copied_out.setdefault(j, []).append((box, point))
                 if not last:
                     _fresh_block(m, buf)
+    return None
+
+
+def _split(
+    ctx: Ctx, desc: KernelDesc, grid: tuple[int, ...]
+) -> tuple[tuple[int, ...], list[list[tuple[int, ...]]]] | None:
+    """(split dimensions, each core's grid points) on a megacore chip, or None when
+    the kernel runs on one core (no megacore, or no leading "parallel" dimension)."""
+    chip = ctx.engine.chip
+    if chip is None or chip.cores < 2:
+        return None
+    dims = _megacore.split_dims(desc.semantics, desc.name, desc.where)
+    if not dims:
+        return None
+    if ctx.engine.cores != chip.cores:
+        raise VerificationUnsupportedError(
+            f"kernel {desc.name} at {desc.where} splits its 'parallel' grid dimensions "
+            f"between the {chip.cores} TensorCores of a {chip.name}, and the program also "
+            f"runs a pl.kernel over {ctx.engine.cores} cores; verify models one core "
+            "count per program"
+        )
+    return dims, _megacore.core_parts(grid, len(dims), chip.cores)
+
+
+def _run_kernel(
+    ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int], env: list[Any]
+) -> Gen:
+    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    instance = m.enter(p)
+    run_ = KernelRun(desc, instance)
+    grid = _grid(desc, operands)
+    saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
+    ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
+        run_,
+        grid,
+        tuple(desc.params["grid_names"]),
+        dict[int, int](),
+    )
+    split = _split(ctx, desc, grid)
+    cores = [p + k for k in range(eng.cores)] if split is not None else [p]
+    # no grid is one step (product() == [()]); a grid with a zero-size axis is none
+    points = list(itertools.product(*[range(g) for g in grid]))
+    fr, sh = _frame(ctx, desc, run_, operands, None, cores)
+    parties = eng.devices * len(cores)
+    done: dict[int, _Frame | None] = {q: None for q in cores[1:]}
+    hint = ""
+    if split is not None:
+        dims, parts = split
+        points = parts[0]
+        hint = _copy_out_hint(eng, desc, dims, parts)
+        launch = m.clocks.release(p)
+        for k, q in enumerate(cores[1:], start=1):
+            m.clocks.acquire(q, launch)
+            eng.launch(q, _core_part(ctx, q, desc, operands, sh, parts[k], hint, done, parties))
+    if desc.barrier and eng.participants > 1:
+        yield from eng.entry_barrier(ctx, instance, desc.where, parties)
+    yield from _steps(ctx, desc, fr, sh, points, hint)
+    if split is not None:
+        while any(f is None for f in done.values()):
+            yield Blocked(
+                p, None, 0, desc.where, "the other TensorCore's part of the grid (megacore)"
+            )
+        for q in cores[1:]:
+            m.clocks.acquire(p, m.clocks.rows[q].copy())
+        assert eng.chip is not None
+        _megacore.check_disjoint_outputs(
+            m.labels,
+            cores,
+            [fr.copied_out, *[cast(_Frame, done[q]).copied_out for q in cores[1:]]],
+            {j: desc.param_names[desc.n_index + j] for j in sh.results},
+            eng.chip,
+            desc.name,
+            desc.where,
+            split[0],
+        )
     sems = list(run_.sems)
     before = len(m.leftovers)
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
+    _returns(ctx, desc, sh, len(m.leftovers) == before)
+    for s, buf in zip(outs, sh.outer_out):
+        env[s] = RefVal(buf)
+    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
+    return None
+
+
+def _copy_out_hint(
+    eng: Any, desc: KernelDesc, dims: tuple[int, ...], parts: list[list[tuple[int, ...]]]
+) -> str:
+    chip = eng.chip
+    return (
+        f" On a {chip.name} Mosaic splits the 'parallel' grid dimension(s) {dims} between "
+        f"the TensorCores ({_megacore.describe_parts(parts)}); each core's pipeline copies "
+        "the block out after its own last step, so a block written only at the grid's "
+        "last step, or accumulated across a parallel dimension, is garbage on the other "
+        "core: write it in every core's part, or mark the dimension 'arbitrary'."
+    )
+
+
+def _core_part(
+    ctx0: Ctx,
+    q: int,
+    desc: KernelDesc,
+    operands: list[Any],
+    sh: _Shared,
+    points: list[tuple[int, ...]],
+    hint: str,
+    done: dict[int, _Frame | None],
+    parties: int,
+) -> Gen:
+    """Core ``q``'s part of a megacore-split kernel call: its own scratch, semaphores
+    and pipeline over ``points``, the device's shared operands."""
+    eng, m = ctx0.engine, ctx0.machine
+    ctx = Ctx(q, eng, dict(ctx0.axis_index))
+    instance = cast(KernelRun, ctx0.kernel).instance
+    m.enter(q, instance)
+    run_ = KernelRun(desc, instance)
+    ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
+        run_,
+        ctx0.grid,
+        ctx0.grid_names,
+        dict[int, int](),
+    )
+    fr, _ = _frame(ctx, desc, run_, operands, sh, [])
+    if desc.barrier and eng.participants > 1:
+        yield from eng.entry_barrier(ctx, instance, desc.where, parties)
+    yield from _steps(ctx, desc, fr, sh, points, hint)
+    m.leave(q, list(run_.sems), lambda s: describe_leftover(ctx, s), instance)
+    done[q] = fr
+    m.wake(ctx0.p)
+    return None
+
+
+def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
+    """The kernel returns its outputs: each is read, and must have been written."""
+    eng, m, p = ctx.engine, ctx.machine, ctx.p
     # A copy left in flight is reported as the leftover semaphore it causes; a kernel
     # that returns semaphores returns copies in flight (DMA futures): their buffers
     # are checked where the kernel that waits them reads or returns them.
-    future = any(b.sem_kind is not None for b in outer_out)
-    for k, buf in enumerate(outer_out) if len(m.leftovers) == before and not future else ():
-        blocked_result = any(buf is r for r in results.values())
+    future = any(b.sem_kind is not None for b in sh.outer_out)
+    for k, buf in enumerate(sh.outer_out) if clean and not future else ():
+        blocked_result = any(buf is r for r in sh.results.values())
         if (
             buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident or blocked_result
         ) and (buf.sem_kind is None):
@@ -365,10 +541,6 @@ def _run_kernel(
                         "must be waited, wait_recv, before the kernel returns).",
                     )
                 )
-    for s, buf in zip(outs, outer_out):
-        env[s] = RefVal(buf)
-    ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
-    return None
 
 
 def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:

@@ -247,7 +247,8 @@ def test_prefetch_chain_across_a_parallel_axis_deadlocks_and_says_why() -> None:
 def test_prefetch_chain_across_an_arbitrary_axis_deadlock_has_no_megacore_note() -> None:
     with pytest.raises(DeadlockError) as err:
         verify(_chained_fetch(False, "arbitrary"), _s(48, 128))
-    assert "megacore" not in str(err.value)
+    # file paths may contain the word (a checkout named after it): only the note counts
+    assert "Note:" not in str(err.value)
 
 
 # ------------------------------------------- output blocks a sparse grid never visits
