@@ -1,0 +1,483 @@
+"""verify on a megacore chip: a pallas_call's "parallel" grid dimensions split between
+the two TensorCores of a v4/v5p device (docs/verify.md, rule 11).
+
+Each kernel here is written for this file in raw pltpu (and, where the typed API
+covers it, in safedma). With a mesh naming a megacore TPU (``tpu="v5p"``), each
+core runs its contiguous part of the leading parallel dimensions with its own
+scratch, semaphores, scalar-prefetch copies and pipeline; HBM is shared. With a
+one-core chip (``tpu="v5e"``) or no TPU named, the grid runs in order on one core,
+as before.
+
+* a kernel written for the split (each core starts its own prefetch chain from a
+  flag in its scalar-prefetch copy, as jax's and axlearn's paged attention do) is
+  clean on v5p and a real deadlock on v5e;
+* a kernel that prefetches the next grid step across the split boundary is clean
+  in order and a deadlock on v5p naming core 1, this file's line and the fix;
+* an output block both cores copy out, and a block accumulated across a parallel
+  dimension, are reported on v5p;
+* odd sizes, several leading parallel dimensions, a parallel dimension after an
+  arbitrary one, remote copies between the cores' counterparts on other devices,
+  a real (compile-only) v5p mesh.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import safedma as sd
+from safedma.testing import (
+    DeadlockError,
+    RaceDetectedError,
+    UnwrittenReadError,
+    VerificationUnsupportedError,
+    abstract_mesh,
+    verify,
+)
+from safedma.testing._verify._megacore import core_parts
+from tests.support import protocol_kernels as pk
+
+F32 = jnp.float32
+HERE = Path(__file__)
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+ROWS = 8
+V5P = abstract_mesh((), (), tpu="v5p")
+V5E = abstract_mesh((), (), tpu="v5e")
+V4 = abstract_mesh((), (), tpu="v4")
+X = jax.ShapeDtypeStruct((48, 128), F32)
+
+
+def _line(tag: str) -> str:
+    return f"{HERE.name}:{pk.marked_lines(HERE, tag)[0]}"
+
+
+def _params(*semantics: Any) -> Any:
+    return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+# ------------------------------------------------ a kernel written for the split
+
+
+def per_core_chain(flag: Any, slot: Any, x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+    """Grid (2, 3): step s = 3c + j copies row block s. The chain starts where this
+    core's flag (a scalar-prefetch value, copied per core) is still set, and each step
+    prefetches the next one inside the same c; the slot index lives in SMEM too."""
+    c, j = pl.program_id(0), pl.program_id(1)
+    s = c * 3 + j
+    cur = slot[0]
+
+    def fetch(step: Any, into: Any) -> Any:
+        return pltpu.make_async_copy(
+            x_hbm.at[pl.ds(step * ROWS, ROWS)], buf.at[into], sems.at[into]
+        )
+
+    @pl.when(flag[0] == 1)
+    def _() -> None:
+        fetch(s, cur).start()
+
+    flag[0] = 0
+
+    @pl.when(j < 2)
+    def _() -> None:
+        fetch(s + 1, 1 - cur).start()
+        slot[0] = 1 - cur
+
+    fetch(s, cur).wait()  # verify: mc_chain_wait
+    o_ref[...] = buf[cur]
+
+
+def _per_core_chain(x: jax.Array) -> jax.Array:
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(2, 3),
+        in_specs=[ANY],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda c, j, *_: (c * 3 + j, 0)),
+        scratch_shapes=[pltpu.VMEM((2, ROWS, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+    )
+    flag, slot = jnp.ones((1,), jnp.int32), jnp.zeros((1,), jnp.int32)
+    out: jax.Array = pl.pallas_call(
+        per_core_chain,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct((48, 128), F32),
+        compiler_params=_params("parallel", "arbitrary"),
+    )(flag, slot, x)
+    return out
+
+
+def test_a_chain_each_core_starts_from_its_own_flag_is_clean_on_v5p_and_v4() -> None:
+    assert verify(_per_core_chain, X, mesh=V5P).dmas == 6
+    assert verify(_per_core_chain, X, mesh=V4).dmas == 6
+
+
+def test_the_same_kernel_deadlocks_on_a_one_core_chip_and_says_so() -> None:
+    with pytest.raises(DeadlockError) as err:
+        verify(_per_core_chain, X, mesh=V5E)
+    text = str(err.value)
+    assert _line("mc_chain_wait") in text, text
+    assert "v5e has one TensorCore per device" in text, text
+    assert "core 1" not in text, text
+
+
+def test_with_no_tpu_named_the_deadlock_keeps_the_megacore_note() -> None:
+    with pytest.raises(DeadlockError, match="(?s)Note:.*megacore.*tpu='v5p'"):
+        verify(_per_core_chain, X)
+
+
+# ------------------------------------- a prefetch across the split boundary
+
+
+def cross_boundary(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+    """Grid (2, 3) run as one chain of 6 steps: started at step 0, each step prefetches
+    the next, including from (0, 2) to (1, 0), the boundary of the split."""
+    s = pl.program_id(0) * 3 + pl.program_id(1)
+
+    def fetch(step: Any) -> Any:
+        rows = x_hbm.at[pl.ds(step * ROWS, ROWS)]
+        return pltpu.make_async_copy(rows, buf.at[step % 2], sems.at[step % 2])
+
+    @pl.when(s == 0)
+    def _() -> None:
+        fetch(s).start()
+
+    @pl.when(s + 1 < 6)
+    def _() -> None:
+        fetch(s + 1).start()
+
+    fetch(s).wait()  # verify: mc_cross_wait
+    o_ref[...] = buf[s % 2]
+
+
+def _cross_boundary(x: jax.Array) -> jax.Array:
+    out: jax.Array = pl.pallas_call(  # verify: mc_cross_call
+        cross_boundary,
+        grid=(2, 3),
+        in_specs=[ANY],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0)),
+        out_shape=jax.ShapeDtypeStruct((48, 128), F32),
+        scratch_shapes=[pltpu.VMEM((2, ROWS, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+        compiler_params=_params("parallel", "arbitrary"),
+    )(x)
+    return out
+
+
+def test_a_chain_across_the_split_is_clean_in_order() -> None:
+    assert verify(_cross_boundary, X, mesh=V5E).dmas == 6
+    assert verify(_cross_boundary, X).dmas == 6
+
+
+def test_a_chain_across_the_split_deadlocks_on_v5p_naming_core_line_and_fix() -> None:
+    with pytest.raises(DeadlockError) as err:
+        verify(_cross_boundary, X, mesh=V5P)
+    text = str(err.value)
+    assert re.search(rf"device 0 core 1 waits at \S*{_line('mc_cross_wait')}", text), text
+    assert "core 0 runs grid steps (0, 0) to (0, 2), core 1 runs grid steps (1, 0)" in text
+    assert _line("mc_cross_call") in text, text
+    assert "Fix: start the chain" in text, text
+
+
+# ------------------------------------------------ outputs on shared HBM
+
+
+def copy_block(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref[...]
+
+
+def _one_output_block(x: jax.Array) -> jax.Array:
+    """Every step writes the same output block (the index map ignores the grid)."""
+    out: jax.Array = pl.pallas_call(  # verify: mc_shared_out
+        copy_block,
+        grid=(2, 3),
+        in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda c, j: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((ROWS, 128), F32),
+        compiler_params=_params("parallel", "arbitrary"),
+    )(x)
+    return out
+
+
+def test_an_output_block_both_cores_copy_out_is_a_race_on_v5p() -> None:
+    assert verify(_one_output_block, X, mesh=V5E) is not None
+    with pytest.raises(RaceDetectedError) as err:
+        verify(_one_output_block, X, mesh=V5P)
+    text = str(err.value)
+    assert "o_ref[0:8, 0:128]" in text, text
+    assert "device 0 core 0" in text and "device 0 core 1" in text, text
+    assert _line("mc_shared_out") in text, text
+    assert "Fix: make the output's index map give each core its own blocks" in text, text
+
+
+def accumulate(x_ref: Any, o_ref: Any, acc: Any) -> None:
+    """A sum over the whole grid in scratch, written out at the grid's last step."""
+    c, j = pl.program_id(0), pl.program_id(1)
+
+    @pl.when((c == 0) & (j == 0))
+    def _() -> None:
+        acc[...] = jnp.zeros_like(acc)
+
+    acc[...] += x_ref[...]
+
+    @pl.when((c == 1) & (j == 2))
+    def _() -> None:
+        o_ref[...] = acc[...]
+
+
+def _accumulate(x: jax.Array) -> jax.Array:
+    out: jax.Array = pl.pallas_call(  # verify: mc_accumulate
+        accumulate,
+        grid=(2, 3),
+        in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda c, j: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((ROWS, 128), F32),
+        scratch_shapes=[pltpu.VMEM((ROWS, 128), F32)],
+        compiler_params=_params("parallel", "arbitrary"),
+    )(x)
+    return out
+
+
+def test_a_sum_accumulated_across_a_parallel_dimension_is_reported_on_v5p() -> None:
+    assert verify(_accumulate, X, mesh=V5E) is not None
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(_accumulate, X, mesh=V5P)
+    text = str(err.value)
+    assert "device 0 core 0" in text or "device 0 core 1" in text, text
+    assert _line("mc_accumulate") in text, text
+    assert "mark the dimension 'arbitrary'" in text, text
+
+
+# ------------------------------------------------ how the grid is divided
+
+
+def test_the_parallel_subgrid_is_cut_into_contiguous_parts_the_first_core_larger() -> None:
+    parts = core_parts((3, 2), 1, 2)
+    assert parts == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(2, 0), (2, 1)]]
+    parts = core_parts((3, 3, 2), 2, 2)  # 9 parallel points: 5 and 4
+    assert [len(p) for p in parts] == [10, 8]
+    assert parts[1][0] == (1, 2, 0)
+    assert core_parts((1, 4), 1, 2) == [[(0, 0), (0, 1), (0, 2), (0, 3)], []]
+    assert core_parts((0, 4), 1, 2) == [[], []]
+
+
+def row_chain(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+    """A chain per value of every leading dimension: started where the last index is 0."""
+    *lead, j = (pl.program_id(d) for d in range(3))
+    n = pl.num_programs(2)
+    row = (lead[0] * pl.num_programs(1) + lead[1]) * n + j
+
+    def fetch(r: Any) -> Any:
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(r * ROWS, ROWS)], buf.at[r % 2], sems.at[r % 2])
+
+    @pl.when(j == 0)
+    def _() -> None:
+        fetch(row).start()
+
+    @pl.when(j + 1 < n)
+    def _() -> None:
+        fetch(row + 1).start()
+
+    fetch(row).wait()
+    o_ref[...] = buf[row % 2]
+
+
+def _row_chain(grid: tuple[int, int, int], semantics: tuple[str, ...]) -> Callable[..., Any]:
+    def fn(x: jax.Array) -> jax.Array:
+        a, b, n = grid
+        out: jax.Array = pl.pallas_call(
+            row_chain,
+            grid=grid,
+            in_specs=[ANY],
+            out_specs=pl.BlockSpec((ROWS, 128), lambda i, k, j: ((i * b + k) * n + j, 0)),
+            out_shape=jax.ShapeDtypeStruct((a * b * n * ROWS, 128), F32),
+            scratch_shapes=[pltpu.VMEM((2, ROWS, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+            compiler_params=_params(*semantics),
+        )(x)
+        return out
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("grid", "semantics", "clean"),
+    [
+        ((3, 1, 2), ("parallel", "arbitrary", "arbitrary"), True),  # odd: 2 and 1
+        ((3, 3, 2), ("parallel", "parallel", "arbitrary"), True),  # 9 points: 5 and 4
+        ((1, 1, 3), ("parallel", "arbitrary", "arbitrary"), True),  # core 1 runs nothing
+        ((2, 2, 3), ("parallel", "parallel", "parallel"), True),  # the cut falls between rows
+        # the cut falls inside a chain (core 0 runs j = 0, 1; core 1 runs j = 2)
+        ((1, 1, 3), ("parallel", "parallel", "parallel"), False),
+        ((3, 1, 3), ("parallel", "parallel", "parallel"), False),
+    ],
+)
+def test_chains_that_restart_per_parallel_point_verify_for_any_split(
+    grid: tuple[int, int, int], semantics: tuple[str, ...], clean: bool
+) -> None:
+    x = jax.ShapeDtypeStruct((int(np.prod(grid)) * ROWS, 128), F32)
+    chained = _row_chain(grid, semantics)
+    if clean:
+        assert verify(chained, x, mesh=V5P).dmas == int(np.prod(grid))
+    else:
+        with pytest.raises(DeadlockError, match="device 0 core 1 waits"):
+            verify(chained, x, mesh=V5P)
+    assert verify(chained, x, mesh=V5E).dmas == int(np.prod(grid))
+
+
+def test_a_parallel_dimension_after_an_arbitrary_one_is_unsupported_on_v5p() -> None:
+    chained = _row_chain((2, 2, 2), ("arbitrary", "parallel", "arbitrary"))
+    x = jax.ShapeDtypeStruct((8 * ROWS, 128), F32)
+    with pytest.raises(VerificationUnsupportedError, match=r"(?s)dimension\(s\) \(1,\).*lead"):
+        verify(chained, x, mesh=V5P)
+    assert verify(chained, x, mesh=V5E).dmas == 8
+
+
+# ------------------------------------- cores talking to their counterparts
+
+
+def send_right(x_ref: Any, o_hbm: Any, send: Any, recv: Any) -> None:
+    """Each core sends its row block to the same rows of the right neighbour's output."""
+    c = pl.program_id(0)
+    right = {"x": (lax.axis_index("x") + 1) % lax.axis_size("x")}
+    rows = o_hbm.at[pl.ds(c * ROWS, ROWS)]
+    copy = pltpu.make_async_remote_copy(x_ref, rows, send, recv, device_id=right)
+    copy.start()
+    copy.wait_send()
+    copy.wait_recv()
+
+
+def _send_right(x: jax.Array) -> jax.Array:
+    out: jax.Array = pl.pallas_call(
+        send_right,
+        grid=(2,),
+        in_specs=[pl.BlockSpec((ROWS, 128), lambda c: (c, 0))],
+        out_specs=ANY,
+        out_shape=jax.ShapeDtypeStruct((2 * ROWS, 128), F32),
+        scratch_shapes=[pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
+        compiler_params=_params("parallel"),
+    )(x)
+    return out
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_each_core_copies_to_its_counterpart_behind_the_device_barrier(devices: int) -> None:
+    x = jax.ShapeDtypeStruct((devices * 2 * ROWS, 128), F32)
+    mesh = abstract_mesh((devices,), ("x",), tpu="v5p")
+    report = verify(_send_right, x, mesh=mesh)
+    assert report.remote_dmas == 2 * devices
+    assert verify(_send_right, x, mesh=abstract_mesh((devices,), ("x",), tpu="v5e")) is not None
+
+
+def test_a_compile_only_v5p_mesh_names_the_megacore() -> None:
+    pytest.importorskip("libtpu")
+    from safedma.testing import tpu_mesh
+
+    mesh = tpu_mesh("v5p:2x2x1", (4,), ("x",))
+    with pytest.raises(DeadlockError, match=r"device 0 \(x=0\) core 1 waits"):
+        verify(_cross_boundary, jax.ShapeDtypeStruct((4 * 48, 128), F32), mesh=mesh)
+
+
+# ------------------------------------------------ the same kernels in safedma
+
+
+def typed_per_core_chain(
+    flag: sd.DataRef,
+    slot: sd.DataRef,
+    x_hbm: sd.DataRef,
+    o_ref: sd.DataRef,
+    buf: sd.DataRef,
+    sems: sd.SemArray,
+) -> None:
+    c, j = pl.program_id(0), pl.program_id(1)
+    s = c * 3 + j
+    cur = slot[0]
+
+    def fetch(step: Any, into: Any) -> sd.LocalCopy:
+        return sd.LocalCopy(x_hbm.at[pl.ds(step * ROWS, ROWS)], buf.at[into], sems.at[into])
+
+    @pl.when(flag[0] == 1)
+    def _() -> None:
+        fetch(s, cur).start()
+
+    flag[0] = 0
+
+    @pl.when(j < 2)
+    def _() -> None:
+        fetch(s + 1, 1 - cur).start()
+        slot[0] = 1 - cur
+
+    fetch(s, cur).started_elsewhere().wait()  # verify: mc_typed_wait
+    o_ref[...] = buf[cur]
+
+
+def _typed_per_core_chain(x: jax.Array) -> jax.Array:
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(2, 3),
+        in_specs=[ANY],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda c, j, *_: (c * 3 + j, 0)),
+        scratch_shapes=[sd.vmem((2, ROWS, 128), F32), sd.dma_semaphores(2)],
+    )
+    flag, slot = jnp.ones((1,), jnp.int32), jnp.zeros((1,), jnp.int32)
+    out: jax.Array = sd.pallas_call(
+        typed_per_core_chain,
+        jax.ShapeDtypeStruct((48, 128), F32),
+        grid_spec=grid_spec,
+        compiler_params=_params("parallel", "arbitrary"),
+    )(flag, slot, x)
+    return out
+
+
+def test_the_typed_chain_is_clean_on_v5p_and_a_deadlock_on_v5e() -> None:
+    assert verify(_typed_per_core_chain, X, mesh=V5P).dmas == 6
+    with pytest.raises(DeadlockError) as err:
+        verify(_typed_per_core_chain, X, mesh=V5E)
+    assert _line("mc_typed_wait") in str(err.value), err.value
+
+
+def typed_cross_boundary(
+    x_hbm: sd.DataRef, o_ref: sd.DataRef, buf: sd.DataRef, sems: sd.SemArray
+) -> None:
+    s = pl.program_id(0) * 3 + pl.program_id(1)
+
+    def fetch(step: Any) -> sd.LocalCopy:
+        rows = x_hbm.at[pl.ds(step * ROWS, ROWS)]
+        return sd.LocalCopy(rows, buf.at[step % 2], sems.at[step % 2])
+
+    @pl.when(s == 0)
+    def _() -> None:
+        fetch(s).start()
+
+    @pl.when(s + 1 < 6)
+    def _() -> None:
+        fetch(s + 1).start()
+
+    fetch(s).started_elsewhere().wait()  # verify: mc_typed_cross
+    o_ref[...] = buf[s % 2]
+
+
+def _typed_cross_boundary(x: jax.Array) -> jax.Array:
+    out: jax.Array = sd.pallas_call(
+        typed_cross_boundary,
+        jax.ShapeDtypeStruct((48, 128), F32),
+        grid=(2, 3),
+        in_specs=[ANY],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0)),
+        scratch_shapes=[sd.vmem((2, ROWS, 128), F32), sd.dma_semaphores(2)],
+        compiler_params=_params("parallel", "arbitrary"),
+    )(x)
+    return out
+
+
+def test_the_typed_chain_across_the_split_is_reported_on_v5p_only() -> None:
+    assert verify(_typed_cross_boundary, X, mesh=V5E).dmas == 6
+    with pytest.raises(DeadlockError) as err:
+        verify(_typed_cross_boundary, X, mesh=V5P)
+    text = str(err.value)
+    assert re.search(rf"device 0 core 1 waits at \S*{_line('mc_typed_cross')}", text), text
