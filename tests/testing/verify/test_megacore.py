@@ -22,6 +22,7 @@ as before.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +46,9 @@ from safedma.testing import (
     verify,
 )
 from safedma.testing._verify._megacore import core_parts
+from tests.support import jax_programs as jp
 from tests.support import protocol_kernels as pk
+from tests.testing.verify import test_jax_ops_kernels as ops
 
 F32 = jnp.float32
 HERE = Path(__file__)
@@ -119,12 +122,14 @@ def test_a_chain_each_core_starts_from_its_own_flag_is_clean_on_v5p_and_v4() -> 
     assert verify(_per_core_chain, X, mesh=V4).dmas == 6
 
 
-def test_the_same_kernel_deadlocks_on_a_one_core_chip_and_says_so() -> None:
+@pytest.mark.parametrize("tpu", ["v5e", "v6e", "tpu7x"])
+def test_the_same_kernel_deadlocks_on_a_one_core_device_and_says_so(tpu: str) -> None:
+    """tpu7x has two TensorCores per chip but no megacore: each is its own device."""
     with pytest.raises(DeadlockError) as err:
-        verify(_per_core_chain, X, mesh=V5E)
+        verify(_per_core_chain, X, mesh=abstract_mesh((), (), tpu=tpu))
     text = str(err.value)
     assert _line("mc_chain_wait") in text, text
-    assert "v5e has one TensorCore per device" in text, text
+    assert f"{tpu} has one TensorCore per device" in text, text
     assert "core 1" not in text, text
 
 
@@ -481,3 +486,61 @@ def test_the_typed_chain_across_the_split_is_reported_on_v5p_only() -> None:
         verify(_typed_cross_boundary, X, mesh=V5P)
     text = str(err.value)
     assert re.search(rf"device 0 core 1 waits at \S*{_line('mc_typed_cross')}", text), text
+
+
+# ------------------------------------------- jax's shipped kernels on a megacore
+
+
+def _paged(mode: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
+
+    fn = functools.partial(
+        jp.unjitted(pa.paged_attention), pages_per_compute_block=2, megacore_mode=mode
+    )
+    q, k, v, lengths, indices = jp.paged_attention_inputs()
+    if mode == "kv_head":  # two kv heads, one per core
+        rng = np.random.default_rng(0)
+        q = jnp.asarray(rng.standard_normal((2, 16, 128)), F32)
+        k = v = jnp.asarray(rng.standard_normal((2, 8, 16, 128)), F32)
+    return fn, (q, k, v, lengths, indices)
+
+
+@pytest.mark.parametrize("mode", ["batch", "kv_head"])
+def test_jax_paged_attention_in_megacore_mode_is_clean_on_v5p_only(mode: str) -> None:
+    fn, args = _paged(mode)
+    assert verify(fn, *args, mesh=V5P).dmas > 0
+    with pytest.raises(DeadlockError, match="paged_attention_kernel.py"):
+        verify(fn, *args, mesh=V5E)
+
+
+def test_jax_paged_attention_in_megacore_mode_with_a_dropped_wait_is_caught_on_v5p(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
+
+    seeded = jp.DropWait(pa.pltpu, drop=0)
+    monkeypatch.setattr(pa, "pltpu", seeded)
+    fn, args = _paged("batch")
+    with pytest.raises(Exception, match="core [01]") as err:
+        verify(fn, *args, mesh=V5P)
+    assert seeded.dropped
+    assert "paged_attention_kernel.py" in str(err.value), err.value
+
+
+SPLIT_KERNELS = [
+    "matmul",
+    "flash_attention(causal)",
+    "flash_attention(causal) backward",
+    "splash_attention(causal)",
+    "splash_attention(causal) backward",
+    "megablox.tgmm",
+]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if "backward" in n else []) for n in SPLIT_KERNELS],
+)
+def test_jax_blockspec_kernels_with_parallel_dimensions_are_clean_on_v5p(name: str) -> None:
+    fn, args = ops.KERNELS[name]()
+    assert verify(fn, *args, mesh=V5P).kernels
