@@ -48,6 +48,7 @@ __all__ = [
     "is_ref_aval",
     "scan_split",
     "kernel_params",
+    "grid_semantics",
     "all_eqns",
     "traceback_frames",
     "user_frame_of",
@@ -285,10 +286,14 @@ def grid_semantics(eqn: Any) -> tuple[str, ...]:
     enum members depending on how the kernel was written.
     """
     cp = tpu_compiler_params(eqn.params)
-    grid: tuple[object, ...] = tuple(getattr(eqn.params["grid_mapping"], "grid", ()))
+    gm: Any = eqn.params["grid_mapping"]
+    grid: tuple[object, ...] = tuple(getattr(gm, "grid", ()))
+    vmapped = set(cast("tuple[int, ...]", getattr(gm, "vmapped_dims", ()) or ()))
     sems = tuple(getattr(cp, "dimension_semantics", None) or ()) if cp is not None else ()
-    names = [str(getattr(s, "value", s)).lower() for s in sems]
-    return tuple(names[d] if d < len(names) else "arbitrary" for d in range(len(grid)))
+    names = iter(str(getattr(s, "value", s)).lower() for s in sems)
+    # jax's Mosaic lowering (MosaicGridMapping) marks the grid dimensions vmap added
+    # "parallel" and gives the user's semantics to the others, in order
+    return tuple("parallel" if d in vmapped else next(names, "arbitrary") for d in range(len(grid)))
 
 
 def kernel_params(eqn: Any) -> dict[str, Any]:
@@ -338,6 +343,7 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
         ),
         "grid_names": tuple(gm.grid_names) if gm.grid_names else (),
         "semantics": grid_semantics(eqn),
+        "vmapped_dims": tuple(int(d) for d in getattr(gm, "vmapped_dims", ()) or ()),
         "num_index_operands": int(gm.num_index_operands),
         "num_inputs": int(gm.num_inputs),
         "num_outputs": int(gm.num_outputs),

@@ -106,6 +106,11 @@ class KernelDesc:
         self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
         self.core_axes = _jax.core_mesh_axes(kp["mesh"])
         self.semantics: tuple[str, ...] = tuple(kp["semantics"])
+        vmapped = set(kp["vmapped_dims"])
+        # program_id axis -> grid dimension (jax.vmap adds dimensions the kernel skips)
+        self.grid_axes: tuple[int, ...] | None = (
+            tuple(d for d in range(len(self.grid)) if d not in vmapped) if vmapped else None
+        )
         self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
 
 
@@ -220,6 +225,7 @@ class _Frame:
         self.prefetch: list[Any] = []
         # megacore: blocked output j -> (box, grid step) of each block copied out
         self.copied_out: dict[int, list[tuple[tuple[tuple[int, int], ...] | None, Any]]] = {}
+        self.leftover = False  # a semaphore of this core's was not back to zero at its exit
 
 
 def _frame(
@@ -400,12 +406,14 @@ def _run_kernel(
     run_ = KernelRun(desc, instance)
     grid = _grid(desc, operands)
     saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
+    saved_axes = ctx.grid_axes
     ctx.kernel, ctx.grid, ctx.grid_names, ctx.scoped_counts = (
         run_,
         grid,
         tuple(desc.params["grid_names"]),
         dict[int, int](),
     )
+    ctx.grid_axes = desc.grid_axes
     split = _split(ctx, desc, grid)
     cores = [p + k for k in range(eng.cores)] if split is not None else [p]
     # no grid is one step (product() == [()]); a grid with a zero-size axis is none
@@ -417,7 +425,7 @@ def _run_kernel(
     if split is not None:
         dims, parts = split
         points = parts[0]
-        hint = _copy_out_hint(eng, desc, dims, parts)
+        hint = _megacore.copy_out_hint(cast(_megacore.Chip, eng.chip), dims, parts)
         launch = m.clocks.release(p)
         for k, q in enumerate(cores[1:], start=1):
             m.clocks.acquire(q, launch)
@@ -446,24 +454,13 @@ def _run_kernel(
     sems = list(run_.sems)
     before = len(m.leftovers)
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
-    _returns(ctx, desc, sh, len(m.leftovers) == before)
+    helpers_left = any(f is not None and f.leftover for f in done.values())
+    _returns(ctx, desc, sh, len(m.leftovers) == before and not helpers_left)
     for s, buf in zip(outs, sh.outer_out):
         env[s] = RefVal(buf)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
+    ctx.grid_axes = saved_axes
     return None
-
-
-def _copy_out_hint(
-    eng: Any, desc: KernelDesc, dims: tuple[int, ...], parts: list[list[tuple[int, ...]]]
-) -> str:
-    chip = eng.chip
-    return (
-        f" On a {chip.name} Mosaic splits the 'parallel' grid dimension(s) {dims} between "
-        f"the TensorCores ({_megacore.describe_parts(parts)}); each core's pipeline copies "
-        "the block out after its own last step, so a block written only at the grid's "
-        "last step, or accumulated across a parallel dimension, is garbage on the other "
-        "core: write it in every core's part, or mark the dimension 'arbitrary'."
-    )
 
 
 def _core_part(
@@ -490,11 +487,14 @@ def _core_part(
         ctx0.grid_names,
         dict[int, int](),
     )
+    ctx.grid_axes = desc.grid_axes
     fr, _ = _frame(ctx, desc, run_, operands, sh, [])
     if desc.barrier and eng.participants > 1:
         yield from eng.entry_barrier(ctx, instance, desc.where, parties)
     yield from _steps(ctx, desc, fr, sh, points, hint)
+    before = len(m.leftovers)
     m.leave(q, list(run_.sems), lambda s: describe_leftover(ctx, s), instance)
+    fr.leftover = len(m.leftovers) != before
     done[q] = fr
     m.wake(ctx0.p)
     return None

@@ -24,7 +24,17 @@ from jax.sharding import AbstractMesh
 from safedma.testing._mosaic import TPU_GENERATIONS
 from safedma.testing._verify._report import VerificationUnsupportedError, VerifiedRaceError
 
-__all__ = ["Chip", "chip_of", "core_parts", "split_dims"]
+__all__ = [
+    "Chip",
+    "check_disjoint_outputs",
+    "chip_of",
+    "copy_out_hint",
+    "core_parts",
+    "describe_parts",
+    "single_core_note",
+    "split_dims",
+    "split_note",
+]
 
 Point = tuple[int, ...]
 Box = tuple[tuple[int, int], ...]
@@ -119,6 +129,17 @@ def describe_parts(parts: list[list[Point]]) -> str:
         else:
             spans.append(f"core {k} runs grid steps {part[0]} to {part[-1]}")
     return ", ".join(spans)
+
+
+def copy_out_hint(chip: Chip, dims: tuple[int, ...], parts: list[list[Point]]) -> str:
+    """What the split adds to "the pipeline copies out" an unwritten output block."""
+    return (
+        f" On a {chip.name} Mosaic splits the 'parallel' grid dimension(s) {dims} between "
+        f"the TensorCores ({describe_parts(parts)}); each core's pipeline copies the "
+        "block out after its own last step, so a block written only at the grid's last "
+        "step, or accumulated across a parallel dimension, is garbage on the other "
+        "core: write it in every core's part, or mark the dimension 'arbitrary'."
+    )
 
 
 def split_note(chip: Chip, name: str, where: str, dims: tuple[int, ...], parts: str) -> str:

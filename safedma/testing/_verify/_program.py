@@ -63,6 +63,9 @@ class Ctx:
         self.kernel: Any = None
         self.scoped_counts: dict[int, int] = {}
         self.core_sizes: dict[str, int] = {}  # axes of the pl.kernel mesh being run
+        # the grid dimension of each program_id axis: jax.vmap adds grid dimensions the
+        # kernel's program_id does not count (None: every dimension is the kernel's)
+        self.grid_axes: tuple[int, ...] | None = None
 
 
 class Compiled:
@@ -689,7 +692,8 @@ class Compiler:
         (out,) = self.outs(eqn)
 
         def op(env: list[Any], ctx: Ctx) -> None:
-            env[out] = ctx.grid_point[axis]
+            axes = ctx.grid_axes
+            env[out] = ctx.grid_point[axis if axes is None else axes[axis]]
 
         return op
 
@@ -698,7 +702,8 @@ class Compiler:
         (out,) = self.outs(eqn)
 
         def op(env: list[Any], ctx: Ctx) -> None:
-            env[out] = ctx.grid[axis]
+            axes = ctx.grid_axes
+            env[out] = ctx.grid[axis if axes is None else axes[axis]]
 
         return op
 

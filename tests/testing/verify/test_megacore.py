@@ -544,3 +544,52 @@ SPLIT_KERNELS = [
 def test_jax_blockspec_kernels_with_parallel_dimensions_are_clean_on_v5p(name: str) -> None:
     fn, args = ops.KERNELS[name]()
     assert verify(fn, *args, mesh=V5P).kernels
+
+
+def row_sum(x_ref: Any, o_ref: Any, acc: Any) -> None:
+    """A sum over the grid's one (arbitrary) dimension, restarted at its first step."""
+    j = pl.program_id(0)
+
+    @pl.when(j == 0)
+    def _() -> None:
+        acc[...] = jnp.zeros_like(acc)
+
+    acc[...] += x_ref[...]
+
+    @pl.when(j == pl.num_programs(0) - 1)
+    def _() -> None:
+        o_ref[...] = acc[...]
+
+
+def _row_sum(x: jax.Array) -> jax.Array:
+    out: jax.Array = pl.pallas_call(
+        row_sum,
+        grid=(3,),
+        in_specs=[pl.BlockSpec((ROWS, 128), lambda j: (j, 0))],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda j: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((ROWS, 128), F32),
+        scratch_shapes=[pltpu.VMEM((ROWS, 128), F32)],
+        compiler_params=_params("arbitrary"),
+    )(x)
+    return out
+
+
+def test_a_grid_dimension_added_by_vmap_is_parallel_and_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from safedma.testing._verify import _megacore
+
+    splits: list[tuple[tuple[int, ...], list[int]]] = []
+
+    def recorded(grid: tuple[int, ...], lead: int, cores: int) -> list[list[tuple[int, ...]]]:
+        parts = core_parts(grid, lead, cores)
+        splits.append((grid, [len(p) for p in parts]))
+        return parts
+
+    monkeypatch.setattr(_megacore, "core_parts", recorded)
+    x = jax.ShapeDtypeStruct((2, 3 * ROWS, 128), F32)
+    assert verify(jax.vmap(_row_sum), x, mesh=V5P).kernels
+    assert splits == [((2, 3), [3, 3])], splits
+    # program_id(0) is the kernel's own dimension (grid dimension 1), not vmap's
+    assert verify(jax.vmap(_row_sum), x, mesh=V5E).kernels
+    assert verify(jax.vmap(_row_sum), x).kernels
