@@ -112,6 +112,7 @@ class KernelDesc:
             tuple(d for d in range(len(self.grid)) if d not in vmapped) if vmapped else None
         )
         self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
+        self.out_dropped: list[bool] = []  # outputs the program never reads
 
 
 class KernelRun:
@@ -195,6 +196,7 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
     desc = KernelDesc(eqn)
     # what the program around the kernel reads of each output (None: all of it)
     desc.out_read = [c.read_boxes(v) for v in eqn.outvars]
+    desc.out_dropped = [not c.is_read(v) for v in eqn.outvars]
     ins = [c.reader(a) for a in eqn.invars]
     outs = c.outs(eqn)
 
@@ -445,7 +447,13 @@ def _run_kernel(
             m.labels,
             cores,
             [fr.copied_out, *[cast(_Frame, done[q]).copied_out for q in cores[1:]]],
-            {j: desc.param_names[desc.n_index + j] for j in sh.results},
+            {
+                # an output the program drops (jax 0.10's splash attention returns its
+                # m/l/o accumulators as outputs it discards) may hold either core's block
+                j: desc.param_names[desc.n_index + j]
+                for j in sh.results
+                if not _dropped(desc, j - desc.n_in)
+            },
             eng.chip,
             desc.name,
             desc.where,
@@ -498,6 +506,10 @@ def _core_part(
     done[q] = fr
     m.wake(ctx0.p)
     return None
+
+
+def _dropped(desc: KernelDesc, k: int) -> bool:
+    return k < len(desc.out_dropped) and desc.out_dropped[k]
 
 
 def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:

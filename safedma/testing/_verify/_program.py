@@ -386,6 +386,13 @@ class Compiler:
             self._slice_reads = _layout_reads(self.jaxpr)
         return self._slice_reads.get(v)
 
+    def is_read(self, v: Any) -> bool:
+        """Whether this program reads array ``v`` at all (a kernel output the wrapper
+        drops is not: no equation uses it and the program does not return it)."""
+        if self._slice_reads is None:
+            self._slice_reads = _layout_reads(self.jaxpr)
+        return v in self._slice_reads
+
     def slot(self, v: Any) -> int:
         s = self.slots.get(v)
         if s is None:

@@ -26,7 +26,7 @@ import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -219,6 +219,35 @@ def test_an_output_block_both_cores_copy_out_is_a_race_on_v5p() -> None:
     assert "device 0 core 0" in text and "device 0 core 1" in text, text
     assert _line("mc_shared_out") in text, text
     assert "Fix: make the output's index map give each core its own blocks" in text, text
+
+
+def copy_and_keep_a_scratch_output(x_ref: Any, o_ref: Any, m_ref: Any) -> None:
+    """m_ref is an output used as scratch (one block for the whole grid, as jax
+    0.10's splash attention does with its m/l/o accumulators), which the caller drops."""
+    m_ref[...] = x_ref[...]
+    o_ref[...] = m_ref[...]
+
+
+def _dropped_scratch_output(x: jax.Array) -> jax.Array:
+    out, _ = pl.pallas_call(
+        copy_and_keep_a_scratch_output,
+        grid=(2, 3),
+        in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
+        out_specs=[
+            pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0)),
+            pl.BlockSpec((ROWS, 128), lambda c, j: (0, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((48, 128), F32),
+            jax.ShapeDtypeStruct((ROWS, 128), F32),
+        ],
+        compiler_params=_params("parallel", "arbitrary"),
+    )(x)
+    return cast(jax.Array, out)
+
+
+def test_an_output_both_cores_write_but_the_program_drops_is_not_a_race() -> None:
+    assert verify(_dropped_scratch_output, X, mesh=V5P).kernels
 
 
 def accumulate(x_ref: Any, o_ref: Any, acc: Any) -> None:
