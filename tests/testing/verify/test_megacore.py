@@ -622,3 +622,40 @@ def test_a_grid_dimension_added_by_vmap_is_parallel_and_split(
     # program_id(0) is the kernel's own dimension (grid dimension 1), not vmap's
     assert verify(jax.vmap(_row_sum), x, mesh=V5E).kernels
     assert verify(jax.vmap(_row_sum), x).kernels
+
+
+def test_a_split_kernel_called_twice_in_a_row_is_clean() -> None:
+    """Each call's cores enter with the call's number; the barrier and the flags are
+    per call."""
+    assert verify(_per_core_chain, X, mesh=V5P, invocations=2).dmas == 12
+    x = jax.ShapeDtypeStruct((4 * 2 * ROWS, 128), F32)
+    mesh = abstract_mesh((4,), ("x",), tpu="v5p")
+    assert verify(_send_right, x, mesh=mesh, invocations=2).remote_dmas == 16
+
+
+def halves(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+    c = lax.axis_index("core")
+    rows = pl.ds(c * 24, 24)
+    copy = pltpu.make_async_copy(x_hbm.at[rows], o_hbm.at[rows], sem)
+    copy.start()
+    copy.wait()
+
+
+def _tensorcore_mesh() -> Any:
+    fields = str(getattr(getattr(pltpu, "TensorCoreMesh", None), "__dataclass_fields__", ""))
+    if "num_cores" in fields:
+        return pltpu.TensorCoreMesh(axis_name="core", num_cores=2)
+    return pltpu.create_tensorcore_mesh("core", num_cores=2)
+
+
+def test_a_pl_kernel_over_both_cores_then_a_split_pallas_call_is_clean() -> None:
+    def both(x: jax.Array) -> jax.Array:
+        y = pl.kernel(
+            halves,
+            out_type=jax.ShapeDtypeStruct((48, 128), F32),
+            mesh=_tensorcore_mesh(),
+            scratch_types=[pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return _per_core_chain(y)
+
+    assert verify(both, X, mesh=V5P).dmas == 8
