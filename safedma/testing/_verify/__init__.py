@@ -4,8 +4,9 @@ Modules, one job each: ``_jax`` (every jax internal used), ``_program``
 (jaxprs compiled to closures, scalars exact), ``_scalars`` (scalar rules),
 ``_regions`` (buffer boxes of ref views), ``_clocks`` (vector clocks),
 ``_semantics`` (the TPU DMA/semaphore model), ``_ops`` (memory and
-semaphore primitives), ``_kernels`` (one ``pallas_call`` per device),
-``_engine`` (participants, buffers, scheduler), ``_report`` (report and
+semaphore primitives), ``_kernels`` (one ``pallas_call`` per device, or per
+TensorCore of a megacore split), ``_megacore`` (which chips split which grid
+dimensions, and how), ``_engine`` (participants, buffers, scheduler), ``_report`` (report and
 errors), ``_api`` (:func:`verify`).
 """
 
