@@ -659,3 +659,23 @@ def test_a_pl_kernel_over_both_cores_then_a_split_pallas_call_is_clean() -> None
         return _per_core_chain(y)
 
     assert verify(both, X, mesh=V5P).dmas == 8
+
+
+@pytest.mark.parametrize("tpu", [None, "v5e", "v5p"])
+def test_a_pl_kernel_over_two_cores_then_a_barriered_call_on_two_devices(tpu: str | None) -> None:
+    """Mosaic's device barrier is taken by the cores that run the call: every device's
+    first core (one-core call) or every core (megacore split). Before, it waited for
+    every participant, so a program whose pl.kernel made two cores per device
+    deadlocked at the next pallas_call's barrier on more than one device."""
+
+    def program(x: jax.Array) -> jax.Array:
+        y = pl.kernel(
+            halves,
+            out_type=jax.ShapeDtypeStruct((48, 128), F32),
+            mesh=_tensorcore_mesh(),
+            scratch_types=[pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return _send_right(y[: 2 * ROWS])
+
+    mesh = abstract_mesh((2,), ("x",), tpu=tpu)
+    assert verify(program, jax.ShapeDtypeStruct((2 * 48, 128), F32), mesh=mesh).remote_dmas == 4
