@@ -871,28 +871,27 @@ class Machine:
         )
 
     def deadlock(self, blocked: list[Blocked], done: list[int]) -> DeadlockError:
-        lines: list[str] = []
+        # per blocked device: who, what it waits for (``_HOLDS`` where the line says
+        # what the semaphore holds), and who fed that semaphore ("": nobody; None: no
+        # semaphore), in device order
+        waits: list[tuple[str, str, str | None]] = []
         for b in sorted(blocked, key=lambda b: b.participant):
             if b.sem is None:
-                lines.append(f"  {self.labels[b.participant]} waits at {b.where} for {b.what}")
+                waits.append((self.labels[b.participant], f"at {b.where} for {b.what}", None))
                 continue
             s = b.sem
             unit = " bytes" if s.kind == "DMA" else ""
-            have = s.total()
             who = sorted(s.contributors)
-            fed = (
+            fed = ", ".join(self.labels[w] for w in who[:4]) + (" ..." if len(who) > 4 else "")
+            waits.append(
                 (
-                    ", fed so far by "
-                    + ", ".join(self.labels[w] for w in who[:4])
-                    + (" ..." if len(who) > 4 else "")
+                    self.labels[b.participant],
+                    f"at {b.where} on {s.kind} semaphore {self.sem_names(s)} for "
+                    f"{b.amount}{unit}; {_HOLDS} {s.total()}{unit}",
+                    fed,
                 )
-                if who
-                else ", which nothing signalled"
             )
-            lines.append(
-                f"  {self.labels[b.participant]} waits at {b.where} on {s.kind} semaphore "
-                f"{self.sem_names(s)} for {b.amount}{unit}; it holds {have}{unit}{fed}"
-            )
+        lines = _blocked_lines(waits)
         hint = (
             "No device can move: each wait above needs a start or signal that no "
             "running device will issue (a copy or signal skipped by a condition, aimed "
@@ -908,6 +907,49 @@ class Machine:
             "deadlock (R3): every device is blocked or finished and nothing in flight can "
             "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines) + "\n" + hint
         )
+
+
+# Identical blocked waits on this many devices or more are one line (a ring of 256
+# devices all waiting at one line would otherwise print 256 lines).
+_GROUP_FROM = 3
+_HOLDS = "\x00holds\x00"  # "it holds" on a device's own line, "each holds" on a group's
+
+
+def _fed(fed: str | None) -> str:
+    if fed is None:
+        return ""
+    return f", fed so far by {fed}" if fed else ", which nothing signalled"
+
+
+def _blocked_lines(waits: list[tuple[str, str, str | None]]) -> list[str]:
+    """One line per blocked wait, in device order; the same wait (line, semaphore,
+    amount, count held) on several devices is one line naming them, and their
+    feeders, when they differ, by one example."""
+    groups: dict[str, list[tuple[str, str | None]]] = {}
+    for label, what, fed in waits:
+        groups.setdefault(what, []).append((label, fed))
+    lines: list[str] = []
+    for what, members in groups.items():
+        if len(members) < _GROUP_FROM:
+            for label, fed in members:
+                lines.append(f"  {label} waits {what.replace(_HOLDS, 'it holds')}{_fed(fed)}")
+            continue
+        labels = [label for label, _ in members]
+        named = (
+            ", ".join(labels)
+            if len(labels) <= 4
+            else f"{labels[0]}, {labels[1]}, ..., {labels[-1]}"
+        )
+        first = members[0][1]
+        if len({fed for _, fed in members}) == 1:
+            fed = _fed(first)
+        else:
+            fed = f", each fed so far by other devices (e.g. {labels[0]} by {first or 'none'})"
+        noun = "cores" if all(" core " in label for label in labels) else "devices"
+        lines.append(
+            f"  {len(members)} {noun} ({named}) each wait {what.replace(_HOLDS, 'each holds')}{fed}"
+        )
+    return lines
 
 
 def _describe(labels: list[str], cands: list[Contribution | Early]) -> str:

@@ -413,7 +413,8 @@ def test_a_compile_only_v5p_mesh_names_the_megacore() -> None:
     from safedma.testing import tpu_mesh
 
     mesh = tpu_mesh("v5p:2x2x1", (4,), ("x",))
-    with pytest.raises(DeadlockError, match=r"device 0 \(x=0\) core 1 waits"):
+    # the four devices' core 1 block at one wait: one line naming them (test_deadlock_lines)
+    with pytest.raises(DeadlockError, match=r"4 cores \(device 0 \(x=0\) core 1, "):
         verify(_cross_boundary, jax.ShapeDtypeStruct((4 * 48, 128), F32), mesh=mesh)
 
 
