@@ -20,6 +20,7 @@ Rules (docs/verify.md gives the sources):
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 
@@ -853,7 +854,7 @@ class Machine:
         return VerifiedLeftoverError(
             f"{n} semaphore count{'s' if n != 1 else ''} not back to zero at kernel exit "
             "(R2/R4; on a TPU this crashes the program):\n"
-            + "\n".join(f"  {text} (when it {when})" for _, when, text in items)
+            + "\n".join(_leftover_lines(self.labels, items))
         )
 
     def _leftover_hint(self) -> str:
@@ -929,12 +930,14 @@ def _blocked_lines(waits: list[tuple[str, str, str | None]]) -> list[str]:
     for label, what, fed in waits:
         groups.setdefault(what, []).append((label, fed))
     lines: list[str] = []
-    for what, members in groups.items():
+    for label, what, fed in waits:
+        members = groups[what]
         if len(members) < _GROUP_FROM:
-            for label, fed in members:
-                lines.append(f"  {label} waits {what.replace(_HOLDS, 'it holds')}{_fed(fed)}")
+            lines.append(f"  {label} waits {what.replace(_HOLDS, 'it holds')}{_fed(fed)}")
             continue
-        labels = [label for label, _ in members]
+        if members[0][0] != label:
+            continue  # the group's line stands where its first device's would
+        labels = [x for x, _ in members]
         named = (
             ", ".join(labels)
             if len(labels) <= 4
@@ -949,6 +952,41 @@ def _blocked_lines(waits: list[tuple[str, str, str | None]]) -> list[str]:
         lines.append(
             f"  {len(members)} {noun} ({named}) each wait {what.replace(_HOLDS, 'each holds')}{fed}"
         )
+    return lines
+
+
+def _leftover_lines(labels: list[str], items: list[tuple[int, str, str]]) -> list[str]:
+    """One line per semaphore left non-zero, in device order; the same leftover on
+    three or more devices (the same text once each device's own label, and the peers
+    it names, are set aside) is one line naming the devices, with the first device's
+    text as the example."""
+    others = re.compile("|".join(re.escape(x) for x in sorted(set(labels), key=len, reverse=True)))
+    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for p, when, text in items:
+        own = f"{labels[p]}: "
+        body = text[len(own) :] if text.startswith(own) else text
+        key = (when, others.sub("<device>", body))
+        groups.setdefault(key, []).append((p, body))
+    lines: list[str] = []
+    for p, when, text in items:
+        own = f"{labels[p]}: "
+        body = text[len(own) :] if text.startswith(own) else text
+        members = groups[(when, others.sub("<device>", body))]
+        if len(members) < _GROUP_FROM:
+            lines.append(f"  {labels[p]}: {body} (when it {when})")
+            continue
+        if members[0][0] != p or members[0][1] != body:
+            continue  # the group's line stands where its first device's would
+        named = [labels[q] for q, _ in members]
+        who = ", ".join(named) if len(named) <= 4 else f"{named[0]}, {named[1]}, ..., {named[-1]}"
+        first, body = members[0]
+        alike = (
+            ""
+            if all(b == body for _, b in members)
+            else f" (as on {labels[first]}; on the others with their own peers)"
+        )
+        noun = "cores" if all(" core " in x for x in named) else "devices"
+        lines.append(f"  {len(members)} {noun} ({who}) each: {body}{alike} (when it {when})")
     return lines
 
 
