@@ -32,7 +32,7 @@ from collections.abc import Generator, Iterable
 
 from safedma import _compat
 from safedma._compat import FlowKind
-from safedma._describe import Describe, SourceLine, call_site, is_library_file
+from safedma._describe import Describe, SourceLine, call_site, copies_of, is_library_file
 from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
 
 __all__ = [
@@ -149,7 +149,11 @@ class Ledger:
 
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
-        left: list[str] = []
+        # One entry per start site: copies with the same description, start line (with
+        # the calls that led there) and unwaited sides are one line with a count, so a
+        # row loop that leaks 16 copies says so once; distinct sites stay distinct, in
+        # the order they were started.
+        left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
         for ob in self.obligations:
             missing: list[Side] = []
@@ -164,16 +168,18 @@ class Ledger:
                     missing.append(side)
             if missing:
                 calls = " and ".join(side.value for side in missing)
-                left.append(
-                    f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called"
-                )
+                key = (ob.describe(), ob.started_at, calls)
+                left[key] = left.get(key, 0) + 1
         if left:
-            count = len(left)
+            count = sum(left.values())
             raise CopyNeverWaitedError(
                 f"kernel {kernel_name!r}: {count} cop{'y was' if count == 1 else 'ies were'} "
                 "started and never waited anywhere in the kernel body (in no branch, no loop, "
                 "and by no started_elsewhere() wait on the same semaphore slot):\n"
-                + "\n".join(left)
+                + "\n".join(
+                    f"  - {copies_of(n)}{what}, started at {where}: {calls} never called"
+                    for (what, where, calls), n in left.items()
+                )
                 + "\nOn a TPU this crashes the program; in interpret mode the copy never "
                 "lands. Wait each handle that start() returned (handle.wait()). For a copy "
                 "waited in a later loop iteration or grid step, or by the receiving device, "
