@@ -131,35 +131,37 @@ class _Ring:
             receives = jnp.logical_and(valids[b], rounds[b] > 0)
             lane = self.window.at[slot, b]
             dst = self.window.at[slot, b + 1] if b + 1 < LANES else self.window.at[next_slot, 0]
-            copy = self._copy(lane, dst)
+            self.pending.append((sends, *self._lane(self._copy(lane, dst), sends, receives)))
 
-            @pl.when(receives)
-            def _wait_recv() -> None:
-                (copy.incoming() if self.safe else copy).wait_recv()  # FIRST USE
+    def _lane(self, copy: Any, sends: Any, receives: Any) -> tuple[Any, list[Any]]:
+        @pl.when(receives)
+        def _wait_recv() -> None:
+            (copy.incoming() if self.safe else copy).wait_recv()  # FIRST USE
 
-            handle: list[Any] = []
+        handle: list[Any] = []
 
-            @pl.when(sends)
-            def _start() -> None:
-                handle.append(copy.start())  # STARTED
+        @pl.when(sends)
+        def _start() -> None:
+            handle.append(copy.start())  # STARTED
 
-            self.pending.append((sends, copy, handle))
+        return copy, handle
 
     def finalize(self) -> None:
         if self.seed == "sends_not_waited":
             return
         for sends, copy, handle in self.pending:
-
-            @pl.when(sends)
-            def _wait_send() -> None:
-                if not self.safe:
-                    copy.wait_send()
-                elif self.seed == "start_handle_waited":
-                    handle[0].wait_send()  # ESCAPED
-                else:
-                    copy.started_elsewhere().wait_send()
-
+            self._wait_send(sends, copy, handle)
         self.pending = []
+
+    def _wait_send(self, sends: Any, copy: Any, handle: list[Any]) -> None:
+        @pl.when(sends)
+        def _wait_send() -> None:
+            if not self.safe:
+                copy.wait_send()
+            elif self.seed == "start_handle_waited":
+                handle[0].wait_send()  # ESCAPED
+            else:
+                copy.started_elsewhere().wait_send()
 
 
 def _ring_kernel(safe: bool, seed: str | None = None) -> Callable[..., None]:
@@ -182,16 +184,19 @@ def _ring_kernel(safe: bool, seed: str | None = None) -> Callable[..., None]:
         def _init() -> None:
             o_ref[...] = jnp.zeros_like(o_ref)
 
-        for b in range(LANES):
-
-            @pl.when(jnp.logical_and(valids[b], rounds[b] == 0))
+        def fetch(lane: int) -> None:  # round 0: this device's own block, from HBM
+            @pl.when(jnp.logical_and(valids[lane], rounds[lane] == 0))
             def _fetch() -> None:
+                src, dst = x_hbm.at[lane], window.at[slot, lane]
                 if safe:
-                    sd.LocalCopy(x_hbm.at[b], window.at[slot, b], load_sem).start().wait()
+                    sd.LocalCopy(src, dst, load_sem).start().wait()
                 else:
-                    fetch = pltpu.make_async_copy(x_hbm.at[b], window.at[slot, b], load_sem)
-                    fetch.start()
-                    fetch.wait()
+                    copy = pltpu.make_async_copy(src, dst, load_sem)
+                    copy.start()
+                    copy.wait()
+
+        for b in range(LANES):
+            fetch(b)
 
         ring = _Ring(safe, window, _RingSems(dma_sems, sync_sem), seed)
         ring.stage(rounds, valids)
@@ -250,7 +255,7 @@ def test_ring_sends_not_waited_is_t7_one_line_for_the_lanes() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
     message = str(err.value)
-    start = _line_of(_Ring.stage, "# STARTED")
+    start = _line_of(_Ring._lane, "# STARTED")
     # Both lanes' sends start at one line with the same buffers: one line, counted.
     assert f"  - {LANES} copies of RemoteCopy window.at[...]" in message, message
     assert f"started at {__file__}:{start} (called from " in message, message
@@ -262,7 +267,7 @@ def test_ring_start_handle_waited_in_another_branch_names_both() -> None:
     broken, mesh = _ring(SAFE, "start_handle_waited")
     with pytest.raises(sd.HandleEscapedError, match=r"pl\.when / lax\.cond") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
-    assert f"{__file__}:{_line_of(_Ring.finalize, '# ESCAPED')}" in str(err.value)
+    assert f"{__file__}:{_line_of(_Ring._wait_send, '# ESCAPED')}" in str(err.value)
     assert "started_elsewhere()" in str(err.value)
 
 
@@ -271,7 +276,7 @@ def test_ring_without_a_send_semaphore_is_s4_at_the_users_line() -> None:
     # The copy's first use (the receive wait, before the start) is where it is stopped.
     with pytest.raises(sd.IncompleteCopyError, match=r"with_send_sem\(sem\)") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
-    assert _line_of(_Ring.stage, "# FIRST USE") in _raising_lines(err)
+    assert _line_of(_Ring._lane, "# FIRST USE") in _raising_lines(err)
 
 
 def test_ring_regular_handshake_semaphore_as_receive_semaphore_is_s3() -> None:
