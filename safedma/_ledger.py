@@ -181,11 +181,28 @@ class Ledger:
                     for (what, where, calls), n in left.items()
                 )
                 + "\nOn a TPU this crashes the program; in interpret mode the copy never "
-                "lands. Wait each handle that start() returned (handle.wait()). For a copy "
-                "waited in a later loop iteration or grid step, or by the receiving device, "
-                "wait it there through copy.started_elsewhere() or copy.incoming(), on the "
-                f"semaphore the copy was started on. Then {VERIFY_HINT}."
+                f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
+
+
+_ELSEWHERE_FIX = {
+    Side.LOCAL: "copy.started_elsewhere().wait() in a later loop iteration or grid step",
+    Side.SEND: "copy.started_elsewhere().wait_send() in a later loop iteration or grid step",
+    Side.RECV: "copy.incoming().wait_recv() on the receiving device (or "
+    "copy.started_elsewhere().wait_recv() in a later step)",
+}
+
+
+def _t7_fix(left: dict[tuple[str, SourceLine, str], int]) -> str:
+    """The fix, naming the waits the listed copies lack (not a local wait() for a copy
+    whose receive side is what is missing)."""
+    sides = [side for side in Side if any(side.value in calls for _, _, calls in left)]
+    on_handle = " / ".join(f"handle.{side.value}" for side in sides)
+    elsewhere = "; ".join(_ELSEWHERE_FIX[side] for side in sides)
+    return (
+        f"Call {on_handle} on each handle that start() returned, or, for a copy waited "
+        f"elsewhere, wait it there: {elsewhere}, on the semaphore the copy was started on."
+    )
 
 
 _current: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar(
@@ -315,20 +332,24 @@ class HandleState:
             return f"started at {self._obligation.started_at}"
         return "started"
 
-    def record_wait(self, side: Side) -> None:
-        """Note a wait of ``side``; raise if it escapes its block or repeats one in the same block."""
+    def record_wait(self, side: Side, *, call: str | None = None) -> None:
+        """Note a wait of ``side``; raise if it escapes its block or repeats one in the same block.
+
+        ``call``: the wait the user wrote, when not ``side``'s own (``wait()`` of a remote
+        handle waits both sides); messages name it and suggest the same call."""
         here = call_site()
         frame = _compat.current_frame()
         left = _left_behind(self._frame, frame)
+        shown = call or side.value
         if left:
             raise HandleEscapedError(
-                _escape_message(self._describe(), side, here, left, elsewhere=self._elsewhere)
+                _escape_message(self._describe(), shown, here, left, elsewhere=self._elsewhere)
             )
         block = _block_of(frame)
         earlier = next((w for w in self._waited[side] if w.block is block), None)
         if earlier is not None:
             raise HandleWaitedTwiceError(
-                f"{side.value} on the handle of {self._describe()} ({self._origin()}) was "
+                f"{shown} on the handle of {self._describe()} ({self._origin()}) was "
                 f"called twice in the same block: first at {earlier.where}, again at {here}. "
                 "Both waits run on every path that reaches them, and each decrements the "
                 "semaphore by the copy's size, so the second can never be satisfied and the "
@@ -343,31 +364,35 @@ class HandleState:
 
 
 def _escape_message(
-    description: str, side: Side, here: SourceLine, left: list[FlowKind], *, elsewhere: bool
+    description: str, call: str, here: SourceLine, left: list[FlowKind], *, elsewhere: bool
 ) -> str:
     made = "created" if elsewhere else "started"
+    # The fix waits what the escaped wait did (``call``: "wait_send()", ...): a send-side
+    # wait rewritten as started_elsewhere().wait() would also wait the receive side, a
+    # second time on a device that already waited its incoming copy (the kernel hangs).
+    again = f"copy.started_elsewhere().{call}"
     if FlowKind.LOOP in left:
         return (
-            f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+            f"{call} at {here} waits the handle of {description}, which was {made} inside "
             "a loop body (fori_loop / while_loop / scan) that this wait is outside of. A handle "
             "is tied to the loop iteration that started it: after the loop there is no one "
             "iteration's copy to wait, and jax cannot carry the handle out of the loop "
             "(it would fail with 'captures constants'). Either wait the handle inside the "
             "loop body, or, after the loop, wait the copies the loop left in flight through "
-            "copy.started_elsewhere().wait() (one per copy still in flight), describing the "
+            f"{again} (one per copy still in flight), describing the "
             f"copy again outside the loop. Then {VERIFY_HINT}."
         )
     if FlowKind.BRANCH in left:
         return (
-            f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+            f"{call} at {here} waits the handle of {description}, which was {made} inside "
             "a branch (pl.when / lax.cond) that this wait is outside of. A handle is tied to "
             "the branch that started it, and jax cannot carry it out of the branch (it would "
             "fail with 'captures constants'). Wait it inside the same branch, or wait the copy "
-            "elsewhere through copy.started_elsewhere().wait(), describing it again there."
+            f"elsewhere through {again}, describing it again there."
         )
     return (
-        f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+        f"{call} at {here} waits the handle of {description}, which was {made} inside "
         "a traced block (a run_scoped body or other jax-traced function) that has already "
         "ended; jax cannot carry the handle out of it. Wait it inside that block, or "
-        "through copy.started_elsewhere().wait() after it."
+        f"through {again} after it."
     )

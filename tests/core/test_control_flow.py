@@ -215,7 +215,37 @@ def test_remote_handle_started_in_a_loop_waited_after_it() -> None:
 
     with pytest.raises(safedma.HandleEscapedError) as err:
         trace_on_mesh(kernel, [DMA, DMA])
-    assert_mentions(err, "wait_send() at", "RemoteCopy x_ref float32[2,8,128]")
+    message = assert_mentions(
+        err,
+        "wait_send() at",
+        "RemoteCopy x_ref float32[2,8,128]",
+        # The fix waits the same side (session 7): a suggested wait() would also wait the
+        # receive side, which a ring device has already waited for its incoming copy.
+        "copy.started_elsewhere().wait_send() (one per copy still in flight)",
+    )
+    assert "started_elsewhere().wait()" not in message, message
+
+
+def test_remote_wait_of_both_sides_escaping_a_branch_names_wait() -> None:
+    # handle.wait() of a remote copy waits both sides: the message names the call written
+    # (not its first side) and suggests the same call on a rebuilt copy.
+    from tests.support.tracing import ring, trace_on_mesh
+
+    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
+        handles: list[Any] = []
+
+        @pl.when(jax.lax.axis_index("x") == 0)
+        def _() -> None:
+            handles.append(ring(x_ref, o_ref, send_sem, recv_sem).start())
+
+        handles[-1].wait()
+
+    with pytest.raises(safedma.HandleEscapedError) as err:
+        trace_on_mesh(kernel, [DMA, DMA])
+    message = assert_mentions(
+        err, "wait() at", "pl.when / lax.cond", "copy.started_elsewhere().wait(), describing"
+    )
+    assert "wait_send()" not in message, message
 
 
 # ------------------------------------------ double waits: same block only

@@ -268,7 +268,10 @@ def test_ring_start_handle_waited_in_another_branch_names_both() -> None:
     with pytest.raises(sd.HandleEscapedError, match=r"pl\.when / lax\.cond") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
     assert f"{__file__}:{_line_of(_Ring._wait_send, '# ESCAPED')}" in str(err.value)
-    assert "started_elsewhere()" in str(err.value)
+    # The fix waits the send side only: started_elsewhere().wait() would wait the receive
+    # side a second time (this lane already waited it), and the ring would hang.
+    assert "copy.started_elsewhere().wait_send()" in str(err.value)
+    assert "started_elsewhere().wait()" not in str(err.value)
 
 
 def test_ring_without_a_send_semaphore_is_s4_at_the_users_line() -> None:
@@ -417,6 +420,10 @@ def test_ragged_all_to_all_drain_missing_is_t7_naming_the_start(seed: str, never
     start = _line_of(_all_to_all, "# STARTED")
     assert f"started at {__file__}:{start}" in message, message
     assert f": {never} never called" in message, message
+    # The fix names the missing side's waits (session 7), not a local handle.wait().
+    assert f"handle.{never}" in message and "handle.wait()" not in message, message
+    fix = "copy.incoming().wait_recv()" if never == "wait_recv()" else "wait_send() in a later"
+    assert fix in message, message
     assert "1 copy was started" in message, message
 
 

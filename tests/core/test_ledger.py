@@ -29,7 +29,7 @@ VERIFY = "safedma.testing.verify(...)"
 
 # ------------------------------------------------- T7: copy started and never waited
 
-_T7_FIX = ("handle.wait()", "copy.started_elsewhere()", "copy.incoming()")
+_T7_FIX = ("handle.wait()", "copy.started_elsewhere().wait()")
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -239,9 +239,12 @@ def test_t7_remote_copy_receive_side_never_waited() -> None:
         err,
         "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
         "wait_recv() never called",
-        *_T7_FIX,
+        # The fix names the receive side's waits, not a local wait() (session 7).
+        "handle.wait_recv()",
+        "copy.incoming().wait_recv() on the receiving device",
     )
     assert "wait_send() never called" not in message
+    assert "handle.wait()" not in message and "wait_send()" not in message, message
 
 
 def test_t7_remote_copy_send_side_never_waited() -> None:
@@ -340,6 +343,17 @@ def test_t8_remote_wait_send_twice() -> None:
     with pytest.raises(safedma.HandleWaitedTwiceError) as err:
         trace_on_mesh(kernel, TWO_DMA)
     assert_mentions(err, "wait_send() on the handle of RemoteCopy", "called twice")
+
+
+def test_t8_remote_wait_of_both_sides_twice_names_wait() -> None:
+    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
+        handle = ring(x_ref, o_ref, send_sem, recv_sem).start()
+        handle.wait()
+        handle.wait()
+
+    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
+        trace_on_mesh(kernel, TWO_DMA)
+    assert_mentions(err, "wait() on the handle of RemoteCopy", "called twice")
 
 
 def test_t8_incoming_handle_waited_twice() -> None:
