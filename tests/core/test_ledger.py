@@ -181,6 +181,18 @@ def test_t7_copies_from_one_helper_called_at_two_lines_stay_two_lines() -> None:
     assert all("(called from " in row for row in listed), listed
 
 
+def test_t7_names_refs_inside_pytree_arguments_by_their_path() -> None:
+    # A scratch entry that is a tuple (or a dataclass, a dict) is one kernel argument: its
+    # refs are named by their path in it, as the body reads them.
+    def kernel(x_ref, o_ref, bufs, sems):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref, bufs[1], sems["b"]).start()
+
+    scratch = [(VMEM, VMEM), {"a": DMA, "b": DMA}]
+    with pytest.raises(safedma.CopyNeverWaitedError) as err:
+        trace(kernel, scratch)
+    assert_mentions(err, "LocalCopy x_ref float32[2,8,128] -> bufs[1] float32[2,8,128]")
+
+
 def test_t7_copy_started_under_pl_when_never_waited() -> None:
     def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
         @pl.when(pl.program_id(0) == 0)
