@@ -81,12 +81,12 @@ def _name_leaves(named: Mapping[str, object]) -> dict[str, object]:
 
 
 def _paths_and_leaves(tree: object) -> list[tuple[str, object]]:
-    """``(keystr(path), leaf)`` for each leaf of ``tree``, refs as leaves (jax leaves the
-    key types of ``tree_flatten_with_path`` partly unannotated: typed here once)."""
+    """``(path text, leaf)`` for each leaf of ``tree``, refs as leaves (jax leaves the key
+    types of ``tree_flatten_with_path`` partly unannotated: typed here once)."""
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_compat.is_ref)[0]  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     pairs = cast("list[tuple[tuple[object, ...], object]]", flat)
-    keystr = cast("Callable[[tuple[object, ...]], str]", jax.tree_util.keystr)  # pyright: ignore[reportUnknownMemberType]
-    return [(keystr(path), leaf) for path, leaf in pairs]
+    # jax's keystr(path) is the keys' str() joined: ".sync", "[1]", "['k']".
+    return [("".join(map(str, path)), leaf) for path, leaf in pairs]
 
 
 def _settle_operand_semaphores(args: tuple[object, ...], scratch: int) -> None:

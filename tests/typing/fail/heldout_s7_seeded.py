@@ -15,6 +15,7 @@ import safedma
 from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemRef
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RingSems:
     dma: SemArray

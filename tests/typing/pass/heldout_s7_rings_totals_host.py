@@ -1,6 +1,7 @@
 """Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 7).
 
-* a per-lane ring rotation: the ring's semaphores in one pytree dataclass, a startup
+* a per-lane ring rotation: the ring's semaphores one scratch entry, a generic pytree
+  dataclass, a startup
   barrier in ``pl.when`` on the first grid step, a per-step REGULAR handshake with the
   previous device, and per lane a remote copy whose receive is waited in one ``pl.when``,
   whose start is in another and whose send is waited at the end of the step through
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -34,19 +36,24 @@ ANY = pl.BlockSpec(memory_space=pl.ANY)
 SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
 HOST = pl.BlockSpec(memory_space=pl.HOST)
 N, LANES, NBUF = 4, 2, 2
+D = TypeVar("D")
+R = TypeVar("R")
 
 
 # --- a per-lane ring rotation ---------------------------------------------------------
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class RingSems:
-    dma: SemArray
-    sync: RegularSem
+class RingSems(Generic[D, R]):
+    """One pytree class for the scratch entry and the semaphores the kernel receives."""
+
+    dma: D
+    sync: R
 
 
 class Ring:
-    def __init__(self, window: DataRef, sems: RingSems) -> None:
+    def __init__(self, window: DataRef, sems: RingSems[SemArray, RegularSem]) -> None:
         self.window = window
         self.sems = sems
         self.step = pl.program_id(0)
@@ -106,8 +113,7 @@ def ring_kernel(
     o_ref: DataRef,
     window: DataRef,
     load_sem: SemRef,
-    dma_sems: SemArray,
-    sync_sem: RegularSem,
+    sems: RingSems[SemArray, RegularSem],
 ) -> None:
     step = pl.program_id(0)
     slot = jax.lax.rem(step, NBUF)
@@ -115,32 +121,31 @@ def ring_kernel(
     valids = [valid_ref[step, b] != 0 for b in range(LANES)]
     for b in range(LANES):
         safedma.LocalCopy(x_hbm.at[b], window.at[slot, b], load_sem).start().wait()
-    ring = Ring(window, RingSems(dma_sems, sync_sem))
+    ring = Ring(window, sems)
     ring.stage(rounds, valids)
     o_ref[...] += window[slot].sum(axis=0)
     ring.finalize()
 
 
-def whole(step: jax.Array, *prefetched: DataRef) -> tuple[int, int]:
+def whole(step: jax.Array) -> tuple[int, int]:
     return (0, 0)
 
 
 def ring(rounds: jax.Array, valid: jax.Array, x: jax.Array) -> jax.Array:
+    # A pytree scratch entry goes through safedma.pallas_call's scratch_shapes (jax's
+    # PrefetchScalarGridSpec annotates its scratch as shapes, lists and dicts only), so the
+    # schedule tables come in as SMEM operands here.
     return safedma.pallas_call(
         ring_kernel,
         ShapeDtype((8, 128), jnp.float32),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
-            in_specs=[ANY],
-            out_specs=pl.BlockSpec((8, 128), whole),
-            scratch_shapes=[
-                safedma.vmem((NBUF, LANES, 8, 128), jnp.float32),
-                safedma.dma_semaphore(),
-                safedma.dma_semaphores(2),
-                safedma.regular_semaphore(),
-            ],
-            grid=(4,),
-        ),
+        grid=(4,),
+        in_specs=[SMEM, SMEM, ANY],
+        out_specs=pl.BlockSpec((8, 128), whole),
+        scratch_shapes=[
+            safedma.vmem((NBUF, LANES, 8, 128), jnp.float32),
+            safedma.dma_semaphore(),
+            RingSems(safedma.dma_semaphores(2), safedma.regular_semaphore()),
+        ],
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )(rounds, valid, x)
 
