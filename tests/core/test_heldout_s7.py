@@ -7,7 +7,7 @@ kernels written here.
   remote copy whose *receive* is waited in one ``pl.when`` and whose start is in another,
   the sends kept in a list and waited at the end of the step in a third (through
   ``started_elsewhere()``); the semaphores are one scratch entry, a pytree dataclass;
-* a ragged all-to-all (jax's ``pallas/ops/tpu/ragged_all_to_all.py`` at jax's HEAD): each
+* a ragged all-to-all (jax's ``pallas/ops/tpu/ragged_all_to_all.py``, Dec 2024, since removed): each
   grid step starts one remote copy of a size read from SMEM (skipped when 0) and waits
   nothing; the last step waits the send and receive semaphores by the traced totals
   (``wait_bytes``);
