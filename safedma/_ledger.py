@@ -29,6 +29,7 @@ import contextvars
 import dataclasses
 import enum
 from collections.abc import Generator, Iterable
+from typing import NamedTuple
 
 from safedma import _compat
 from safedma._compat import FlowKind
@@ -81,12 +82,22 @@ class _ElsewhereWait:
     sem: object
 
 
-_Slot = tuple[int, frozenset[int] | None]
-"""A semaphore view as (id of its root array, the positions it covers; None: unknown)."""
+class _Slot(NamedTuple):
+    """A semaphore view: the id of its root array and the positions it covers (None:
+    unknown). ``aliased``: the root is a loop body's or branch's argument, a new tracer
+    for some semaphore passed in (an emit_pipeline hands its buffered refs to its loop
+    and branches that way), so its identity says nothing about which one: it meets any
+    slot of a semaphore of the same type (``ref``)."""
+
+    root: int
+    positions: frozenset[int] | None
+    ref: object = None
+    aliased: bool = False
 
 
 def _slot(sem: object) -> _Slot:
-    return id(_compat.root_of(sem)), _compat.static_positions(sem)
+    root = _compat.root_of(sem)
+    return _Slot(id(root), _compat.static_positions(sem), root, _compat.is_block_argument(root))
 
 
 _ANY_SEMAPHORE = -1
@@ -105,21 +116,23 @@ def _raw_wait_slots() -> list[_Slot]:
     slots: list[_Slot] = []
     for root, view in _compat.raw_dma_waits(_compat.current_frame(), is_library_file):
         if root is _compat.ALLOCATED_INSIDE:
-            slots.append((_ALLOCATED_INSIDE, None))
+            slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
-            slots.append((_ANY_SEMAPHORE, None))
+            slots.append(_Slot(_ANY_SEMAPHORE, None))
         else:
-            slots.append((id(root), None if view is None else _compat.static_positions(view)))
+            positions = None if view is None else _compat.static_positions(view)
+            slots.append(_Slot(id(root), positions, root, _compat.is_block_argument(root)))
     return slots
 
 
 def _slots_meet(a: _Slot, b: _Slot) -> bool:
     """Could two semaphore views be the same semaphore? (Unknown positions: yes.)"""
-    if _ANY_SEMAPHORE in (a[0], b[0]):
+    if _ANY_SEMAPHORE in (a.root, b.root):
         return True
-    if a[0] != b[0]:
-        return False
-    return a[1] is None or b[1] is None or not a[1].isdisjoint(b[1])
+    if a.root != b.root:
+        # A block's argument may be any semaphore of its type passed in (see _Slot).
+        return (a.aliased or b.aliased) and _compat.same_ref_type(a.ref, b.ref)
+    return a.positions is None or b.positions is None or not a.positions.isdisjoint(b.positions)
 
 
 def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
@@ -127,7 +140,7 @@ def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
     every question of this ledger (is a copy covered, started, waited?) comes down to."""
     slot = _slot(sem)
     for other in slots:
-        if other[0] == _ALLOCATED_INSIDE:
+        if other.root == _ALLOCATED_INSIDE:
             if _compat.allocated_inside(_compat.root_of(sem), _compat.current_frame()):
                 return True
         elif _slots_meet(slot, other):

@@ -339,3 +339,39 @@ def test_wait_returns_what_it_protected_in_a_branch() -> None:
     trace(kernel, [VMEM, DMA], grid=(2,))
     assert got["dst"] is got["other"]
     assert jnp.shape(got["dst"]) == SHAPE  # type: ignore[arg-type]
+
+
+# ------------------------------------- semaphores passed into a block as its arguments
+
+
+def _wait_in_a_cond_given_the_semaphores(*, other_type: bool) -> Any:
+    # lax.cond passes its operands to the branches as new tracers (emit_pipeline hands its
+    # buffered refs to its loop and branches the same way): the branch's semaphore array is
+    # the outer one under another identity.
+    def kernel(x_ref, o_ref, buf, sems, others):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref.at[0], buf.at[0], sems.at[0]).start()
+
+        def waited(given):  # type: ignore[no-untyped-def]
+            safedma.LocalCopy(x_ref.at[0], buf.at[0], given.at[0]).started_elsewhere().wait()
+
+        jax.lax.cond(pl.program_id(0) >= 0, waited, waited, others if other_type else sems)
+
+    return kernel
+
+
+def test_a_wait_on_a_semaphore_a_branch_receives_stands_for_the_outer_one() -> None:
+    # Session 7, defect 4: this was a T7 false alarm.
+    trace(
+        _wait_in_a_cond_given_the_semaphores(other_type=False),
+        [VMEM, safedma.dma_semaphores(2), safedma.dma_semaphores(3)],
+        grid=(2,),
+    )
+
+
+def test_a_wait_on_a_received_semaphore_of_another_type_is_still_t7() -> None:
+    with pytest.raises(safedma.CopyNeverWaitedError):
+        trace(
+            _wait_in_a_cond_given_the_semaphores(other_type=True),
+            [VMEM, safedma.dma_semaphores(2), safedma.dma_semaphores(3)],
+            grid=(2,),
+        )
