@@ -12,7 +12,7 @@ import jax
 from jax.experimental import pallas as pl
 
 import safedma
-from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemRef
+from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemArray2, SemRef
 
 
 @jax.tree_util.register_dataclass
@@ -77,3 +77,13 @@ def host_copy_on_a_regular_scoped_semaphore(x_ref: DataRef, y_ref: DataRef) -> N
 
     # S3: the scoped semaphore declared REGULAR for a body that copies on it.
     safedma.run_scoped(body, safedma.regular_semaphore())  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+
+
+def remote_write_waited_on_the_whole_array(window: DataRef, recv_sems: SemArray2) -> None:
+    # S2: the peer's write waited on the 2-D semaphore array, not its [chip, mb] slot.
+    safedma.wait_bytes(recv_sems, window)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+
+
+def fetch_on_the_window(src: DataRef, window: DataRef) -> None:
+    # S6: the window slot passed as the fetch's semaphore.
+    safedma.LocalCopy(src, window, window.at[0])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -10,7 +10,11 @@
   under ``pl.when(size > 0)``, the send and receive sides waited at the last step by
   copies sized by the traced totals;
 * a host <-> HBM copy on a ``run_scoped`` DMA semaphore, with a HOST out-spec and a
-  pinned-host output shape.
+  pinned-host output shape;
+* the DMA part of a pipeline input that first waits a peer's remote write: chunks pushed
+  to the partner (LOGICAL id, a 2-D semaphore array, the handles kept), a ``copy_in`` that
+  waits the remote write by size and starts the fetch, a ``wait_in`` that waits the fetch
+  by size, and the pushes' send sides waited at the end.
 
 Must pass ``mypy --strict`` and pyright strict.
 """
@@ -29,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import safedma
-from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemRef
+from safedma import DataRef, Given, RegularSem, RemoteCopy, RemoteHandle, SemArray, SemArray2, SemRef
 
 ShapeDtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
 ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -235,3 +239,36 @@ def host_to_device(x: jax.Array) -> jax.Array:
         out_specs=ANY,
         name="h2d_dma_kernel",
     )(x)
+
+
+# --- a pipeline input that first waits a peer's remote write --------------------------
+
+CHIPS, SEQ = 2, 8
+
+
+def push_chunks(
+    x_hbm: DataRef, recv_hbm: DataRef, send_sems: SemArray2, recv_sems: SemArray2
+) -> list[RemoteHandle]:
+    partner = safedma.logical_device(1 - jax.lax.axis_index("x"))
+    handles: list[RemoteHandle] = []
+    for chip in range(CHIPS):
+        rows = pl.ds(chip * SEQ, SEQ)
+        copy = RemoteCopy(x_hbm.at[rows], recv_hbm.at[rows], recv_sems.at[chip, 0])
+        handles.append(copy.with_send_sem(send_sems.at[chip, 0]).to(partner).start())
+    return handles
+
+
+def remote_wait_copy_in(
+    src: DataRef, window: DataRef, chip: jax.Array, remote: SemRef, fetch: SemRef
+) -> None:
+    safedma.wait_bytes(remote, window)
+    safedma.LocalCopy(src.at[pl.ds(chip * SEQ, SEQ)], window, fetch).start()
+
+
+def remote_wait_wait_in(window: DataRef, fetch: SemRef) -> None:
+    safedma.wait_bytes(fetch, window)
+
+
+def drain(handles: list[RemoteHandle]) -> None:
+    for handle in handles:
+        handle.wait_send()
