@@ -19,7 +19,10 @@ other path repeats, waits that add up to more than was started) is left to
 
 Semaphores are compared per *slot*: a wait on ``sems.at[0]`` never stands for
 a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
-the wait may stand for any copy on that array (no error).
+the wait may stand for any copy on that array (no error). Where the array is a
+loop body's or branch's argument (a new tracer for whichever semaphore was
+passed in, as ``emit_pipeline`` passes its buffered refs), it may stand for any
+array of its type.
 """
 
 from __future__ import annotations

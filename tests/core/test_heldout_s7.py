@@ -12,7 +12,11 @@ kernels written here.
   nothing; the last step waits the send and receive semaphores by the traced totals
   (``wait_bytes``);
 * a host <-> HBM copy on a ``run_scoped`` semaphore (vLLM tpu-inference's
-  ``kernels/dma/host_dma.py``), both directions.
+  ``kernels/dma/host_dma.py``), both directions;
+* a pipeline input that first waits a peer's remote write (tpu-inference's
+  ``collectives/hierrs_tc/dma_pipeline.py``, ``RemoteWaitBufferedRef``): chunks pushed to
+  the partner, then an ``emit_pipeline`` whose ``BufferedRef`` subclass waits the write by
+  size in ``copy_in`` before fetching, and waits the fetch by size in ``wait_in``.
 
 Each correct kernel lowers to the Mosaic of its raw pltpu spelling; each seeded mistake is
 stopped at trace time naming the user's line.
