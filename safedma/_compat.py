@@ -52,6 +52,8 @@ __all__ = [
     "raw_dma_waits",
     "ALLOCATED_INSIDE",
     "allocated_inside",
+    "is_block_argument",
+    "same_ref_type",
     "frame_parent",
     "frame_kind",
     "static_positions",
@@ -409,6 +411,22 @@ def raw_dma_waits(frame: object, is_own_file: Callable[[str], bool]) -> list[Raw
             roots = [root_of(a) for a in operands if _is_semaphore(a)]
             found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]
     return found
+
+
+def is_block_argument(ref: object) -> bool:
+    """Whether ``ref`` is a tracer a loop body or branch received as an argument: jax makes
+    a new tracer for each operand or carry it passes in explicitly (``emit_pipeline``
+    passes its buffered refs to its loop and ``pl.when`` blocks that way), so the tracer
+    is some outer ref under a new identity. A ref a block closes over keeps its own
+    tracer; one a ``run_scoped`` allocates is new, not an alias."""
+    # Private: a tracer's ``_trace`` (see allocated_inside), jax 0.10.2 and 0.12 alike.
+    trace = getattr(ref, "_trace", None)
+    return trace is not None and frame_kind(trace) in (FlowKind.LOOP, FlowKind.BRANCH)
+
+
+def same_ref_type(a: object, b: object) -> bool:
+    """Whether two refs have one type (shape, dtype or semaphore kind, memory space)."""
+    return str(getattr(a, "aval", a)) == str(getattr(b, "aval", b))
 
 
 def frame_parent(frame: object) -> object | None:

@@ -125,9 +125,14 @@ class Handle:
         self._src = src
         self._dst = dst
 
-    def _waited(self, side: Side, wait: Callable[[], object], ready: DataRef) -> DataRef:
-        """Record the wait on ``side`` with the kernel scope, wait, hand back ``ready``."""
-        self._state.record_wait(side)
+    def _waited(
+        self, side: Side, wait: Callable[[], object], ready: DataRef, *, call: str | None = None
+    ) -> DataRef:
+        """Record the wait on ``side`` with the kernel scope, wait, hand back ``ready``.
+
+        ``call``: the public wait the user wrote, when it is not ``side``'s own (a remote
+        handle's ``wait()`` waits both sides), so that messages name the call written."""
+        self._state.record_wait(side, call=call)
         wait()
         return _give_back(ready, caller_depth=3)
 
@@ -179,8 +184,8 @@ class RemoteHandle(Handle):
 
     def wait(self) -> DataRef:
         """``wait_send()`` then ``wait_recv()``; return the destination, now readable."""
-        self.wait_send()
-        self.wait_recv()
+        self._waited(Side.SEND, self._descriptor.wait_send, self._src, call="wait()")
+        self._waited(Side.RECV, self._descriptor.wait_recv, self._dst, call="wait()")
         return _give_back(self._dst, caller_depth=2)
 
 

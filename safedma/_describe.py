@@ -18,7 +18,14 @@ from typing import NamedTuple
 from safedma import _compat
 from safedma._scope import current_scope
 
-__all__ = ["Describe", "SourceLine", "call_site", "describe_ref", "describe_value"]
+__all__ = [
+    "Describe",
+    "SourceLine",
+    "call_site",
+    "copies_of",
+    "describe_ref",
+    "describe_value",
+]
 
 Describe = Callable[[], str]
 """A description built on demand (only when an error is raised)."""
@@ -99,6 +106,12 @@ def call_site() -> SourceLine:
     # A call made in the kernel body itself has no user frame between it and the
     # wrapper: the line alone.
     return SourceLine(site[0], site[1], tuple(via))
+
+
+def copies_of(count: int, noun: str = "copies") -> str:
+    """The prefix of a message line that stands for ``count`` identical items (same
+    description, same start site): ``""`` for one, ``"16 copies of "`` for 16."""
+    return "" if count == 1 else f"{count} {noun} of "
 
 
 def describe_value(value: object) -> str:

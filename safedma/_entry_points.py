@@ -62,7 +62,31 @@ def _named_arguments(
             named.update({str(k): v for k, v in keywords.items()})
         else:
             named[name] = value
-    return named
+    return _name_leaves(named)
+
+
+def _name_leaves(named: Mapping[str, object]) -> dict[str, object]:
+    """Name the refs inside pytree arguments by their path: a dataclass of semaphores passed
+    as one scratch entry gives ``sems.sync``, a tuple of buffers ``bufs[1]``, a dict
+    ``refs['k']`` (jax's ``keystr``), so messages name them as the author wrote them."""
+    leaves: dict[str, object] = {}
+    for name, value in named.items():
+        if _compat.is_ref(value):
+            leaves[name] = value
+            continue
+        for path, leaf in _paths_and_leaves(value):
+            if _compat.is_ref(leaf):
+                leaves[name + path] = leaf
+    return leaves
+
+
+def _paths_and_leaves(tree: object) -> list[tuple[str, object]]:
+    """``(path text, leaf)`` for each leaf of ``tree``, refs as leaves (jax leaves the key
+    types of ``tree_flatten_with_path`` partly unannotated: typed here once)."""
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_compat.is_ref)[0]  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    pairs = cast("list[tuple[tuple[object, ...], object]]", flat)
+    # jax's keystr(path) is the keys' str() joined: ".sync", "[1]", "['k']".
+    return [("".join(map(str, path)), leaf) for path, leaf in pairs]
 
 
 def _settle_operand_semaphores(args: tuple[object, ...], scratch: int) -> None:

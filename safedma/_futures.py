@@ -22,6 +22,7 @@ and check what the trace can see instead:
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import inspect
@@ -34,7 +35,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from safedma._entry_points import pallas_call
 from safedma._errors import FutureConsumedTwiceError, FutureDroppedError, FutureNotWaitedError
-from safedma._describe import SourceLine, call_site
+from safedma._describe import SourceLine, call_site, copies_of
 from safedma._ledger import settle_semaphore, started_on, waited_on
 
 __all__ = ["DmaFuture", "start_async", "finish_async", "checked_futures"]
@@ -295,7 +296,12 @@ def checked_futures(fn: Callable[P, R]) -> Callable[P, R]:
                 leaf._state.handed_on = True  # pyright: ignore[reportPrivateUsage]
         dropped = [s for s in started if s.finished_at is None and not s.handed_on]
         if dropped:
-            lines = "\n".join(f"  - {s.name}, started at {s.started_at}" for s in dropped)
+            # Futures started at one site (a loop) are one line with a count.
+            sites = collections.Counter((s.name, s.started_at) for s in dropped)
+            lines = "\n".join(
+                f"  - {copies_of(n, 'futures')}{name}, started at {where}"
+                for (name, where), n in sites.items()
+            )
             raise FutureDroppedError(
                 f"{getattr(fn, '__name__', fn)!r}: {len(dropped)} DMA future(s) were started and "
                 f"never finished:\n{lines}\nIts copy is never waited (a TPU crashes at exit, "

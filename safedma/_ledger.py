@@ -19,7 +19,10 @@ other path repeats, waits that add up to more than was started) is left to
 
 Semaphores are compared per *slot*: a wait on ``sems.at[0]`` never stands for
 a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
-the wait may stand for any copy on that array (no error).
+the wait may stand for any copy on that array (no error). Where the array is a
+loop body's or branch's argument (a new tracer for whichever semaphore was
+passed in, as ``emit_pipeline`` passes its buffered refs), it may stand for any
+array of its type.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import contextvars
 import dataclasses
 import enum
 from collections.abc import Generator, Iterable
+from typing import NamedTuple
 
 from safedma import _compat
 from safedma._compat import FlowKind
-from safedma._describe import Describe, SourceLine, call_site, is_library_file
+from safedma._describe import Describe, SourceLine, call_site, copies_of, is_library_file
 from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
 
 __all__ = [
@@ -81,12 +85,22 @@ class _ElsewhereWait:
     sem: object
 
 
-_Slot = tuple[int, frozenset[int] | None]
-"""A semaphore view as (id of its root array, the positions it covers; None: unknown)."""
+class _Slot(NamedTuple):
+    """A semaphore view: the id of its root array and the positions it covers (None:
+    unknown). ``aliased``: the root is a loop body's or branch's argument, a new tracer
+    for some semaphore passed in (an emit_pipeline hands its buffered refs to its loop
+    and branches that way), so its identity says nothing about which one: it meets any
+    slot of a semaphore of the same type (``ref``)."""
+
+    root: int
+    positions: frozenset[int] | None
+    ref: object = None
+    aliased: bool = False
 
 
 def _slot(sem: object) -> _Slot:
-    return id(_compat.root_of(sem)), _compat.static_positions(sem)
+    root = _compat.root_of(sem)
+    return _Slot(id(root), _compat.static_positions(sem), root, _compat.is_block_argument(root))
 
 
 _ANY_SEMAPHORE = -1
@@ -105,21 +119,23 @@ def _raw_wait_slots() -> list[_Slot]:
     slots: list[_Slot] = []
     for root, view in _compat.raw_dma_waits(_compat.current_frame(), is_library_file):
         if root is _compat.ALLOCATED_INSIDE:
-            slots.append((_ALLOCATED_INSIDE, None))
+            slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
-            slots.append((_ANY_SEMAPHORE, None))
+            slots.append(_Slot(_ANY_SEMAPHORE, None))
         else:
-            slots.append((id(root), None if view is None else _compat.static_positions(view)))
+            positions = None if view is None else _compat.static_positions(view)
+            slots.append(_Slot(id(root), positions, root, _compat.is_block_argument(root)))
     return slots
 
 
 def _slots_meet(a: _Slot, b: _Slot) -> bool:
     """Could two semaphore views be the same semaphore? (Unknown positions: yes.)"""
-    if _ANY_SEMAPHORE in (a[0], b[0]):
+    if _ANY_SEMAPHORE in (a.root, b.root):
         return True
-    if a[0] != b[0]:
-        return False
-    return a[1] is None or b[1] is None or not a[1].isdisjoint(b[1])
+    if a.root != b.root:
+        # A block's argument may be any semaphore of its type passed in (see _Slot).
+        return (a.aliased or b.aliased) and _compat.same_ref_type(a.ref, b.ref)
+    return a.positions is None or b.positions is None or not a.positions.isdisjoint(b.positions)
 
 
 def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
@@ -127,7 +143,7 @@ def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
     every question of this ledger (is a copy covered, started, waited?) comes down to."""
     slot = _slot(sem)
     for other in slots:
-        if other[0] == _ALLOCATED_INSIDE:
+        if other.root == _ALLOCATED_INSIDE:
             if _compat.allocated_inside(_compat.root_of(sem), _compat.current_frame()):
                 return True
         elif _slots_meet(slot, other):
@@ -149,7 +165,11 @@ class Ledger:
 
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
-        left: list[str] = []
+        # One entry per start site: copies with the same description, start line (with
+        # the calls that led there) and unwaited sides are one line with a count, so a
+        # row loop that leaks 16 copies says so once; distinct sites stay distinct, in
+        # the order they were started.
+        left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
         for ob in self.obligations:
             missing: list[Side] = []
@@ -164,22 +184,41 @@ class Ledger:
                     missing.append(side)
             if missing:
                 calls = " and ".join(side.value for side in missing)
-                left.append(
-                    f"  - {ob.describe()}, started at {ob.started_at}: {calls} never called"
-                )
+                key = (ob.describe(), ob.started_at, calls)
+                left[key] = left.get(key, 0) + 1
         if left:
-            count = len(left)
+            count = sum(left.values())
             raise CopyNeverWaitedError(
                 f"kernel {kernel_name!r}: {count} cop{'y was' if count == 1 else 'ies were'} "
                 "started and never waited anywhere in the kernel body (in no branch, no loop, "
                 "and by no started_elsewhere() wait on the same semaphore slot):\n"
-                + "\n".join(left)
+                + "\n".join(
+                    f"  - {copies_of(n)}{what}, started at {where}: {calls} never called"
+                    for (what, where, calls), n in left.items()
+                )
                 + "\nOn a TPU this crashes the program; in interpret mode the copy never "
-                "lands. Wait each handle that start() returned (handle.wait()). For a copy "
-                "waited in a later loop iteration or grid step, or by the receiving device, "
-                "wait it there through copy.started_elsewhere() or copy.incoming(), on the "
-                f"semaphore the copy was started on. Then {VERIFY_HINT}."
+                f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
+
+
+_ELSEWHERE_FIX = {
+    Side.LOCAL: "copy.started_elsewhere().wait() in a later loop iteration or grid step",
+    Side.SEND: "copy.started_elsewhere().wait_send() in a later loop iteration or grid step",
+    Side.RECV: "copy.incoming().wait_recv() on the receiving device (or "
+    "copy.started_elsewhere().wait_recv() in a later step)",
+}
+
+
+def _t7_fix(left: dict[tuple[str, SourceLine, str], int]) -> str:
+    """The fix, naming the waits the listed copies lack (not a local wait() for a copy
+    whose receive side is what is missing)."""
+    sides = [side for side in Side if any(side.value in calls for _, _, calls in left)]
+    on_handle = " / ".join(f"handle.{side.value}" for side in sides)
+    elsewhere = "; ".join(_ELSEWHERE_FIX[side] for side in sides)
+    return (
+        f"Call {on_handle} on each handle that start() returned, or, for a copy waited "
+        f"elsewhere, wait it there: {elsewhere}, on the semaphore the copy was started on."
+    )
 
 
 _current: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar(
@@ -309,20 +348,24 @@ class HandleState:
             return f"started at {self._obligation.started_at}"
         return "started"
 
-    def record_wait(self, side: Side) -> None:
-        """Note a wait of ``side``; raise if it escapes its block or repeats one in the same block."""
+    def record_wait(self, side: Side, *, call: str | None = None) -> None:
+        """Note a wait of ``side``; raise if it escapes its block or repeats one in the same block.
+
+        ``call``: the wait the user wrote, when not ``side``'s own (``wait()`` of a remote
+        handle waits both sides); messages name it and suggest the same call."""
         here = call_site()
         frame = _compat.current_frame()
         left = _left_behind(self._frame, frame)
+        shown = call or side.value
         if left:
             raise HandleEscapedError(
-                _escape_message(self._describe(), side, here, left, elsewhere=self._elsewhere)
+                _escape_message(self._describe(), shown, here, left, elsewhere=self._elsewhere)
             )
         block = _block_of(frame)
         earlier = next((w for w in self._waited[side] if w.block is block), None)
         if earlier is not None:
             raise HandleWaitedTwiceError(
-                f"{side.value} on the handle of {self._describe()} ({self._origin()}) was "
+                f"{shown} on the handle of {self._describe()} ({self._origin()}) was "
                 f"called twice in the same block: first at {earlier.where}, again at {here}. "
                 "Both waits run on every path that reaches them, and each decrements the "
                 "semaphore by the copy's size, so the second can never be satisfied and the "
@@ -337,31 +380,35 @@ class HandleState:
 
 
 def _escape_message(
-    description: str, side: Side, here: SourceLine, left: list[FlowKind], *, elsewhere: bool
+    description: str, call: str, here: SourceLine, left: list[FlowKind], *, elsewhere: bool
 ) -> str:
     made = "created" if elsewhere else "started"
+    # The fix waits what the escaped wait did (``call``: "wait_send()", ...): a send-side
+    # wait rewritten as started_elsewhere().wait() would also wait the receive side, a
+    # second time on a device that already waited its incoming copy (the kernel hangs).
+    again = f"copy.started_elsewhere().{call}"
     if FlowKind.LOOP in left:
         return (
-            f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+            f"{call} at {here} waits the handle of {description}, which was {made} inside "
             "a loop body (fori_loop / while_loop / scan) that this wait is outside of. A handle "
             "is tied to the loop iteration that started it: after the loop there is no one "
             "iteration's copy to wait, and jax cannot carry the handle out of the loop "
             "(it would fail with 'captures constants'). Either wait the handle inside the "
             "loop body, or, after the loop, wait the copies the loop left in flight through "
-            "copy.started_elsewhere().wait() (one per copy still in flight), describing the "
+            f"{again} (one per copy still in flight), describing the "
             f"copy again outside the loop. Then {VERIFY_HINT}."
         )
     if FlowKind.BRANCH in left:
         return (
-            f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+            f"{call} at {here} waits the handle of {description}, which was {made} inside "
             "a branch (pl.when / lax.cond) that this wait is outside of. A handle is tied to "
             "the branch that started it, and jax cannot carry it out of the branch (it would "
             "fail with 'captures constants'). Wait it inside the same branch, or wait the copy "
-            "elsewhere through copy.started_elsewhere().wait(), describing it again there."
+            f"elsewhere through {again}, describing it again there."
         )
     return (
-        f"{side.value} at {here} waits the handle of {description}, which was {made} inside "
+        f"{call} at {here} waits the handle of {description}, which was {made} inside "
         "a traced block (a run_scoped body or other jax-traced function) that has already "
         "ended; jax cannot carry the handle out of it. Wait it inside that block, or "
-        "through copy.started_elsewhere().wait() after it."
+        f"through {again} after it."
     )

@@ -215,7 +215,37 @@ def test_remote_handle_started_in_a_loop_waited_after_it() -> None:
 
     with pytest.raises(safedma.HandleEscapedError) as err:
         trace_on_mesh(kernel, [DMA, DMA])
-    assert_mentions(err, "wait_send() at", "RemoteCopy x_ref float32[2,8,128]")
+    message = assert_mentions(
+        err,
+        "wait_send() at",
+        "RemoteCopy x_ref float32[2,8,128]",
+        # The fix waits the same side (session 7): a suggested wait() would also wait the
+        # receive side, which a ring device has already waited for its incoming copy.
+        "copy.started_elsewhere().wait_send() (one per copy still in flight)",
+    )
+    assert "started_elsewhere().wait()" not in message, message
+
+
+def test_remote_wait_of_both_sides_escaping_a_branch_names_wait() -> None:
+    # handle.wait() of a remote copy waits both sides: the message names the call written
+    # (not its first side) and suggests the same call on a rebuilt copy.
+    from tests.support.tracing import ring, trace_on_mesh
+
+    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
+        handles: list[Any] = []
+
+        @pl.when(jax.lax.axis_index("x") == 0)
+        def _() -> None:
+            handles.append(ring(x_ref, o_ref, send_sem, recv_sem).start())
+
+        handles[-1].wait()
+
+    with pytest.raises(safedma.HandleEscapedError) as err:
+        trace_on_mesh(kernel, [DMA, DMA])
+    message = assert_mentions(
+        err, "wait() at", "pl.when / lax.cond", "copy.started_elsewhere().wait(), describing"
+    )
+    assert "wait_send()" not in message, message
 
 
 # ------------------------------------------ double waits: same block only
@@ -309,3 +339,39 @@ def test_wait_returns_what_it_protected_in_a_branch() -> None:
     trace(kernel, [VMEM, DMA], grid=(2,))
     assert got["dst"] is got["other"]
     assert jnp.shape(got["dst"]) == SHAPE  # type: ignore[arg-type]
+
+
+# ------------------------------------- semaphores passed into a block as its arguments
+
+
+def _wait_in_a_cond_given_the_semaphores(*, other_type: bool) -> Any:
+    # lax.cond passes its operands to the branches as new tracers (emit_pipeline hands its
+    # buffered refs to its loop and branches the same way): the branch's semaphore array is
+    # the outer one under another identity.
+    def kernel(x_ref, o_ref, buf, sems, others):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref.at[0], buf.at[0], sems.at[0]).start()
+
+        def waited(given):  # type: ignore[no-untyped-def]
+            safedma.LocalCopy(x_ref.at[0], buf.at[0], given.at[0]).started_elsewhere().wait()
+
+        jax.lax.cond(pl.program_id(0) >= 0, waited, waited, others if other_type else sems)
+
+    return kernel
+
+
+def test_a_wait_on_a_semaphore_a_branch_receives_stands_for_the_outer_one() -> None:
+    # Session 7, defect 4: this was a T7 false alarm.
+    trace(
+        _wait_in_a_cond_given_the_semaphores(other_type=False),
+        [VMEM, safedma.dma_semaphores(2), safedma.dma_semaphores(3)],
+        grid=(2,),
+    )
+
+
+def test_a_wait_on_a_received_semaphore_of_another_type_is_still_t7() -> None:
+    with pytest.raises(safedma.CopyNeverWaitedError):
+        trace(
+            _wait_in_a_cond_given_the_semaphores(other_type=True),
+            [VMEM, safedma.dma_semaphores(2), safedma.dma_semaphores(3)],
+            grid=(2,),
+        )

@@ -183,8 +183,12 @@ def test_page_group_waits_dropped_names_the_helper_and_each_caller() -> None:
     start = _line_of(_PageGroup.start, "copy.start()")
     first = _line_of(_paged, "# first prefetch")
     assert f"{__file__}:{start} (called from {__file__}:{first}" in message, message
-    # Both prefetches (page and scale copies of each) are listed, none waited.
-    assert message.count("wait() never called") == 2 * 2 * BLOCK_PAGES
+    # Both prefetches (page and scale copies of each) are listed, none waited: one line
+    # per start site and buffers, with the count of the page loop's copies.
+    assert message.count("wait() never called") == 2 * 2, message
+    assert message.count(f"  - {BLOCK_PAGES} copies of LocalCopy pages.at[...]") == 2, message
+    assert message.count(f"  - {BLOCK_PAGES} copies of LocalCopy scales.at[...]") == 2, message
+    assert f"{2 * 2 * BLOCK_PAGES} copies were started" in message, message
 
 
 # --- the next block prefetched inside a while_loop body -----------------------------------
@@ -493,6 +497,10 @@ def test_sparse_core_ordered_waits_dropped_is_t7_in_the_pipeline_body() -> None:
     assert f"{__file__}:{_line_of(_sc_gather, '# STARTED')}" in message, message
     # Defect 5: refs the pipeline body closes over keep the kernel's names.
     assert "x_hbm.at[...] uint32[128] -> rows_buf.at[...] uint32[128]" in message, message
+    # The row loop's copies share one start line and buffers: one line with their count
+    # (session 7), not one line per row.
+    assert message.count("wait() never called") == 1, message
+    assert f"  - {SIMD * COL // LANES} copies of LocalCopy x_hbm.at[...]" in message, message
 
 
 # --- an emit_pipeline as the pallas_call body, three outputs ------------------------------

@@ -29,7 +29,7 @@ VERIFY = "safedma.testing.verify(...)"
 
 # ------------------------------------------------- T7: copy started and never waited
 
-_T7_FIX = ("handle.wait()", "copy.started_elsewhere()", "copy.incoming()")
+_T7_FIX = ("handle.wait()", "copy.started_elsewhere().wait()")
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -107,6 +107,92 @@ def test_t7_several_copies_never_waited_are_all_listed() -> None:
     assert message.count("never called") == 2
 
 
+def test_t7_copies_started_at_one_site_are_one_line_with_their_count() -> None:
+    # A row loop that leaks its copies: one line for the site, with the count, not one
+    # identical line per row.
+    line = 0
+
+    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
+        nonlocal line
+        for row in range(2):
+            for _ in range(8):
+                line = _lineno() + 1
+                safedma.LocalCopy(x_ref.at[row], buf.at[row], sem).start()
+
+    with pytest.raises(safedma.CopyNeverWaitedError) as err:
+        trace(kernel, [VMEM, DMA])
+    message = assert_mentions(
+        err,
+        "16 copies were started and never waited",
+        f"  - 16 copies of LocalCopy x_ref.at[...] float32[8,128] -> buf.at[...] "
+        f"float32[8,128], started at {__file__}:{line}: wait() never called",
+    )
+    assert message.count("never called") == 1, message
+
+
+def test_t7_distinct_sites_stay_distinct_lines_in_start_order() -> None:
+    # Same buffers at two lines, and two buffers at one line: three sites, three lines,
+    # in the order the copies were first started; each with its own count.
+    lines: list[int] = []
+
+    def kernel(x_ref, o_ref, buf, sem_a, sem_b):  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            lines.append(_lineno() + 1)
+            safedma.LocalCopy(x_ref, buf, sem_a).start()
+        lines.append(_lineno() + 1)
+        safedma.LocalCopy(x_ref, buf, sem_a).start()
+        for src, dst in ((x_ref, buf), (buf, o_ref), (buf, o_ref)):
+            lines.append(_lineno() + 1)
+            safedma.LocalCopy(src, dst, sem_b).start()
+
+    with pytest.raises(safedma.CopyNeverWaitedError) as err:
+        trace(kernel, [VMEM, *TWO_DMA])
+    message = assert_mentions(err, "7 copies were started and never waited")
+    listed = [row for row in message.splitlines() if row.startswith("  - ")]
+    first, second, third = lines[0], lines[3], lines[4]
+    assert listed == [
+        f"  - 3 copies of LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128], "
+        f"started at {__file__}:{first}: wait() never called",
+        f"  - LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128], "
+        f"started at {__file__}:{second}: wait() never called",
+        f"  - LocalCopy x_ref float32[2,8,128] -> buf float32[2,8,128], "
+        f"started at {__file__}:{third}: wait() never called",
+        f"  - 2 copies of LocalCopy buf float32[2,8,128] -> o_ref float32[2,8,128], "
+        f"started at {__file__}:{third}: wait() never called",
+    ], message
+
+
+def test_t7_copies_from_one_helper_called_at_two_lines_stay_two_lines() -> None:
+    # The same helper line reached from two calls is two sites (the call chain differs).
+    def fetch(x_ref, buf, sem):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref, buf, sem).start()
+
+    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
+        for _ in range(2):
+            fetch(x_ref, buf, sem)
+        fetch(x_ref, buf, sem)
+
+    with pytest.raises(safedma.CopyNeverWaitedError) as err:
+        trace(kernel, [VMEM, DMA])
+    listed = [row for row in str(err.value).splitlines() if row.startswith("  - ")]
+    assert len(listed) == 2, listed
+    assert listed[0].startswith("  - 2 copies of LocalCopy"), listed
+    assert listed[1].startswith("  - LocalCopy"), listed
+    assert all("(called from " in row for row in listed), listed
+
+
+def test_t7_names_refs_inside_pytree_arguments_by_their_path() -> None:
+    # A scratch entry that is a tuple (or a dataclass, a dict) is one kernel argument: its
+    # refs are named by their path in it, as the body reads them.
+    def kernel(x_ref, o_ref, bufs, sems):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref, bufs[1], sems["b"]).start()
+
+    scratch = [(VMEM, VMEM), {"a": DMA, "b": DMA}]
+    with pytest.raises(safedma.CopyNeverWaitedError) as err:
+        trace(kernel, scratch)
+    assert_mentions(err, "LocalCopy x_ref float32[2,8,128] -> bufs[1] float32[2,8,128]")
+
+
 def test_t7_copy_started_under_pl_when_never_waited() -> None:
     def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
         @pl.when(pl.program_id(0) == 0)
@@ -165,9 +251,12 @@ def test_t7_remote_copy_receive_side_never_waited() -> None:
         err,
         "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
         "wait_recv() never called",
-        *_T7_FIX,
+        # The fix names the receive side's waits, not a local wait() (session 7).
+        "handle.wait_recv()",
+        "copy.incoming().wait_recv() on the receiving device",
     )
     assert "wait_send() never called" not in message
+    assert "handle.wait()" not in message and "wait_send()" not in message, message
 
 
 def test_t7_remote_copy_send_side_never_waited() -> None:
@@ -266,6 +355,17 @@ def test_t8_remote_wait_send_twice() -> None:
     with pytest.raises(safedma.HandleWaitedTwiceError) as err:
         trace_on_mesh(kernel, TWO_DMA)
     assert_mentions(err, "wait_send() on the handle of RemoteCopy", "called twice")
+
+
+def test_t8_remote_wait_of_both_sides_twice_names_wait() -> None:
+    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
+        handle = ring(x_ref, o_ref, send_sem, recv_sem).start()
+        handle.wait()
+        handle.wait()
+
+    with pytest.raises(safedma.HandleWaitedTwiceError) as err:
+        trace_on_mesh(kernel, TWO_DMA)
+    assert_mentions(err, "wait() on the handle of RemoteCopy", "called twice")
 
 
 def test_t8_incoming_handle_waited_twice() -> None:

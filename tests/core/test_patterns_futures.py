@@ -40,6 +40,23 @@ def test_dropped_future_is_an_error() -> None:
     assert "future_start" in str(err.value) and "test_patterns_futures.py" in str(err.value)
 
 
+def test_futures_dropped_at_one_site_are_one_line_with_their_count() -> None:
+    @sd.checked_futures
+    def dropped(x: jax.Array) -> jax.Array:
+        for _ in range(3):
+            sd.start_async(ck.future_start, x, dst=DST)  # LOOP
+        sd.start_async(ck.future_start, x, dst=DST)  # ONCE
+        return x
+
+    with pytest.raises(sd.FutureDroppedError) as err:
+        trace(dropped)
+    listed = [row for row in str(err.value).splitlines() if row.startswith("  - ")]
+    assert len(listed) == 2, listed
+    assert listed[0].startswith("  - 3 futures of future_start, started at "), listed
+    assert listed[1].startswith("  - future_start, started at "), listed
+    assert "4 DMA future(s) were started" in str(err.value)
+
+
 def test_future_finished_twice_is_an_error() -> None:
     @sd.checked_futures
     def twice(x: jax.Array) -> jax.Array:
