@@ -771,6 +771,29 @@ def _probe_race_print(orig: Any, probes: Installed) -> object:
     return _race_print
 
 
+def _probe_race_frames(orig: Any, probes: Installed) -> object:
+    """The race detector's ``source_info_util`` module, with ``summarize`` naming the user's line.
+
+    jax formats the frame of every recorded access when it is made (one
+    ``summarize``: the first frame outside jax), and a race names the earlier
+    access only by that text.  For a copy built with safedma that frame is
+    safedma's ``start``, and for one started by a kernel's helper it is the
+    helper's line, the same for every copy: the user's line (and the helper's
+    caller) is kept instead, as for the later access.
+    """
+
+    def summarize(source_info: Any, *args: Any, **kwargs: Any) -> str:
+        where = probes.location(source_info)
+        if where is not None:
+            return where
+        return str(orig.summarize(source_info, *args, **kwargs))
+
+    proxy = ModuleType(orig.__name__)
+    proxy.__dict__.update(cast("dict[str, object]", vars(orig)))
+    setattr(proxy, "summarize", summarize)
+    return proxy
+
+
 def _exit_print(*args: object, **kwargs: Any) -> None:
     text = " ".join(str(a) for a in args)
     if text.startswith("Semaphore ") and "at kernel exit" in text:
@@ -1008,6 +1031,18 @@ _PROBES: tuple[_Probe, ...] = (
         "check_write",
         _probe_race_check("write"),
         why=("who raced on which buffer, for a write: jax only formats it into its message (R1)"),
+    ),
+    _Probe(
+        _RDS,
+        None,
+        "source_info_util",
+        _probe_race_frames,
+        why=(
+            "the earlier access of a race is named only by the frame jax formatted "
+            "when it was recorded (source_info_util.summarize, the first frame "
+            "outside jax): for a copy built with safedma that is safedma's own "
+            "start; it is the user's line here, as for the later access (R1)"
+        ),
     ),
     _Probe(
         _RDS,
