@@ -37,13 +37,14 @@ from typing import Any, Literal, Protocol, cast
 from jax.experimental.pallas import tpu as _pltpu
 
 import safedma
-from safedma.testing import _semaphore_clocks
+from safedma.testing import _copy_clock_entries, _semaphore_clocks
 from safedma.testing._errors import ConcurrentInterpretError
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
 
 __all__ = [
     "DMA_CLOCK_ENTRIES",
+    "MAX_DMA_CLOCK_ENTRIES",
     "DmaStart",
     "Installed",
     "InterpretObserver",
@@ -75,14 +76,19 @@ _SHM = f"{_INTERPRET}.shared_memory"
 _RDS = f"{_INTERPRET}.race_detection_state"
 
 
-#: Vector-clock entries for copies, beyond one per simulated core.  jax gives
-#: each copy one of ``vector_clock_size - cores`` entries (at random), and by
-#: default that is as many entries as cores: on one device every copy shares
-#: one entry, so a read of a copy's destination after the wait of ANOTHER copy
-#: started before it counted as ordered (a missed race).  With this many
-#: entries, handed out in turn (see ``_probe_virtual_device``), two copies share
-#: one only if this many copies are started between them.
+#: Vector-clock entries for copies, beyond one per simulated core, in a first run.
+#: jax gives each copy one of ``vector_clock_size - cores`` entries (at random),
+#: and by default that is as many entries as cores: on one device every copy
+#: shares one entry, so a read of a copy's destination after the wait of ANOTHER
+#: copy started before it counted as ordered (a missed race).  Entries are handed
+#: out so that copies share one only when the core starting the later copy knows
+#: the earlier one completed (``_copy_clock_entries``); a run with more copies in
+#: flight at once than entries is run again with more (``_runner``).
 DMA_CLOCK_ENTRIES = 64
+
+#: The most entries for copies a run gets: each recorded access keeps a clock of
+#: ``cores + entries`` 32-bit counts (4 KiB at this bound).
+MAX_DMA_CLOCK_ENTRIES = 1024
 
 
 class StrictInterpretParams(_pltpu.InterpretParams):
@@ -94,14 +100,18 @@ class StrictInterpretParams(_pltpu.InterpretParams):
     """
 
     def get_vector_clock_size(self, num_devices: int) -> int:
-        """One entry per core, and :data:`DMA_CLOCK_ENTRIES` for the copies.
+        """One entry per core, and the run's entries for the copies.
 
         jax calls this (a method of its ``InterpretParams``) when a kernel starts,
         with the number of devices; its default leaves the copies as many entries
-        as there are cores.
+        as there are cores.  The run's count (:data:`DMA_CLOCK_ENTRIES` first) is
+        the installed probes', read when the kernel starts, so a run again with
+        more entries needs no new compilation.
         """
         cores = int(num_devices) * int(getattr(self, "num_cores_or_threads", 1))
-        return cores + DMA_CLOCK_ENTRIES
+        installed = _installed
+        entries = DMA_CLOCK_ENTRIES if installed is None else installed.clock_entries
+        return cores + entries
 
 
 class StopRun(RuntimeError):
@@ -499,6 +509,12 @@ class Installed:
 
     observer: InterpretObserver
     stopping: str | None = None
+    #: vector-clock entries for copies in this run (``get_vector_clock_size``)
+    clock_entries: int = DMA_CLOCK_ENTRIES
+    #: copies of this run that found no entry of their own (``_copy_clock_entries``)
+    clock_shortages: int = 0
+    #: the user's line of the first of them
+    clock_short_at: str | None = None
     # The user's line per source_info: a kernel equation keeps one source_info
     # object, so a loop pays for the traceback walk once, not every iteration.
     _locations: dict[int, tuple[object, str | None]] = dataclasses.field(
@@ -588,6 +604,10 @@ def _probe_signal(orig: Any, probes: Installed) -> object:
 def _probe_dma_init(orig: Any, probes: Installed) -> object:
     def dma_init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
+        memory = self.dst_sem.shared_memory
+        entries = getattr(memory, _copy_clock_entries.ATTRIBUTE, None)
+        if isinstance(entries, _copy_clock_entries.CopyEntries):
+            entries.hold(int(self.virtual_device_id), self.clock, self)
         src_sem = self.src_sem
         probes.observer.dma_started(
             DmaStart(
@@ -642,14 +662,21 @@ def _probe_set_failed(orig: Any, probes: Installed) -> object:
 
 
 def _probe_virtual_device(orig: Any, probes: Installed) -> object:
-    del probes
-    turn = itertools.count()
-
     def virtual_device_id(self: Any) -> int:
         cores, size = int(self.num_cores), int(self.vector_clock_size)
         if size <= cores:
             return int(orig(self))
-        return cores + next(turn) % (size - cores)
+        entries = _copy_clock_entries.entries_of(self, cores, size - cores)
+        # jax's dma_start draws the entry while building the DMA, whose clock is
+        # its local ``clock``: the issuing core's clock as the copy starts.
+        caller = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+        before = entries.shortages
+        position = entries.assign(caller.f_locals.get("clock"))
+        if entries.shortages != before:
+            probes.clock_shortages += 1
+            if probes.clock_short_at is None:
+                probes.clock_short_at = probes.location(caller.f_locals.get("source_info"))
+        return position
 
     return virtual_device_id
 
@@ -1004,7 +1031,8 @@ _PROBES: tuple[_Probe, ...] = (
             "the vector-clock entry of each copy: jax draws it at random, so two "
             "copies in flight together could share one and a read ordered after "
             "the wait of one counted as ordered after the other (a race missed at "
-            "random); in turn over DMA_CLOCK_ENTRIES entries, runs are repeatable"
+            "random); an entry is reused only once the issuing core knows its last "
+            "copy completed (_copy_clock_entries), and runs are repeatable"
         ),
     ),
     _Probe(
