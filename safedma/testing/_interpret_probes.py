@@ -30,7 +30,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any, Literal, Protocol, cast
 
@@ -41,6 +41,7 @@ from safedma.testing import _copy_clock_entries, _semaphore_clocks
 from safedma.testing._errors import ConcurrentInterpretError
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
+from safedma.testing._kernel_lines import enclosing_lines, sub_jaxprs, user_location
 
 __all__ = [
     "DMA_CLOCK_ENTRIES",
@@ -287,109 +288,6 @@ def _is_library_file(path: str) -> bool:
 
 def _source_info_util() -> ModuleType:
     return private_module("jax._src.source_info_util")
-
-
-def _own_location(source_info: object) -> str | None:
-    """The user's frame in ``source_info``'s own traceback, if it has one.
-
-    A frame whose caller is in the same file is a helper of the kernel (a
-    descriptor class's ``start``, ``_copy(src, dst, sem)``): its line is the
-    same for every copy it makes, so the caller's line is added to tell them
-    apart, as ``verify`` does.
-    """
-    try:
-        user_frames = private_callable(_source_info_util(), "user_frames")
-        frames = list(cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None))))
-        for i, frame in enumerate(frames):
-            if not _is_library_file(str(frame.file_name)):
-                where = f"{frame.file_name}:{int(frame.start_line)}"
-                caller = frames[i + 1] if i + 1 < len(frames) else None
-                if caller is not None and caller.file_name == frame.file_name:
-                    return (
-                        f"{where} ({frame.function_name}, called at line "
-                        f"{int(caller.start_line)} in {caller.function_name})"
-                    )
-                return f"{where} ({frame.function_name})"
-    except Exception:  # only for messages; never let it break a run
-        return None
-    return None
-
-
-#: The user's line of the nearest enclosing equation, per traceback (by id,
-#: the traceback kept alive beside it), for the equations of the program being
-#: simulated whose own traceback has no user frame: jax records, for an
-#: equation traced inside a sub-jaxpr (a ``run_scoped`` body, a loop body), only
-#: the frames since that sub-trace began, so a copy jax builds inside one of its
-#: helpers (``pltpu.sync_copy``: a ``run_scoped`` whose body starts the copy)
-#: has no frame of the user's; the ``run_scoped`` equation around it has.
-#: Filled by :func:`enclosing_lines` for the duration of one simulate.
-_enclosing: dict[int, tuple[object, str]] = {}
-
-
-def user_location(source_info: object) -> str | None:
-    """``file:line (function)`` of the first frame outside jax and safedma's library.
-
-    jax's own ``summarize`` stops at the first frame outside jax, which for a
-    copy built with safedma is safedma's wrapper; we skip those frames here,
-    in one place, rather than register safedma's directory with jax
-    (``source_info_util.register_exclusion``), which would also drop safedma's
-    frames from every traceback jax filters in the process.  An equation whose
-    traceback holds no such frame gets the line of the nearest enclosing
-    equation that has one (see :func:`enclosing_lines`).
-    """
-    if source_info is None:
-        return None
-    own = _own_location(source_info)
-    if own is not None:
-        return own
-    traceback = getattr(source_info, "traceback", None)
-    hit = _enclosing.get(id(traceback))
-    if hit is not None and hit[0] is traceback:
-        return hit[1]
-    return None
-
-
-def sub_jaxprs(value: object) -> Iterable[Any]:
-    """The jaxprs held by an equation parameter (a jaxpr, a ClosedJaxpr, or lists of them)."""
-    if isinstance(value, (tuple, list)):
-        for item in cast("Sequence[object]", value):
-            yield from sub_jaxprs(item)
-        return
-    inner = getattr(value, "jaxpr", None)  # a ClosedJaxpr
-    if inner is not None and hasattr(inner, "eqns"):
-        yield inner
-    elif hasattr(value, "eqns"):
-        yield value
-
-
-def _register_enclosing(jaxpr: Any, outer: str | None, seen: set[int]) -> None:
-    if id(jaxpr) in seen:  # a sub-jaxpr shared by several equations: its first user wins
-        return
-    seen.add(id(jaxpr))
-    for eqn in getattr(jaxpr, "eqns", ()):
-        info = getattr(eqn, "source_info", None)
-        own = None if info is None else _own_location(info)
-        if own is None and outer is not None:
-            traceback = getattr(info, "traceback", None)
-            if traceback is not None and id(traceback) not in _enclosing:
-                _enclosing[id(traceback)] = (traceback, outer)
-        for value in getattr(eqn, "params", {}).values():
-            for sub in sub_jaxprs(value):
-                _register_enclosing(sub, own or outer, seen)
-
-
-@contextlib.contextmanager
-def enclosing_lines(jaxpr: object) -> Generator[None, None, None]:
-    """While simulating ``jaxpr``: every equation with no user frame of its own is
-    located at the user's line of the nearest enclosing equation that has one."""
-    try:
-        try:
-            _register_enclosing(jaxpr, None, set())
-        except Exception:  # only for messages; never let it break a run
-            pass
-        yield
-    finally:
-        _enclosing.clear()
 
 
 def exception_location(error: BaseException) -> str | None:

@@ -18,7 +18,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 
 import safedma as sd
-from safedma.testing import RaceDetectedError, simulate
+from safedma.testing import RaceDetectedError, simulate, verify
+from tests.support import dma_helpers
 from tests.support.simulation import BLOCK, F32, dma, example, hbm_call, line_of
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
@@ -171,3 +172,40 @@ def test_a_remote_copy_racing_the_receivers_write_names_both_lines(
     # whichever of the two the schedule ran first, both lines are named
     assert f"at {write} " in message or f"at {start} " in message, message
     assert write in message and start in message, message
+
+
+# --------------------- the same line as verify: a helper of another module, in its loop
+
+
+def _filled_by_helper(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+    dma_helpers.fill_rows(buf, x_ref, sem, 2)  # the helper's call
+    o_ref[...] = buf[pl.ds(0, BLOCK[0]), :]  # read before the rows are drained
+    dma_helpers.drain_rows(buf, x_ref, sem, 2)
+
+
+def _filled_call() -> Any:
+    return pl.pallas_call(
+        _filled_by_helper,
+        out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((2 * BLOCK[0], BLOCK[1]), F32), *dma(1)],
+    )
+
+
+def test_a_copy_in_another_modules_loop_helper_is_named_as_verify_names_it() -> None:
+    # The copy is started in a fori_loop body of a helper module: its own frames
+    # end at the loop's trace, so only the frames around it name the kernel line.
+    message = _race(_filled_call())
+    with pytest.raises(RaceDetectedError) as verified:
+        verify(_filled_call(), jax.ShapeDtypeStruct(BLOCK, F32))
+    call = line_of(_filled_by_helper, "# the helper's call")
+    helper = f"dma_helpers.py:{_line_in(dma_helpers.fill_rows, '.start()')} "
+    named = f"(fill_rows.<locals>.body, called at {call} in _filled_by_helper)"
+    assert helper + named in message, message
+    assert helper + named in str(verified.value), str(verified.value)
+    assert f"at {line_of(_filled_by_helper, '# read before')} " in message, message
+
+
+def _line_in(fn: Any, text: str) -> str:
+    return line_of(fn, text).rsplit(":", 1)[1]
