@@ -1067,9 +1067,16 @@ def _check_signatures() -> None:
         missing = [n for n in names if n not in have]
         if missing:
             raise moved(where, f"parameters {missing} missing; it takes {list(have)}")
-    for field in ("id", "src_device_id", "dst_device_id", "src_sem", "dst_sem", "source_info"):
+    fields = ("id", "src_device_id", "dst_device_id", "src_sem", "dst_sem", "source_info")
+    for field in (*fields, "virtual_device_id", "clock"):
         if field not in getattr(ipc.DMA, "__dataclass_fields__", {}):
             raise moved(f"{_IPC}.DMA.{field}", "field missing")
+    # The copy-entry probe reads the new copy's clock from dma_start's locals; without
+    # it every copy would count as sharing an entry (runs again, then refused).
+    start: object = getattr(ipc, "dma_start", None)
+    code = getattr(inspect.unwrap(start), "__code__", None) if callable(start) else None
+    if code is None or not {"clock", "source_info"} <= set(code.co_varnames):
+        raise moved(f"{_IPC}.dma_start", "locals clock and source_info missing")
     for method in ("check_read", "check_write"):
         params = set(inspect.signature(getattr(rds.RaceDetectionState, method)).parameters)
         if "buffer_key" not in params or not (
