@@ -283,13 +283,16 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         while True:
             value, error = run.execute(recorder, entries)
             short = installed.clock_shortages
-            if not short or recorder.races:  # a race found with shared entries is real
+            if not short:
                 break
             if entries >= probes.MAX_DMA_CLOCK_ENTRIES:
-                error = _too_many_copies(entries, installed.clock_short_at, error)
+                # A race found with shared entries is real (sharing only hides races).
+                if not recorder.races:
+                    error = _too_many_copies(entries, installed.clock_short_at, error)
                 break
             # Some copies shared a vector-clock entry with another still in flight,
-            # which can hide a race between them: again, with an entry for each.
+            # which can hide a race between them (an earlier one than any found):
+            # again, with an entry for each.
             entries = _more_entries(entries, short)
             recorder = Recorder(devices)
         if error is not None:

@@ -97,6 +97,32 @@ def test_a_read_of_an_unwaited_copy_among_many_in_flight_is_a_race(read: int) ->
     assert_clean_afterwards()
 
 
+def _two_early_reads(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+    sem = sems.at[0]
+
+    def start(i: Any, carry: Any) -> Any:
+        pltpu.make_async_copy(_rows(x_ref, i), _rows(buf, i), sem).start()
+        return carry
+
+    lax.fori_loop(0, MANY, start, 0)
+    pltpu.make_async_copy(_rows(x_ref, 0, HALF), _rows(buf, 0, HALF), sem).wait()
+    late = probes.DMA_CLOCK_ENTRIES + 1  # its entry-mate was waited: hidden when shared
+    o_ref[pl.ds(0, ROWS), :] = buf[pl.ds(late * ROWS, ROWS), :]  # the first race
+    o_ref[pl.ds(ROWS, ROWS), :] = buf[pl.ds(HALF * ROWS, ROWS), :]  # a later race
+    pltpu.make_async_copy(
+        _rows(x_ref, HALF, MANY - HALF), _rows(buf, HALF, MANY - HALF), sem
+    ).wait()
+
+
+def test_a_race_found_while_entries_were_shared_is_not_reported_before_an_earlier_one() -> None:
+    # The first run shares entries and meets only the later race; the first race
+    # of the kernel is the one a clock with an entry per copy meets.
+    with pytest.raises(RaceDetectedError) as caught:
+        simulate(_call(_two_early_reads, MANY), example((MANY * ROWS, 128)))
+    message = str(caught.value)
+    assert f"at {line_of(_two_early_reads, '# the first race')} " in message, message
+
+
 # --------------------- a long loop of waited copies, one left in flight
 
 
