@@ -30,20 +30,22 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any, Literal, Protocol, cast
 
 from jax.experimental.pallas import tpu as _pltpu
 
 import safedma
-from safedma.testing import _semaphore_clocks
+from safedma.testing import _copy_clock_entries, _semaphore_clocks
 from safedma.testing._errors import ConcurrentInterpretError
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._private import moved, private_callable, private_module
+from safedma.testing._kernel_lines import enclosing_lines, sub_jaxprs, user_location
 
 __all__ = [
     "DMA_CLOCK_ENTRIES",
+    "MAX_DMA_CLOCK_ENTRIES",
     "DmaStart",
     "Installed",
     "InterpretObserver",
@@ -75,14 +77,19 @@ _SHM = f"{_INTERPRET}.shared_memory"
 _RDS = f"{_INTERPRET}.race_detection_state"
 
 
-#: Vector-clock entries for copies, beyond one per simulated core.  jax gives
-#: each copy one of ``vector_clock_size - cores`` entries (at random), and by
-#: default that is as many entries as cores: on one device every copy shares
-#: one entry, so a read of a copy's destination after the wait of ANOTHER copy
-#: started before it counted as ordered (a missed race).  With this many
-#: entries, handed out in turn (see ``_probe_virtual_device``), two copies share
-#: one only if this many copies are started between them.
+#: Vector-clock entries for copies, beyond one per simulated core, in a first run.
+#: jax gives each copy one of ``vector_clock_size - cores`` entries (at random),
+#: and by default that is as many entries as cores: on one device every copy
+#: shares one entry, so a read of a copy's destination after the wait of ANOTHER
+#: copy started before it counted as ordered (a missed race).  Entries are handed
+#: out so that copies share one only when the core starting the later copy knows
+#: the earlier one completed (``_copy_clock_entries``); a run with more copies in
+#: flight at once than entries is run again with more (``_runner``).
 DMA_CLOCK_ENTRIES = 64
+
+#: The most entries for copies a run gets: each recorded access keeps a clock of
+#: ``cores + entries`` 32-bit counts (4 KiB at this bound).
+MAX_DMA_CLOCK_ENTRIES = 1024
 
 
 class StrictInterpretParams(_pltpu.InterpretParams):
@@ -94,14 +101,18 @@ class StrictInterpretParams(_pltpu.InterpretParams):
     """
 
     def get_vector_clock_size(self, num_devices: int) -> int:
-        """One entry per core, and :data:`DMA_CLOCK_ENTRIES` for the copies.
+        """One entry per core, and the run's entries for the copies.
 
         jax calls this (a method of its ``InterpretParams``) when a kernel starts,
         with the number of devices; its default leaves the copies as many entries
-        as there are cores.
+        as there are cores.  The run's count (:data:`DMA_CLOCK_ENTRIES` first) is
+        the installed probes', read when the kernel starts, so a run again with
+        more entries needs no new compilation.
         """
         cores = int(num_devices) * int(getattr(self, "num_cores_or_threads", 1))
-        return cores + DMA_CLOCK_ENTRIES
+        installed = _installed
+        entries = DMA_CLOCK_ENTRIES if installed is None else installed.clock_entries
+        return cores + entries
 
 
 class StopRun(RuntimeError):
@@ -279,109 +290,6 @@ def _source_info_util() -> ModuleType:
     return private_module("jax._src.source_info_util")
 
 
-def _own_location(source_info: object) -> str | None:
-    """The user's frame in ``source_info``'s own traceback, if it has one.
-
-    A frame whose caller is in the same file is a helper of the kernel (a
-    descriptor class's ``start``, ``_copy(src, dst, sem)``): its line is the
-    same for every copy it makes, so the caller's line is added to tell them
-    apart, as ``verify`` does.
-    """
-    try:
-        user_frames = private_callable(_source_info_util(), "user_frames")
-        frames = list(cast("Iterable[Any]", user_frames(getattr(source_info, "traceback", None))))
-        for i, frame in enumerate(frames):
-            if not _is_library_file(str(frame.file_name)):
-                where = f"{frame.file_name}:{int(frame.start_line)}"
-                caller = frames[i + 1] if i + 1 < len(frames) else None
-                if caller is not None and caller.file_name == frame.file_name:
-                    return (
-                        f"{where} ({frame.function_name}, called at line "
-                        f"{int(caller.start_line)} in {caller.function_name})"
-                    )
-                return f"{where} ({frame.function_name})"
-    except Exception:  # only for messages; never let it break a run
-        return None
-    return None
-
-
-#: The user's line of the nearest enclosing equation, per traceback (by id,
-#: the traceback kept alive beside it), for the equations of the program being
-#: simulated whose own traceback has no user frame: jax records, for an
-#: equation traced inside a sub-jaxpr (a ``run_scoped`` body, a loop body), only
-#: the frames since that sub-trace began, so a copy jax builds inside one of its
-#: helpers (``pltpu.sync_copy``: a ``run_scoped`` whose body starts the copy)
-#: has no frame of the user's; the ``run_scoped`` equation around it has.
-#: Filled by :func:`enclosing_lines` for the duration of one simulate.
-_enclosing: dict[int, tuple[object, str]] = {}
-
-
-def user_location(source_info: object) -> str | None:
-    """``file:line (function)`` of the first frame outside jax and safedma's library.
-
-    jax's own ``summarize`` stops at the first frame outside jax, which for a
-    copy built with safedma is safedma's wrapper; we skip those frames here,
-    in one place, rather than register safedma's directory with jax
-    (``source_info_util.register_exclusion``), which would also drop safedma's
-    frames from every traceback jax filters in the process.  An equation whose
-    traceback holds no such frame gets the line of the nearest enclosing
-    equation that has one (see :func:`enclosing_lines`).
-    """
-    if source_info is None:
-        return None
-    own = _own_location(source_info)
-    if own is not None:
-        return own
-    traceback = getattr(source_info, "traceback", None)
-    hit = _enclosing.get(id(traceback))
-    if hit is not None and hit[0] is traceback:
-        return hit[1]
-    return None
-
-
-def sub_jaxprs(value: object) -> Iterable[Any]:
-    """The jaxprs held by an equation parameter (a jaxpr, a ClosedJaxpr, or lists of them)."""
-    if isinstance(value, (tuple, list)):
-        for item in cast("Sequence[object]", value):
-            yield from sub_jaxprs(item)
-        return
-    inner = getattr(value, "jaxpr", None)  # a ClosedJaxpr
-    if inner is not None and hasattr(inner, "eqns"):
-        yield inner
-    elif hasattr(value, "eqns"):
-        yield value
-
-
-def _register_enclosing(jaxpr: Any, outer: str | None, seen: set[int]) -> None:
-    if id(jaxpr) in seen:  # a sub-jaxpr shared by several equations: its first user wins
-        return
-    seen.add(id(jaxpr))
-    for eqn in getattr(jaxpr, "eqns", ()):
-        info = getattr(eqn, "source_info", None)
-        own = None if info is None else _own_location(info)
-        if own is None and outer is not None:
-            traceback = getattr(info, "traceback", None)
-            if traceback is not None and id(traceback) not in _enclosing:
-                _enclosing[id(traceback)] = (traceback, outer)
-        for value in getattr(eqn, "params", {}).values():
-            for sub in sub_jaxprs(value):
-                _register_enclosing(sub, own or outer, seen)
-
-
-@contextlib.contextmanager
-def enclosing_lines(jaxpr: object) -> Generator[None, None, None]:
-    """While simulating ``jaxpr``: every equation with no user frame of its own is
-    located at the user's line of the nearest enclosing equation that has one."""
-    try:
-        try:
-            _register_enclosing(jaxpr, None, set())
-        except Exception:  # only for messages; never let it break a run
-            pass
-        yield
-    finally:
-        _enclosing.clear()
-
-
 def exception_location(error: BaseException) -> str | None:
     """The user's line an exception raised in a kernel came from, if it can be told.
 
@@ -499,6 +407,12 @@ class Installed:
 
     observer: InterpretObserver
     stopping: str | None = None
+    #: vector-clock entries for copies in this run (``get_vector_clock_size``)
+    clock_entries: int = DMA_CLOCK_ENTRIES
+    #: copies of this run that found no entry of their own (``_copy_clock_entries``)
+    clock_shortages: int = 0
+    #: the user's line of the first of them
+    clock_short_at: str | None = None
     # The user's line per source_info: a kernel equation keeps one source_info
     # object, so a loop pays for the traceback walk once, not every iteration.
     _locations: dict[int, tuple[object, str | None]] = dataclasses.field(
@@ -588,6 +502,10 @@ def _probe_signal(orig: Any, probes: Installed) -> object:
 def _probe_dma_init(orig: Any, probes: Installed) -> object:
     def dma_init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
+        memory = self.dst_sem.shared_memory
+        entries = getattr(memory, _copy_clock_entries.ATTRIBUTE, None)
+        if isinstance(entries, _copy_clock_entries.CopyEntries):
+            entries.hold(int(self.virtual_device_id), self.clock, self)
         src_sem = self.src_sem
         probes.observer.dma_started(
             DmaStart(
@@ -642,14 +560,21 @@ def _probe_set_failed(orig: Any, probes: Installed) -> object:
 
 
 def _probe_virtual_device(orig: Any, probes: Installed) -> object:
-    del probes
-    turn = itertools.count()
-
     def virtual_device_id(self: Any) -> int:
         cores, size = int(self.num_cores), int(self.vector_clock_size)
         if size <= cores:
             return int(orig(self))
-        return cores + next(turn) % (size - cores)
+        entries = _copy_clock_entries.entries_of(self, cores, size - cores)
+        # jax's dma_start draws the entry while building the DMA, whose clock is
+        # its local ``clock``: the issuing core's clock as the copy starts.
+        caller = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+        before = entries.shortages
+        position = entries.assign(caller.f_locals.get("clock"))
+        if entries.shortages != before:
+            probes.clock_shortages += 1
+            if probes.clock_short_at is None:
+                probes.clock_short_at = probes.location(caller.f_locals.get("source_info"))
+        return position
 
     return virtual_device_id
 
@@ -769,6 +694,29 @@ def _race_print(*args: object, **kwargs: Any) -> None:
 
 def _probe_race_print(orig: Any, probes: Installed) -> object:
     return _race_print
+
+
+def _probe_race_frames(orig: Any, probes: Installed) -> object:
+    """The race detector's ``source_info_util`` module, with ``summarize`` naming the user's line.
+
+    jax formats the frame of every recorded access when it is made (one
+    ``summarize``: the first frame outside jax), and a race names the earlier
+    access only by that text.  For a copy built with safedma that frame is
+    safedma's ``start``, and for one started by a kernel's helper it is the
+    helper's line, the same for every copy: the user's line (and the helper's
+    caller) is kept instead, as for the later access.
+    """
+
+    def summarize(source_info: Any, *args: Any, **kwargs: Any) -> str:
+        where = probes.location(source_info)
+        if where is not None:
+            return where
+        return str(orig.summarize(source_info, *args, **kwargs))
+
+    proxy = ModuleType(orig.__name__)
+    proxy.__dict__.update(cast("dict[str, object]", vars(orig)))
+    setattr(proxy, "summarize", summarize)
+    return proxy
 
 
 def _exit_print(*args: object, **kwargs: Any) -> None:
@@ -981,7 +929,8 @@ _PROBES: tuple[_Probe, ...] = (
             "the vector-clock entry of each copy: jax draws it at random, so two "
             "copies in flight together could share one and a read ordered after "
             "the wait of one counted as ordered after the other (a race missed at "
-            "random); in turn over DMA_CLOCK_ENTRIES entries, runs are repeatable"
+            "random); an entry is reused only once the issuing core knows its last "
+            "copy completed (_copy_clock_entries), and runs are repeatable"
         ),
     ),
     _Probe(
@@ -1008,6 +957,18 @@ _PROBES: tuple[_Probe, ...] = (
         "check_write",
         _probe_race_check("write"),
         why=("who raced on which buffer, for a write: jax only formats it into its message (R1)"),
+    ),
+    _Probe(
+        _RDS,
+        None,
+        "source_info_util",
+        _probe_race_frames,
+        why=(
+            "the earlier access of a race is named only by the frame jax formatted "
+            "when it was recorded (source_info_util.summarize, the first frame "
+            "outside jax): for a copy built with safedma that is safedma's own "
+            "start; it is the user's line here, as for the later access (R1)"
+        ),
     ),
     _Probe(
         _RDS,
@@ -1106,9 +1067,16 @@ def _check_signatures() -> None:
         missing = [n for n in names if n not in have]
         if missing:
             raise moved(where, f"parameters {missing} missing; it takes {list(have)}")
-    for field in ("id", "src_device_id", "dst_device_id", "src_sem", "dst_sem", "source_info"):
+    fields = ("id", "src_device_id", "dst_device_id", "src_sem", "dst_sem", "source_info")
+    for field in (*fields, "virtual_device_id", "clock"):
         if field not in getattr(ipc.DMA, "__dataclass_fields__", {}):
             raise moved(f"{_IPC}.DMA.{field}", "field missing")
+    # The copy-entry probe reads the new copy's clock from dma_start's locals; without
+    # it every copy would count as sharing an entry (runs again, then refused).
+    start: object = getattr(ipc, "dma_start", None)
+    code = getattr(inspect.unwrap(start), "__code__", None) if callable(start) else None
+    if code is None or not {"clock", "source_info"} <= set(code.co_varnames):
+        raise moved(f"{_IPC}.dma_start", "locals clock and source_info missing")
     for method in ("check_read", "check_write"):
         params = set(inspect.signature(getattr(rds.RaceDetectionState, method)).parameters)
         if "buffer_key" not in params or not (

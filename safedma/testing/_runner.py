@@ -278,7 +278,74 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
 
+        run = _Run(compiled, placed, installed, devices, config, many)
+        entries = probes.DMA_CLOCK_ENTRIES
+        while True:
+            value, error = run.execute(recorder, entries)
+            short = installed.clock_shortages
+            if not short:
+                break
+            if entries >= probes.MAX_DMA_CLOCK_ENTRIES:
+                # A race found with shared entries is real (sharing only hides races).
+                if not recorder.races:
+                    error = _too_many_copies(entries, installed.clock_short_at, error)
+                break
+            # Some copies shared a vector-clock entry with another still in flight,
+            # which can hide a race between them (an earlier one than any found):
+            # again, with an entry for each.
+            entries = _more_entries(entries, short)
+            recorder = Recorder(devices)
+        if error is not None:
+            raise error
+    return cast(T, value)
+
+
+def _more_entries(entries: int, short: int) -> int:
+    wanted = max(2 * entries, entries + short)
+    return min(1 << (wanted - 1).bit_length(), probes.MAX_DMA_CLOCK_ENTRIES)
+
+
+def _too_many_copies(entries: int, where: str | None, error: BaseException | None) -> BaseException:
+    if error is not None:
+        return error  # found without a race: the run's own verdict stands
+    at = f" (the first of them started at {where})" if where else ""
+    return SimulationUnsupportedError(
+        f"more than {entries} copies were in flight at once{at}: simulate's race "
+        "check gives each copy in flight its own vector-clock entry, and at this many "
+        "it would share them, which can hide a race between two copies. Simulate "
+        "fewer copies in flight (a smaller grid or block count), or check the kernel "
+        "with safedma.testing.verify, which does not simulate."
+    )
+
+
+class _Run:
+    """Runs the compiled program once, watched, with a given number of clock entries."""
+
+    def __init__(
+        self,
+        compiled: Callable[..., object],
+        placed: Sequence[object],
+        installed: probes.Installed,
+        devices: meshes.DeviceNames,
+        config: SimulationConfig,
+        many: bool,
+    ) -> None:
+        self._compiled = compiled
+        self._placed = placed
+        self._installed = installed
+        self._devices = devices
+        self._config = config
+        self._many = many
+
+    def execute(self, recorder: Recorder, entries: int) -> tuple[object, BaseException | None]:
+        """The outputs and the error that explains the run (None if it was clean)."""
+        installed, devices, config = self._installed, self._devices, self._config
+        installed.observer = recorder
+        installed.clock_entries = entries
+        installed.clock_shortages = 0
+        installed.clock_short_at = None
         outcome = _Outcome()
+        compiled, placed = self._compiled, self._placed
 
         def work() -> None:
             try:
@@ -290,6 +357,7 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             finally:
                 outcome.done.set()
 
+        error: BaseException | None = None
         clean = False
         with probes.callback_failures(recorder):
             worker = threading.Thread(target=work, name="safedma-simulate", daemon=True)
@@ -297,7 +365,12 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             try:
                 try:
                     verdict = _watch(
-                        recorder, outcome, installed, devices, config, many_devices_on_old_jax=many
+                        recorder,
+                        outcome,
+                        installed,
+                        devices,
+                        config,
+                        many_devices_on_old_jax=self._many,
                     )
                 except BaseException:
                     # Interrupted (KeyboardInterrupt, a signal handler's exception):
@@ -310,14 +383,12 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                     worker.join(_GRACE_S)
                     _drain(recorder, _GRACE_S)
                 error = _classify(recorder, devices, verdict, outcome)
-                if error is not None:
-                    raise error
-                clean = True
+                clean = error is None
             finally:
                 if not clean:
                     with deferred_interrupts():
                         pltpu.reset_tpu_interpret_mode_state()
-    return cast(T, outcome.value)
+        return outcome.value, error
 
 
 def _watch(

@@ -62,6 +62,10 @@ def simulate(
     earlier access to it in the kernel (it keeps them all), so a kernel whose
     loop touches one buffer n times costs time quadratic in n; keep simulated
     loops to hundreds of iterations and give ``timeout_s`` room to match.
+    The race check gives every copy in flight a vector-clock entry of its own
+    (64 at first); a run with more copies in flight at once runs again with
+    more entries (``timeout_s`` counts each run on its own), and past 1024 it
+    is refused with :class:`SimulationUnsupportedError`.
     """
     config = SimulationConfig(
         mesh=mesh,

@@ -121,6 +121,34 @@ def _refuse_barrier_without_collective_id(kernel: Any) -> None:
             raise MissingCollectiveIdError.in_raw_kernel(probes.user_location(eqn.source_info))
 
 
+def _refuse_captured_scalar(kernel: Any) -> None:
+    """A ``pl.kernel`` / ``pl.core_map`` body that closes over a scalar value.
+
+    jax binds it as a body input beside the refs, and its interpreter hands every
+    input of such a body over as a buffer: the scalar's value becomes a buffer id
+    (measured: index 2 read as 101), so a correct kernel fails with an
+    out-of-bounds read at its line (plain interpret mode fails the same way).
+    """
+    if str(kernel.primitive) not in ("core_map", "mpmd_map"):
+        return
+    for body in _kernel_bodies(kernel):
+        if any(
+            getattr(getattr(v, "aval", None), "inner_aval", None) is None
+            for v in (*body.constvars, *body.invars)
+        ):
+            where = probes.user_location(kernel.source_info)
+            at = f" at {where}" if where else ""
+            raise SimulationUnsupportedError(
+                f"simulate cannot run this kernel: the pl.kernel (or core_map) body "
+                f"called{at} closes over a scalar value (a traced index, say). jax's TPU "
+                "interpreter passes every input of such a body as a buffer, so the "
+                "scalar would be read as a buffer id and a correct kernel would fail "
+                "with an out-of-bounds access. Pass the scalar in a ref (an SMEM "
+                "input) to simulate it, or check the protocol with "
+                "safedma.testing.verify, which reads the kernel instead of running it."
+            )
+
+
 def has_kernel(jaxpr: Any) -> bool:
     """True if ``jaxpr`` calls a Pallas kernel anywhere (else the interpreter never runs)."""
     return any(str(eqn.primitive) in _KERNEL_CALLS for eqn in _equations(jaxpr))
@@ -138,6 +166,7 @@ def refuse_uninterpretable(jaxpr: Any) -> None:
             continue
         _refuse_barrier_without_collective_id(eqn)
         _refuse_regular_semaphore_dma(eqn)
+        _refuse_captured_scalar(eqn)
         outs = sum(_is_semaphore(v.aval) for v in eqn.outvars)
         ins = sum(_is_semaphore(getattr(v, "aval", None)) for v in eqn.invars)
         if not outs and not ins:

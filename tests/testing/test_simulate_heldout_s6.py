@@ -254,4 +254,7 @@ def test_a_race_between_copies_of_one_helper_names_the_callers_line() -> None:
     message = str(caught.value)
     helper = line_of(_start_page, "copy.start()")
     caller = line_of(_two_pages, "# second page").rsplit(":", 1)[1]
-    assert f"{helper} (_start_page, called at line {caller} in _two_pages)" in message, message
+    # verify's rule: the kernel lines that called the helper, innermost first
+    assert f"{helper} (_start_page, called at line {caller} in _two_pages, line " in message, (
+        message
+    )
