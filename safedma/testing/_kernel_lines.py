@@ -2,7 +2,7 @@
 
 ``verify`` names an equation by the first frame of its traceback outside jax,
 the standard library and safedma's library, with the kernel lines that called
-it when that frame is a helper's (``_verify._jax.user_frame_of``).  jax records
+it when that frame is a helper's (``_user_frames.user_frame_of``).  jax records
 an equation's frames only since the trace of the body it is in began (a loop
 body, a ``run_scoped`` body, the kernel), so verify adds the frames of the
 equations enclosing it, up to the kernel function.  simulate sees an equation
@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any, cast
 
-from safedma.testing._verify import _jax as _verify_jax
+from safedma.testing import _user_frames
 
 __all__ = ["enclosing_lines", "sub_jaxprs", "user_location"]
 
@@ -45,7 +45,7 @@ _contexts: dict[int, _Context] = {}
 
 
 def _frames(source_info: object) -> list[Any]:
-    return _verify_jax.traceback_frames(source_info)
+    return _user_frames.traceback_frames(source_info)
 
 
 def user_location(source_info: object) -> str | None:
@@ -69,7 +69,7 @@ def user_location(source_info: object) -> str | None:
             for outer in context.enclosing:
                 frames.extend(outer)
             in_kernel = context.in_kernel
-        return _verify_jax.user_frame_of(frames, whole_kernel=in_kernel)
+        return _user_frames.user_frame_of(frames, whole_kernel=in_kernel)
     except Exception:  # only for messages; never let it break a run
         return None
 
