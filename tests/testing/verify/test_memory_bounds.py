@@ -150,22 +150,25 @@ def _rounds(m: Machine, s: Any, ack: Any, n: int) -> None:
         assert m.try_wait(1, ack, 1, where=f"k.py:{300 + i}")
 
 
-def test_a_contributor_new_to_a_pruned_semaphore_stops_the_pruned_walk(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _bounded(monkeypatch, _TIGHT)
+def _after_rounds(monkeypatch: pytest.MonkeyPatch, bounds: dict[str, Any]) -> tuple[Machine, Any]:
+    """A machine of a, b, c after 20 rounds of ``_rounds`` under ``bounds``; a's ``s``."""
+    _bounded(monkeypatch, bounds)
     m = Machine(["a", "b", "c"])
     s, ack = _sems(m)
     _rounds(m, s, ack, 20)
+    return m, s
+
+
+def test_a_contributor_new_to_a_pruned_semaphore_stops_the_pruned_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m, s = _after_rounds(monkeypatch, _TIGHT)
     assert len(s.waits) < 20  # b knows a's waits: they were dropped
     with pytest.raises(PruneMiss):
         m.signal(2, s, 1, "k.py:999")  # c knows none of them: it may count at any
 
     # with every wait kept, the same signal counts early at a past wait (rule 6)
-    _bounded(monkeypatch, _NONE)
-    m = Machine(["a", "b", "c"])
-    s, ack = _sems(m)
-    _rounds(m, s, ack, 20)
+    m, s = _after_rounds(monkeypatch, _NONE)
     assert len(s.waits) == 20
     m.signal(2, s, 1, "k.py:999")
     assert m.hints.changed
@@ -174,10 +177,7 @@ def test_a_contributor_new_to_a_pruned_semaphore_stops_the_pruned_walk(
 def test_a_new_contributor_ordered_after_the_pruned_waits_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _bounded(monkeypatch, _TIGHT)
-    m = Machine(["a", "b", "c"])
-    s, ack = _sems(m)
-    _rounds(m, s, ack, 20)
+    m, s = _after_rounds(monkeypatch, _TIGHT)
     go = m.sem(Buffer(103, 2, "go", (), 4, "SEMAPHORE", "REGULAR"), 0)
     m.signal(0, go, 1, "k.py:500")  # a tells c after its last wait
     assert m.try_wait(2, go, 1, where="k.py:501")
