@@ -922,6 +922,15 @@ def _fed(fed: str | None) -> str:
     return f", fed so far by {fed}" if fed else ", which nothing signalled"
 
 
+def _group(labels: list[str]) -> str:
+    """'16 devices (device 0 (x=0), device 1 (x=1), ..., device 15 (x=15))'."""
+    named = (
+        ", ".join(labels) if len(labels) <= 4 else f"{labels[0]}, {labels[1]}, ..., {labels[-1]}"
+    )
+    noun = "cores" if all(" core " in label for label in labels) else "devices"
+    return f"{len(labels)} {noun} ({named})"
+
+
 def _blocked_lines(waits: list[tuple[str, str, str | None]]) -> list[str]:
     """One line per blocked wait, in device order; the same wait (line, semaphore,
     amount, count held) on several devices is one line naming them, and their
@@ -938,20 +947,12 @@ def _blocked_lines(waits: list[tuple[str, str, str | None]]) -> list[str]:
         if members[0][0] != label:
             continue  # the group's line stands where its first device's would
         labels = [x for x, _ in members]
-        named = (
-            ", ".join(labels)
-            if len(labels) <= 4
-            else f"{labels[0]}, {labels[1]}, ..., {labels[-1]}"
-        )
         first = members[0][1]
-        if len({fed for _, fed in members}) == 1:
-            fed = _fed(first)
+        if len({f for _, f in members}) == 1:
+            feeders = _fed(first)
         else:
-            fed = f", each fed so far by other devices (e.g. {labels[0]} by {first or 'none'})"
-        noun = "cores" if all(" core " in label for label in labels) else "devices"
-        lines.append(
-            f"  {len(members)} {noun} ({named}) each wait {what.replace(_HOLDS, 'each holds')}{fed}"
-        )
+            feeders = f", each fed so far by other devices (e.g. {labels[0]} by {first or 'none'})"
+        lines.append(f"  {_group(labels)} each wait {what.replace(_HOLDS, 'each holds')}{feeders}")
     return lines
 
 
@@ -961,32 +962,30 @@ def _leftover_lines(labels: list[str], items: list[tuple[int, str, str]]) -> lis
     it names, are set aside) is one line naming the devices, with the first device's
     text as the example."""
     others = re.compile("|".join(re.escape(x) for x in sorted(set(labels), key=len, reverse=True)))
-    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    # per item: its text without the device's own "label: " prefix, and its group key
+    rows: list[tuple[int, str, str, str, tuple[str, str]]] = []
+    groups: dict[tuple[str, str], list[int]] = {}
     for p, when, text in items:
         own = f"{labels[p]}: "
         body = text[len(own) :] if text.startswith(own) else text
         key = (when, others.sub("<device>", body))
-        groups.setdefault(key, []).append((p, body))
+        groups.setdefault(key, []).append(len(rows))
+        rows.append((p, when, text, body, key))
     lines: list[str] = []
-    for p, when, text in items:
-        own = f"{labels[p]}: "
-        body = text[len(own) :] if text.startswith(own) else text
-        members = groups[(when, others.sub("<device>", body))]
+    for i, (p, when, text, body, key) in enumerate(rows):
+        members = groups[key]
         if len(members) < _GROUP_FROM:
-            lines.append(f"  {labels[p]}: {body} (when it {when})")
+            lines.append(f"  {text} (when it {when})")
             continue
-        if members[0][0] != p or members[0][1] != body:
+        if members[0] != i:
             continue  # the group's line stands where its first device's would
-        named = [labels[q] for q, _ in members]
-        who = ", ".join(named) if len(named) <= 4 else f"{named[0]}, {named[1]}, ..., {named[-1]}"
-        first, body = members[0]
         alike = (
             ""
-            if all(b == body for _, b in members)
-            else f" (as on {labels[first]}; on the others with their own peers)"
+            if all(rows[j][3] == body for j in members)
+            else f" (as on {labels[p]}; on the others with their own peers)"
         )
-        noun = "cores" if all(" core " in x for x in named) else "devices"
-        lines.append(f"  {len(members)} {noun} ({who}) each: {body}{alike} (when it {when})")
+        group = _group([labels[rows[j][0]] for j in members])
+        lines.append(f"  {group} each: {body}{alike} (when it {when})")
     return lines
 
 
