@@ -342,20 +342,18 @@ def _all_to_all(safe: bool, seed: str | None = None) -> Callable[..., None]:
             # Copies sized by the totals wait every step's sends and receives.
             sent, received = total_sent[0], total_received[0]
             if not safe:
-                pltpu.make_async_remote_copy(
-                    x_hbm.at[pl.ds(0, sent)],
-                    o_hbm.at[pl.ds(0, sent)],
-                    send_sem,
-                    recv_sem,
-                    device_id=target,
-                ).wait_send()
-                pltpu.make_async_remote_copy(
-                    x_hbm.at[pl.ds(0, received)],
-                    o_hbm.at[pl.ds(0, received)],
-                    send_sem,
-                    recv_sem,
-                    device_id=target,
-                ).wait_recv()
+
+                def raw_total(rows: Any) -> Any:
+                    return pltpu.make_async_remote_copy(
+                        x_hbm.at[pl.ds(0, rows)],
+                        o_hbm.at[pl.ds(0, rows)],
+                        send_sem,
+                        recv_sem,
+                        device_id=target,
+                    )
+
+                raw_total(sent).wait_send()
+                raw_total(received).wait_recv()
                 return
 
             def total(rows: Any) -> sd.RemoteCopy[sd.Given, sd.Given]:
