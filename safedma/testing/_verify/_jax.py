@@ -322,6 +322,9 @@ def kernel_params(eqn: Any) -> dict[str, Any]:
                 "array_shape": tuple(int(d) for d in bm.array_aval.shape),
                 "index_map": index_map,
                 "origin": str(getattr(bm, "origin", "")),
+                # pl.Buffered(..., revisit=pl.RevisitMode.ANY): Mosaic restores an output
+                # block visited again later (None or "immediate": it does not)
+                "revisit": str(getattr(getattr(bm.pipeline_mode, "revisit", None), "value", "")),
             }
         )
     mesh = p.get("mesh")

@@ -26,7 +26,7 @@ from safedma.testing._verify._program import (
     run_plain,
 )
 from safedma.testing._verify._regions import Buffer, Coverage, View
-from safedma.testing._verify._report import VerificationUnsupportedError
+from safedma.testing._verify._report import VerificationUnsupportedError, VerifyKernelError
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import Blocked, SemState
 
@@ -227,6 +227,8 @@ class _Frame:
         self.prefetch: list[Any] = []
         # megacore: blocked output j -> (box, grid step) of each block copied out
         self.copied_out: dict[int, list[tuple[tuple[tuple[int, int], ...] | None, Any]]] = {}
+        # blocked output j -> block box -> (first, last) grid point of its visit
+        self.visits: dict[int, dict[tuple[tuple[int, int], ...], tuple[Any, Any]]] = {}
         self.leftover = False  # a semaphore of this core's was not back to zero at its exit
 
 
@@ -347,12 +349,18 @@ def _steps(
     block differs and after the last point (``hint``: what the core split adds to
     an unwritten-output message)."""
     m, p = ctx.machine, ctx.p
+    # blocked output j -> (its current block's box, the grid point its visit began at)
+    visit: dict[int, tuple[tuple[tuple[int, int], ...] | None, tuple[int, ...]]] = {}
     for n, point in enumerate(points):
         ctx.grid_point = point
-        for _, buf, is_out in fr.blocked:
+        for j, buf, is_out in fr.blocked:
             if not is_out:
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
+            elif j not in visit:
+                box = _block_box(desc, ctx, j, point, fr.prefetch)
+                _check_revisit(ctx, desc, fr, j, box, point)
+                visit[j] = (box, point)
         for j, buf, values in fr.smem_blocks:
             _fill_block(desc, ctx, j, buf, values, point, fr.prefetch)
         yield from run(desc.body, fr.args, ctx)
@@ -370,13 +378,57 @@ def _steps(
                     "Write every output block before the grid step ends." + hint,
                 )
                 m.access(p, view, False, "copies the output block out of", desc.where)
-                box = _block_box(desc, ctx, j, point, fr.prefetch)
+                # the block index is the same at every point of the visit: so is the box
+                box, began = visit.pop(j)
+                if box is not None:
+                    fr.visits.setdefault(j, {})[box] = (began, point)
                 m.mark_written(sh.results[j], box)
                 if hint:
                     fr.copied_out.setdefault(j, []).append((box, point))
                 if not last:
                     _fresh_block(m, buf)
     return None
+
+
+def _check_revisit(
+    ctx: Ctx,
+    desc: KernelDesc,
+    fr: _Frame,
+    j: int,
+    box: tuple[tuple[int, int], ...] | None,
+    point: tuple[int, ...],
+) -> None:
+    """Grid ``point`` starts a visit of an output block the pipeline already copied out.
+
+    Pallas keeps an output block in VMEM only while consecutive grid steps map to
+    it; a later visit starts from undefined contents and its copy-out replaces what
+    the earlier visits wrote (jax's ``RevisitMode`` docs; its interpret mode raises
+    "Revisited block"). Exempt, as there: outputs aliased to an input, and blocks
+    whose ``pipeline_mode`` asks for ``RevisitMode.ANY`` (Mosaic restores them).
+    """
+    if box is None or j not in fr.visits:
+        return
+    before = fr.visits[j].get(box)
+    if before is None:
+        return
+    if desc.aliases.get(j - desc.n_in) is not None or desc.blocks[j]["revisit"] == "any":
+        return
+    name = desc.param_names[desc.n_index + j]
+    on = "" if len(ctx.engine.labels) == 1 else f" on {ctx.engine.labels[ctx.p]}"
+    raise VerifyKernelError(
+        f"kernel {desc.name} at {desc.where}{on}: grid point {point} revisits block "
+        f"{_fmt_block(box)} of output {name}, which the pipeline already copied out after "
+        f"grid points {before[0]} through {before[1]}. Pallas keeps an output block only "
+        "while consecutive grid points map to it: the later visit starts from undefined "
+        "contents and its copy-out overwrites the earlier result. Fix: make the grid "
+        "points of each output block consecutive (put the dimensions the output's index "
+        "map ignores last, as 'arbitrary'), or pass pipeline_mode=pl.Buffered(1, "
+        "revisit=pl.RevisitMode.ANY) to its BlockSpec."
+    )
+
+
+def _fmt_block(box: tuple[tuple[int, int], ...]) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
 
 
 def _split(
