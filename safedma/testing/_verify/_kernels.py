@@ -26,7 +26,11 @@ from safedma.testing._verify._program import (
     run_plain,
 )
 from safedma.testing._verify._regions import Buffer, Coverage, View
-from safedma.testing._verify._report import VerificationUnsupportedError, VerifyKernelError
+from safedma.testing._verify._report import (
+    OutOfBoundsDmaError,
+    VerificationUnsupportedError,
+    VerifyKernelError,
+)
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._semantics import Blocked, SemState
 
@@ -355,6 +359,7 @@ def _steps(
         ctx.grid_point = point
         for j, buf, is_out in fr.blocked:
             if not is_out:
+                _block_box(desc, ctx, j, point, fr.prefetch)  # in bounds
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
             elif j not in visit:
@@ -737,7 +742,11 @@ def _block_box(
 ) -> tuple[tuple[int, int], ...] | None:
     """The part of blocked operand ``j``'s array that grid step ``point``'s block covers
     (the part a copy-out writes); None (all of it) when the index map's answer is not
-    known or the block is not made of plain blocked/squeezed dimensions."""
+    known or the block is not made of plain blocked/squeezed dimensions.
+
+    A block that starts outside the array is an error (a partial block at the end is
+    not: Pallas pads it); jax's interpret mode raises "Out-of-bounds block index".
+    """
     block: dict[str, Any] = desc.blocks[j]
     kinds: tuple[str, ...] = tuple(block.get("block_kinds", ()))
     if any(k not in ("blocked", "squeezed") for k in kinds):
@@ -747,11 +756,37 @@ def _block_box(
         return None
     box: list[tuple[int, int]] = []
     shape: tuple[int | None, ...] = block["block_shape"]
-    for i, kind, bs, dim in zip(index, kinds, shape, _ints(block["array_shape"])):
+    dims = _ints(block["array_shape"])
+    for i, kind, bs, dim in zip(index, kinds, shape, dims):
         n = 1 if kind == "squeezed" or bs is None else int(bs)
         start = int(i) * n if kind == "blocked" else int(i)
-        box.append((max(0, min(start, dim)), max(0, min(start + n, dim))))
+        if not 0 <= start < dim:
+            raise _outside(ctx, desc, j, point, tuple(index), start, n, dims)
+        box.append((start, min(start + n, dim)))
     return tuple(box)
+
+
+def _outside(
+    ctx: Ctx,
+    desc: KernelDesc,
+    j: int,
+    point: tuple[int, ...],
+    index: tuple[int, ...],
+    start: int,
+    size: int,
+    dims: tuple[int, ...],
+) -> OutOfBoundsDmaError:
+    role = "output" if j >= desc.n_in else "input"
+    name = desc.param_names[desc.n_index + j]
+    on = "" if len(ctx.engine.labels) == 1 else f" on {ctx.engine.labels[ctx.p]}"
+    return OutOfBoundsDmaError(
+        f"kernel {desc.name} at {desc.where}{on}: at grid point {point} the index map "
+        f"of {role} {name} gives block index {index}, whose block starts at {start} "
+        f"(size {size}) outside its array of shape {dims}: the pipeline would copy "
+        f"{'from' if role == 'input' else 'into'} memory that is not the array's (a "
+        "partial block at the end is fine; one that starts past it is not). Fix: "
+        "clamp the index map (e.g. jnp.minimum(i, num_blocks - 1)) or shrink the grid."
+    )
 
 
 def _fresh_block(m: Any, buf: Buffer) -> None:
