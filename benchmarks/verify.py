@@ -142,7 +142,13 @@ def verify_once(
 
     x, ins, outs = _args(kind, shape, names, block)
     return _timed_verify(
-        _kernel(kind), x, mesh=abstract_mesh(shape, names), in_specs=ins, out_specs=outs
+        _kernel(kind),
+        x,
+        mesh=abstract_mesh(shape, names),
+        in_specs=ins,
+        out_specs=outs,
+        # the case's process budget bounds the run (a 1024-device ring takes minutes)
+        timeout_s=math.inf,
     )
 
 

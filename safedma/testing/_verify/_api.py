@@ -20,6 +20,7 @@ from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, location, run
 from safedma.testing._verify._semantics import Blocked, LooseMiss, PruneMiss
+from safedma.testing._verify._termination import Budget
 from safedma.testing._verify._waits import Hints
 from safedma.testing._verify._report import (
     DeadlockError,
@@ -110,6 +111,7 @@ def verify(
     in_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
     out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
     invocations: int = 1,
+    timeout_s: float = 600.0,
 ) -> VerifyReport:
     """Prove the DMA/semaphore protocol of every Pallas TPU kernel ``fn`` runs, on every device.
 
@@ -119,12 +121,18 @@ def verify(
     ``fn`` that asks for it, and ``fn`` runs whole; ``args`` are arrays or
     ``jax.ShapeDtypeStruct``. Nothing is compiled or executed: ``fn`` is traced
     once and each device's kernel program is walked with exact scalars and no
-    vector data. ``invocations=k`` runs the program k times back to back.
+    vector data. ``invocations=k`` runs the program k times back to back. A walk
+    still going after ``timeout_s`` seconds (tracing included) stops with
+    :class:`~safedma.testing.SimulationTimeoutError` naming the loop, device and
+    iteration it was in; a ``while`` loop that can never end is reported at once.
     Raises a :class:`~safedma.testing.SimulationError` subclass naming the
     device, the semaphore or buffer, the kernel line and the fix.
     """
     if invocations < 1:
         raise ValueError(f"invocations must be at least 1, got {invocations}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    budget = Budget(timeout_s)
     if mesh is None and (in_specs is not None or out_specs is not None):
         raise ValueError("in_specs/out_specs need a mesh")
     leaves, tree = _TREE.flatten(args)
@@ -224,6 +232,7 @@ def verify(
         hints.start_walk()
         engine = Engine(names, sizes, cores, core_axis)
         engine.chip = chip
+        engine.budget = budget
         engine.machine.hints = hints
         engine.machine.prune = prune
         if not loose_kept:

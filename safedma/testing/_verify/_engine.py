@@ -17,6 +17,7 @@ from safedma.testing._verify._megacore import Chip
 from safedma.testing._verify._program import Ctx, Gen, RefVal
 from safedma.testing._verify._regions import Buffer
 from safedma.testing._verify._semantics import Blocked, Machine, SemState
+from safedma.testing._verify._termination import Budget
 
 __all__ = ["Engine", "collector_paused"]
 
@@ -92,6 +93,8 @@ class Engine:
         self._roles: dict[int, tuple[object, Any, str, tuple[int, ...] | None]] = {}
         self._barriers: dict[int, _Barrier] = {}
         self.sem_cache: dict[tuple[int, object, int], SemState] = {}
+        # the verify call's deadline, shared by its walks (set by the caller)
+        self.budget = Budget(math.inf)
 
     def _label(self, p: int) -> str:
         device, core = divmod(p, self.cores)

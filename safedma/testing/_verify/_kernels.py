@@ -6,6 +6,7 @@ import functools
 import itertools
 import math
 
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -345,17 +346,23 @@ def _steps(
     desc: KernelDesc,
     fr: _Frame,
     sh: _Shared,
-    points: list[tuple[int, ...]],
+    points: Iterable[tuple[int, ...]],
     hint: str,
 ) -> Gen:
-    """Run grid ``points`` in order on ``ctx.p`` with Pallas's pipeline around each:
+    """Run grid ``points`` (generated lazily: a grid may be huge) in order on ``ctx.p`` with Pallas's pipeline around each:
     input blocks copied in before, output blocks copied out when the next point's
     block differs and after the last point (``hint``: what the core split adds to
     an unwritten-output message)."""
     m, p = ctx.machine, ctx.p
     # blocked output j -> (its current block's box, the grid point its visit began at)
     visit: dict[int, tuple[tuple[tuple[int, int], ...] | None, tuple[int, ...]]] = {}
-    for n, point in enumerate(points):
+    budget, label = ctx.engine.budget, ctx.engine.labels[p]
+    ahead = iter(points)
+    nxt = next(ahead, None)
+    n = -1
+    while nxt is not None:
+        point, nxt, n = nxt, next(ahead, None), n + 1
+        budget.check(label, desc.where, f"grid of kernel {desc.name}", n)
         ctx.grid_point = point
         for j, buf, is_out in fr.blocked:
             if not is_out:
@@ -369,11 +376,9 @@ def _steps(
         for j, buf, values in fr.smem_blocks:
             _fill_block(desc, ctx, j, buf, values, point, fr.prefetch)
         yield from run(desc.body, fr.args, ctx)
-        last = n == len(points) - 1
+        last = nxt is None
         for j, buf, is_out in fr.blocked:
-            if is_out and (
-                last or _block_changes(desc, ctx, j, points[n], points[n + 1], fr.prefetch)
-            ):
+            if is_out and (nxt is None or _block_changes(desc, ctx, j, point, nxt, fr.prefetch)):
                 view = _full(buf)
                 m.check_written(
                     p,
@@ -475,8 +480,7 @@ def _run_kernel(
     ctx.grid_axes = desc.grid_axes
     split = _split(ctx, desc, grid)
     cores = [p + k for k in range(eng.cores)] if split is not None else [p]
-    # no grid is one step (product() == [()]); a grid with a zero-size axis is none
-    points = list(itertools.product(*[range(g) for g in grid]))
+    points: Iterable[tuple[int, ...]] = _grid_points(grid)
     fr, sh = _frame(ctx, desc, run_, operands, None, cores)
     parties = eng.devices * len(cores)
     done: dict[int, _Frame | None] = {q: None for q in cores[1:]}
@@ -610,6 +614,27 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
                         "must be waited, wait_recv, before the kernel returns).",
                     )
                 )
+
+
+def _grid_points(grid: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The grid's points in row-major order, made one at a time: ``itertools.product``
+    and ``np.ndindex`` first build something as large as the grid (a grid of 10**8
+    points took seconds and GBs before verify's time budget could stop it). No grid
+    is one point; a grid with a zero-size axis has none."""
+    if any(g <= 0 for g in grid):
+        return
+    index = [0] * len(grid)
+    while True:
+        yield tuple(index)
+        k = len(grid) - 1
+        while k >= 0:
+            index[k] += 1
+            if index[k] < grid[k]:
+                break
+            index[k] = 0
+            k -= 1
+        if k < 0:
+            return
 
 
 def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:

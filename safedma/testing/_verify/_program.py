@@ -30,6 +30,7 @@ from safedma.testing._verify._report import (
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
 from safedma.testing._verify._semantics import Blocked, Machine
+from safedma.testing._verify._termination import memory_free, same_state
 
 if TYPE_CHECKING:
     from safedma.testing._verify._engine import Engine
@@ -595,6 +596,7 @@ class Compiler:
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
         nys = len(outs) - ncarry
+        where = location(eqn)
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             vals = [r(env) for r in ins]
@@ -604,7 +606,9 @@ class Compiler:
                 vals[nconsts + ncarry :],
             )
             xs_each = [VECTOR if not isinstance(x, RefVal) else x for x in xs]
-            for _ in range(length):
+            budget = ctx.engine.budget
+            for k in range(length):
+                budget.check(ctx.engine.labels[ctx.p], where, "loop", k)
                 res = yield from run(body, [*cs, *carry, *xs_each], ctx)
                 carry = res[:ncarry]
             for s, v in zip(outs, [*carry, *([VECTOR] * nys)]):
@@ -621,17 +625,36 @@ class Compiler:
         ins = [self.reader(a) for a in eqn.invars]
         outs = self.outs(eqn)
         where = location(eqn)
+        # a loop whose condition and next state are functions of its state alone: the
+        # same state after an iteration means it never ends (_termination.py)
+        stateless = memory_free(_jax.jaxpr_of(p["cond_jaxpr"])[0]) and memory_free(
+            _jax.jaxpr_of(p["body_jaxpr"])[0]
+        )
 
         def gen(env: list[Any], ctx: Ctx) -> Gen:
             vals = [r(env) for r in ins]
             cc, bc, carry = vals[:nc], vals[nc : nc + nb], vals[nc + nb :]
+            budget = ctx.engine.budget
+            k = 0
             while True:
+                budget.check(ctx.engine.labels[ctx.p], where, "while loop", k)
                 (pred,) = yield from run(cond, [*cc, *carry], ctx)
                 if isinstance(pred, Unknown) or pred is None:
                     raise _data_dependent("a while/fori_loop condition (trip count)", pred, where)
                 if not pred:
                     break
+                before = carry
                 carry = yield from run(body, [*bc, *carry], ctx)
+                if stateless and same_state(before, carry):
+                    raise VerifyKernelError(
+                        f"the while loop at {where} never ends on {ctx.engine.labels[ctx.p]}: "
+                        f"its condition holds and an iteration leaves its state as it was "
+                        f"({_carry_text(carry)}), and nothing it depends on is read from "
+                        "memory, so every later iteration is the same (on a TPU the kernel "
+                        "hangs). Fix: advance the loop's counter in its body (a fori_loop "
+                        "does it for you), or make the condition reach False."
+                    )
+                k += 1
             for s, v in zip(outs, carry):
                 env[s] = v
             return None
@@ -898,6 +921,11 @@ def _fast_scalar(
         return slow(env, ctx)
 
     return binary
+
+
+def _carry_text(carry: list[Any]) -> str:
+    shown = ", ".join(str(int(v)) for v in carry[:4])
+    return f"carry ({shown}{', ...' if len(carry) > 4 else ''})"
 
 
 def _key(v: Any) -> object:
