@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -349,10 +348,11 @@ def _steps(
     points: Iterable[tuple[int, ...]],
     hint: str,
 ) -> Gen:
-    """Run grid ``points`` (generated lazily: a grid may be huge) in order on ``ctx.p`` with Pallas's pipeline around each:
+    """Run grid ``points`` in order on ``ctx.p`` with Pallas's pipeline around each:
     input blocks copied in before, output blocks copied out when the next point's
     block differs and after the last point (``hint``: what the core split adds to
-    an unwritten-output message)."""
+    an unwritten-output message). ``points`` is consumed one point ahead (a grid
+    may be too large to list)."""
     m, p = ctx.machine, ctx.p
     # blocked output j -> (its current block's box, the grid point its visit began at)
     visit: dict[int, tuple[tuple[tuple[int, int], ...] | None, tuple[int, ...]]] = {}
