@@ -5,9 +5,11 @@ Modules, one job each: ``_jax`` (every jax internal used), ``_program``
 ``_regions`` (buffer boxes of ref views), ``_clocks`` (vector clocks),
 ``_semantics`` (the TPU DMA/semaphore model), ``_ops`` (memory and
 semaphore primitives), ``_kernels`` (one ``pallas_call`` per device, or per
-TensorCore of a megacore split), ``_megacore`` (which chips split which grid
-dimensions, and how), ``_engine`` (participants, buffers, scheduler), ``_report`` (report and
-errors), ``_api`` (:func:`verify`).
+TensorCore of a megacore split), ``_blocks`` (the block each BlockSpec operand's
+index map names at a grid point: bounds, revisits, SMEM block values),
+``_megacore`` (which chips split which grid dimensions, and how), ``_engine``
+(participants, buffers, scheduler), ``_termination`` (loops that cannot end, the
+time budget), ``_report`` (report and errors), ``_api`` (:func:`verify`).
 """
 
 from safedma.testing._verify._api import verify

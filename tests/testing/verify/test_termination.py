@@ -115,6 +115,6 @@ def test_the_timeout_must_be_positive(bad: float) -> None:
 
 @pytest.mark.parametrize("grid", [(), (3,), (2, 0), (2, 3, 2), (1, 1)])
 def test_grid_points_are_made_lazily_in_row_major_order(grid: tuple[int, ...]) -> None:
-    from safedma.testing._verify._kernels import _grid_points  # pyright: ignore[reportPrivateUsage]
+    from safedma.testing._verify._blocks import grid_points
 
-    assert list(_grid_points(grid)) == list(itertools.product(*[range(g) for g in grid]))
+    assert list(grid_points(grid)) == list(itertools.product(*[range(g) for g in grid]))
