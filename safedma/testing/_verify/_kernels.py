@@ -530,6 +530,10 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
                 # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
                 # pipeline window): garbage in it is reported where something reads it
                 continue
+            if _dropped(desc, k):
+                # an output the program never uses (HBM scratch passed as an output,
+                # dropped by the wrapper): its garbage goes nowhere
+                continue
             # Checked once every participant is done: a remote copy into this output
             # that arrives after the kernel returned is then reported as what it is
             # (R8, naming the copy) rather than as an output nothing wrote.
