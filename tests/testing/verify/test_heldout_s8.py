@@ -591,3 +591,61 @@ def test_seeded_mistakes_in_the_moe_transport_are_caught(
         _verify_moe(4, seed)
     message = str(err.value)
     assert text in message and "test_heldout_s8.py:" in message, message
+
+
+# ------------------------- the distributed guide's megacore advice: DMAs from one core
+
+
+def _one_core_permute(n: int, cores: int, core: int) -> Any:
+    """A grid axis of ``cores`` steps, "parallel"; only grid index ``core`` runs the
+    barrier and an HBM-to-HBM remote copy (the guide's "Final Notes: Megacore")."""
+
+    def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
+        me = lax.axis_index("x")
+        right, left = lax.rem(me + 1, n), lax.rem(me + n - 1, n)
+
+        @pl.when(pl.program_id(0) == core)
+        def _() -> None:
+            barrier = pltpu.get_barrier_semaphore()
+            _signal(barrier, left)
+            _signal(barrier, right)
+            pl.semaphore_wait(barrier, 2)
+            copy = pltpu.make_async_remote_copy(
+                x_ref, o_ref, send, recv, device_id=(right,), device_id_type=MESH
+            )
+            copy.start()
+            copy.wait()
+
+    def fn(x: jax.Array) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid=(cores,),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
+            compiler_params=pltpu.CompilerParams(
+                collective_id=0, dimension_semantics=("parallel",)
+            ),
+        )(x)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("tpu", "cores", "core"),
+    [("v5p", 2, 0), ("v5p", 2, 1), ("v5e", 2, 0), ("v5e", 2, 1), ("tpu7x", 1, 0)],
+)
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_dmas_from_one_core_of_a_parallel_axis_are_clean(
+    n: int, tpu: str, cores: int, core: int
+) -> None:
+    report = verify(
+        _one_core_permute(n, cores, core),
+        _s(8 * n, 128),
+        mesh=abstract_mesh((n,), ("x",), tpu=tpu),
+        in_specs=P("x"),
+        out_specs=P("x"),
+        invocations=2,
+    )
+    assert report.dmas == 2 * n
