@@ -21,7 +21,11 @@ must verify clean and each seeded mistake must be caught, naming this file's lin
   weight-slab prefetch ring, per-row token gathers and per-destination commits on
   parity-double-buffered semaphores waited by size, pushes at true length to every
   peer (zero-length ones skipped), an own-destination hop, drains by totals, an
-  all-pairs double barrier at both ends.
+  all-pairs double barrier at both ends;
+* ejkernel's bidirectional reduce-scatter matmul: every step credits both neighbours and
+  waits both credits before both sends; a send's own credit comes from the far neighbour,
+  so only the pair makes it safe (interleaving them races from three devices);
+* the distributed guide's megacore advice: DMAs from one index of a "parallel" axis.
 """
 
 from __future__ import annotations
@@ -113,6 +117,21 @@ def _signal(sem: Any, to: Any) -> None:
     pl.semaphore_signal(sem, 1, device_id=(to,), device_id_type=MESH)
 
 
+def _double_barrier(left: Any, right: Any) -> None:
+    """Both neighbours, twice (the second round on a scoped REGULAR semaphore)."""
+    barrier = pltpu.get_barrier_semaphore()
+    _signal(barrier, left)
+    _signal(barrier, right)
+    pl.semaphore_wait(barrier, 2)
+
+    def again(second: Any) -> None:
+        _signal(second, left)
+        _signal(second, right)
+        pl.semaphore_wait(second, 2)
+
+    pl.run_scoped(again, pltpu.SemaphoreType.REGULAR)
+
+
 def _rs_kernel(
     x_ref: Any,
     o_ref: Any,
@@ -153,17 +172,7 @@ def _rs_kernel(
     @pl.when(first)
     def _() -> None:
         if seed != "no_barrier":
-            barrier = pltpu.get_barrier_semaphore()
-            _signal(barrier, left)
-            _signal(barrier, right)
-            pl.semaphore_wait(barrier, 2)
-
-            def second(again: Any) -> None:
-                _signal(again, left)
-                _signal(again, right)
-                pl.semaphore_wait(again, 2)
-
-            pl.run_scoped(second, pltpu.SemaphoreType.REGULAR)
+            _double_barrier(left, right)
         _signal(rcap, left)  # the left neighbour may send to us (rightwards)
         _signal(lcap, right)
 
@@ -649,3 +658,134 @@ def test_dmas_from_one_core_of_a_parallel_axis_are_clean(
         invocations=2,
     )
     assert report.dmas == 2 * n
+
+
+# ------------- a reduce-scatter whose credits come from both neighbours before both sends
+
+
+def _credit_pair_kernel(
+    x_ref: Any,
+    out_ref: Any,
+    slots: Any,
+    partial: Any,
+    send_l: Any,
+    recv_l: Any,
+    send_r: Any,
+    recv_r: Any,
+    copy_sem: Any,
+    lcap: Any,
+    rcap: Any,
+    *,
+    n: int,
+    half: int,
+    seed: str,
+) -> None:
+    """ejkernel's bidirectional reduce-scatter (M split into top and bottom halves): each
+    step signals a credit to each neighbour, waits both credits, then starts both sends.
+    The credit for the leftward send comes from the right neighbour, so a send is safe only
+    because the other credit (from the receiver) is waited before it too."""
+    step = pl.program_id(0)
+    me = lax.axis_index("x")
+    left, right = lax.rem(me + n - 1, n), lax.rem(me + 1, n)
+    lw = lax.rem(step, 2)
+    rw = 2 + lax.rem(step, 2)
+
+    def sync(src: Any, dst: Any) -> None:
+        copy = pltpu.make_async_copy(src, dst, copy_sem)
+        copy.start()
+        copy.wait()
+
+    def compute() -> None:  # the two half-block products, reduced to copies
+        sync(x_ref.at[pl.ds(lax.rem(me + step + 1, n) * 2 * half, half)], partial.at[0])
+        sync(
+            x_ref.at[pl.ds(lax.rem(me - step - 1 + 2 * n, n) * 2 * half + half, half)],
+            partial.at[1],
+        )
+
+    @pl.when(step == 0)
+    def _() -> None:
+        if seed != "no_barrier":
+            _double_barrier(left, right)
+        compute()
+        sync(partial.at[0], slots.at[lw])
+        sync(partial.at[1], slots.at[rw])
+
+    @pl.when(step > 0)
+    def _() -> None:
+        _signal(lcap, left)
+        _signal(rcap, right)
+        to_left = pltpu.make_async_remote_copy(
+            slots.at[1 - lw], slots.at[lw], send_l, recv_l, device_id=(left,), device_id_type=MESH
+        )
+        to_right = pltpu.make_async_remote_copy(
+            slots.at[5 - rw], slots.at[rw], send_r, recv_r, device_id=(right,), device_id_type=MESH
+        )
+        if seed == "interleaved":  # each send behind the credit named after its direction
+            pl.semaphore_wait(lcap, 1)
+            to_left.start()
+            pl.semaphore_wait(rcap, 1)
+            to_right.start()
+        else:
+            pl.semaphore_wait(lcap, 1)
+            pl.semaphore_wait(rcap, 1)
+            to_left.start()
+            to_right.start()
+        compute()
+        to_left.wait()
+        to_right.wait()
+        sync(partial.at[0], slots.at[lw])  # the accumulation, reduced to a copy
+        sync(partial.at[1], slots.at[rw])
+
+        @pl.when(step == pl.num_programs(0) - 1)
+        def _() -> None:
+            sync(slots.at[lw], out_ref.at[pl.ds(0, half)])
+            sync(slots.at[rw], out_ref.at[pl.ds(half, half)])
+
+
+def _verify_credit_pair(n: int, seed: str = "", invocations: int = 1) -> Any:
+    def fn(x: jax.Array) -> Any:
+        half = x.shape[0] // n // 2
+        out, _, _ = pl.pallas_call(
+            functools.partial(_credit_pair_kernel, n=n, half=half, seed=seed),
+            out_shape=(_s(2 * half, 128), _s(4, half, 128), _s(2, half, 128)),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=0,
+                in_specs=[ANY],
+                out_specs=[ANY, ANY, ANY],
+                grid=(n,),
+                scratch_shapes=[pltpu.SemaphoreType.DMA] * 5 + [pltpu.SemaphoreType.REGULAR] * 2,
+            ),
+            compiler_params=pltpu.CompilerParams(
+                collective_id=0, dimension_semantics=("arbitrary",)
+            ),
+        )(x)
+        return out
+
+    return verify(
+        fn,
+        _s(n * n * 16, 128),
+        mesh=abstract_mesh((n,), ("x",)),
+        in_specs=P("x"),
+        out_specs=P("x"),
+        invocations=invocations,
+    )
+
+
+@pytest.mark.parametrize("invocations", [1, 2])
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_both_credits_before_both_sends_is_clean(n: int, invocations: int) -> None:
+    assert _verify_credit_pair(n, invocations=invocations).devices == n
+
+
+def test_interleaved_credits_are_safe_on_two_devices_only() -> None:
+    # On two devices the left and right neighbour are one device: its credit comes from
+    # the receiver either way. From three, a send waits only the far neighbour's credit.
+    assert _verify_credit_pair(2, "interleaved").devices == 2
+    with pytest.raises(RaceDetectedError) as err:
+        _verify_credit_pair(4, "interleaved")
+    assert "test_heldout_s8.py:" in str(err.value), err.value
+
+
+def test_the_credit_pair_without_its_barrier_is_caught() -> None:
+    with pytest.raises(SignalAfterExitError, match="before it has entered"):
+        _verify_credit_pair(4, "no_barrier")
