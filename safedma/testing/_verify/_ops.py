@@ -154,8 +154,17 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
     g_dev = _device_getter(c, dev)
     id_type = eqn.params.get("device_id_type")
     where = location(eqn)
+    adds = bool(eqn.params.get("add", False))
 
     def op(env: list[Any], ctx: Ctx) -> None:
+        if adds:
+            # dst += src reads the destination: modelled as a plain write it would
+            # hide an add into a buffer nothing wrote (SparseCore only; Mosaic's
+            # TensorCore lowering refuses it).
+            raise VerificationUnsupportedError(
+                f"a copy started with add=True (it adds its source into the destination) "
+                f"at {where}; the verifier models copies that overwrite only"
+            )
         eng = ctx.engine
         label = eng.labels[ctx.p]
         target = _target(ctx, g_dev(env), id_type, where)
