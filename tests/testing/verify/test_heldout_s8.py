@@ -28,7 +28,10 @@ must verify clean and each seeded mistake must be caught, naming this file's lin
 * the distributed guide's megacore advice: DMAs from one index of a "parallel" axis;
 * a copy started with ``add=True`` (SparseCore: the destination += the source) is
   refused, not verified as a copy that overwrites (which would hide an add into a
-  buffer nothing wrote).
+  buffer nothing wrote);
+* ``semaphore_signal(..., core_index=k)`` signals core k of the target device (as the
+  core axis of a ``device_id`` dict does); it was taken as a signal to the signalling
+  core itself, a deadlock false alarm on a megacore chip.
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from safedma.testing import (
+    DeadlockError,
     LeftoverSemaphoreError,
     RaceDetectedError,
     SignalAfterExitError,
+    SimulationError,
     UnwrittenReadError,
     VerificationUnsupportedError,
     abstract_mesh,
@@ -829,3 +834,69 @@ def test_a_copy_that_adds_into_its_destination_is_refused_not_taken_as_a_write()
         assert verify(_adding_copy(False), _s(64, 128)).dmas == 16
         with pytest.raises(VerificationUnsupportedError, match=rf"add=True.*{HERE}"):
             verify(_adding_copy(True), _s(64, 128))
+
+
+# ----------------------------------------- a signal to the other core by core_index
+
+
+def _core_handoff(how: str) -> Any:
+    """Grid (2,), "parallel": on a megacore chip each TensorCore runs one step. Core 0
+    copies its half and signals core 1 (``core_index=1``, or the same by a ``device_id``
+    dict, or wrongly itself); core 1 waits, then forwards core 0's half."""
+
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any, ready: Any) -> None:
+        core = pl.program_id(0)
+        copy = pltpu.make_async_copy(
+            x_ref.at[pl.ds(core * 8, 8)], o_ref.at[pl.ds(core * 8, 8)], sem
+        )
+        copy.start()
+        copy.wait()
+
+        @pl.when(core == 0)
+        def _() -> None:
+            if how == "core_index":
+                pl.semaphore_signal(ready, 1, core_index=1)
+            elif how == "dict":
+                pl.semaphore_signal(ready, 1, device_id={"core": 1})
+            else:
+                pl.semaphore_signal(ready, 1, core_index=0)  # itself
+
+        @pl.when(core == 1)
+        def _() -> None:
+            pl.semaphore_wait(ready, 1)
+            forward = pltpu.make_async_copy(o_ref.at[pl.ds(0, 8)], buf, sem)
+            forward.start()
+            forward.wait()
+
+    def fn(x: jax.Array) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid=(2,),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[
+                pltpu.VMEM((8, 128), F32),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.REGULAR,
+            ],
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        )(x)
+
+    return fn
+
+
+@pytest.mark.parametrize("how", ["core_index", "dict"])
+def test_a_signal_to_the_other_core_by_core_index_reaches_it(how: str) -> None:
+    report = verify(_core_handoff(how), _s(16, 128), mesh=abstract_mesh((), (), tpu="v5p"))
+    assert report.signals == 1
+
+
+def test_a_signal_by_core_index_to_the_wrong_core_is_caught() -> None:
+    with pytest.raises(DeadlockError, match=HERE):
+        verify(_core_handoff("self"), _s(16, 128), mesh=abstract_mesh((), (), tpu="v5p"))
+
+
+def test_a_core_index_past_the_cores_of_the_device_says_how_to_model_them() -> None:
+    with pytest.raises(SimulationError, match=r"core index 1 .*tpu='v5p'"):
+        verify(_core_handoff("core_index"), _s(16, 128), mesh=abstract_mesh((), (), tpu="v5e"))
