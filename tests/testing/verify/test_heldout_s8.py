@@ -390,7 +390,7 @@ def _moe_tables(ep: int, g: int) -> tuple[list[np.ndarray], int, int]:
     return [np.ascontiguousarray(tabs[k]) for k in TABLES], int(per_dest.sum(-1).max()) * RB, recv
 
 
-def _moe_kernel(*refs: Any, ep: int, g: int, seed: str) -> None:
+def _moe_kernel(*refs: Any, ep: int, g: int, seed: str, cols: int) -> None:
     it = iter(refs)
     cstart, clen, coff, pdst, sends, rows_sm, base_sm, tok, visit, nvisit = (
         next(it) for _ in TABLES
@@ -398,17 +398,21 @@ def _moe_kernel(*refs: Any, ep: int, g: int, seed: str) -> None:
     lhs_hbm, w_hbm, recv_hbm, contrib_hbm = (next(it) for _ in range(4))
     lhs_vm, w_vm, out_vm = (next(it) for _ in range(3))
     lhs_sems, w_sems, commit_sems, send_sem, recv_sem, hop_sem = (next(it) for _ in range(6))
-    me = lax.axis_index("x")
+    # shard i of ep: mesh coordinates (i,) on a 1-D mesh, (i // cols, i % cols) on a 2-D one
+    me = lax.axis_index("x") if cols == 1 else lax.axis_index("x") * cols + lax.axis_index("y")
+
+    def peer(i: Any) -> tuple[Any, ...]:
+        return (i,) if cols == 1 else (i // cols, i % cols)
 
     def barrier() -> None:  # all pairs, twice (the second round on a scoped semaphore)
         sem = pltpu.get_barrier_semaphore()
         for i in range(ep):
-            _signal(sem, jnp.int32(i))
+            pl.semaphore_signal(sem, 1, device_id=peer(jnp.int32(i)), device_id_type=MESH)
         pl.semaphore_wait(sem, ep)
 
         def again(second: Any) -> None:
             for i in range(ep):
-                _signal(second, jnp.int32(i))
+                pl.semaphore_signal(second, 1, device_id=peer(jnp.int32(i)), device_id_type=MESH)
             pl.semaphore_wait(second, ep)
 
         pl.run_scoped(again, pltpu.SemaphoreType.REGULAR)
@@ -512,13 +516,13 @@ def _moe_kernel(*refs: Any, ep: int, g: int, seed: str) -> None:
             n = clen[e, d] * RB
             src = contrib_hbm.at[pl.ds(coff[e, d] * RB, n)]
             dst = recv_hbm.at[pl.ds(pdst[e, d] * RB, n)]
-            peer = jnp.int32(d)
+            d_id = jnp.int32(d)
             remote = pltpu.make_async_remote_copy(
-                src, dst, send_sem, recv_sem, device_id=(peer,), device_id_type=MESH
+                src, dst, send_sem, recv_sem, device_id=peer(d_id), device_id_type=MESH
             )
-            pl.when(jnp.logical_and(peer != me, n > 0))(remote.start)  # to a peer
+            pl.when(jnp.logical_and(d_id != me, n > 0))(remote.start)  # to a peer
             hop = pltpu.make_async_copy(src, dst, hop_sem)
-            pl.when(jnp.logical_and(peer == me, n > 0))(hop.start)  # to itself, waited last
+            pl.when(jnp.logical_and(d_id == me, n > 0))(hop.start)  # to itself, waited last
 
     def step(vi: Any, c: Any) -> Any:
         e = visit[vi]
@@ -546,12 +550,12 @@ def _moe_kernel(*refs: Any, ep: int, g: int, seed: str) -> None:
     barrier()
 
 
-def _verify_moe(ep: int, seed: str = "", g: int = 3) -> Any:
+def _verify_moe(ep: int, seed: str = "", g: int = 3, cols: int = 1) -> Any:
     tabs, recv_rows, keep = _moe_tables(ep, g)
     contrib_rows = int(max(t.sum() for t in tabs[TABLES.index("rows")])) + TILE
     dma = pltpu.SemaphoreType.DMA
     call = pl.pallas_call(
-        functools.partial(_moe_kernel, ep=ep, g=g, seed=seed),
+        functools.partial(_moe_kernel, ep=ep, g=g, seed=seed, cols=cols),
         out_shape=(_s(recv_rows, 128), _s(contrib_rows, 128)),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(TABLES),
@@ -573,6 +577,9 @@ def _verify_moe(ep: int, seed: str = "", g: int = 3) -> Any:
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )
 
+    axes: Any = "x" if cols == 1 else ("x", "y")
+    mesh = abstract_mesh((ep,), ("x",)) if cols == 1 else abstract_mesh((ep // cols, cols), axes)
+
     def per_device(*args: Any) -> Any:
         recv, _commits = call(*[a[0] for a in args[: len(TABLES)]], *args[len(TABLES) :])
         return recv[None, :keep]  # the rows every device receives
@@ -582,15 +589,21 @@ def _verify_moe(ep: int, seed: str = "", g: int = 3) -> Any:
         *tabs,
         _s(ep * 7, 128),
         _s(ep * g, 8, 128),
-        mesh=abstract_mesh((ep,), ("x",)),
-        in_specs=tuple([P("x")] * (len(TABLES) + 2)),
-        out_specs=P("x"),
+        mesh=mesh,
+        in_specs=tuple([P(axes)] * (len(TABLES) + 2)),
+        out_specs=P(axes),
     )
 
 
 @pytest.mark.parametrize("ep", [1, 2, 4, 8])
 def test_the_moe_transport_is_clean(ep: int) -> None:
     assert _verify_moe(ep).devices == ep
+
+
+def test_the_moe_transport_is_clean_on_a_2x4_mesh() -> None:
+    assert _verify_moe(8, cols=4).devices == 8
+    with pytest.raises(RaceDetectedError, match=r"\(x=\d, y=\d\)"):
+        _verify_moe(8, "no_drain", cols=4)
 
 
 @pytest.mark.parametrize(
