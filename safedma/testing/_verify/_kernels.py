@@ -215,6 +215,9 @@ class _Shared:
         self.in_place: dict[int, RefVal] = {}
         self.results: dict[int, Buffer] = {}
         self.outer_out: list[Buffer] = []
+        # blocked outputs aliased to an input left in place: their copy-outs write the
+        # memory the kernel's own copies address through that input
+        self.shared_results: set[int] = set()
 
 
 class _Frame:
@@ -310,13 +313,20 @@ def _frame(
             # an SMEM block: each step holds its window of the operand's values
             fr.smem_blocks.append((j, buf, _known_values(src, block["array_shape"])))
         if is_out and first:
-            res = eng.buffer(
-                p,
-                ("r", instance, pos),
-                desc.avals[pos],
-                desc.param_names[pos],
-                shape=_ints(block["array_shape"]),
-            )
+            alias_pos = desc.aliases.get(j - desc.n_in)
+            in_place = sh.in_place.get(alias_pos) if alias_pos is not None else None
+            if in_place is not None:
+                # aliased to an input the kernel sees in HBM: the output is that memory
+                res = in_place.buffer
+                sh.shared_results.add(j)
+            else:
+                res = eng.buffer(
+                    p,
+                    ("r", instance, pos),
+                    desc.avals[pos],
+                    desc.param_names[pos],
+                    shape=_ints(block["array_shape"]),
+                )
             if src is not None:
                 m.mark_written(res)  # aliased: blocks never copied out keep the input
             sh.results[j] = res
@@ -371,6 +381,10 @@ def _steps(
                 )
                 m.access(p, view, False, "copies the output block out of", desc.where)
                 box = _block_box(desc, ctx, j, point, fr.prefetch)
+                if j in sh.shared_results:
+                    res = sh.results[j]
+                    block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
+                    m.access(p, block_view, True, "copies an output block into", desc.where)
                 m.mark_written(sh.results[j], box)
                 if hint:
                     fr.copied_out.setdefault(j, []).append((box, point))

@@ -35,7 +35,10 @@ must verify clean and each seeded mistake must be caught, naming this file's lin
 * tpu-inference's long-context RPA pipeline (``batched_rpa_long_ctx/pipeline.py``): a
   manual triple buffer, fetches two steps ahead, an in-place kv writeback waited in the
   step, outputs waited two steps behind; its slot of step - 2 is ``lax.rem(step - 2, 3)``,
-  negative at steps 0 and 1 (an out-of-range semaphore index, R5, under 0-byte waits).
+  negative at steps 0 and 1 (an out-of-range semaphore index, R5, under 0-byte waits);
+* a blocked output aliased to an input passed in HBM is that input's memory: the
+  pipeline's copy-outs and the kernel's own copies through the input are checked against
+  each other (verify kept two arrays before, and missed their race).
 """
 
 from __future__ import annotations
@@ -1048,3 +1051,46 @@ def test_seeded_mistakes_in_the_triple_buffer_are_caught(
         _triple_buffer(pages, seed)
     message = str(err.value)
     assert text in message and "test_heldout_s8.py:" in message, message
+
+
+# ------------------- a blocked output aliased to an input the kernel addresses in HBM
+
+
+def _blocked_alias(wait_in_step: bool) -> Any:
+    """Output blocks of 8 rows over a grid of 2, aliased to an input passed in HBM (ANY).
+    At step 0 the kernel also copies rows into block 0 of that memory through the input
+    ref, waiting in the step (then the step's copy-out lands after it) or only at step 1
+    (then the copy-out of block 0 and the copy write the same rows unordered)."""
+
+    def kernel(src: Any, mem: Any, o_blk: Any, sem: Any) -> None:
+        step = pl.program_id(0)
+        o_blk[...] = jnp.zeros_like(o_blk)
+        copy = pltpu.make_async_copy(src.at[pl.ds(0, 8)], mem.at[pl.ds(0, 8)], sem)
+
+        @pl.when(step == 0)
+        def _() -> None:
+            copy.start()
+            if wait_in_step:
+                copy.wait()
+
+        if not wait_in_step:
+            pl.when(step == 1)(copy.wait)
+
+    def fn(src: jax.Array, mem: jax.Array) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=_s(16, 128),
+            grid=(2,),
+            in_specs=[ANY, ANY],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+            input_output_aliases={1: 0},
+        )(src, mem)
+
+    return fn
+
+
+def test_a_blocked_output_aliased_to_an_hbm_input_shares_its_memory() -> None:
+    assert verify(_blocked_alias(True), _s(16, 128), _s(16, 128)).dmas == 1
+    with pytest.raises(RaceDetectedError, match=r"mem\[0:8, 0:128\].*copies an output block"):
+        verify(_blocked_alias(False), _s(16, 128), _s(16, 128))
