@@ -381,7 +381,7 @@ def _steps(
                 )
                 m.access(p, view, False, "copies the output block out of", desc.where)
                 box = _block_box(desc, ctx, j, point, fr.prefetch)
-                if j in sh.shared_results:
+                if j in sh.shared_results and box is not None:  # None: rows not known
                     res = sh.results[j]
                     block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
                     m.access(p, block_view, True, "copies an output block into", desc.where)
