@@ -38,7 +38,9 @@ must verify clean and each seeded mistake must be caught, naming this file's lin
   negative at steps 0 and 1 (an out-of-range semaphore index, R5, under 0-byte waits);
 * a blocked output aliased to an input passed in HBM is that input's memory: the
   pipeline's copy-outs and the kernel's own copies through the input are checked against
-  each other (verify kept two arrays before, and missed their race).
+  each other (verify kept two arrays before, and missed their race);
+* what a caller reads of a kernel's outputs crosses a nested ``jax.jit``: a jitted kernel
+  whose scratch output the caller drops (or slices) was checked as if read whole.
 """
 
 from __future__ import annotations
@@ -1094,3 +1096,34 @@ def test_a_blocked_output_aliased_to_an_hbm_input_shares_its_memory() -> None:
     assert verify(_blocked_alias(True), _s(16, 128), _s(16, 128)).dmas == 1
     with pytest.raises(RaceDetectedError, match=r"mem\[0:8, 0:128\].*copies an output block"):
         verify(_blocked_alias(False), _s(16, 128), _s(16, 128))
+
+
+# -------------------------------- what the caller reads of a kernel under a nested jit
+
+
+def _under_jit(use: str) -> Any:
+    """The scratch-output kernel of ``_scratch_output`` wrapped in its own ``jax.jit``
+    (kernels are often jitted by their module); the caller drops the scratch output,
+    keeps only its written rows, or returns it whole."""
+    call = _scratch_output(keep=True)
+    inner = jax.jit(call)
+
+    def fn(x: jax.Array) -> Any:
+        out, stage = inner(x)
+        if use == "drop":
+            return out
+        if use == "slice":
+            return out, stage[0:8]
+        return out, stage
+
+    return fn
+
+
+@pytest.mark.parametrize("use", ["drop", "slice"])
+def test_what_the_caller_reads_reaches_a_kernel_under_a_nested_jit(use: str) -> None:
+    assert verify(_under_jit(use), _s(16, 128)).dmas == 2
+
+
+def test_an_unwritten_part_returned_through_a_nested_jit_is_still_reported() -> None:
+    with pytest.raises(UnwrittenReadError, match=r"8:16"):
+        verify(_under_jit("whole"), _s(16, 128))
