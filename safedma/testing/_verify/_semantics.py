@@ -612,10 +612,13 @@ class Machine:
                 h.coverage.remove(dst.box)
             for box in carried(written, src.box, dst.box):
                 h.coverage.add(box)
+            # the source's own note, one hop back only (a ring forwarding padding every
+            # step would otherwise grow the text with every hop)
+            prior = self.partly_from.get(src.buffer.ident, "")
             self.partly_from[dst.buffer.ident] = (
                 f" (the copy at {where} filled it from {src.buffer.name}{_fmt_box(src.box)}, "
                 f"{'part of ' if written else ''}which nothing wrote"
-                f"{self.partly_from.get(src.buffer.ident, '')})"
+                f"{prior if prior.count('(the copy at') == 1 else ''})"
             )
         recv_amount = d.nbytes if dst_sem.kind == "DMA" else 1
         if src_sem is None:

@@ -1127,3 +1127,24 @@ def test_what_the_caller_reads_reaches_a_kernel_under_a_nested_jit(use: str) -> 
 def test_an_unwritten_part_returned_through_a_nested_jit_is_still_reported() -> None:
     with pytest.raises(UnwrittenReadError, match=r"8:16"):
         verify(_under_jit("whole"), _s(16, 128))
+
+
+def test_garbage_forwarded_many_times_names_the_last_two_copies_only() -> None:
+    """A note per hop would grow with every copy of a ring forwarding padding."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sem: Any) -> None:
+        for hop in range(5):  # bufs[0] (never written) -> bufs[1] -> ... -> bufs[5]
+            pltpu.sync_copy(bufs.at[hop], bufs.at[hop + 1])
+        pltpu.sync_copy(bufs.at[5], o_hbm)
+        del x_hbm, sem
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=_s(8, 128),
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((6, 8, 128), F32), pltpu.SemaphoreType.DMA],
+    )
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(call, _s(8, 128))
+    assert str(err.value).count("the copy at") == 2, err.value
