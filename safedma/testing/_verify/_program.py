@@ -362,7 +362,10 @@ def location(eqn: Any) -> str:
     for outer in reversed(_ENCLOSING):
         frames.extend(outer)
     found = _jax.user_frame_of(frames, whole_kernel=bool(_IN_KERNEL))
-    return found if found else f"<{eqn.primitive.name}>"
+    if found:
+        return found
+    # a kernel handed to verify with no user frame around it: where it is defined
+    return _jax.kernel_def_line(eqn) or f"<{eqn.primitive.name}>"
 
 
 # Frames of the equations whose bodies are being compiled, innermost last (``location``).

@@ -123,6 +123,8 @@ def test_garbage_a_copy_brought_is_reported_where_it_is_read(after: str) -> None
         verify(_staged(after), _s(16, 128))
     text = str(err.value)
     assert "the kernel returns output o_hbm[0:16, 0:128]" in text, text
+    # handed to verify bare (no user frame around the call): the kernel's own line
+    assert re.search(rf"returns output o_hbm\[0:16, 0:128\] at \S*{HERE} \(kernel\)", text), text
     assert re.search(rf"the copy at \S*{HERE}.*filled it from buf\[0:16, 0:128\]", text), text
     assert "filled it from stage[0:16, 0:128], which nothing wrote" in text, text
 
