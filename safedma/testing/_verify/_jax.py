@@ -475,3 +475,15 @@ def _bind_params(eqn: Any) -> tuple[list[Any], dict[str, Any]]:
         return list(subfuns), dict(bind)
     params: dict[str, Any] = got
     return [], dict(params)
+
+
+def kernel_def_line(eqn: Any) -> str | None:
+    """ "file:line (function)" where the kernel of a ``pallas_call`` equation is defined,
+    from its jaxpr's debug info ("my_kernel at file.py:12"); None when jax kept none.
+    Why here: ``debug_info.func_src_info`` is a jax internal, read in this module only."""
+    jaxpr = eqn.params.get("jaxpr")
+    info = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None)
+    if not isinstance(info, str) or " at " not in info:
+        return None
+    name, _, where = info.partition(" at ")
+    return f"{where} ({name})" if where else None

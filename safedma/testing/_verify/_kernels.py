@@ -222,6 +222,9 @@ class _Shared:
         self.in_place: dict[int, RefVal] = {}
         self.results: dict[int, Buffer] = {}
         self.outer_out: list[Buffer] = []
+        # blocked outputs aliased to an input left in place: their copy-outs write the
+        # memory the kernel's own copies address through that input
+        self.shared_results: set[int] = set()
 
 
 class _Frame:
@@ -319,13 +322,20 @@ def _frame(
             # an SMEM block: each step holds its window of the operand's values
             fr.smem_blocks.append((j, buf, known_values(src, block["array_shape"])))
         if is_out and first:
-            res = eng.buffer(
-                p,
-                ("r", instance, pos),
-                desc.avals[pos],
-                desc.param_names[pos],
-                shape=ints(block["array_shape"]),
-            )
+            alias_pos = desc.aliases.get(j - desc.n_in)
+            in_place = sh.in_place.get(alias_pos) if alias_pos is not None else None
+            if in_place is not None:
+                # aliased to an input the kernel sees in HBM: the output is that memory
+                res = in_place.buffer
+                sh.shared_results.add(j)
+            else:
+                res = eng.buffer(
+                    p,
+                    ("r", instance, pos),
+                    desc.avals[pos],
+                    desc.param_names[pos],
+                    shape=ints(block["array_shape"]),
+                )
             if src is not None:
                 m.mark_written(res)  # aliased: blocks never copied out keep the input
             sh.results[j] = res
@@ -395,6 +405,10 @@ def _steps(
                 box, began = visit.pop(j)
                 if box is not None:
                     fr.visits.setdefault(j, {})[box] = (began, point)
+                if j in sh.shared_results and box is not None:  # None: rows not known
+                    res = sh.results[j]
+                    block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
+                    m.access(p, block_view, True, "copies an output block into", desc.where)
                 m.mark_written(sh.results[j], box)
                 if hint:
                     fr.copied_out.setdefault(j, []).append((box, point))
@@ -552,6 +566,10 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
             if buf.ident in eng.resident:
                 # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
                 # pipeline window): garbage in it is reported where something reads it
+                continue
+            if _dropped(desc, k):
+                # an output the program never uses (HBM scratch passed as an output,
+                # dropped by the wrapper): its garbage goes nowhere
                 continue
             # Checked once every participant is done: a remote copy into this output
             # that arrives after the kernel returned is then reported as what it is

@@ -106,6 +106,23 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
     return eng.participant(coords, core)
 
 
+def _on_core(ctx: Ctx, target: int, core: int, where: str) -> int:
+    """``semaphore_signal(..., core_index=core)``: that core of the target device (jax's
+    lowering and interpret mode treat it as the core axis of a ``device_id`` dict)."""
+    cores = ctx.engine.cores
+    if not 0 <= core < cores:
+        hint = (
+            " (name a TPU with two TensorCores per device, e.g. abstract_mesh(..., "
+            "tpu='v5p'), to model the cores)"
+            if cores == 1
+            else ""
+        )
+        raise VerifyKernelError(
+            f"core index {core} at {where} is outside the {cores} core(s) of a device{hint}"
+        )
+    return target - target % cores + core
+
+
 def _mesh_target(ctx: Ctx, device_id: dict[object, object]) -> int | None:
     """The common remote address, ``{axis: int}`` on a one-core mesh, computed directly
     (the general path in :func:`_target` gives the same device); None for any other form."""
@@ -154,8 +171,17 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
     g_dev = _device_getter(c, dev)
     id_type = eqn.params.get("device_id_type")
     where = location(eqn)
+    adds = bool(eqn.params.get("add", False))
 
     def op(env: list[Any], ctx: Ctx) -> None:
+        if adds:
+            # dst += src reads the destination: modelled as a plain write it would
+            # hide an add into a buffer nothing wrote (SparseCore only; Mosaic's
+            # TensorCore lowering refuses it).
+            raise VerificationUnsupportedError(
+                f"a copy started with add=True (it adds its source into the destination) "
+                f"at {where}; the verifier models copies that overwrite only"
+            )
         eng = ctx.engine
         label = eng.labels[ctx.p]
         target = _target(ctx, g_dev(env), id_type, where)
@@ -311,12 +337,20 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
     sem, transforms, inc, dev, core = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     g_sem = _transformed(c, sem, transforms)
     g_inc, g_dev = c.value_getter(inc), _device_getter(c, dev)
+    g_core = c.value_getter(core) if core is not None else None
     id_type = eqn.params.get("device_id_type")
     where = location(eqn)
-    del core
 
     def op(env: list[Any], ctx: Ctx) -> None:
-        target = _target(ctx, g_dev(env), id_type, where)
+        device_id = g_dev(env)
+        target = _target(ctx, device_id, id_type, where)
+        if g_core is not None:
+            if isinstance(device_id, dict) and ctx.engine.core_axis in device_id:
+                raise VerifyKernelError(
+                    f"signal at {where} names a core both by core_index and by the "
+                    f"{ctx.engine.core_axis!r} axis of its device_id (jax refuses both)"
+                )
+            target = _on_core(ctx, target, need_int(g_core(env), "a core index"), where)
         ref = _need_ref(g_sem(env), "the signalled semaphore", where)
         barrier = ref.buffer.sem_kind == "BARRIER"
         if target != ctx.p:

@@ -81,7 +81,7 @@ class Compiled:
         self.eqns: list[Any] = []  # the equation of each op, for error locations
 
 
-_CACHE: dict[tuple[int, bool, bool], tuple[Any, Compiled]] = {}
+_CACHE: dict[tuple[int, bool, bool, object], tuple[Any, Compiled]] = {}
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 _INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
 
@@ -115,13 +115,15 @@ def compile_jaxpr(
     outer: bool = False,
     consts_are_args: bool = False,
     kernel_body: bool = False,
+    out_reads: OutReads = None,
 ) -> Compiled:
     """``jaxpr`` as closures; ``outer`` for the program around the kernels, where small
     arrays built from known values (page tables, flags) are computed concretely.
     ``consts_are_args``: the constvars are fed by the equation's operands (run_scoped
     in jax 0.12), not by constants. ``kernel_body``: the body of a kernel, whose
-    equations' lines are named up to the kernel function and no further out."""
-    key = (id(jaxpr), outer, consts_are_args)
+    equations' lines are named up to the kernel function and no further out.
+    ``out_reads``: what the caller reads of each result (a nested jit's), None: all."""
+    key = (id(jaxpr), outer, consts_are_args, out_reads)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
@@ -135,7 +137,7 @@ def compile_jaxpr(
             _IN_KERNEL.pop()
             _ENCLOSING[:] = saved
     else:
-        c = Compiler(jaxpr, outer).compiled
+        c = Compiler(jaxpr, outer, out_reads).compiled
     values = [_const(v, outer) for v in consts]
     nconst = 0 if consts_are_args else len(jaxpr.constvars)
     c.consts = (values + [VECTOR] * nconst)[:nconst]
@@ -149,8 +151,11 @@ _LAYOUT = ("slice", "transpose", "reshape")
 
 _MAX_READ_BOXES = 8  # past this many disjoint reads of one array, their bounding box
 
+# Per result of a jaxpr: (read at all, the boxes read or None for all of it); None: all.
+OutReads = tuple[tuple[bool, tuple[_Box, ...] | None], ...] | None
 
-def _layout_reads(jaxpr: Any) -> dict[Any, tuple[_Box, ...] | None]:
+
+def _layout_reads(jaxpr: Any, out_reads: OutReads = None) -> dict[Any, tuple[_Box, ...] | None]:
     """Per variable, the boxes of what the program reads of it (None: all of it).
 
     One backward pass: a layout equation pulls each box its output is read in back to
@@ -158,10 +163,20 @@ def _layout_reads(jaxpr: Any) -> dict[Any, tuple[_Box, ...] | None]:
     through several layout equations (two slices of one output) stay separate boxes,
     so the part between them is not counted as read; past ``_MAX_READ_BOXES`` they
     merge into their bounding box. A variable no equation uses is absent (its caller
-    treats that as all of it)."""
-    reads: dict[Any, tuple[_Box, ...] | None] = {
-        a: None for a in jaxpr.outvars if not _jax.is_literal(a)
-    }
+    treats that as all of it). ``out_reads`` says what the caller reads of each result
+    (a nested jit's results, read through the caller's own layout equations)."""
+    reads: dict[Any, tuple[_Box, ...] | None] = {}
+    for k, a in enumerate(jaxpr.outvars):
+        if _jax.is_literal(a):
+            continue
+        read, boxes = (True, None) if out_reads is None else out_reads[k]
+        if not read:
+            continue  # the caller drops this result
+        if a not in reads:
+            reads[a] = boxes
+        else:
+            prev = reads[a]
+            reads[a] = None if prev is None or boxes is None else _union(prev, boxes)
     for eqn in reversed(jaxpr.eqns):
         pulled: tuple[_Box, ...] | None = None
         skip = False
@@ -348,7 +363,10 @@ def location(eqn: Any) -> str:
     for outer in reversed(_ENCLOSING):
         frames.extend(outer)
     found = _jax.user_frame_of(frames, whole_kernel=bool(_IN_KERNEL))
-    return found if found else f"<{eqn.primitive.name}>"
+    if found:
+        return found
+    # a kernel handed to verify with no user frame around it: where it is defined
+    return _jax.kernel_def_line(eqn) or f"<{eqn.primitive.name}>"
 
 
 # Frames of the equations whose bodies are being compiled, innermost last (``location``).
@@ -363,9 +381,10 @@ def _is_scalar(aval: Any) -> bool:
 
 
 class Compiler:
-    def __init__(self, jaxpr: Any, outer: bool = False) -> None:
+    def __init__(self, jaxpr: Any, outer: bool = False, out_reads: OutReads = None) -> None:
         self.outer = outer
         self.jaxpr = jaxpr
+        self.out_reads = out_reads
         self._slice_reads: dict[Any, tuple[_Box, ...] | None] | None = None
         self.slots: dict[Any, int] = {}
         self.compiled = c = Compiled()
@@ -384,14 +403,14 @@ class Compiler:
         (``slice``, ``transpose``, ``reshape``) lead from it to every use that reads
         it (a wrapper that drops a kernel's padding rows); None: all of it."""
         if self._slice_reads is None:
-            self._slice_reads = _layout_reads(self.jaxpr)
+            self._slice_reads = _layout_reads(self.jaxpr, self.out_reads)
         return self._slice_reads.get(v)
 
     def is_read(self, v: Any) -> bool:
         """Whether this program reads array ``v`` at all (a kernel output the wrapper
         drops is not: no equation uses it and the program does not return it)."""
         if self._slice_reads is None:
-            self._slice_reads = _layout_reads(self.jaxpr)
+            self._slice_reads = _layout_reads(self.jaxpr, self.out_reads)
         return v in self._slice_reads
 
     def slot(self, v: Any) -> int:
@@ -540,7 +559,10 @@ class Compiler:
 
     def call(self, eqn: Any, key: str = "jaxpr") -> Op:
         jaxpr, consts = _jax.jaxpr_of(eqn.params[key])
-        body = compile_jaxpr(jaxpr, consts, self.outer)
+        # what this program reads of the call's results reaches the kernels inside it
+        reads = tuple((self.is_read(o), self.read_boxes(o)) for o in eqn.outvars)
+        out_reads = None if all(r and b is None for r, b in reads) else reads
+        body = compile_jaxpr(jaxpr, consts, self.outer, out_reads=out_reads)
         ins = [self.atom(a) for a in eqn.invars]
         outs = self.outs(eqn)
         pure = (

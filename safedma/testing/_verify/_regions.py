@@ -386,6 +386,17 @@ class Coverage:
                     break
         self.boxes.append(box)
 
+    def remove(self, box: Box) -> None:
+        """``box`` no longer holds written data (a copy of garbage landed there)."""
+        if is_empty(box) or not any(overlaps(b, box) for b in self.boxes):
+            return
+        kept: list[Box] = []
+        for b in self.boxes:
+            kept.extend(_subtract(b, box) if overlaps(b, box) else [b])
+        self.boxes = []
+        for b in kept:
+            self.add(b)
+
     def parts(self, box: Box) -> list[Box] | None:
         """The written parts of ``box``: None when all of it is written, [] when none."""
         if self.covers(box):
@@ -429,6 +440,19 @@ class Coverage:
             if not any(all(lo <= p < hi for p, (lo, hi) in zip(point, b)) for b in parts):
                 return tuple((cuts[d][i], cuts[d][i + 1]) for d, i in enumerate(cell))
         return None
+
+
+def _subtract(a: Box, b: Box) -> list[Box]:
+    """The parts of ``a`` outside ``b``, as at most two boxes per dimension."""
+    out: list[Box] = []
+    rest = list(a)
+    for d, ((lo, hi), (blo, bhi)) in enumerate(zip(a, b)):
+        if lo < blo:
+            out.append(tuple(rest[:d]) + ((lo, blo),) + tuple(rest[d + 1 :]))
+        if bhi < hi:
+            out.append(tuple(rest[:d]) + ((bhi, hi),) + tuple(rest[d + 1 :]))
+        rest[d] = (max(lo, blo), min(hi, bhi))
+    return [o for o in out if not is_empty(o)]
 
 
 _MAX_CELLS = 100_000

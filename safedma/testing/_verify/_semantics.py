@@ -584,19 +584,12 @@ class Machine:
         self.dmas += 1
         if target != p:
             self.remote_dmas += 1
-        # A fixed-size block whose tail is padding nothing wrote is copied whole by
-        # production kernels (the receiver masks it): only a source nothing wrote is R6;
-        # the written parts of a partly written one are what the destination receives.
+        # A copy moves what its source holds: the written parts of a partly written
+        # source (a fixed-size block whose tail is padding, which the receiver masks),
+        # and garbage from a source nothing wrote (emit_pipeline copies in an output
+        # block the body overwrites unread). Garbage is R6 where it is read, naming
+        # this copy, not when it is copied.
         written = None if src.empty else self._history(src.buffer).coverage.parts(src.box)
-        if written is not None and not written:
-            self.check_written(
-                p,
-                src,
-                "the copy reads",
-                where,
-                "Write the source (or wait for the copy that fills it) before starting a "
-                "copy from it.",
-            )
         clock = self.clocks.release(p)
         d = Dma(p, target, src, dst, where, clock, kernel, self.dmas)
         # The copy's accesses may happen any time after the start: check them with
@@ -613,13 +606,19 @@ class Machine:
         )
         if not identity:
             d.dst_rec = self.access(p, dst, True, "writes", where, dma=d, cover=written is None)
-        if written:
+        if written is not None:
             h = self._history(dst.buffer)
+            if not written:
+                h.coverage.remove(dst.box)
             for box in carried(written, src.box, dst.box):
                 h.coverage.add(box)
+            # the source's own note, one hop back only (a ring forwarding padding every
+            # step would otherwise grow the text with every hop)
+            prior = self.partly_from.get(src.buffer.ident, "")
             self.partly_from[dst.buffer.ident] = (
                 f" (the copy at {where} filled it from {src.buffer.name}{_fmt_box(src.box)}, "
-                f"part of which nothing wrote)"
+                f"{'part of ' if written else ''}which nothing wrote"
+                f"{prior if prior.count('(the copy at') == 1 else ''})"
             )
         recv_amount = d.nbytes if dst_sem.kind == "DMA" else 1
         if src_sem is None:

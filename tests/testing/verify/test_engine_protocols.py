@@ -502,7 +502,13 @@ def test_reshape_and_bitcast_views_in_copies() -> None:
         c.start()
         c.wait()
 
-    with pytest.raises(UnwrittenReadError, match=r"the copy reads buf\[0:32"):
+    # A source nothing wrote moves garbage: reported where it is read (here, the
+    # kernel's return of the output), naming the copy that brought it.
+    with pytest.raises(
+        UnwrittenReadError,
+        match=r"o_hbm\[0:32.*test_engine_protocols\.py:\d+ .*filled it from buf\[0:32, 0:128\], "
+        r"which nothing wrote",
+    ):
         verify(_local(nothing, scratch), X)
 
 
