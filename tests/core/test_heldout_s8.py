@@ -260,9 +260,12 @@ def test_direct_write_reduce_scatter_matches_raw() -> None:
     theirs, _ = _dw(RAW)
     assert_same_mosaic(ours, theirs, *_direct_write_args(mesh), mesh=mesh)
     text = mosaic_text(ours, *_direct_write_args(mesh), mesh=mesh)
-    # Each row's write to its chip is a remote DMA (source semaphore and device id).
-    assert text.count("enqueue_dma\"(") == 4 * TILE, text  # two gathers, then two writes
-    assert text.count("array<i32: 1, 1, 1, 1, 1, 0") == TILE, text
+    # Each row's write to its chip is a remote DMA (source semaphore and device id): one in
+    # four of the kernel's DMAs (the gather at the first tile, the prefetch, the two writes).
+    # (jax 0.10.2 prints the loop body twice.)
+    remote = text.count("array<i32: 1, 1, 1, 1, 1, 0")
+    assert remote in (TILE, 2 * TILE), text
+    assert text.count('enqueue_dma"(') == 4 * remote, text
 
 
 @pytest.mark.parametrize(
