@@ -302,3 +302,270 @@ def test_direct_write_barrier_without_collective_id_is_t9() -> None:
     broken, mesh = _dw(SAFE, collective_id=None)
     with pytest.raises(sd.MissingCollectiveIdError):
         mosaic_text(broken, *_direct_write_args(mesh), mesh=mesh)
+
+
+# --- a bidirectional reduce-scatter matmul with capacity semaphores -----------------------
+
+LEFT, RIGHT = 0, 1
+BM = 128  # block size of the pipelines
+M_SHARD, N_HALF, K_DEV = BM, BM, BM  # rows per device, columns per direction, k per device
+
+
+def _rs_matmul(safe: bool, seed: str | None = None) -> Callable[..., None]:
+    def kernel(
+        x_hbm: Any,  # [N * M_SHARD, K_DEV]
+        y_hbm: Any,  # [2 * N_HALF, K_DEV]
+        o_hbm: Any,  # [M_SHARD, 2 * N_HALF]
+        left_hbm: Any,  # [2, M_SHARD, N_HALF]: working and receiving halves, an output
+        right_hbm: Any,
+        left_recv: Any,
+        left_send: Any,
+        left_copy_sem: Any,  # declared by the author, never used
+        right_copy_sem: Any,
+        right_recv: Any,
+        right_send: Any,
+        left_capacity: Any,
+        right_capacity: Any,
+    ) -> None:
+        del left_copy_sem, right_copy_sem
+        me = lax.axis_index("x")
+        outer, phase = pl.program_id(0), pl.program_id(1)
+        num_outer, num_phases = pl.num_programs(0), pl.num_programs(1)
+        step = outer * num_phases + phase
+        steps = num_outer * num_phases
+        is_start = jnp.logical_and(outer == 0, phase == 0)
+        is_end = step == steps - 1
+        left_work = lax.rem(outer, 2)
+        right_work = lax.rem(pl.cdiv(step, 2), 2)
+        left_id = lax.rem(me - 1 + N, N)
+        right_id = lax.rem(me + 1 + N, N)
+
+        def signal(sem: Any, to: Any) -> None:
+            if safe:
+                sd.signal(sem, 1, device=sd.mesh_coords(to))
+            else:
+                pl.semaphore_signal(sem, inc=1, device_id=(to,))
+
+        def wait(sem: Any) -> None:
+            if safe:
+                sd.wait(sem, 1)
+            else:
+                pl.semaphore_wait(sem, 1)
+
+        def describe(hbm: Any, work: Any, send: Any, recv: Any, to: Any) -> Any:
+            src, dst = hbm.at[work], hbm.at[1 - work]
+            if seed == "capacity_as_recv" and recv is right_recv:
+                recv = right_capacity
+            if not safe:
+                return pltpu.make_async_remote_copy(
+                    src_ref=src, dst_ref=dst, send_sem=send, recv_sem=recv, device_id=(to,)
+                )
+            return sd.RemoteCopy(src, dst, recv).with_send_sem(send).to(sd.mesh_coords(to))  # DESCRIBED
+
+        left_copy = describe(left_hbm, left_work, left_send, left_recv, left_id)
+        right_copy = describe(right_hbm, right_work, right_send, right_recv, right_id)
+
+        @pl.when(is_start)
+        def _prologue() -> None:
+            # A barrier with both neighbours, then a second one on a scoped REGULAR
+            # semaphore; then each neighbour may send one block.
+            if safe:
+                barrier = sd.barrier_semaphore()
+                for to in (left_id, right_id):
+                    sd.signal(barrier, 1, device=sd.mesh_coords(to))
+                sd.wait(barrier, 2)
+
+                def second(sem: sd.RegularSem) -> None:
+                    for to in (left_id, right_id):
+                        sd.signal(sem, 1, device=sd.mesh_coords(to))
+                    sd.wait(sem, 2)
+
+                sd.run_scoped(second, sd.regular_semaphore())
+            else:
+                barrier = pltpu.get_barrier_semaphore()
+                for to in (left_id, right_id):
+                    pl.semaphore_signal(barrier, inc=1, device_id=(to,))
+                pl.semaphore_wait(barrier, 2)
+
+                def raw_second(sem: Any) -> None:
+                    for to in (left_id, right_id):
+                        pl.semaphore_signal(sem, inc=1, device_id=(to,))
+                    pl.semaphore_wait(sem, 2)
+
+                pl.run_scoped(raw_second, pltpu.SemaphoreType.REGULAR)
+            signal(right_capacity, left_id)
+            signal(left_capacity, right_id)
+
+        middle = jnp.logical_not(jnp.logical_or(is_start, is_end))
+        started: list[Any] = []
+
+        @pl.when(middle)
+        def _send() -> None:
+            @pl.when(phase == LEFT)
+            def _right() -> None:
+                wait(right_capacity)  # the right neighbour has room for a block
+                started.append(right_copy.start())  # STARTED
+
+            @pl.when(phase == RIGHT)
+            def _left() -> None:
+                wait(left_capacity)
+                left_copy.start()
+
+        def matmul(x_ref: Any, y_ref: Any, prev_ref: Any, z_ref: Any) -> None:
+            z_ref[...] = prev_ref[...] + lax.dot_general(
+                x_ref[...], y_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+
+        emit = sd.emit_pipeline if safe else pltpu.emit_pipeline
+        block = pl.BlockSpec((BM, BM), lambda i, j, k: (i, j))
+        matmul_pipeline = emit(
+            matmul,
+            in_specs=[
+                pl.BlockSpec((BM, BM), lambda i, j, k: (i, k)),
+                pl.BlockSpec((BM, BM), lambda i, j, k: (j, k)),
+                block,
+            ],
+            out_specs=block,
+            grid=(M_SHARD // BM, N_HALF // BM, K_DEV // BM),
+        )
+
+        def save(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...]
+
+        tile = pl.BlockSpec((BM, BM), lambda i, j: (i, j))
+        save_pipeline = emit(
+            save, in_specs=[tile], out_specs=tile, grid=(M_SHARD // BM, N_HALF // BM)
+        )
+
+        @pl.when(step < steps - 2)
+        def _accumulate() -> None:
+            @pl.when(phase == LEFT)
+            def _left() -> None:
+                rows = x_hbm.at[pl.ds(lax.rem(outer + me, N) * M_SHARD, M_SHARD)]
+                work = left_hbm.at[left_work]
+                matmul_pipeline(rows, y_hbm.at[pl.ds(0, N_HALF), :], work, work)
+
+            @pl.when(phase == RIGHT)
+            def _right() -> None:
+                rows = x_hbm.at[pl.ds(lax.rem(me - outer + N, N) * M_SHARD, M_SHARD)]
+                work = right_hbm.at[right_work]
+                matmul_pipeline(rows, y_hbm.at[pl.ds(N_HALF, N_HALF), :], work, work)
+
+        @pl.when(step >= steps - 2)
+        def _save() -> None:
+            @pl.when(phase == LEFT)
+            def _left() -> None:
+                save_pipeline(left_hbm.at[left_work], o_hbm.at[:, pl.ds(0, N_HALF)])
+
+            @pl.when(phase == RIGHT)
+            def _right() -> None:
+                save_pipeline(right_hbm.at[right_work], o_hbm.at[:, pl.ds(N_HALF, N_HALF)])
+
+        @pl.when(middle)
+        def _epilogue() -> None:
+            @pl.when(phase == LEFT)
+            def _right() -> None:
+                if not safe:
+                    right_copy.wait()
+                elif seed == "start_handle_kept":
+                    started[0].wait()  # ESCAPED
+                elif seed != "right_wait_dropped":
+                    right_copy.started_elsewhere().wait()
+                signal(right_capacity, left_id)  # hand the room back
+
+            @pl.when(phase == RIGHT)
+            def _left() -> None:
+                if safe:
+                    left_copy.started_elsewhere().wait()
+                else:
+                    left_copy.wait()
+                signal(left_capacity, right_id)
+
+        @pl.when(outer == num_outer - 1)
+        def _drain_capacity() -> None:  # every semaphore leaves the kernel at zero
+            @pl.when(phase == LEFT)
+            def _left() -> None:
+                wait(right_capacity)
+
+            @pl.when(phase == RIGHT)
+            def _right() -> None:
+                wait(left_capacity)
+
+    return kernel
+
+
+def _rs_matmul_call(
+    kernel: Callable[..., None], safe: bool, *, collective_id: int | None = 0
+) -> Any:
+    def per_device(x: jax.Array, y: jax.Array) -> jax.Array:
+        dma = sd.dma_semaphore() if safe else pltpu.SemaphoreType.DMA
+        regular = sd.regular_semaphore() if safe else pltpu.SemaphoreType.REGULAR
+        half = jax.ShapeDtypeStruct((2, M_SHARD, N_HALF), jnp.float32)
+        call = sd.pallas_call if safe else pl.pallas_call
+        out, _, _ = call(
+            kernel,
+            (jax.ShapeDtypeStruct((M_SHARD, 2 * N_HALF), jnp.float32), half, half),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=0,
+                in_specs=[ANY, ANY],
+                out_specs=[ANY, ANY, ANY],
+                grid=(N + 1, 2),
+                scratch_shapes=[dma] * 6 + [regular] * 2,
+            ),
+            compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        )(x, y)
+        result: jax.Array = out
+        return result
+
+    return per_device
+
+
+def _rs_matmul_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
+    def sds(shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, P("x")))
+
+    return sds((N * N * M_SHARD, K_DEV)), sds((N * 2 * N_HALF, K_DEV))
+
+
+def _rsm(safe: bool, seed: str | None = None, **options: Any) -> tuple[Any, Any]:
+    mesh = abstract_mesh((N,), ("x",), tpu="v5p")  # emit_pipeline asks for the generation
+    return _sharded(_rs_matmul_call(_rs_matmul(safe, seed), safe, **options), mesh, 2), mesh
+
+
+def test_bidirectional_reduce_scatter_matmul_matches_raw() -> None:
+    ours, mesh = _rsm(SAFE)
+    theirs, _ = _rsm(RAW)
+    assert_same_mosaic(ours, theirs, *_rs_matmul_args(mesh), mesh=mesh)
+
+
+def test_reduce_scatter_matmul_epilogue_wait_dropped_is_t7() -> None:
+    broken, mesh = _rsm(SAFE, "right_wait_dropped")
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
+    message = str(err.value)
+    start = _line_of(_rs_matmul, "# STARTED")
+    assert f"RemoteCopy right_hbm.at[...]" in message, message
+    assert f"started at {__file__}:{start}" in message, message
+    assert "wait_send() and wait_recv() never called" in message, message
+
+
+def test_reduce_scatter_matmul_start_handle_waited_in_the_epilogue_names_both() -> None:
+    broken, mesh = _rsm(SAFE, "start_handle_kept")
+    with pytest.raises(sd.HandleEscapedError, match=r"pl\.when / lax\.cond") as err:
+        mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
+    message = str(err.value)
+    assert f"{__file__}:{_line_of(_rs_matmul, '# ESCAPED')}" in message, message
+    assert "copy.started_elsewhere().wait()" in message, message
+
+
+def test_reduce_scatter_matmul_capacity_semaphore_as_receive_semaphore_is_s3() -> None:
+    broken, mesh = _rsm(SAFE, "capacity_as_recv")
+    with pytest.raises(sd.SemaphoreKindError, match=r"REGULAR semaphore \(right_capacity ") as err:
+        mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
+    assert _line_of(_rs_matmul, "# DESCRIBED") in _raising_lines(err)
+
+
+def test_reduce_scatter_matmul_barrier_without_collective_id_is_t9() -> None:
+    broken, mesh = _rsm(SAFE, collective_id=None)
+    with pytest.raises(sd.MissingCollectiveIdError):
+        mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)

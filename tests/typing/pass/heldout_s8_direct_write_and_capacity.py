@@ -1,0 +1,351 @@
+"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 8).
+
+* a direct-write reduce-scatter: an all-device barrier through dict device ids (itself
+  included); in a ``fori_loop`` whose trip count is read from SMEM, a row gather of copies
+  of size 0 or 1 on one slot of a 2-semaphore array, the next tile prefetched under
+  ``pl.when`` and the current one waited by size; per row a remote copy and a local copy
+  of size 0 or 1, started and dropped, on triple-buffered semaphores, the rows counted in
+  SMEM; each slot drained by size (``wait_bytes``) before reuse and after the loop; a
+  second barrier and the receive semaphore drained by a total read from SMEM;
+* a bidirectional reduce-scatter matmul: two remote copies described once per grid step,
+  started under one ``pl.when`` after a REGULAR capacity semaphore is waited and waited
+  under another through ``started_elsewhere()``; a neighbour barrier and a second one on a
+  scoped REGULAR semaphore; six DMA and two REGULAR scratch semaphores as a list sum; three
+  outputs (two of them the HBM working buffers), unpacked.
+
+Must pass ``mypy --strict`` and pyright strict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import safedma
+from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemRef
+
+from _typed_jax import fori_loop
+
+ShapeDtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+N, TILE, SLOTS = 4, 4, 3
+SRC, VALID, DEST, POS, SEND, LOCAL = range(6)
+
+
+# --- a direct-write reduce-scatter ------------------------------------------------------
+
+
+def all_device_barrier() -> None:
+    barrier = safedma.barrier_semaphore()
+    for i in range(N):
+        safedma.signal(barrier, 1, device=safedma.device(x=jnp.int32(i)))
+    safedma.wait(barrier, N)
+
+
+class DirectWrite:
+    def __init__(
+        self,
+        rows_ref: DataRef,
+        staging: DataRef,
+        out_hbm: DataRef,
+        counts: DataRef,
+        sems: tuple[SemArray, SemArray, SemArray],
+    ) -> None:
+        self.rows_ref, self.staging, self.out_hbm, self.counts = rows_ref, staging, out_hbm, counts
+        self.send_sems, self.local_sems, self.recv_sem = sems
+
+    def drain(self, slot: int | jax.Array) -> None:
+        sent, local = self.counts[slot], self.counts[SLOTS + slot]
+        safedma.wait_bytes(self.send_sems.at[slot], self.staging.at[slot, pl.ds(0, sent)])
+        safedma.wait_bytes(self.local_sems.at[slot], self.out_hbm.at[pl.ds(0, local)])
+
+    def write_rows(self, gm: jax.Array, stg: jax.Array) -> None:
+        sent = local = jnp.int32(0)
+        for i in range(TILE):
+            row = gm * TILE + i
+            send, keep = self.rows_ref[SEND, row], self.rows_ref[LOCAL, row]
+            pos = self.rows_ref[POS, row]
+            out = RemoteCopy(
+                self.staging.at[stg, pl.ds(i, send)],
+                self.out_hbm.at[pl.ds(pos, send)],
+                self.recv_sem.at[0],
+            )
+            target = safedma.device(x=self.rows_ref[DEST, row])
+            out.with_send_sem(self.send_sems.at[stg]).to(target).start()
+            safedma.LocalCopy(
+                self.staging.at[stg, pl.ds(i, keep)],
+                self.out_hbm.at[pl.ds(pos, keep)],
+                self.local_sems.at[stg],
+            ).start()
+            sent, local = sent + send, local + keep
+        self.counts[stg] = self.counts[stg] + sent
+        self.counts[SLOTS + stg] = self.counts[SLOTS + stg] + local
+
+
+def gather_start(
+    rows_ref: DataRef, hidden: DataRef, gathered: DataRef, sems: SemArray, gm: jax.Array, slot: jax.Array
+) -> None:
+    for i in range(TILE):
+        row = gm * TILE + i
+        valid = rows_ref[VALID, row]
+        src = hidden.at[pl.ds(rows_ref[SRC, row], valid)]
+        safedma.LocalCopy(src, gathered.at[slot, pl.ds(i, valid)], sems.at[slot]).start()
+
+
+def direct_write_kernel(
+    rows_ref: DataRef,
+    tile_rows_ref: DataRef,
+    nums_ref: DataRef,
+    hidden_hbm: DataRef,
+    out_hbm: DataRef,
+    gathered: DataRef,
+    staging: DataRef,
+    counts: DataRef,
+    gather_sems: SemArray,
+    send_sems: SemArray,
+    local_sems: SemArray,
+    recv_sem: SemArray,
+) -> None:
+    max_gm, local_gm = nums_ref[0], nums_ref[1]
+    writer = DirectWrite(rows_ref, staging, out_hbm, counts, (send_sems, local_sems, recv_sem))
+    all_device_barrier()
+    for s in range(2 * SLOTS):
+        counts[s] = jnp.int32(0)
+
+    def tile(gm: jax.Array, carry: None) -> None:
+        slot, stg = gm % 2, gm % SLOTS
+
+        @pl.when(gm >= SLOTS)
+        def _drain_previous() -> None:
+            writer.drain(stg)
+            counts[stg] = jnp.int32(0)
+            counts[SLOTS + stg] = jnp.int32(0)
+
+        @pl.when(gm < local_gm)
+        def _active() -> None:
+            @pl.when(gm == 0)
+            def _first() -> None:
+                gather_start(rows_ref, hidden_hbm, gathered, gather_sems, gm, slot)
+
+            @pl.when(gm + 1 < local_gm)
+            def _prefetch() -> None:
+                gather_start(rows_ref, hidden_hbm, gathered, gather_sems, gm + 1, 1 - slot)
+
+            tile_rows = gathered.at[slot, pl.ds(0, tile_rows_ref[gm])]
+            safedma.wait_bytes(gather_sems.at[slot], tile_rows)
+            staging[stg] = gathered[slot] * 2.0
+            writer.write_rows(gm, stg)
+
+        return carry
+
+    fori_loop(0, max_gm, tile, None)
+
+    @pl.when(max_gm > 0)
+    def _epilogue() -> None:
+        for s in range(SLOTS):
+
+            @pl.when(max_gm > s)
+            def _drain_slot() -> None:
+                writer.drain(s)
+
+    all_device_barrier()
+    safedma.wait_bytes(recv_sem.at[0], out_hbm.at[pl.ds(0, nums_ref[2])])
+
+
+def direct_write(rows: jax.Array, tile_rows: jax.Array, nums: jax.Array, hidden: jax.Array) -> jax.Array:
+    return safedma.pallas_call(
+        direct_write_kernel,
+        ShapeDtype((16, 8, 128), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[
+                safedma.vmem((2, TILE, 8, 128), jnp.float32),
+                safedma.vmem((SLOTS, TILE, 8, 128), jnp.float32),
+                safedma.smem((2 * SLOTS,), jnp.int32),
+                safedma.dma_semaphores(2),
+                safedma.dma_semaphores(SLOTS),
+                safedma.dma_semaphores(SLOTS),
+                safedma.dma_semaphores(1),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )(rows, tile_rows, nums, hidden)
+
+
+# --- a bidirectional reduce-scatter matmul with capacity semaphores ---------------------
+
+LEFT, RIGHT = 0, 1
+BM = 128
+
+
+def rows_block(i: jax.Array, j: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return i, k
+
+
+def cols_block(i: jax.Array, j: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return j, k
+
+
+def out_block(i: jax.Array, j: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return i, j
+
+
+def tile_block(i: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return i, j
+
+
+def matmul(x_ref: DataRef, y_ref: DataRef, prev_ref: DataRef, z_ref: DataRef) -> None:
+    z_ref[...] = prev_ref[...] + jnp.dot(x_ref[...], y_ref[...].T)
+
+
+def save(x_ref: DataRef, o_ref: DataRef) -> None:
+    o_ref[...] = x_ref[...]
+
+
+def neighbour_barrier(left: safedma.Device, right: safedma.Device) -> None:
+    barrier = safedma.barrier_semaphore()
+    for to in (left, right):
+        safedma.signal(barrier, 1, device=to)
+    safedma.wait(barrier, 2)
+
+    def second(sem: RegularSem) -> None:
+        for to in (left, right):
+            safedma.signal(sem, 1, device=to)
+        safedma.wait(sem, 2)
+
+    safedma.run_scoped(second, safedma.regular_semaphore())
+
+
+def rs_matmul_kernel(
+    x_hbm: DataRef,
+    y_hbm: DataRef,
+    o_hbm: DataRef,
+    left_hbm: DataRef,
+    right_hbm: DataRef,
+    left_recv: SemRef,
+    left_send: SemRef,
+    left_copy_sem: SemRef,  # declared by the author, never used
+    right_copy_sem: SemRef,
+    right_recv: SemRef,
+    right_send: SemRef,
+    left_capacity: RegularSem,
+    right_capacity: RegularSem,
+) -> None:
+    del left_copy_sem, right_copy_sem
+    me = jax.lax.axis_index("x")
+    outer, phase = pl.program_id(0), pl.program_id(1)
+    step = outer * pl.num_programs(1) + phase
+    steps = pl.num_programs(0) * pl.num_programs(1)
+    is_start = jnp.logical_and(outer == 0, phase == 0)
+    middle = jnp.logical_not(jnp.logical_or(is_start, step == steps - 1))
+    left_work, right_work = jax.lax.rem(outer, 2), jax.lax.rem(pl.cdiv(step, 2), 2)
+    left = safedma.mesh_coords(jax.lax.rem(me - 1 + N, N))
+    right = safedma.mesh_coords(jax.lax.rem(me + 1 + N, N))
+
+    def describe(
+        hbm: DataRef, work: jax.Array, send: SemRef, recv: SemRef, to: safedma.Device
+    ) -> RemoteCopy[Given, Given]:
+        return RemoteCopy(hbm.at[work], hbm.at[1 - work], recv).with_send_sem(send).to(to)
+
+    left_copy = describe(left_hbm, left_work, left_send, left_recv, left)
+    right_copy = describe(right_hbm, right_work, right_send, right_recv, right)
+
+    @pl.when(is_start)
+    def _prologue() -> None:
+        neighbour_barrier(left, right)
+        safedma.signal(right_capacity, 1, device=left)
+        safedma.signal(left_capacity, 1, device=right)
+
+    @pl.when(middle)
+    def _send() -> None:
+        @pl.when(phase == LEFT)
+        def _right() -> None:
+            safedma.wait(right_capacity, 1)
+            right_copy.start()
+
+        @pl.when(phase == RIGHT)
+        def _left() -> None:
+            safedma.wait(left_capacity, 1)
+            left_copy.start()
+
+    matmul_pipeline = safedma.emit_pipeline(
+        matmul,
+        in_specs=[
+            pl.BlockSpec((BM, BM), rows_block),
+            pl.BlockSpec((BM, BM), cols_block),
+            pl.BlockSpec((BM, BM), out_block),
+        ],
+        out_specs=pl.BlockSpec((BM, BM), out_block),
+        grid=(1, 1, 1),
+    )
+    tile = pl.BlockSpec((BM, BM), tile_block)
+    save_pipeline = safedma.emit_pipeline(save, in_specs=[tile], out_specs=tile, grid=(1, 1))
+
+    @pl.when(step < steps - 2)
+    def _accumulate() -> None:
+        @pl.when(phase == LEFT)
+        def _left() -> None:
+            rows = x_hbm.at[pl.ds(jax.lax.rem(outer + me, N) * BM, BM)]
+            work = left_hbm.at[left_work]
+            matmul_pipeline(rows, y_hbm.at[pl.ds(0, BM), :], work, work)
+
+        @pl.when(phase == RIGHT)
+        def _right() -> None:
+            rows = x_hbm.at[pl.ds(jax.lax.rem(me - outer + N, N) * BM, BM)]
+            work = right_hbm.at[right_work]
+            matmul_pipeline(rows, y_hbm.at[pl.ds(BM, BM), :], work, work)
+
+    @pl.when(step >= steps - 2)
+    def _save() -> None:
+        @pl.when(phase == LEFT)
+        def _left() -> None:
+            save_pipeline(left_hbm.at[left_work], o_hbm.at[:, pl.ds(0, BM)])
+
+        @pl.when(phase == RIGHT)
+        def _right() -> None:
+            save_pipeline(right_hbm.at[right_work], o_hbm.at[:, pl.ds(BM, BM)])
+
+    @pl.when(middle)
+    def _epilogue() -> None:
+        @pl.when(phase == LEFT)
+        def _right() -> None:
+            right_copy.started_elsewhere().wait()
+            safedma.signal(right_capacity, 1, device=left)
+
+        @pl.when(phase == RIGHT)
+        def _left() -> None:
+            left_copy.started_elsewhere().wait()
+            safedma.signal(left_capacity, 1, device=right)
+
+    @pl.when(outer == pl.num_programs(0) - 1)
+    def _drain_capacity() -> None:
+        @pl.when(phase == LEFT)
+        def _left() -> None:
+            safedma.wait(right_capacity, 1)
+
+        @pl.when(phase == RIGHT)
+        def _right() -> None:
+            safedma.wait(left_capacity, 1)
+
+
+def rs_matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+    half = ShapeDtype((2, BM, BM), jnp.float32)
+    out, _, _ = safedma.pallas_call(
+        rs_matmul_kernel,
+        (ShapeDtype((BM, 2 * BM), jnp.float32), half, half),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=0,
+            in_specs=[ANY, ANY],
+            out_specs=[ANY, ANY, ANY],
+            grid=(N + 1, 2),
+            scratch_shapes=[safedma.dma_semaphore()] * 6 + [safedma.regular_semaphore()] * 2,
+        ),
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )(x, y)
+    return out
