@@ -569,3 +569,176 @@ def test_reduce_scatter_matmul_barrier_without_collective_id_is_t9() -> None:
     broken, mesh = _rsm(SAFE, collective_id=None)
     with pytest.raises(sd.MissingCollectiveIdError):
         mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
+
+
+# --- a ragged all-to-all as a DMA future: sends started in one kernel, waited in another ---
+
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
+A2A_ROWS = 32
+
+
+def _ra2a(safe: bool, start: bool, seed: str | None = None) -> Callable[..., None]:
+    """One body for both kernels (google-deepmind/simply's ``_ra2a_3d_kernel_async``): the
+    start kernel starts the sends to every other device and the local copy, on a 3-D
+    semaphore array it returns; the wait kernel rebuilds them and waits the sends, the
+    receives (never started here: another device's sends) and the local copy."""
+
+    def body(
+        src_ref: Any,
+        out_ref: Any,
+        in_off: Any,
+        send_sizes: Any,
+        out_off: Any,
+        recv_sizes: Any,
+        dst_ref: Any,
+        sems: Any,
+    ) -> None:
+        del out_ref  # aliased in dst_ref
+        me = lax.axis_index("x")
+
+        def local() -> Any:
+            sem = sems.at[lax.rem(me + me, N), 0, 1]
+            src = src_ref.at[pl.ds(in_off[me], send_sizes[me])]
+            dst = dst_ref.at[pl.ds(out_off[me], send_sizes[me])]
+            return sd.LocalCopy(src, dst, sem) if safe else pltpu.make_async_copy(src, dst, sem)
+
+        def remote(other: Any, send: bool) -> Any:
+            src_id, dst_id = (me, other) if send else (other, me)
+            size = lax.select(me == src_id, send_sizes[dst_id], recv_sizes[src_id])
+            src = src_ref.at[pl.ds(in_off[dst_id], size)]
+            dst = dst_ref.at[pl.ds(out_off[dst_id], size)]
+            slot = lax.rem(me + other, N)
+            direction = (src_id > dst_id).astype(jnp.int32)
+            send_sem, recv_sem = sems.at[slot, direction, 0], sems.at[slot, direction, 1]
+            if seed == "recv_on_the_pair" and not start:
+                recv_sem = sems.at[slot, direction]
+            if not safe:
+                return pltpu.make_async_remote_copy(
+                    src, dst, send_sem, recv_sem, device_id={"x": dst_id}
+                )
+            copy = sd.RemoteCopy(src, dst, recv_sem)  # DESCRIBED
+            if seed == "unknown_axis":
+                return copy.with_send_sem(send_sem).to(sd.device(y=dst_id))  # AXIS
+            return copy.with_send_sem(send_sem).to(sd.device(x=dst_id))
+
+        def barrier(sem: Any) -> None:
+            for i in range(1, N):
+                to = lax.rem(me + i, N)
+                if safe:
+                    sd.signal(sem, 1, device=sd.device(x=to))
+                else:
+                    pl.semaphore_signal(sem, inc=1, device_id={"x": to})
+            if safe:
+                sd.wait(sem, N - 1)
+            else:
+                pl.semaphore_wait(sem, N - 1)
+
+        barrier(sd.barrier_semaphore() if safe else pltpu.get_barrier_semaphore())
+        copy = local()
+        others = [lax.rem(me + i, N) for i in range(1, N)]
+        sends = [remote(other, send=True) for other in others]
+        receives = [remote(other, send=False) for other in others]
+        if start:
+            for send in sends:
+                send.start()  # STARTED
+            if seed != "local_not_started":
+                copy.start()
+        elif not safe:
+            for op in sends:
+                op.wait_send()
+            for op in receives:
+                op.wait_recv()
+            copy.wait()
+        else:
+            if seed != "send_waits_dropped":
+                for send in sends:
+                    send.started_elsewhere().wait_send()
+            for receive in receives:
+                if seed == "receive_waited_as_send":
+                    receive.incoming().wait_send()  # WRONG SIDE
+                else:
+                    receive.incoming().wait_recv()
+            copy.started_elsewhere().wait()
+
+        scoped = sd.run_scoped if safe else pl.run_scoped
+        regular = sd.regular_semaphore() if safe else pltpu.SemaphoreType.REGULAR
+        scoped(barrier, regular)  # the second barrier, on a scoped REGULAR semaphore
+
+    if start:
+        return body
+
+    def wait_kernel(*refs: Any) -> None:  # the semaphores come in before the output
+        *operands, sems, dst_ref = refs
+        body(*operands, dst_ref, sems)
+
+    return wait_kernel
+
+
+def _ra2a_calls(safe: bool, seed: str | None = None) -> Any:
+    call = sd.pallas_call if safe else pl.pallas_call
+    sems = sd.dma_semaphores((N, 2, 2)) if safe else pltpu.SemaphoreType.DMA((N, 2, 2))
+
+    def per_device(*args: jax.Array) -> jax.Array:
+        src, output, in_off, send_sizes, out_off, recv_sizes = args
+        meta = (in_off, send_sizes, out_off, recv_sizes)
+        out, future_sems = call(
+            _ra2a(safe, True, seed),
+            [output, sems],  # the output array as its own shape, and the semaphores
+            in_specs=2 * [ANY] + 4 * [SMEM],
+            out_specs=[ANY, SEM],
+            input_output_aliases={1: 0},
+            compiler_params=pltpu.CompilerParams(collective_id=1),
+        )(src, output, *meta)
+        done: jax.Array = call(
+            _ra2a(safe, False, seed),
+            output,
+            in_specs=2 * [ANY] + 4 * [SMEM] + [SEM],
+            out_specs=ANY,
+            input_output_aliases={1: 0},
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(src, out, *meta, future_sems)
+        return done
+
+    return per_device
+
+
+def _ra2a_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
+    def sds(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P("x")))
+
+    rows = sds((N * A2A_ROWS, 128), jnp.float32)
+    table = sds((N * N,), jnp.int32)
+    return rows, rows, table, table, table, table
+
+
+def _future(safe: bool, seed: str | None = None) -> tuple[Any, Any]:
+    mesh = abstract_mesh((N,), ("x",), tpu="v5p")
+    return _sharded(_ra2a_calls(safe, seed), mesh, 6), mesh
+
+
+def test_ragged_all_to_all_future_matches_raw() -> None:
+    ours, mesh = _future(SAFE)
+    theirs, _ = _future(RAW)
+    assert_same_mosaic(ours, theirs, *_ra2a_args(mesh), mesh=mesh)
+
+
+def test_ragged_all_to_all_future_receive_on_a_semaphore_pair_is_s2() -> None:
+    broken, mesh = _future(SAFE, "recv_on_the_pair")
+    with pytest.raises(sd.SemaphoreShapeError, match=r"\.at\[") as err:
+        mosaic_text(broken, *_ra2a_args(mesh), mesh=mesh)
+    assert _line_of(_ra2a, "# DESCRIBED") in _raising_lines(err)
+
+
+def test_ragged_all_to_all_future_unknown_axis_is_t3() -> None:
+    broken, mesh = _future(SAFE, "unknown_axis")
+    with pytest.raises(sd.DeviceIdError, match="'y'") as err:
+        mosaic_text(broken, *_ra2a_args(mesh), mesh=mesh)
+    assert _line_of(_ra2a, "# AXIS") in _raising_lines(err)
+
+
+def test_ragged_all_to_all_future_receive_waited_as_a_send_is_s5() -> None:
+    broken, mesh = _future(SAFE, "receive_waited_as_send")
+    with pytest.raises(sd.WrongOperationError, match=r"wait_recv\(\)") as err:
+        mosaic_text(broken, *_ra2a_args(mesh), mesh=mesh)
+    assert _line_of(_ra2a, "# WRONG SIDE") in _raising_lines(err)

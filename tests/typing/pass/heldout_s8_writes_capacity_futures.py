@@ -11,13 +11,20 @@
   started under one ``pl.when`` after a REGULAR capacity semaphore is waited and waited
   under another through ``started_elsewhere()``; a neighbour barrier and a second one on a
   scoped REGULAR semaphore; six DMA and two REGULAR scratch semaphores as a list sum; three
-  outputs (two of them the HBM working buffers), unpacked.
+  outputs (two of them the HBM working buffers), unpacked;
+* a ragged all-to-all as a DMA future: a start kernel that returns the output and a 3-D
+  semaphore array (``[output, dma_semaphores((n, 2, 2))]``), starting the sends to every
+  other device and a local copy; a wait kernel taking the semaphores as an operand that
+  waits the sends, the receives (through ``incoming()``) and the local copy; an all-peer
+  barrier, and a second one on a keyword ``run_scoped`` used as a ``functools.partial``
+  decorator.
 
 Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -26,7 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma
-from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemRef
+from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemArray3, SemRef
 
 from _typed_jax import fori_loop
 
@@ -349,3 +356,118 @@ def rs_matmul(x: jax.Array, y: jax.Array) -> jax.Array:
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )(x, y)
     return out
+
+
+# --- a ragged all-to-all as a DMA future --------------------------------------------------
+
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
+
+
+class AllToAll:
+    def __init__(
+        self, src: DataRef, dst: DataRef, meta: tuple[DataRef, DataRef, DataRef, DataRef], sems: SemArray3
+    ) -> None:
+        self.src, self.dst, self.sems = src, dst, sems
+        self.in_off, self.send_sizes, self.out_off, self.recv_sizes = meta
+        self.me = jax.lax.axis_index("x")
+
+    def local(self) -> safedma.LocalCopy:
+        me, size = self.me, self.send_sizes[self.me]
+        src = self.src.at[pl.ds(self.in_off[me], size)]
+        dst = self.dst.at[pl.ds(self.out_off[me], size)]
+        return safedma.LocalCopy(src, dst, self.sems.at[jax.lax.rem(me + me, N), 0, 1])
+
+    def remote(self, other: jax.Array, *, send: bool) -> RemoteCopy[Given, Given]:
+        me = self.me
+        src_id, dst_id = (me, other) if send else (other, me)
+        size = jax.lax.select(me == src_id, self.send_sizes[dst_id], self.recv_sizes[src_id])
+        src = self.src.at[pl.ds(self.in_off[dst_id], size)]
+        dst = self.dst.at[pl.ds(self.out_off[dst_id], size)]
+        slot = jax.lax.rem(me + other, N)
+        direction = (src_id > dst_id).astype(jnp.int32)
+        copy = RemoteCopy(src, dst, self.sems.at[slot, direction, 1])
+        return copy.with_send_sem(self.sems.at[slot, direction, 0]).to(safedma.device(x=dst_id))
+
+    def barriers(self, start: bool) -> None:
+        others = [jax.lax.rem(self.me + i, N) for i in range(1, N)]
+        barrier = safedma.barrier_semaphore()
+        for to in others:
+            safedma.signal(barrier, 1, device=safedma.device(x=to))
+        safedma.wait(barrier, N - 1)
+        sends = [self.remote(other, send=True) for other in others]
+        receives = [self.remote(other, send=False) for other in others]
+        if start:
+            for copy in sends:
+                copy.start()
+            self.local().start()
+        else:
+            for copy in sends:
+                copy.started_elsewhere().wait_send()
+            for copy in receives:
+                copy.incoming().wait_recv()
+            self.local().started_elsewhere().wait()
+
+        @functools.partial(safedma.run_scoped, second_barrier=safedma.regular_semaphore())
+        def _final_barrier(second_barrier: RegularSem) -> None:
+            for to in others:
+                safedma.signal(second_barrier, 1, device=safedma.device(x=to))
+            safedma.wait(second_barrier, N - 1)
+
+
+def ra2a_start_kernel(
+    src_ref: DataRef,
+    out_ref: DataRef,
+    in_off: DataRef,
+    send_sizes: DataRef,
+    out_off: DataRef,
+    recv_sizes: DataRef,
+    dst_ref: DataRef,
+    sems: SemArray3,
+) -> None:
+    del out_ref  # aliased in dst_ref
+    AllToAll(src_ref, dst_ref, (in_off, send_sizes, out_off, recv_sizes), sems).barriers(True)
+
+
+def ra2a_wait_kernel(
+    src_ref: DataRef,
+    out_ref: DataRef,
+    in_off: DataRef,
+    send_sizes: DataRef,
+    out_off: DataRef,
+    recv_sizes: DataRef,
+    sems: SemArray3,
+    dst_ref: DataRef,
+) -> None:
+    del out_ref
+    AllToAll(src_ref, dst_ref, (in_off, send_sizes, out_off, recv_sizes), sems).barriers(False)
+
+
+def ra2a_start(
+    src: jax.Array, output: jax.Array, meta: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    out, sems = safedma.pallas_call(
+        ra2a_start_kernel,
+        [output, safedma.dma_semaphores((N, 2, 2))],
+        in_specs=2 * [ANY] + 4 * [SMEM],
+        out_specs=[ANY, SEM],
+        input_output_aliases={1: 0},
+        compiler_params=pltpu.CompilerParams(collective_id=1),
+    )(src, output, *meta)
+    return out, sems
+
+
+def ra2a_wait(
+    src: jax.Array,
+    future: tuple[jax.Array, jax.Array],
+    meta: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+) -> jax.Array:
+    out, sems = future
+    return safedma.pallas_call(
+        ra2a_wait_kernel,
+        out,
+        in_specs=2 * [ANY] + 4 * [SMEM] + [SEM],
+        out_specs=ANY,
+        input_output_aliases={1: 0},
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )(src, out, *meta, sems)
