@@ -128,7 +128,9 @@ def _direct_write(safe: bool, seed: str | None = None) -> Callable[..., None]:
                 dest, pos = rows_ref[DEST, row], rows_ref[POS, row]
                 if safe:
                     out = sd.RemoteCopy(
-                        staging.at[stg, pl.ds(i, send)], out_hbm.at[pl.ds(pos, send)], recv_sem.at[0]
+                        staging.at[stg, pl.ds(i, send)],
+                        out_hbm.at[pl.ds(pos, send)],
+                        recv_sem.at[0],
                     )
                     target = sd.device(x=dest)
                     if seed == "send_sem_is_the_recv_array":
@@ -136,7 +138,9 @@ def _direct_write(safe: bool, seed: str | None = None) -> Callable[..., None]:
                     else:
                         out.with_send_sem(send_sems.at[stg]).to(target).start()  # SENT
                     dst = out_hbm.at[pl.ds(pos, keep)]
-                    sd.LocalCopy(staging.at[stg, pl.ds(i, keep)], dst, local_sems.at[stg]).start()  # WRITTEN
+                    sd.LocalCopy(
+                        staging.at[stg, pl.ds(i, keep)], dst, local_sems.at[stg]
+                    ).start()  # WRITTEN
                 else:
                     pltpu.make_async_remote_copy(
                         src_ref=staging.at[stg, pl.ds(i, send)],
@@ -186,13 +190,15 @@ def _direct_write(safe: bool, seed: str | None = None) -> Callable[..., None]:
 
         lax.fori_loop(0, max_gm, tile, None)
 
+        def drain_if_used(slot: int) -> None:
+            @pl.when(max_gm > slot)
+            def _drain_slot() -> None:
+                drain(slot)
+
         @pl.when(max_gm > 0)
         def _epilogue() -> None:
             for s in range(SLOTS):
-
-                @pl.when(max_gm > s)
-                def _drain_slot() -> None:
-                    drain(s)
+                drain_if_used(s)
 
         barrier()  # every chip's sends have landed
         wait_rows(recv_sem.at[0], out_hbm.at[pl.ds(0, nums_ref[2])])
@@ -275,7 +281,9 @@ def test_direct_write_reduce_scatter_matches_raw() -> None:
         ("gather_wait_dropped", "# GATHERED", "LocalCopy hidden_hbm.at[...]"),
     ],
 )
-def test_direct_write_drain_dropped_is_t7_naming_the_start(seed: str, where: str, what: str) -> None:
+def test_direct_write_drain_dropped_is_t7_naming_the_start(
+    seed: str, where: str, what: str
+) -> None:
     broken, mesh = _dw(SAFE, seed)
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(broken, *_direct_write_args(mesh), mesh=mesh)
@@ -360,7 +368,8 @@ def _rs_matmul(safe: bool, seed: str | None = None) -> Callable[..., None]:
                 return pltpu.make_async_remote_copy(
                     src_ref=src, dst_ref=dst, send_sem=send, recv_sem=recv, device_id=(to,)
                 )
-            return sd.RemoteCopy(src, dst, recv).with_send_sem(send).to(sd.mesh_coords(to))  # DESCRIBED
+            copy = sd.RemoteCopy(src, dst, recv)  # DESCRIBED
+            return copy.with_send_sem(send).to(sd.mesh_coords(to))
 
         left_copy = describe(left_hbm, left_work, left_send, left_recv, left_id)
         right_copy = describe(right_hbm, right_work, right_send, right_recv, right_id)
@@ -544,7 +553,7 @@ def test_reduce_scatter_matmul_epilogue_wait_dropped_is_t7() -> None:
         mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
     message = str(err.value)
     start = _line_of(_rs_matmul, "# STARTED")
-    assert f"RemoteCopy right_hbm.at[...]" in message, message
+    assert "RemoteCopy right_hbm.at[...]" in message, message
     assert f"started at {__file__}:{start}" in message, message
     assert "wait_send() and wait_recv() never called" in message, message
 

@@ -94,7 +94,12 @@ class DirectWrite:
 
 
 def gather_start(
-    rows_ref: DataRef, hidden: DataRef, gathered: DataRef, sems: SemArray, gm: jax.Array, slot: jax.Array
+    rows_ref: DataRef,
+    hidden: DataRef,
+    gathered: DataRef,
+    sems: SemArray,
+    gm: jax.Array,
+    slot: jax.Array,
 ) -> None:
     for i in range(TILE):
         row = gm * TILE + i
@@ -151,19 +156,23 @@ def direct_write_kernel(
 
     fori_loop(0, max_gm, tile, None)
 
+    def drain_if_used(slot: int) -> None:
+        @pl.when(max_gm > slot)
+        def _drain_slot() -> None:
+            writer.drain(slot)
+
     @pl.when(max_gm > 0)
     def _epilogue() -> None:
         for s in range(SLOTS):
-
-            @pl.when(max_gm > s)
-            def _drain_slot() -> None:
-                writer.drain(s)
+            drain_if_used(s)
 
     all_device_barrier()
     safedma.wait_bytes(recv_sem.at[0], out_hbm.at[pl.ds(0, nums_ref[2])])
 
 
-def direct_write(rows: jax.Array, tile_rows: jax.Array, nums: jax.Array, hidden: jax.Array) -> jax.Array:
+def direct_write(
+    rows: jax.Array, tile_rows: jax.Array, nums: jax.Array, hidden: jax.Array
+) -> jax.Array:
     return safedma.pallas_call(
         direct_write_kernel,
         ShapeDtype((16, 8, 128), jnp.float32),
@@ -366,7 +375,11 @@ SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
 
 class AllToAll:
     def __init__(
-        self, src: DataRef, dst: DataRef, meta: tuple[DataRef, DataRef, DataRef, DataRef], sems: SemArray3
+        self,
+        src: DataRef,
+        dst: DataRef,
+        meta: tuple[DataRef, DataRef, DataRef, DataRef],
+        sems: SemArray3,
     ) -> None:
         self.src, self.dst, self.sems = src, dst, sems
         self.in_off, self.send_sizes, self.out_off, self.recv_sizes = meta
