@@ -39,7 +39,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import safedma as sd
-from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
+import numpy as np
+
+from safedma.testing import (
+    RaceDetectedError,
+    abstract_mesh,
+    assert_same_mosaic,
+    mosaic_text,
+    verify,
+)
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SAFE, RAW = True, False
@@ -81,6 +89,7 @@ def _direct_write(safe: bool, seed: str | None = None) -> Callable[..., None]:
         send_sems: Any,
         local_sems: Any,
         recv_sem: Any,
+        zero_sem: Any,
     ) -> None:
         max_gm, local_gm = nums_ref[0], nums_ref[1]
 
@@ -158,9 +167,37 @@ def _direct_write(safe: bool, seed: str | None = None) -> Callable[..., None]:
             counts[stg] = counts[stg] + sent
             counts[SLOTS + stg] = counts[SLOTS + stg] + local
 
+        # The output is zeroed by DMA from a staging slot, and other chips write rows into
+        # it. The author zeroes it after the barrier, waiting at the first tile: a peer's
+        # row can land before the zeros do (verify reports the race); zeroing it before
+        # the barrier ("zeroed_before_barrier") is the race-free order.
+        zeros = staging.at[0]
+
+        def fill(i: Any, filled: Any) -> Any:
+            start = i * TILE
+            rows = jnp.minimum(start + TILE, OUT) - start
+            src, dst = zeros.at[pl.ds(0, rows)], out_hbm.at[pl.ds(start, rows)]
+            if safe:
+                sd.LocalCopy(src, dst, zero_sem.at[0]).start(priority=1)  # ZEROED
+            else:
+                pltpu.make_async_copy(src, dst, zero_sem.at[0]).start(priority=1)  # RAW ZERO
+            return filled + rows
+
+        def zero_start() -> Any:
+            zeros[...] = jnp.zeros(zeros.shape, zeros.dtype)
+            return lax.fori_loop(0, pl.cdiv(OUT, TILE), fill, jnp.int32(0))
+
+        early = seed == "zeroed_before_barrier"
+        if early:
+            wait_rows(zero_sem.at[0], out_hbm.at[pl.ds(0, zero_start())])
         barrier()
         for s in range(2 * SLOTS):
             counts[s] = jnp.int32(0)
+        zeroed = None if early else zero_start()
+
+        def zero_end() -> None:
+            if zeroed is not None and seed != "zero_wait_dropped":
+                wait_rows(zero_sem.at[0], out_hbm.at[pl.ds(0, zeroed)])
 
         def tile(gm: Any, carry: None) -> None:
             slot, stg = gm % 2, gm % SLOTS
@@ -183,12 +220,21 @@ def _direct_write(safe: bool, seed: str | None = None) -> Callable[..., None]:
 
                 if seed != "gather_wait_dropped":
                     wait_rows(gather_sems.at[slot], gathered.at[slot, pl.ds(0, tile_rows_ref[gm])])
+
+                @pl.when(gm == 0)
+                def _zeroed() -> None:
+                    zero_end()
+
                 staging[stg] = gathered[slot] * 2.0
                 write_rows(gm, stg)
 
             return carry
 
         lax.fori_loop(0, max_gm, tile, None)
+
+        @pl.when(jnp.logical_or(max_gm == 0, local_gm == 0))
+        def _zeroed_without_work() -> None:
+            zero_end()
 
         def drain_if_used(slot: int) -> None:
             @pl.when(max_gm > slot)
@@ -234,6 +280,7 @@ def _direct_write_call(
                     dmas((SLOTS,)),
                     dmas((SLOTS,)),
                     dmas((1,)),
+                    dmas((1,)),
                 ],
             ),
             compiler_params=pltpu.CompilerParams(collective_id=collective_id),
@@ -267,11 +314,11 @@ def test_direct_write_reduce_scatter_matches_raw() -> None:
     assert_same_mosaic(ours, theirs, *_direct_write_args(mesh), mesh=mesh)
     text = mosaic_text(ours, *_direct_write_args(mesh), mesh=mesh)
     # Each row's write to its chip is a remote DMA (source semaphore and device id): one in
-    # four of the kernel's DMAs (the gather at the first tile, the prefetch, the two writes).
-    # (jax 0.10.2 prints the loop body twice.)
+    # four of the loop's DMAs (the gather at the first tile, the prefetch, the two writes),
+    # plus the zero fill's one. (jax 0.10.2 prints the main loop's body twice.)
     remote = text.count("array<i32: 1, 1, 1, 1, 1, 0")
     assert remote in (TILE, 2 * TILE), text
-    assert text.count('enqueue_dma"(') == 4 * remote, text
+    assert text.count('enqueue_dma"(') == 4 * remote + 1, text
 
 
 @pytest.mark.parametrize(
@@ -310,6 +357,40 @@ def test_direct_write_barrier_without_collective_id_is_t9() -> None:
     broken, mesh = _dw(SAFE, collective_id=None)
     with pytest.raises(sd.MissingCollectiveIdError):
         mosaic_text(broken, *_direct_write_args(mesh), mesh=mesh)
+
+
+def _direct_write_tables() -> tuple[jax.Array, ...]:
+    """Two tiles per device; row r of device d goes to chip (d + r) % N at row 2d + r // 4
+    (no two senders share a row), sent if that chip is another one, written if it is d."""
+    tiles = 2
+    rows = np.zeros((N, 6, GMS * TILE), np.int32)
+    for d in range(N):
+        for r in range(tiles * TILE):
+            chip = (d + r) % N
+            rows[d, :, r] = (r, 1, chip, 2 * d + r // TILE, chip != d, chip == d)
+    tile_rows = np.full((N, GMS), TILE, np.int32)
+    nums = np.tile(np.array([tiles, tiles, 2 * (N - 1)], np.int32), (N, 1))
+    hidden = np.zeros((N * HIDDEN, 8, 128), np.float32)
+    return tuple(jnp.asarray(a) for a in (rows, tile_rows, nums, hidden))
+
+
+@pytest.mark.parametrize("safe", [RAW, SAFE], ids=["raw", "safedma"])
+def test_direct_write_zero_fill_after_the_barrier_races_with_a_peers_row(safe: bool) -> None:
+    # The author's order: the output is zeroed by DMA after the all-device barrier and
+    # waited at the first tile, while a peer that passed the barrier may already be
+    # writing its rows into it. Not a trace-time matter (the waits all balance).
+    mesh = abstract_mesh((N,), ("x",), tpu="v5p")
+    fn = _direct_write_call(_direct_write(safe), safe)
+    with pytest.raises(RaceDetectedError, match=r"out_hbm\[") as err:
+        verify(fn, *_direct_write_tables(), mesh=mesh, in_specs=(P("x"),) * 4, out_specs=P("x"))
+    zeroed = _line_of(_direct_write, "# ZEROED" if safe else "# RAW ZERO")
+    assert f"{__file__}:{zeroed}" in str(err.value), err.value
+
+
+def test_direct_write_zeroed_before_the_barrier_verifies() -> None:
+    mesh = abstract_mesh((N,), ("x",), tpu="v5p")
+    fn = _direct_write_call(_direct_write(SAFE, "zeroed_before_barrier"), SAFE)
+    verify(fn, *_direct_write_tables(), mesh=mesh, in_specs=(P("x"),) * 4, out_specs=P("x"))
 
 
 # --- a bidirectional reduce-scatter matmul with capacity semaphores -----------------------

@@ -6,7 +6,8 @@
   ``pl.when`` and the current one waited by size; per row a remote copy and a local copy
   of size 0 or 1, started and dropped, on triple-buffered semaphores, the rows counted in
   SMEM; each slot drained by size (``wait_bytes``) before reuse and after the loop; a
-  second barrier and the receive semaphore drained by a total read from SMEM;
+  second barrier and the receive semaphore drained by a total read from SMEM; the output
+  zeroed first by ``priority=1`` copies in a ``fori_loop`` whose carry sums their rows;
 * a bidirectional reduce-scatter matmul: two remote copies described once per grid step,
   started under one ``pl.when`` after a REGULAR capacity semaphore is waited and waited
   under another through ``started_elsewhere()``; a neighbour barrier and a second one on a
@@ -35,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma
 from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemArray3, SemRef
 
-from _typed_jax import fori_loop
+from _typed_jax import fori_loop, zeros
 
 ShapeDtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
 ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -121,9 +122,21 @@ def direct_write_kernel(
     send_sems: SemArray,
     local_sems: SemArray,
     recv_sem: SemArray,
+    zero_sem: SemArray,
 ) -> None:
     max_gm, local_gm = nums_ref[0], nums_ref[1]
     writer = DirectWrite(rows_ref, staging, out_hbm, counts, (send_sems, local_sems, recv_sem))
+    source = staging.at[0]
+    source[...] = zeros(source.shape, source.dtype)
+
+    def fill(i: jax.Array, filled: jax.Array) -> jax.Array:
+        rows = jnp.minimum(i * TILE + TILE, 16) - i * TILE
+        dst = out_hbm.at[pl.ds(i * TILE, rows)]
+        safedma.LocalCopy(source.at[pl.ds(0, rows)], dst, zero_sem.at[0]).start(priority=1)
+        return filled + rows
+
+    zeroed = fori_loop(0, 4, fill, jnp.int32(0))
+    safedma.wait_bytes(zero_sem.at[0], out_hbm.at[pl.ds(0, zeroed)])  # before the barrier
     all_device_barrier()
     for s in range(2 * SLOTS):
         counts[s] = jnp.int32(0)
@@ -187,6 +200,7 @@ def direct_write(
                 safedma.dma_semaphores(2),
                 safedma.dma_semaphores(SLOTS),
                 safedma.dma_semaphores(SLOTS),
+                safedma.dma_semaphores(1),
                 safedma.dma_semaphores(1),
             ],
         ),
