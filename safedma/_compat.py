@@ -189,6 +189,17 @@ def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
     return tuple(getattr(ref, "shape", ())), getattr(ref, "dtype", None)
 
 
+def is_static_size(size: object) -> bool:
+    """Whether a copy dimension's size is part of the Mosaic memref type (a Python or
+    numpy int), as jax decides it (``Slice.is_dynamic_size``: ``not core.is_dim(size)``).
+
+    Any jax value is a dynamic (``?``) dimension, even a constant one (``jnp.int32(8)``
+    traced in a kernel), and Mosaic's DMA verifier rejects a static dimension opposite a
+    dynamic one ("DMA source and target shape mismatch"), whatever the run-time value.
+    """
+    return not isinstance(size, bool) and bool(_jax_core.is_dim(size))
+
+
 def static_int(value: object) -> int | None:
     """The value of an index known while tracing (a Python int, or a literal jax
     turned into a constant tracer), else None.
