@@ -18,7 +18,12 @@
   other device and a local copy; a wait kernel taking the semaphores as an operand that
   waits the sends, the receives (through ``incoming()``) and the local copy; an all-peer
   barrier, and a second one on a keyword ``run_scoped`` used as a ``functools.partial``
-  decorator.
+  decorator;
+* gradient tiles accumulated by DMA inside a pipeline on each TensorCore: ``core_kernel``
+  with a list of two output shapes, an ``emit_pipeline`` with HBM out-specs whose body gets
+  four DMA semaphores through ``scratches=``; reads started under ``pl.when``, writes
+  started in complementary ``pl.when`` blocks and waited after them through
+  ``started_elsewhere()``; a column count computed in the kernel on both sides of a copy.
 
 Must pass ``mypy --strict`` and pyright strict.
 """
@@ -498,3 +503,132 @@ def ra2a_wait(
         input_output_aliases={1: 0},
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )(src, out, *meta, sems)
+
+
+# --- gradient tiles accumulated by DMA in a pipeline on each TensorCore ------------------
+
+BB, NV, CORES = 8, 4, 2
+
+
+def grad_step(
+    x_ref: DataRef,
+    w_ref: DataRef,
+    xg_hbm: DataRef,
+    wg_hbm: DataRef,
+    xw: DataRef,
+    xg_tile: DataRef,
+    wg_tile: DataRef,
+    x_read_sem: SemRef,
+    w_read_sem: SemRef,
+    x_write_sem: SemRef,
+    w_write_sem: SemRef,
+) -> None:
+    core = jax.lax.axis_index("core")
+    b, v, stage, h = (pl.program_id(i) for i in range(4))
+    gv = core * (NV // CORES) + v
+
+    @pl.when(stage == 0)
+    def _xw() -> None:
+        xw[...] += jnp.dot(x_ref[...], w_ref[...])
+
+    @pl.when(stage == 1)
+    def _grads() -> None:
+        cols = jnp.minimum(NV * BM - BM * gv, BM)
+        xg_slice = xg_hbm.at[core, pl.ds(b * BB, BB), pl.ds(h * BM, BM)]
+        wg_slice = wg_hbm.at[pl.ds(h * BM, BM), pl.ds(gv * BM, cols)]
+        wg_part = wg_tile.at[:, pl.ds(0, cols)]
+        x_write = safedma.LocalCopy(xg_tile, xg_slice, x_write_sem)
+        w_write = safedma.LocalCopy(wg_part, wg_slice, w_write_sem)
+        x_read = safedma.LocalCopy(xg_slice, xg_tile, x_read_sem)
+        w_read = safedma.LocalCopy(wg_slice, wg_part, w_read_sem)
+
+        @pl.when(b != 0)
+        def _w_read() -> None:
+            w_read.start()
+
+        @pl.when(v != 0)
+        def _x_read() -> None:
+            x_read.start()
+
+        @pl.when(b == 0)
+        def _init_w() -> None:
+            wg_tile[...] = jnp.dot(x_ref[...].T, xw[...])
+            w_write.start()
+
+        @pl.when(v == 0)
+        def _init_x() -> None:
+            xg_tile[...] = jnp.dot(xw[...], w_ref[...].T)
+            x_write.start()
+
+        @pl.when(b != 0)
+        def _accumulate_w() -> None:
+            w_read.started_elsewhere().wait()
+            wg_tile[...] += jnp.dot(x_ref[...].T, xw[...])
+            w_write.start()
+
+        @pl.when(v != 0)
+        def _accumulate_x() -> None:
+            x_read.started_elsewhere().wait()
+            xg_tile[...] += jnp.dot(xw[...], w_ref[...].T)
+            x_write.start()
+
+        w_write.started_elsewhere().wait()
+        x_write.started_elsewhere().wait()
+
+
+def grads_kernel(
+    x_hbm: DataRef,
+    w_hbm: DataRef,
+    xg_hbm: DataRef,
+    wg_hbm: DataRef,
+    xw: DataRef,
+    xg_tile: DataRef,
+    wg_tile: DataRef,
+    x_read_sem: SemRef,
+    w_read_sem: SemRef,
+    x_write_sem: SemRef,
+    w_write_sem: SemRef,
+) -> None:
+    core = jax.lax.axis_index("core")
+
+    def x_block(
+        i: jax.Array, j: jax.Array, s: jax.Array, k: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        return i, k
+
+    def w_block(
+        i: jax.Array, j: jax.Array, s: jax.Array, k: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        return k, core * (NV // CORES) + j
+
+    hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+    pipeline = safedma.emit_pipeline(
+        grad_step,
+        grid=(2, NV // CORES, 2, 2),
+        in_specs=[pl.BlockSpec((BB, BM), x_block), pl.BlockSpec((BM, BM), w_block)],
+        out_specs=[hbm, hbm],
+    )
+    sems = (x_read_sem, w_read_sem, x_write_sem, w_write_sem)
+    pipeline(x_hbm, w_hbm, xg_hbm, wg_hbm, scratches=(xw, xg_tile, wg_tile, *sems))
+
+
+def grads(x: jax.Array, w: jax.Array, mesh: object) -> tuple[jax.Array, jax.Array]:
+    xg, wg = safedma.core_kernel(
+        grads_kernel,
+        [
+            ShapeDtype((CORES, 2 * BB, 2 * BM), jnp.float32),
+            ShapeDtype((2 * BM, NV * BM), jnp.float32),
+        ],
+        mesh=mesh,
+        scratch_types=(
+            safedma.vmem((BB, BM), jnp.float32),
+            safedma.vmem((BB, BM), jnp.float32),
+            safedma.vmem((BM, BM), jnp.float32),
+            safedma.dma_semaphore(),
+            safedma.dma_semaphore(),
+            safedma.dma_semaphore(),
+            safedma.dma_semaphore(),
+        ),
+    )(x, w)
+    result: tuple[jax.Array, jax.Array] = (xg, wg)
+    return result
