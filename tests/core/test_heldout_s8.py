@@ -638,6 +638,8 @@ def test_reduce_scatter_matmul_epilogue_wait_dropped_is_t7() -> None:
     assert "RemoteCopy right_hbm.at[...]" in message, message
     assert f"started at {__file__}:{start}" in message, message
     assert "wait_send() and wait_recv() never called" in message, message
+    # The author's epilogue waits both sides with one wait(): the fix names it (defect 2).
+    assert "copy.started_elsewhere().wait() for both sides" in message, message
 
 
 def test_reduce_scatter_matmul_start_handle_waited_in_the_epilogue_names_both() -> None:

@@ -950,3 +950,12 @@ def test_s9_unstarted_local_copy_cannot_be_waited() -> None:
         match=r"LocalCopy has no wait\(\): a copy description cannot be waited.*started_elsewhere\(\)",
     ):
         trace(kernel, [VMEM, DMA])
+
+
+def test_t1_numpy_int_sizes_are_shown_as_numbers() -> None:
+    def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref.at[0, pl.ds(0, np.int32(4))], o_ref.at[1], sem).start().wait()
+
+    with pytest.raises(safedma.CopyShapeMismatchError) as err:
+        trace(kernel, [DMA])
+    assert_mentions(err, "(4, 128) and (8, 128)", "float32[4,128]")
