@@ -25,13 +25,14 @@ stopped at trace time naming the user's line.
 from __future__ import annotations
 
 import inspect
-import warnings
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 from jax.experimental import pallas as pl
@@ -40,9 +41,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import safedma as sd
-import numpy as np
-
 from safedma.testing import (
+    LeftoverSemaphoreError,
     RaceDetectedError,
     abstract_mesh,
     assert_same_mosaic,
@@ -814,6 +814,34 @@ def test_ragged_all_to_all_future_matches_raw() -> None:
     ours, mesh = _future(SAFE)
     theirs, _ = _future(RAW)
     assert_same_mosaic(ours, theirs, *_ra2a_args(mesh), mesh=mesh)
+
+
+def _ra2a_tables() -> tuple[jax.Array, ...]:
+    """Every device sends 2 rows to every device (itself included); sender s's rows land at
+    rows 2s of each receiver."""
+    in_off = np.tile(2 * np.arange(N, dtype=np.int32), N)
+    sizes = np.full(N * N, 2, np.int32)
+    out_off = np.repeat(2 * np.arange(N, dtype=np.int32), N)
+    rows = np.zeros((N * A2A_ROWS, 128), np.float32)
+    return tuple(jnp.asarray(a) for a in (rows, rows, in_off, sizes, out_off, sizes))
+
+
+def test_ragged_all_to_all_future_verifies_across_its_two_kernels() -> None:
+    mesh = abstract_mesh((N,), ("x",), tpu="v5p")
+    for safe in (RAW, SAFE):
+        verify(
+            _ra2a_calls(safe), *_ra2a_tables(), mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x")
+        )
+
+
+def test_ragged_all_to_all_future_send_waits_dropped_is_r2_in_verify() -> None:
+    # Not a trace-time matter: the start kernel leaves its sends in flight on purpose (on
+    # the semaphores it returns), and the wait kernel starts nothing.
+    mesh = abstract_mesh((N,), ("x",), tpu="v5p")
+    fn = _ra2a_calls(SAFE, "send_waits_dropped")
+    with pytest.raises(LeftoverSemaphoreError, match="passed between kernels") as err:
+        verify(fn, *_ra2a_tables(), mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x"))
+    assert f"{__file__}:{_line_of(_ra2a, '# STARTED')}" in str(err.value)
 
 
 def test_ragged_all_to_all_future_receive_on_a_semaphore_pair_is_s2() -> None:
