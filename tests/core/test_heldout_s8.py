@@ -16,7 +16,17 @@ kernels written here.
   waited in another ``pl.when`` (the epilogue) that then hands the capacity back to the
   neighbour; a neighbour barrier and the first capacity signals on the first step, the
   last capacity consumed on the last round; the working buffers are outputs (HBM), filled
-  by ``emit_pipeline``.
+  by ``emit_pipeline``;
+* a ragged all-to-all as a DMA future (google-deepmind/simply's ``moe_lib.py``,
+  ``_ra2a_3d_kernel_async``): a start kernel that returns the output and a 3-D semaphore
+  array, starting the sends to every other device and a local copy; a wait kernel that
+  takes the semaphores and waits the sends, the receives and the local copy; an all-peer
+  barrier and a second one on a scoped REGULAR semaphore;
+* gradient tiles read, accumulated and written back by DMA inside a pipeline on each
+  TensorCore (tokamax's linear-softmax-cross-entropy backward): ``pl.kernel`` over a
+  TensorCore mesh, ``emit_pipeline`` with the semaphores passed through ``scratches=``,
+  reads started under ``pl.when``, each write started in one of two complementary
+  ``pl.when`` blocks and waited after them, a column count computed in the kernel.
 
 Each correct kernel lowers to the Mosaic of its raw pltpu spelling; each seeded mistake is
 stopped at trace time naming the user's line.
