@@ -959,3 +959,13 @@ def test_t1_numpy_int_sizes_are_shown_as_numbers() -> None:
     with pytest.raises(safedma.CopyShapeMismatchError) as err:
         trace(kernel, [DMA])
     assert_mentions(err, "(4, 128) and (8, 128)", "float32[4,128]")
+
+
+def test_t1_a_static_size_opposite_a_traced_size_is_caught_by_sync_copy() -> None:
+    # pltpu.sync_copy lowers to the same DMA, which Mosaic's verifier rejects the same way.
+    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
+        safedma.sync_copy(x_ref.at[0, pl.ds(0, pl.program_id(0) + 8)], buf.at[0])
+
+    with pytest.raises(safedma.CopyShapeMismatchError) as err:
+        trace(kernel, [VMEM, DMA], grid=(1,))
+    assert_mentions(err, "sync_copy", "(?, 128) and (8, 128)", "dimension 0")
