@@ -23,15 +23,21 @@
   with a list of two output shapes, an ``emit_pipeline`` with HBM out-specs whose body gets
   four DMA semaphores through ``scratches=``; reads started under ``pl.when``, writes
   started in complementary ``pl.when`` blocks and waited after them through
-  ``started_elsewhere()``; a column count computed in the kernel on both sides of a copy.
+  ``started_elsewhere()``; a column count computed in the kernel on both sides of a copy;
+* a schedule read in windows into SMEM: a pytree schedule operand and in-spec, copies of a
+  traced length HBM -> SMEM double-buffered across a ``fori_loop`` (prefetched under a
+  parity ``pl.when``, waited on rebuilt descriptors through ``jax.tree.map``), and an
+  ``emit_pipeline`` whose ``BufferedRef`` allocations come in as a scratch entry.
 
 Must pass ``mypy --strict`` and pyright strict.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +47,10 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma
 from safedma import DataRef, Given, RegularSem, RemoteCopy, SemArray, SemArray3, SemRef
 
-from _typed_jax import fori_loop, zeros
+from _typed_jax import buffered_input, buffered_output, fori_loop, zeros
 
 ShapeDtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
+R = TypeVar("R")
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 N, TILE, SLOTS = 4, 4, 3
 SRC, VALID, DEST, POS, SEND, LOCAL = range(6)
@@ -632,3 +639,108 @@ def grads(x: jax.Array, w: jax.Array, mesh: object) -> tuple[jax.Array, jax.Arra
     )(x, w)
     result: tuple[jax.Array, jax.Array] = (xg, wg)
     return result
+
+
+# --- a schedule read in windows into SMEM, double-buffered across a loop ------------------
+
+WINDOW = 4
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Schedule(Generic[R]):
+    steps: R
+    rows: R
+
+
+def row_block(i: jax.Array) -> tuple[jax.Array, int]:
+    return i, 0
+
+
+ROW_SPEC = pl.BlockSpec((8, 128), row_block)
+
+
+class Windows:
+    def __init__(
+        self, sched: Schedule[DataRef], bufs: tuple[DataRef, DataRef], sems: SemArray
+    ) -> None:
+        self.sched, self.bufs, self.sems = sched, bufs, sems
+        self.steps = sched.steps[0]
+
+    def copies(self, window: jax.Array, slot: int) -> list[safedma.LocalCopy]:
+        n = jnp.minimum(self.steps - window * WINDOW, WINDOW)
+        src = self.sched.rows.at[pl.ds(pl.multiple_of(window * WINDOW, WINDOW), n)]
+        return [safedma.LocalCopy(src, self.bufs[slot].at[pl.ds(0, n)], self.sems.at[slot])]
+
+
+def wait_all(copies: list[safedma.LocalCopy]) -> None:
+    for copy in copies:
+        copy.started_elsewhere().wait()
+
+
+def windows_kernel(
+    sched: Schedule[DataRef],
+    x_hbm: DataRef,
+    o_hbm: DataRef,
+    allocs: tuple[pltpu.BufferedRef, pltpu.BufferedRef],
+    bufs: tuple[DataRef, DataRef],
+    sems: SemArray,
+) -> None:
+    plan = Windows(sched, bufs, sems)
+    windows = pl.cdiv(plan.steps, WINDOW)
+    for copy in plan.copies(jnp.int32(0), 0):
+        copy.start()
+
+    def run(w: jax.Array, slot: int) -> None:
+        wait_all(plan.copies(w, slot))
+
+        def step(x_ref: DataRef, o_ref: DataRef) -> None:
+            o_ref[...] = x_ref[...] + bufs[slot][0].astype(jnp.float32)
+
+        grid = (jnp.minimum(plan.steps - w * WINDOW, WINDOW),)
+        pipeline = safedma.emit_pipeline(step, grid=grid, in_specs=[ROW_SPEC], out_specs=[ROW_SPEC])
+        pipeline(x_hbm, o_hbm, allocations=allocs)
+
+    def prefetch(w: jax.Array, slot: int) -> None:
+        for copy in plan.copies(w + 1, slot):
+            copy.start()
+
+    def window(w: jax.Array, carry: None) -> None:
+        even = w % 2 == 0
+        more = w + 1 < windows
+
+        @pl.when(jnp.logical_and(more, even))
+        def _prefetch_1() -> None:
+            prefetch(w, 1)
+
+        @pl.when(jnp.logical_and(more, jnp.logical_not(even)))
+        def _prefetch_0() -> None:
+            prefetch(w, 0)
+
+        @pl.when(even)
+        def _compute_0() -> None:
+            run(w, 0)
+
+        @pl.when(jnp.logical_not(even))
+        def _compute_1() -> None:
+            run(w, 1)
+
+        return carry
+
+    fori_loop(0, windows, window, None)
+
+
+def schedule_windows(steps: jax.Array, rows: jax.Array, x: jax.Array) -> jax.Array:
+    hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+    allocs = (buffered_input(ROW_SPEC, jnp.float32), buffered_output(ROW_SPEC, jnp.float32))
+    window_buf = safedma.smem((WINDOW,), jnp.int32)
+    # jax's PrefetchScalarGridSpec annotates its scratch without BufferedRef allocations
+    # (which it takes at run time); safedma.pallas_call's scratch_shapes takes them.
+    return safedma.pallas_call(
+        windows_kernel,
+        ShapeDtype(x.shape, x.dtype),
+        in_specs=[Schedule(pl.BlockSpec(memory_space=pltpu.SMEM), hbm), hbm],
+        out_specs=hbm,
+        scratch_shapes=(allocs, (window_buf, window_buf), safedma.dma_semaphores(2)),
+        compiler_params=pltpu.CompilerParams(disable_semaphore_checks=True),
+    )(Schedule(steps, rows), x)
