@@ -119,6 +119,17 @@ def _shapes_differ(src: tuple[object, ...], dst: tuple[object, ...]) -> bool:
     return False
 
 
+def _static_against_traced(src: tuple[object, ...], dst: tuple[object, ...]) -> int | None:
+    """The first dimension whose size is fixed while tracing on one side and traced on the
+    other (shapes of one rank), else None. Mosaic rejects such a copy on TPU even when the
+    traced size is equal at run time: its DMA verifier compares the memref types, where a
+    traced size is ``?``."""
+    for axis, (a, b) in enumerate(zip(src, dst)):
+        if a is not b and _compat.is_static_size(a) != _compat.is_static_size(b):
+            return axis
+    return None
+
+
 def check_same_layout(src: object, dst: object, what: str) -> None:
     """Source and destination of a copy must agree in shape and dtype (T1, T2)."""
     src_shape, src_dtype = _compat.ref_layout(src)
@@ -130,6 +141,20 @@ def check_same_layout(src: object, dst: object, what: str) -> None:
             "A DMA copies a block as it is: "
             "slice one side with .at[pl.ds(start, size)] (or reshape the buffer) so both "
             "shapes match."
+        )
+    axis = _static_against_traced(src_shape, dst_shape)
+    if axis is not None:
+        static, traced = ("source", "destination")
+        if not _compat.is_static_size(src_shape[axis]):
+            static, traced = traced, static
+        raise CopyShapeMismatchError(
+            f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
+            f"shapes {shape_text(src_shape)} and {shape_text(dst_shape)}: dimension {axis} "
+            f"has a size fixed while tracing on the {static} and a size computed in the "
+            f"kernel (a jax value) on the {traced}. Mosaic rejects such a copy on TPU "
+            '("DMA source and target shape mismatch") even when the two sizes are equal '
+            f"at run time: slice the {static} with the same traced size "
+            "(.at[pl.ds(start, size)]), or give both sides a Python int size."
         )
     if src_dtype != dst_dtype:
         raise CopyDtypeMismatchError(

@@ -189,6 +189,17 @@ def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
     return tuple(getattr(ref, "shape", ())), getattr(ref, "dtype", None)
 
 
+def is_static_size(size: object) -> bool:
+    """Whether a copy dimension's size is part of the Mosaic memref type (a Python or
+    numpy int), as jax decides it (``Slice.is_dynamic_size``: ``not core.is_dim(size)``).
+
+    Any jax value is a dynamic (``?``) dimension, even a constant one (``jnp.int32(8)``
+    traced in a kernel), and Mosaic's DMA verifier rejects a static dimension opposite a
+    dynamic one ("DMA source and target shape mismatch"), whatever the run-time value.
+    """
+    return not isinstance(size, bool) and bool(_jax_core.is_dim(size))
+
+
 def static_int(value: object) -> int | None:
     """The value of an index known while tracing (a Python int, or a literal jax
     turned into a constant tracer), else None.
@@ -369,6 +380,128 @@ def _is_semaphore(value: object) -> bool:
     return is_ref(value) and ref_kind(value) is not SemaphoreKind.DATA
 
 
+def _is_semaphore_var(var: object) -> bool:
+    """Whether a jaxpr variable is a semaphore ref (a ``dma_wait``'s semaphore operand)."""
+    aval = getattr(var, "aval", None)
+    if not isinstance(aval, _state_types.AbstractRef):
+        return False
+    dtype = getattr(aval, "dtype", None) or getattr(
+        getattr(aval, "inner_aval", None), "dtype", None
+    )
+    return dtype is not None and _kind_of_dtype(dtype) is not SemaphoreKind.DATA
+
+
+def _var_root(value: object) -> object:
+    """The variable under a view of it in a jaxpr (``sems.at[i]`` is a TransformedRef)."""
+    while isinstance(value, _state_types.TransformedRef):
+        value = value.ref
+    return value
+
+
+def _block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
+    """Each block of ``eqn`` with, for each of its inputs (constvars then invars), the
+    position of the operand of ``eqn`` it receives (-1: none, e.g. a ``run_scoped``
+    allocation or a loop counter); None for a primitive whose blocks are not known here."""
+    name, params, n = eqn.primitive.name, eqn.params, len(eqn.invars)
+
+    def inner(value: object) -> Any:
+        return getattr(value, "jaxpr", value)
+
+    if name == "cond":
+        return [
+            (inner(b), [-1] * len(inner(b).constvars) + list(range(1, n)))
+            for b in params["branches"]
+        ]
+    if name == "while":
+        cn, bn = params["cond_nconsts"], params["body_nconsts"]
+        body, cond = inner(params["body_jaxpr"]), inner(params["cond_jaxpr"])
+        carry = list(range(cn + bn, n))
+        return [
+            (body, [-1] * len(body.constvars) + list(range(cn, cn + bn)) + carry),
+            (cond, [-1] * len(cond.constvars) + list(range(cn)) + carry),
+        ]
+    if name == "run_scoped":
+        body = inner(params["jaxpr"])
+        if len(body.constvars) == n:  # the closed-over refs, then the allocations
+            return [(body, list(range(n)) + [-1] * len(body.invars))]
+        if len(body.constvars) == 0 and len(body.invars) >= n:
+            return [(body, list(range(n)) + [-1] * (len(body.invars) - n))]
+        return None
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        if key in params and isinstance(inner(params[key]), _jax_core.Jaxpr):
+            body = inner(params[key])
+            if len(body.invars) == n:
+                return [(body, [-1] * len(body.constvars) + list(range(n)))]
+    return None
+
+
+def _raw_waited_operands(
+    eqn: Any, is_own_file: Callable[[str], bool]
+) -> tuple[set[int], bool] | None:
+    """The operands of ``eqn`` whose semaphores a raw ``dma_wait`` inside its blocks waits,
+    and whether one waits a semaphore allocated inside; None when a block on the way is
+    not known (the caller then assumes every semaphore operand)."""
+    blocks = _block_inputs(eqn)
+    if blocks is None:
+        return None
+    operands: set[int] = set()
+    inside = False
+    for jaxpr, positions in blocks:
+        found = _raw_waited_inputs(jaxpr, is_own_file)
+        if found is None:
+            return None
+        inputs, allocated = found
+        inside = inside or allocated
+        for k in inputs:
+            if k < len(positions) and positions[k] >= 0:
+                operands.add(positions[k])
+            else:
+                inside = True  # a block's own allocation or a value it makes
+    return operands, inside
+
+
+def _raw_waited_inputs(
+    jaxpr: Any, is_own_file: Callable[[str], bool]
+) -> tuple[set[int], bool] | None:
+    """Positions (constvars then invars) of ``jaxpr``'s inputs that raw waits inside it
+    wait, and whether one waits a semaphore allocated inside it; None: not followed."""
+    index = {id(v): i for i, v in enumerate([*jaxpr.constvars, *jaxpr.invars])}
+    inputs: set[int] = set()
+    inside = False
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dma_wait":
+            if _emitted_from(eqn, is_own_file):
+                continue
+            try:
+                args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
+            except (KeyError, TypeError, ValueError):
+                return None
+            roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
+            sems = [a for a in roots if _is_semaphore_var(a)]
+            if not sems:
+                return None
+            for sem in sems:
+                if id(sem) in index:
+                    inputs.add(index[id(sem)])
+                else:
+                    inside = True
+            continue
+        if not any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+            continue
+        nested = _raw_waited_operands(eqn, is_own_file)
+        if nested is None:
+            return None
+        operands, allocated = nested
+        inside = inside or allocated
+        for k in operands:
+            var = eqn.invars[k]
+            if id(var) in index:
+                inputs.add(index[id(var)])
+            else:
+                inside = True
+    return inputs, inside
+
+
 def _dereference(entry: object) -> Any:
     """A traced equation, or None if only a dead weak reference to it is left."""
     if isinstance(entry, weakref.ReferenceType):
@@ -403,13 +536,25 @@ def raw_dma_waits(frame: object, is_own_file: Callable[[str], bool]) -> list[Raw
             views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
             found += [(root_of(view), view) for view in views] or [(None, None)]
         elif any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
-            # The wait's slot inside the block is not mapped back to the operands:
-            # any slot of any semaphore the block receives. A block sees an outer
-            # semaphore only as an operand (jax passes closed-over refs in), so one
-            # that receives none waits only semaphores allocated inside it (a
-            # run_scoped, an emit_pipeline's own): never a kernel-level semaphore.
-            roots = [root_of(a) for a in operands if _is_semaphore(a)]
-            found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]
+            # A block sees an outer semaphore only as an operand (jax passes closed-over
+            # refs in). The waits inside are followed back to the operands they wait
+            # (any slot of each: the index inside is not mapped); a wait on a semaphore
+            # allocated inside (a run_scoped, an emit_pipeline's own) is never a
+            # kernel-level one. Where a block cannot be followed, every semaphore the
+            # block receives counts as waited.
+            followed = _raw_waited_operands(eqn, is_own_file)
+            if followed is None:
+                roots = [root_of(a) for a in operands if _is_semaphore(a)]
+                found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]
+                continue
+            waited, _ = followed
+            found += [
+                (root_of(operands[i]), None)
+                for i in sorted(waited)
+                if i < len(operands) and _is_semaphore(operands[i])
+            ]
+            if not any(_is_semaphore(a) for a in operands):
+                found.append((ALLOCATED_INSIDE, None))
     return found
 
 

@@ -127,7 +127,8 @@ def describe_value(value: object) -> str:
 def _dims(shape: tuple[object, ...]) -> list[str]:
     # A size known only at run time (``pl.ds(0, n)`` with a traced ``n``) is ``?``,
     # not the tracer's repr.
-    return [str(d) if isinstance(d, int) else "?" for d in shape]
+    # A numpy int is a size fixed while tracing too (jax's ``core.is_dim``).
+    return [str(d) if _compat.is_static_size(d) else "?" for d in shape]
 
 
 def shape_text(shape: tuple[object, ...]) -> str:

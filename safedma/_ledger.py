@@ -215,6 +215,14 @@ def _t7_fix(left: dict[tuple[str, SourceLine, str], int]) -> str:
     sides = [side for side in Side if any(side.value in calls for _, _, calls in left)]
     on_handle = " / ".join(f"handle.{side.value}" for side in sides)
     elsewhere = "; ".join(_ELSEWHERE_FIX[side] for side in sides)
+    both = f"{Side.SEND.value} and {Side.RECV.value}"
+    if any(calls == both for _, _, calls in left):
+        # A remote copy with neither side waited: one call waits both, as jax's wait() does.
+        on_handle = f"handle.wait() (both sides) or {on_handle}"
+        elsewhere = (
+            "copy.started_elsewhere().wait() for both sides in a later loop iteration, grid "
+            f"step or pl.when block, or one side: {elsewhere}"
+        )
     return (
         f"Call {on_handle} on each handle that start() returned, or, for a copy waited "
         f"elsewhere, wait it there: {elsewhere}, on the semaphore the copy was started on."

@@ -275,7 +275,13 @@ def test_t7_remote_copy_never_waited(entry: str) -> None:
 
     with pytest.raises(safedma.CopyNeverWaitedError) as err:
         trace_on_mesh(kernel, TWO_DMA, entry=entry)
-    assert_mentions(err, "wait_send() and wait_recv() never called")
+    assert_mentions(
+        err,
+        "wait_send() and wait_recv() never called",
+        # Neither side waited: the fix names the one call that waits both (session 8).
+        "handle.wait() (both sides) or handle.wait_send() / handle.wait_recv()",
+        "copy.started_elsewhere().wait() for both sides",
+    )
 
 
 # ------------------------------------------------ T8: waited twice / more than started

@@ -122,3 +122,33 @@ def test_safedmas_own_wait_in_a_branch_is_not_taken_for_a_raw_one() -> None:
 
     with pytest.raises(sd.CopyNeverWaitedError, match="1 copy was started and never waited"):
         trace(kernel, [sd.dma_semaphores(2)])
+
+
+def test_a_raw_wait_in_a_block_discharges_only_the_semaphore_it_waits() -> None:
+    # The block (a pl.when) receives both arrays; its raw wait is on `other` only. Before
+    # session 8 every semaphore a block with a raw wait inside receives counted as waited,
+    # so an emit_pipeline (whose own waits are raw) beside a copy hid a missing wait.
+    def kernel(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray, other: sd.SemArray) -> None:
+        sd.LocalCopy(x_ref, o_ref, sems.at[0]).start()
+
+        @pl.when(sd.read(other.at[1]) == 0)  # any traced condition
+        def _block() -> None:
+            sd.LocalCopy(x_ref, o_ref, sems.at[1]).start().wait()
+            pltpu.make_async_copy(x_ref, o_ref, other.at[0]).start()
+            pltpu.make_async_copy(x_ref, o_ref, other.at[0]).wait()
+
+    with pytest.raises(sd.CopyNeverWaitedError, match=r"started at .*test_raw_waits.py"):
+        trace(kernel, [sd.dma_semaphores(2), sd.dma_semaphores(2)])
+
+
+def test_a_raw_wait_in_a_block_on_the_copys_array_still_counts() -> None:
+    def kernel(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray, other: sd.SemArray) -> None:
+        sd.LocalCopy(x_ref, o_ref, sems.at[0]).start()
+
+        @pl.when(sd.read(other.at[1]) == 0)
+        def _block() -> None:
+            pltpu.make_async_copy(x_ref, o_ref, other.at[0]).start()
+            pltpu.make_async_copy(x_ref, o_ref, other.at[0]).wait()
+            pltpu.make_async_copy(x_ref, o_ref, sems.at[0]).wait()
+
+    trace(kernel, [sd.dma_semaphores(2), sd.dma_semaphores(2)])

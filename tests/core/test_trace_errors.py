@@ -19,7 +19,9 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -154,6 +156,62 @@ def test_t1_remote_shape_mismatch() -> None:
         "(8, 128) and (2, 8, 128)",
         ".at[pl.ds(start, size)]",
     )
+
+
+# A size fixed while tracing (a Python int) opposite a size computed in the kernel (any jax
+# value, even a constant one): Mosaic's DMA verifier compares the memref types, where the
+# traced size is `?`, and rejects the copy on TPU whatever the run-time value ("Pallas
+# encountered an internal verification error. Please file a bug"). Session 8, defect 1.
+_STATIC_AGAINST_TRACED: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = {
+    "traced_destination": lambda x, pid: (x.at[0], x.at[1, pl.ds(0, pid + 8)]),
+    "traced_source": lambda x, pid: (x.at[0, pl.ds(0, pid + 8)], x.at[1]),
+    "constant_jax_size": lambda x, pid: (x.at[0, pl.ds(0, jnp.int32(8))], x.at[1]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_STATIC_AGAINST_TRACED))
+def test_t1_a_static_size_opposite_a_traced_size_is_caught(case: str) -> None:
+    def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
+        src, dst = _STATIC_AGAINST_TRACED[case](x_ref, pl.program_id(0))
+        safedma.LocalCopy(src, dst, sem).start().wait()
+
+    with pytest.raises(safedma.CopyShapeMismatchError) as err:
+        trace(kernel, [DMA], grid=(1,))
+    side = "destination" if case == "traced_destination" else "source"
+    static = "source" if side == "destination" else "destination"
+    assert_mentions(
+        err,
+        "dimension 0 has a size fixed while tracing on the " + static,
+        "DMA source and target shape mismatch",
+        f"slice the {static} with the same traced size",
+    )
+
+
+def test_t1_a_static_size_opposite_a_traced_size_is_caught_on_a_remote_copy() -> None:
+    def kernel(x_ref, o_ref, send_sem, recv_sem):  # type: ignore[no-untyped-def]
+        rows = jax.lax.axis_index("x") + 8
+        ring(x_ref.at[0], o_ref.at[0, pl.ds(0, rows)], send_sem, recv_sem).start().wait()
+
+    with pytest.raises(safedma.CopyShapeMismatchError) as err:
+        trace_on_mesh(kernel, TWO_DMA)
+    assert_mentions(err, "RemoteCopy", "(8, 128) and (?, 128)", "dimension 0")
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        lambda n: (pl.ds(0, n), pl.ds(0, n)),  # one traced size on both sides
+        lambda n: (pl.ds(0, n), pl.ds(0, n + 0)),  # two traced sizes
+        lambda n: (pl.ds(0, 8), pl.ds(0, np.int32(8))),  # numpy ints are static in jax
+    ],
+    ids=["same_traced", "two_traced", "numpy_int"],
+)
+def test_t1_sizes_of_one_kind_on_both_sides_trace(sizes: Callable[[Any], tuple[Any, Any]]) -> None:
+    def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
+        a, b = sizes(pl.program_id(0) + 8)
+        safedma.LocalCopy(x_ref.at[0, a], o_ref.at[1, b], sem).start().wait()
+
+    trace(kernel, [DMA], grid=(1,))
 
 
 # ------------------------------------------------------------- T2: dtypes differ
@@ -892,3 +950,22 @@ def test_s9_unstarted_local_copy_cannot_be_waited() -> None:
         match=r"LocalCopy has no wait\(\): a copy description cannot be waited.*started_elsewhere\(\)",
     ):
         trace(kernel, [VMEM, DMA])
+
+
+def test_t1_numpy_int_sizes_are_shown_as_numbers() -> None:
+    def kernel(x_ref, o_ref, sem):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref.at[0, pl.ds(0, np.int32(4))], o_ref.at[1], sem).start().wait()
+
+    with pytest.raises(safedma.CopyShapeMismatchError) as err:
+        trace(kernel, [DMA])
+    assert_mentions(err, "(4, 128) and (8, 128)", "float32[4,128]")
+
+
+def test_t1_a_static_size_opposite_a_traced_size_is_caught_by_sync_copy() -> None:
+    # pltpu.sync_copy lowers to the same DMA, which Mosaic's verifier rejects the same way.
+    def kernel(x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
+        safedma.sync_copy(x_ref.at[0, pl.ds(0, pl.program_id(0) + 8)], buf.at[0])
+
+    with pytest.raises(safedma.CopyShapeMismatchError) as err:
+        trace(kernel, [VMEM, DMA], grid=(1,))
+    assert_mentions(err, "sync_copy", "(?, 128) and (8, 128)", "dimension 0")

@@ -14,6 +14,8 @@ from typing import TypeVar, cast
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.typing import DTypeLike
 
 C = TypeVar("C")
@@ -40,3 +42,13 @@ def array(value: int | float, dtype: DTypeLike) -> jax.Array:
 def eval_shape(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.ShapeDtypeStruct:
     shape: jax.ShapeDtypeStruct = jax.eval_shape(fn, x)  # pyright: ignore[reportUnknownMemberType]
     return shape
+
+
+def buffered_input(spec: pl.BlockSpec, dtype: DTypeLike) -> pltpu.BufferedRef:
+    ref: pltpu.BufferedRef = pltpu.BufferedRef.input(spec, dtype)  # pyright: ignore[reportUnknownMemberType]
+    return ref
+
+
+def buffered_output(spec: pl.BlockSpec, dtype: DTypeLike) -> pltpu.BufferedRef:
+    ref: pltpu.BufferedRef = pltpu.BufferedRef.output(spec, dtype)  # pyright: ignore[reportUnknownMemberType]
+    return ref

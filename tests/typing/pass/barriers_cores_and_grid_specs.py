@@ -43,14 +43,15 @@ def swap_cores(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRe
 
 def on_cores(mesh: object, x: jax.Array) -> Any:
     call = safedma.core_kernel(
-        swap_cores, ShapeDtype(x.shape, x.dtype), mesh=mesh,
+        swap_cores,
+        ShapeDtype(x.shape, x.dtype),
+        mesh=mesh,
         scratch_types=[safedma.dma_semaphore(), safedma.dma_semaphore()],
     )
     return call(x)
 
 
-def gather_kernel(idx: DataRef, x_ref: DataRef, o_ref: DataRef, buf: DataRef,
-                  sem: SemRef) -> None:
+def gather_kernel(idx: DataRef, x_ref: DataRef, o_ref: DataRef, buf: DataRef, sem: SemRef) -> None:
     safedma.LocalCopy(x_ref.at[idx[0]], buf, sem).start().wait()
     safedma.LocalCopy(buf, o_ref, sem).start().wait()
 

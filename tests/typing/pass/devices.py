@@ -35,7 +35,8 @@ def pick_devices(
     coords = safedma.mesh_coords(me_x, (me_y + 1) % ny)
     along_y = safedma.neighbour("y", 2)
     assert_type(
-        coords.pltpu_device_id, tuple[int | jax.Array, ...] | dict[str | tuple[str, ...], int | jax.Array]
+        coords.pltpu_device_id,
+        tuple[int | jax.Array, ...] | dict[str | tuple[str, ...], int | jax.Array],
     )
 
     # Row k of the target's output belongs to the k-th permutation: no two copies

@@ -33,7 +33,16 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import safedma
-from safedma import DataRef, Given, RegularSem, RemoteCopy, RemoteHandle, SemArray, SemArray2, SemRef
+from safedma import (
+    DataRef,
+    Given,
+    RegularSem,
+    RemoteCopy,
+    RemoteHandle,
+    SemArray,
+    SemArray2,
+    SemRef,
+)
 
 ShapeDtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
 ANY = pl.BlockSpec(memory_space=pl.ANY)

@@ -41,7 +41,10 @@ def future(x: jax.Array) -> jax.Array:
     like = ShapeDtype(x.shape, x.dtype)
     sems = (safedma.dma_semaphore(), safedma.dma_semaphore())
     x, out, (sem, _) = safedma.pallas_call(
-        start, (like, like, sems), in_specs=[ANY], out_specs=(ANY, ANY, (SEM, SEM)),
+        start,
+        (like, like, sems),
+        in_specs=[ANY],
+        out_specs=(ANY, ANY, (SEM, SEM)),
         input_output_aliases={0: 0},
     )(x)
     finish = safedma.pallas_call(
@@ -76,7 +79,16 @@ def joint_axes(x_ref: DataRef, y_ref: DataRef, send: SemRef, recv: SemRef) -> No
     target = safedma.device({("y", "x"): jax.lax.rem(me + 1, size)})
     copy = safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(target)
     copy.start().wait()
-    held = {("y", "x"): jax.lax.rem(me + 2, size)}  # a dict in a variable: dict[tuple[str, str], ...]
-    mixed: dict[str | tuple[str, ...], jax.Array] = {"x": me, ("y",): me}  # mypy joins the keys otherwise
-    safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(safedma.device(mixed)).start().wait()
-    safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(safedma.device(held)).start().wait()
+    held = {
+        ("y", "x"): jax.lax.rem(me + 2, size)
+    }  # a dict in a variable: dict[tuple[str, str], ...]
+    mixed: dict[str | tuple[str, ...], jax.Array] = {
+        "x": me,
+        ("y",): me,
+    }  # mypy joins the keys otherwise
+    safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(
+        safedma.device(mixed)
+    ).start().wait()
+    safedma.RemoteCopy(x_ref, y_ref, recv).with_send_sem(send).to(
+        safedma.device(held)
+    ).start().wait()

@@ -97,6 +97,4 @@ def scoped_many(x_hbm: DataRef, o_hbm: DataRef) -> None:
         safedma.LocalCopy(x_hbm, buf, sem).start().wait()
 
     safedma.run_scoped(named, buf=safedma.vmem((8, 128), np.float32), sem=safedma.dma_semaphore())
-    safedma.run_scoped(
-        lambda flag: None, safedma.regular_semaphore(), collective_axes="x"
-    )
+    safedma.run_scoped(lambda flag: None, safedma.regular_semaphore(), collective_axes="x")

@@ -22,16 +22,22 @@ ShapeDtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def two_outputs(x_ref: DataRef, s_ref: DataRef, o_ref: DataRef, t_ref: DataRef,
-                sem: SemRef) -> None:
+def two_outputs(
+    x_ref: DataRef, s_ref: DataRef, o_ref: DataRef, t_ref: DataRef, sem: SemRef
+) -> None:
     safedma.LocalCopy(x_ref, o_ref, sem).start().wait()
     safedma.LocalCopy(s_ref, t_ref, sem).start().wait()
 
 
 def arrays_as_shapes(x: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Array]:
     call = safedma.pallas_call(
-        two_outputs, (x, state), in_specs=[ANY, ANY], out_specs=(ANY, ANY),
-        scratch_shapes=[safedma.dma_semaphore()], debug=False, metadata={"kind": "copy"},
+        two_outputs,
+        (x, state),
+        in_specs=[ANY, ANY],
+        out_specs=(ANY, ANY),
+        scratch_shapes=[safedma.dma_semaphore()],
+        debug=False,
+        metadata={"kind": "copy"},
     )
     assert_type(call, safedma.KernelCall[tuple[jax.Array, jax.Array]])
     out, new_state = call(x, state)
@@ -41,7 +47,10 @@ def arrays_as_shapes(x: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Arr
 def list_of_outputs(x: jax.Array, state: jax.Array) -> jax.Array:
     shapes = [ShapeDtype(x.shape, x.dtype), ShapeDtype(state.shape, state.dtype)]
     outs = safedma.pallas_call(
-        two_outputs, shapes, in_specs=[ANY, ANY], out_specs=[ANY, ANY],
+        two_outputs,
+        shapes,
+        in_specs=[ANY, ANY],
+        out_specs=[ANY, ANY],
         scratch_shapes=[safedma.dma_semaphore()],
     )(x, state)
     assert_type(outs, tuple[jax.Array, ...])
@@ -52,17 +61,22 @@ def one_array_as_shape(x: jax.Array, state: jax.Array) -> jax.Array:
     def body(x_ref: DataRef, o_ref: DataRef, sem: SemRef) -> None:
         safedma.LocalCopy(x_ref, o_ref, sem).start().wait()
 
-    call = safedma.pallas_call(body, x, in_specs=[ANY], out_specs=ANY,
-                               scratch_shapes=[safedma.dma_semaphore()])
+    call = safedma.pallas_call(
+        body, x, in_specs=[ANY], out_specs=ANY, scratch_shapes=[safedma.dma_semaphore()]
+    )
     assert_type(call, safedma.KernelCall[jax.Array])
     return call(x)
 
 
 def dict_of_outputs(x: jax.Array, state: jax.Array) -> dict[str, jax.Array]:
     shapes = {"out": ShapeDtype(x.shape, x.dtype), "state": ShapeDtype(state.shape, state.dtype)}
-    call = safedma.pallas_call(two_outputs, shapes, in_specs=[ANY, ANY],
-                               out_specs={"out": ANY, "state": ANY},
-                               scratch_shapes=[safedma.dma_semaphore()])
+    call = safedma.pallas_call(
+        two_outputs,
+        shapes,
+        in_specs=[ANY, ANY],
+        out_specs={"out": ANY, "state": ANY},
+        scratch_shapes=[safedma.dma_semaphore()],
+    )
     assert_type(call, safedma.KernelCall[Any])  # jax's own type for a pytree of outputs
     result: dict[str, jax.Array] = call(x, state)
     return result
@@ -77,6 +91,7 @@ def scratch_by_name(mesh: object, x: jax.Array) -> Any:
     """Scratch given as a dict (jax's keyword scratch), to ``core_kernel`` and ``pallas_call``."""
     scratch = {"buf": safedma.vmem(x.shape, x.dtype), "sem": safedma.dma_semaphore()}
     on_cores = safedma.core_kernel(keyword_scratch, x, mesh=mesh, scratch_types=scratch)
-    plain = safedma.pallas_call(keyword_scratch, x, in_specs=[ANY], out_specs=ANY,
-                                scratch_shapes=scratch)
+    plain = safedma.pallas_call(
+        keyword_scratch, x, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch
+    )
     return on_cores(x), plain(x)

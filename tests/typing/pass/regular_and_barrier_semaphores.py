@@ -50,9 +50,7 @@ def meet_neighbours(barrier: BarrierSem) -> None:
     safedma.wait(barrier, 2)
 
 
-def barrier_then_send(
-    x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef
-) -> None:
+def barrier_then_send(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     """The usual collective prologue: meet both neighbours at the barrier, then copy."""
     barrier = safedma.barrier_semaphore()
     assert_type(barrier, BarrierSem)

@@ -17,9 +17,7 @@ from safedma import DataRef, SemRef
 from _typed_jax import fori_loop
 
 
-def broadcast_from_zero(
-    x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef
-) -> None:
+def broadcast_from_zero(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     me = safedma.my_index("x")
     assert_type(me, jax.Array)
     n = safedma.axis_size("x")

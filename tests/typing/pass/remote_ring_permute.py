@@ -39,9 +39,7 @@ def ring_kernel(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemR
     handle.wait()
 
 
-def ring_kernel_chained(
-    x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef
-) -> None:
+def ring_kernel_chained(x_ref: DataRef, o_ref: DataRef, send_sem: SemRef, recv_sem: SemRef) -> None:
     """The one-line spelling, and the two builder steps in the other order."""
     RemoteCopy(x_ref, o_ref, recv_sem).with_send_sem(send_sem).to(
         safedma.neighbour("x")

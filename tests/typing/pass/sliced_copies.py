@@ -36,9 +36,9 @@ def split_copy(x_hbm: DataRef, o_hbm: DataRef, buf: DataRef, sems: SemArray) -> 
     assert_type(sems.shape, tuple[int, ...])
 
     h0 = safedma.LocalCopy(top, buf.at[pl.ds(half, half)], first).start()
-    h1 = safedma.LocalCopy(
-        x_hbm.at[pl.ds(half, half)], buf.at[pl.ds(0, half)], sems.at[1]
-    ).start(priority=1)
+    h1 = safedma.LocalCopy(x_hbm.at[pl.ds(half, half)], buf.at[pl.ds(0, half)], sems.at[1]).start(
+        priority=1
+    )
     h0.wait()
     h1.wait()
     safedma.LocalCopy(buf, o_hbm, sems.at[pl.ds(2, 2)].at[0]).start().wait()

@@ -53,14 +53,23 @@ def swap_pairs(x_ref: DataRef, o_ref: DataRef, sems: Mapping[str, SemRef]) -> No
 def swap(x: jax.Array) -> jax.Array:
     sems = {"send": safedma.dma_semaphore(), "recv": safedma.dma_semaphore()}
     return safedma.pallas_call(
-        swap_pairs, ShapeDtype(x.shape, x.dtype), in_specs=[ANY], out_specs=ANY,
+        swap_pairs,
+        ShapeDtype(x.shape, x.dtype),
+        in_specs=[ANY],
+        out_specs=ANY,
         scratch_shapes=(sems,),
     )(x)
 
 
 def exchange(
-    x_ref: DataRef, o_ref: DataRef, recv_buf: DataRef,
-    send_sems: SemArray, recv_sems: SemArray, buf: DataRef, *, peers: int,
+    x_ref: DataRef,
+    o_ref: DataRef,
+    recv_buf: DataRef,
+    send_sems: SemArray,
+    recv_sems: SemArray,
+    buf: DataRef,
+    *,
+    peers: int,
 ) -> None:
     me = safedma.my_index("x")
 
@@ -99,8 +108,10 @@ def exchange_call(x: jax.Array, peers: int) -> jax.Array:
         num_scalar_prefetch=0, in_specs=[ANY], out_specs=ANY, scratch_shapes=scratch
     )
     return safedma.pallas_call(
-        functools.partial(exchange, peers=peers), ShapeDtype(x.shape, x.dtype),
-        grid_spec=grid_spec, compiler_params=pltpu.CompilerParams(collective_id=0),
+        functools.partial(exchange, peers=peers),
+        ShapeDtype(x.shape, x.dtype),
+        grid_spec=grid_spec,
+        compiler_params=pltpu.CompilerParams(collective_id=0),
     )(x)
 
 
