@@ -20,8 +20,6 @@ stopped at trace time naming the user's line.
 
 from __future__ import annotations
 
-import inspect
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -33,19 +31,11 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
+from tests.support.source_lines import line_in, raising_lines
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SAFE, RAW = True, False
 PAGES, PAGE, D, BLOCK_PAGES = 8, 8, 128, 2
-
-
-def _line_of(function: Callable[..., Any], text: str) -> int:
-    lines, first = inspect.getsourcelines(function)
-    return first + next(i for i, line in enumerate(lines) if text in line)
-
-
-def _raising_lines(err: pytest.ExceptionInfo[BaseException]) -> list[int]:
-    return [f.lineno or 0 for f in traceback.extract_tb(err.tb) if f.filename == __file__]
 
 
 def _tpu_mesh() -> Any:
@@ -180,8 +170,8 @@ def test_page_group_waits_dropped_names_the_helper_and_each_caller() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         jax.eval_shape(broken, *_paged_args())
     message = str(err.value)
-    start = _line_of(_PageGroup.start, "copy.start()")
-    first = _line_of(_paged, "# first prefetch")
+    start = line_in(_PageGroup.start, "copy.start()")
+    first = line_in(_paged, "# first prefetch")
     assert f"{__file__}:{start} (called from {__file__}:{first}" in message, message
     # Both prefetches (page and scale copies of each) are listed, none waited: one line
     # per start site and buffers, with the count of the page loop's copies.
@@ -268,7 +258,7 @@ def test_while_loop_wait_on_the_other_semaphore_array_is_t7() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(broken, *_while_args(), mesh=_tpu_mesh())
     message = str(err.value)
-    prefetch = _line_of(_while_prefetch, "copy(block + 1, following, sems).start()")
+    prefetch = line_in(_while_prefetch, "copy(block + 1, following, sems).start()")
     assert f"{__file__}:{prefetch}" in message, message
     assert "on the semaphore the copy was started on" in message
 
@@ -360,7 +350,7 @@ def test_an_emit_pipeline_does_not_hide_an_unwaited_copy(pipeline: str) -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_zero_call(kernel, sd.pallas_call), *_zero_args(), mesh=_tpu_mesh())
     message = str(err.value)
-    assert f"{__file__}:{_line_of(_zero_fill, '# USER')}" in message, message
+    assert f"{__file__}:{line_in(_zero_fill, '# USER')}" in message, message
     # Defect 4: a size read at run time is shown as '?', not as a tracer's repr.
     assert "float32[?,8,128]" in message and "Tracer" not in message, message
 
@@ -369,7 +359,7 @@ def test_zero_fill_priority_2_is_rejected_at_the_users_line() -> None:
     broken = _zero_call(_zero_fill(SAFE, priority=2), sd.pallas_call)
     with pytest.raises(sd.PriorityError) as err:
         mosaic_text(broken, *_zero_args(), mesh=_tpu_mesh())
-    assert _line_of(_zero_fill, "# USER") in _raising_lines(err)
+    assert line_in(_zero_fill, "# USER") in raising_lines(err, __file__)
 
 
 # --- SparseCore: a pipeline with a traced grid, row copies waited in order ---------------
@@ -486,7 +476,7 @@ def test_sparse_core_forgotten_bitcast_is_t2_at_the_users_line() -> None:
     broken = _sc_call(_sc_gather(SAFE, forget_bitcast=True), sd.core_kernel)
     with pytest.raises(sd.CopyDtypeMismatchError, match="float32 and uint32") as err:
         mosaic_text(broken, *_sc_args(), mesh=_tpu_mesh())
-    assert _line_of(_sc_gather, "# USER") in _raising_lines(err)
+    assert line_in(_sc_gather, "# USER") in raising_lines(err, __file__)
 
 
 def test_sparse_core_ordered_waits_dropped_is_t7_in_the_pipeline_body() -> None:
@@ -494,7 +484,7 @@ def test_sparse_core_ordered_waits_dropped_is_t7_in_the_pipeline_body() -> None:
     with pytest.raises(sd.CopyNeverWaitedError, match="kernel 'inner'") as err:
         mosaic_text(broken, *_sc_args(), mesh=_tpu_mesh())
     message = str(err.value)
-    assert f"{__file__}:{_line_of(_sc_gather, '# STARTED')}" in message, message
+    assert f"{__file__}:{line_in(_sc_gather, '# STARTED')}" in message, message
     # Defect 5: refs the pipeline body closes over keep the kernel's names.
     assert "x_hbm.at[...] uint32[128] -> rows_buf.at[...] uint32[128]" in message, message
     # The row loop's copies share one start line and buffers: one line with their count

@@ -25,8 +25,6 @@ stopped at trace time naming the user's line.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -41,26 +39,13 @@ from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
+from tests.support.ring_twins import ALONG_X, sharded
+from tests.support.source_lines import line_in, raising_lines
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
 VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
 SAFE, RAW = True, False
-
-
-def _line_of(function: Callable[..., Any], text: str) -> int:
-    lines, first = inspect.getsourcelines(function)
-    return first + next(i for i, line in enumerate(lines) if text in line)
-
-
-def _raising_lines(err: pytest.ExceptionInfo[BaseException]) -> list[int]:
-    return [f.lineno or 0 for f in traceback.extract_tb(err.tb) if f.filename == __file__]
-
-
-def _sharded(fn: Callable[..., Any], mesh: Any, n_in: int) -> Any:
-    return jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=(P("x"),) * n_in, out_specs=P("x"), check_vma=False)
-    )
 
 
 # --- a per-lane ring rotation between a window's lanes -----------------------------------
@@ -244,7 +229,7 @@ def _ring_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
 
 def _ring(safe: bool, seed: str | None = None, **options: Any) -> tuple[Any, Any]:
     mesh = abstract_mesh((N,), ("x",))
-    fn = _sharded(_ring_call(_ring_kernel(safe, seed), safe, **options), mesh, 3)
+    fn = sharded(_ring_call(_ring_kernel(safe, seed), safe, **options), mesh, (ALONG_X,) * 3)
     return fn, mesh
 
 
@@ -259,7 +244,7 @@ def test_ring_sends_not_waited_is_t7_one_line_for_the_lanes() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
     message = str(err.value)
-    start = _line_of(_Ring._lane, "# STARTED")
+    start = line_in(_Ring._lane, "# STARTED")
     # Both lanes' sends start at one line with the same buffers: one line, counted.
     assert f"  - {LANES} copies of RemoteCopy window.at[...]" in message, message
     assert f"started at {__file__}:{start} (called from " in message, message
@@ -271,7 +256,7 @@ def test_ring_start_handle_waited_in_another_branch_names_both() -> None:
     broken, mesh = _ring(SAFE, "start_handle_waited")
     with pytest.raises(sd.HandleEscapedError, match=r"pl\.when / lax\.cond") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
-    assert f"{__file__}:{_line_of(_Ring._wait_send, '# ESCAPED')}" in str(err.value)
+    assert f"{__file__}:{line_in(_Ring._wait_send, '# ESCAPED')}" in str(err.value)
     # The fix waits the send side only: started_elsewhere().wait() would wait the receive
     # side a second time (this lane already waited it), and the ring would hang.
     assert "copy.started_elsewhere().wait_send()" in str(err.value)
@@ -283,7 +268,7 @@ def test_ring_without_a_send_semaphore_is_s4_at_the_users_line() -> None:
     # The copy's first use (the receive wait, before the start) is where it is stopped.
     with pytest.raises(sd.IncompleteCopyError, match=r"with_send_sem\(sem\)") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
-    assert _line_of(_Ring._lane, "# FIRST USE") in _raising_lines(err)
+    assert line_in(_Ring._lane, "# FIRST USE") in raising_lines(err, __file__)
 
 
 def test_ring_regular_handshake_semaphore_as_receive_semaphore_is_s3() -> None:
@@ -291,7 +276,7 @@ def test_ring_regular_handshake_semaphore_as_receive_semaphore_is_s3() -> None:
     # The semaphore inside the pytree scratch entry is named by its path (session 7).
     with pytest.raises(sd.SemaphoreKindError, match=r"REGULAR semaphore \(sems\.sync ") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
-    assert _line_of(_Ring._copy, "# DESCRIBED") in _raising_lines(err)
+    assert line_in(_Ring._copy, "# DESCRIBED") in raising_lines(err, __file__)
 
 
 def test_ring_startup_barrier_without_collective_id_is_t9() -> None:
@@ -407,7 +392,7 @@ def _all_to_all_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
 
 def _a2a(safe: bool, seed: str | None = None) -> tuple[Any, Any]:
     mesh = abstract_mesh((N,), ("x",), tpu="v5p")  # jax 0.12 lowers `%` per generation
-    return _sharded(_all_to_all_call(_all_to_all(safe, seed), safe), mesh, 6), mesh
+    return sharded(_all_to_all_call(_all_to_all(safe, seed), safe), mesh, (ALONG_X,) * 6), mesh
 
 
 def test_ragged_all_to_all_waited_by_totals_matches_raw() -> None:
@@ -425,7 +410,7 @@ def test_ragged_all_to_all_drain_missing_is_t7_naming_the_start(seed: str, never
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(broken, *_all_to_all_args(mesh), mesh=mesh)
     message = str(err.value)
-    start = _line_of(_all_to_all, "# STARTED")
+    start = line_in(_all_to_all, "# STARTED")
     assert f"started at {__file__}:{start}" in message, message
     assert f": {never} never called" in message, message
     # The fix names the missing side's waits (session 7), not a local handle.wait().
@@ -439,7 +424,7 @@ def test_ragged_all_to_all_narrower_destination_is_t1_at_the_users_line() -> Non
     broken, mesh = _a2a(SAFE, "half_rows")
     with pytest.raises(sd.CopyShapeMismatchError, match=r"\(\?, 128\).*\(\?, 64\)") as err:
         mosaic_text(broken, *_all_to_all_args(mesh), mesh=mesh)
-    assert _line_of(_all_to_all, "# DESCRIBED") in _raising_lines(err)
+    assert line_in(_all_to_all, "# DESCRIBED") in raising_lines(err, __file__)
 
 
 # --- a host <-> HBM copy on a run_scoped semaphore ----------------------------------------
@@ -489,7 +474,7 @@ def _d2h(safe: bool, mesh: Any, seed: str | None = None) -> Any:
         )(x)
         return out
 
-    return _sharded(per_device, mesh, 1)
+    return sharded(per_device, mesh, (ALONG_X,) * 1)
 
 
 def _h2d(safe: bool, mesh: Any, seed: str | None = None) -> Any:
@@ -504,7 +489,7 @@ def _h2d(safe: bool, mesh: Any, seed: str | None = None) -> Any:
         )(x)
         return out
 
-    return _sharded(per_device, mesh, 1)
+    return sharded(per_device, mesh, (ALONG_X,) * 1)
 
 
 def _host_args(mesh: Any) -> jax.ShapeDtypeStruct:
@@ -524,7 +509,7 @@ def test_host_dma_not_waited_is_t7_on_the_scoped_semaphore(direction: Any) -> No
     mesh = abstract_mesh((N,), ("x",), tpu="v5p")
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(direction(SAFE, mesh, "not_waited"), _host_args(mesh), mesh=mesh)
-    start = _line_of(_host_dma, "# STARTED")
+    start = line_in(_host_dma, "# STARTED")
     assert (
         f"LocalCopy x_ref float32[16,128] -> y_ref float32[16,128], started at {__file__}:{start}"
         in str(err.value)
@@ -535,7 +520,7 @@ def test_host_dma_semaphore_value_for_the_semaphore_is_s1() -> None:
     mesh = abstract_mesh((N,), ("x",), tpu="v5p")
     with pytest.raises(sd.NotARefError) as err:
         mosaic_text(_d2h(SAFE, mesh, "value_as_semaphore"), _host_args(mesh), mesh=mesh)
-    assert _line_of(_host_dma, "# USER") in _raising_lines(err)
+    assert line_in(_host_dma, "# USER") in raising_lines(err, __file__)
 
 
 # --- a pipeline input that first waits a peer's remote write ------------------------------
@@ -655,7 +640,7 @@ def _remote_wait_call(kernel: Callable[..., None], safe: bool) -> Any:
 
 def _rw(safe: bool, seed: str | None = None) -> tuple[Any, Any, jax.ShapeDtypeStruct]:
     mesh = abstract_mesh((2,), ("x",), tpu="v5p")  # emit_pipeline asks for the generation
-    fn = _sharded(_remote_wait_call(_remote_wait(safe, seed), safe), mesh, 1)
+    fn = sharded(_remote_wait_call(_remote_wait(safe, seed), safe), mesh, (ALONG_X,) * 1)
     x = jax.ShapeDtypeStruct(
         (2 * CHIPS * SEQ, COL), jnp.float32, sharding=NamedSharding(mesh, P("x"))
     )
@@ -685,5 +670,5 @@ def test_pipeline_remote_wait_seeds_are_t7(seed: str, where: str, never: str) ->
         mosaic_text(broken, x, mesh=mesh)
     message = str(err.value)
     source = _remote_wait if where == "# PUSHED" else _remote_wait_bref
-    assert f"{__file__}:{_line_of(source, where)}" in message, message
+    assert f"{__file__}:{line_in(source, where)}" in message, message
     assert f"{never} never called" in message, message

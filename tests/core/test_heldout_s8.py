@@ -35,8 +35,6 @@ stopped at trace time naming the user's line.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -60,24 +58,11 @@ from safedma.testing import (
     mosaic_text,
     verify,
 )
+from tests.support.ring_twins import ALONG_X, sharded
+from tests.support.source_lines import line_in, raising_lines
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SAFE, RAW = True, False
-
-
-def _line_of(function: Callable[..., Any], text: str) -> int:
-    lines, first = inspect.getsourcelines(function)
-    return first + next(i for i, line in enumerate(lines) if text in line)
-
-
-def _raising_lines(err: pytest.ExceptionInfo[BaseException]) -> list[int]:
-    return [f.lineno or 0 for f in traceback.extract_tb(err.tb) if f.filename == __file__]
-
-
-def _sharded(fn: Callable[..., Any], mesh: Any, n_in: int) -> Any:
-    return jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=(P("x"),) * n_in, out_specs=P("x"), check_vma=False)
-    )
 
 
 # --- a direct-write reduce-scatter --------------------------------------------------------
@@ -317,7 +302,7 @@ def _direct_write_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
 def _dw(safe: bool, seed: str | None = None, **options: Any) -> tuple[Any, Any]:
     mesh = abstract_mesh((N,), ("x",), tpu="v5p")
     fn = _direct_write_call(_direct_write(safe, seed), safe, **options)
-    return _sharded(fn, mesh, 4), mesh
+    return sharded(fn, mesh, (ALONG_X,) * 4), mesh
 
 
 def test_direct_write_reduce_scatter_matches_raw() -> None:
@@ -348,21 +333,21 @@ def test_direct_write_drain_dropped_is_t7_naming_the_start(
         mosaic_text(broken, *_direct_write_args(mesh), mesh=mesh)
     message = str(err.value)
     assert f"{what}" in message, message
-    assert f"started at {__file__}:{_line_of(_direct_write, where)}" in message, message
+    assert f"started at {__file__}:{line_in(_direct_write, where)}" in message, message
 
 
 def test_direct_write_send_semaphore_array_is_s2_at_the_users_line() -> None:
     broken, mesh = _dw(SAFE, "send_sem_is_the_recv_array")
     with pytest.raises(sd.SemaphoreShapeError, match=r"\.at\[") as err:
         mosaic_text(broken, *_direct_write_args(mesh), mesh=mesh)
-    assert _line_of(_direct_write, "# SEEDED") in _raising_lines(err)
+    assert line_in(_direct_write, "# SEEDED") in raising_lines(err, __file__)
 
 
 def test_direct_write_gather_into_both_slots_is_t1_at_the_users_line() -> None:
     broken, mesh = _dw(SAFE, "gather_into_both_slots")
     with pytest.raises(sd.CopyShapeMismatchError) as err:
         mosaic_text(broken, *_direct_write_args(mesh), mesh=mesh)
-    assert _line_of(_direct_write, "# GATHERED") in _raising_lines(err)
+    assert line_in(_direct_write, "# GATHERED") in raising_lines(err, __file__)
 
 
 def test_direct_write_barrier_without_collective_id_is_t9() -> None:
@@ -395,7 +380,7 @@ def test_direct_write_zero_fill_after_the_barrier_races_with_a_peers_row(safe: b
     fn = _direct_write_call(_direct_write(safe), safe)
     with pytest.raises(RaceDetectedError, match=r"out_hbm\[") as err:
         verify(fn, *_direct_write_tables(), mesh=mesh, in_specs=(P("x"),) * 4, out_specs=P("x"))
-    zeroed = _line_of(_direct_write, "# ZEROED" if safe else "# RAW ZERO")
+    zeroed = line_in(_direct_write, "# ZEROED" if safe else "# RAW ZERO")
     assert f"{__file__}:{zeroed}" in str(err.value), err.value
 
 
@@ -631,7 +616,9 @@ def _rs_matmul_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
 
 def _rsm(safe: bool, seed: str | None = None, **options: Any) -> tuple[Any, Any]:
     mesh = abstract_mesh((N,), ("x",), tpu="v5p")  # emit_pipeline asks for the generation
-    return _sharded(_rs_matmul_call(_rs_matmul(safe, seed), safe, **options), mesh, 2), mesh
+    return sharded(
+        _rs_matmul_call(_rs_matmul(safe, seed), safe, **options), mesh, (ALONG_X,) * 2
+    ), mesh
 
 
 def test_bidirectional_reduce_scatter_matmul_matches_raw() -> None:
@@ -645,7 +632,7 @@ def test_reduce_scatter_matmul_epilogue_wait_dropped_is_t7() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
     message = str(err.value)
-    start = _line_of(_rs_matmul, "# STARTED")
+    start = line_in(_rs_matmul, "# STARTED")
     assert "RemoteCopy right_hbm.at[...]" in message, message
     assert f"started at {__file__}:{start}" in message, message
     assert "wait_send() and wait_recv() never called" in message, message
@@ -658,7 +645,7 @@ def test_reduce_scatter_matmul_start_handle_waited_in_the_epilogue_names_both() 
     with pytest.raises(sd.HandleEscapedError, match=r"pl\.when / lax\.cond") as err:
         mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
     message = str(err.value)
-    assert f"{__file__}:{_line_of(_rs_matmul, '# ESCAPED')}" in message, message
+    assert f"{__file__}:{line_in(_rs_matmul, '# ESCAPED')}" in message, message
     assert "copy.started_elsewhere().wait()" in message, message
 
 
@@ -666,7 +653,7 @@ def test_reduce_scatter_matmul_capacity_semaphore_as_receive_semaphore_is_s3() -
     broken, mesh = _rsm(SAFE, "capacity_as_recv")
     with pytest.raises(sd.SemaphoreKindError, match=r"REGULAR semaphore \(right_capacity ") as err:
         mosaic_text(broken, *_rs_matmul_args(mesh), mesh=mesh)
-    assert _line_of(_rs_matmul, "# DESCRIBED") in _raising_lines(err)
+    assert line_in(_rs_matmul, "# DESCRIBED") in raising_lines(err, __file__)
 
 
 def test_reduce_scatter_matmul_barrier_without_collective_id_is_t9() -> None:
@@ -818,7 +805,7 @@ def _ra2a_args(mesh: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
 
 def _future(safe: bool, seed: str | None = None) -> tuple[Any, Any]:
     mesh = abstract_mesh((N,), ("x",), tpu="v5p")
-    return _sharded(_ra2a_calls(safe, seed), mesh, 6), mesh
+    return sharded(_ra2a_calls(safe, seed), mesh, (ALONG_X,) * 6), mesh
 
 
 def test_ragged_all_to_all_future_matches_raw() -> None:
@@ -852,28 +839,28 @@ def test_ragged_all_to_all_future_send_waits_dropped_is_r2_in_verify() -> None:
     fn = _ra2a_calls(SAFE, "send_waits_dropped")
     with pytest.raises(LeftoverSemaphoreError, match="passed between kernels") as err:
         verify(fn, *_ra2a_tables(), mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x"))
-    assert f"{__file__}:{_line_of(_ra2a, '# STARTED')}" in str(err.value)
+    assert f"{__file__}:{line_in(_ra2a, '# STARTED')}" in str(err.value)
 
 
 def test_ragged_all_to_all_future_receive_on_a_semaphore_pair_is_s2() -> None:
     broken, mesh = _future(SAFE, "recv_on_the_pair")
     with pytest.raises(sd.SemaphoreShapeError, match=r"\.at\[") as err:
         mosaic_text(broken, *_ra2a_args(mesh), mesh=mesh)
-    assert _line_of(_ra2a, "# DESCRIBED") in _raising_lines(err)
+    assert line_in(_ra2a, "# DESCRIBED") in raising_lines(err, __file__)
 
 
 def test_ragged_all_to_all_future_unknown_axis_is_t3() -> None:
     broken, mesh = _future(SAFE, "unknown_axis")
     with pytest.raises(sd.DeviceIdError, match="'y'") as err:
         mosaic_text(broken, *_ra2a_args(mesh), mesh=mesh)
-    assert _line_of(_ra2a, "# AXIS") in _raising_lines(err)
+    assert line_in(_ra2a, "# AXIS") in raising_lines(err, __file__)
 
 
 def test_ragged_all_to_all_future_receive_waited_as_a_send_is_s5() -> None:
     broken, mesh = _future(SAFE, "receive_waited_as_send")
     with pytest.raises(sd.WrongOperationError, match=r"wait_recv\(\)") as err:
         mosaic_text(broken, *_ra2a_args(mesh), mesh=mesh)
-    assert _line_of(_ra2a, "# WRONG SIDE") in _raising_lines(err)
+    assert line_in(_ra2a, "# WRONG SIDE") in raising_lines(err, __file__)
 
 
 # --- gradient tiles read, accumulated and written back inside a pipeline on each core ------
@@ -1059,7 +1046,7 @@ def test_gradient_read_never_waited_is_t7_in_the_pipeline_body() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         _grads_seed("read_wait_dropped")
     message = str(err.value)
-    assert f"started at {__file__}:{_line_of(_grads, '# READ STARTED')}" in message, message
+    assert f"started at {__file__}:{line_in(_grads, '# READ STARTED')}" in message, message
     assert "LocalCopy wg_hbm.at[...]" in message, message
 
 
@@ -1067,7 +1054,7 @@ def test_gradient_write_waited_on_the_read_semaphore_is_t7_naming_the_write() ->
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         _grads_seed("write_waited_on_the_read")
     message = str(err.value)
-    assert f"started at {__file__}:{_line_of(_grads, '# WRITE STARTED')}" in message, message
+    assert f"started at {__file__}:{line_in(_grads, '# WRITE STARTED')}" in message, message
 
 
 def test_gradient_whole_tile_written_to_a_traced_slice_is_t1_at_the_users_line() -> None:
@@ -1079,7 +1066,7 @@ def test_gradient_whole_tile_written_to_a_traced_slice_is_t1_at_the_users_line()
     message = str(err.value)
     assert "dimension 1 has a size fixed while tracing on the source" in message, message
     assert "slice the source with the same traced size" in message, message
-    assert _line_of(_grads, "# W WRITE") in _raising_lines(err)
+    assert line_in(_grads, "# W WRITE") in raising_lines(err, __file__)
 
 
 # --- a schedule read in windows into SMEM, double-buffered across a loop ------------------
@@ -1214,7 +1201,7 @@ def test_schedule_window_wait_on_the_other_slot_is_t7_naming_the_prefetch() -> N
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         _windows_seed("one_slot_waited")
     message = str(err.value)
-    assert f"started at {__file__}:{_line_of(_windows, '# PREFETCHED')}" in message, message
+    assert f"started at {__file__}:{line_in(_windows, '# PREFETCHED')}" in message, message
     assert "LocalCopy sched.rows.at[...]" in message, message
 
 
@@ -1222,10 +1209,10 @@ def test_schedule_window_into_the_whole_buffer_is_t1_at_the_users_line() -> None
     # The window's traced length against the SMEM buffer's fixed 4 entries (defect 1).
     with pytest.raises(sd.CopyShapeMismatchError, match=r"\(\?,\) and \(4,\)") as err:
         _windows_seed("whole_buffer")
-    assert _line_of(_windows, "# DESCRIBED") in _raising_lines(err)
+    assert line_in(_windows, "# DESCRIBED") in raising_lines(err, __file__)
 
 
 def test_schedule_window_on_the_semaphore_array_is_s2_at_the_users_line() -> None:
     with pytest.raises(sd.SemaphoreShapeError, match=r"\.at\[") as err:
         _windows_seed("semaphore_array")
-    assert _line_of(_windows, "# DESCRIBED") in _raising_lines(err)
+    assert line_in(_windows, "# DESCRIBED") in raising_lines(err, __file__)

@@ -11,7 +11,6 @@ Each kernel lowers to the Mosaic of its raw pltpu spelling.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -24,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic
+from tests.support.source_lines import marker_line
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
@@ -227,12 +227,6 @@ def _leaks_in_grid_spec(
     sd.LocalCopy(x_hbm.at[i_ref[0]], out, scratch).start()  # in grid_spec scratch
 
 
-def _line_of(marker: str) -> int:
-    """The line of this file carrying ``marker`` in a comment (the copy a message must name)."""
-    lines = Path(__file__).read_text().splitlines()
-    return next(n for n, line in enumerate(lines, 1) if marker in line and "_line_of" not in line)
-
-
 def test_a_copy_on_a_scratch_semaphore_is_still_never_waited() -> None:
     x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
     call = sd.pallas_call(
@@ -247,7 +241,9 @@ def test_a_copy_on_a_scratch_semaphore_is_still_never_waited() -> None:
         jax.eval_shape(call, x)
     message = str(err.value)
     assert "1 copy was started" in message and "-> out" in message
-    assert f"test_jax_test_patterns.py:{_line_of('# lost')}" in message  # not the output's line
+    assert (
+        f"test_jax_test_patterns.py:{marker_line(__file__, '# lost')}" in message
+    )  # not the output's line
 
     rows = jax.ShapeDtypeStruct((4, 8, 128), jnp.float32)
     in_grid = sd.pallas_call(
@@ -260,7 +256,9 @@ def test_a_copy_on_a_scratch_semaphore_is_still_never_waited() -> None:
             scratch_shapes=[sd.dma_semaphore()],
         ),
     )
-    with pytest.raises(sd.CopyNeverWaitedError, match=f"patterns.py:{_line_of('# in grid')}"):
+    with pytest.raises(
+        sd.CopyNeverWaitedError, match=f"patterns.py:{marker_line(__file__, '# in grid')}"
+    ):
         jax.eval_shape(in_grid, jax.ShapeDtypeStruct((1,), jnp.int32), rows)
 
 
@@ -453,5 +451,5 @@ def test_a_start_kernel_that_starts_nothing_names_its_def_and_call() -> None:
     with pytest.raises(sd.FutureNotWaitedError) as err:
         jax.eval_shape(run, x)
     message = str(err.value)
-    assert f"defined at {__file__}:{_line_of('# the def')}" in message
-    assert f"start_async at {__file__}:{_line_of('# the call')}" in message
+    assert f"defined at {__file__}:{marker_line(__file__, '# the def')}" in message
+    assert f"start_async at {__file__}:{marker_line(__file__, '# the call')}" in message

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import traceback
 import warnings
 from collections.abc import Callable
@@ -38,6 +37,8 @@ from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic
+from tests.support.source_lines import line_in
+from tests.support.ring_twins import sharded
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
@@ -53,10 +54,6 @@ def _mesh(tpu: str | None = None) -> Any:
 
 def _x(mesh: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((N * ROWS, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
-
-
-def _sharded(fn: Callable[[jax.Array], jax.Array], mesh: Any) -> Any:
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
 
 
 # --- T9 for checked bodies under pl.kernel and pl.core_map ------------------------------
@@ -127,11 +124,6 @@ def test_t9_checked_body_under_kernel_and_core_map_with_an_id_traces(
     entry: Callable[[int | None], None],
 ) -> None:
     entry(3)
-
-
-def _line_of(function: Callable[..., Any], text: str) -> int:
-    lines, first = inspect.getsourcelines(function)
-    return first + next(i for i, line in enumerate(lines) if text in line)
 
 
 # --- a course lab's RDMA helpers: dict scratch, rebuilt waits, LOGICAL ids ---------------
@@ -231,7 +223,7 @@ def test_dict_scratch_and_rdma_helpers_match_raw() -> None:
         lambda: pltpu.SemaphoreType.DMA(()),
         pltpu.SemaphoreType.REGULAR((1,)),
     )
-    assert_same_mosaic(_sharded(ours, mesh), _sharded(theirs, mesh), _x(mesh), mesh=mesh)
+    assert_same_mosaic(sharded(ours, mesh), sharded(theirs, mesh), _x(mesh), mesh=mesh)
 
 
 def test_rdma_helpers_one_receive_wait_dropped_names_the_helper_and_its_caller() -> None:
@@ -243,10 +235,10 @@ def test_rdma_helpers_one_receive_wait_dropped_names_the_helper_and_its_caller()
         sd.regular_semaphores(1),
     )
     with pytest.raises(sd.CopyNeverWaitedError) as err:
-        jax.eval_shape(_sharded(broken, mesh), _x(mesh))
+        jax.eval_shape(sharded(broken, mesh), _x(mesh))
     message = str(err.value)
     helper = _rdma_start.__code__.co_firstlineno + 1
-    caller = _line_of(_halves, "start(x_ref.at[part]")
+    caller = line_in(_halves, "start(x_ref.at[part]")
     assert f"{__file__}:{helper} (called from {__file__}:{caller})" in message, message
     assert "wait_recv() never called" in message and "incoming()" in message
 
@@ -362,14 +354,14 @@ def test_one_shot_exchange_matches_raw() -> None:
     mesh = _mesh(tpu="v5p")  # run_scoped scratch asks for the TPU generation on jax 0.12
     ours = _one_shot_call(_one_shot(True), sd.pallas_call, True)
     theirs = _one_shot_call(_one_shot(False), pl.pallas_call, False)
-    assert_same_mosaic(_sharded(ours, mesh), _sharded(theirs, mesh), _x(mesh), mesh=mesh)
+    assert_same_mosaic(sharded(ours, mesh), sharded(theirs, mesh), _x(mesh), mesh=mesh)
 
 
 def test_one_shot_exchange_send_waits_dropped_is_t7() -> None:
     mesh = _mesh()
     broken = _one_shot_call(_one_shot(True, drop_send_waits=True), sd.pallas_call, True)
     with pytest.raises(sd.CopyNeverWaitedError) as err:
-        jax.eval_shape(_sharded(broken, mesh), _x(mesh))
+        jax.eval_shape(sharded(broken, mesh), _x(mesh))
     # The N - 1 sends start at one line with the same buffers: one line with their count.
     message = str(err.value)
     assert message.count("wait_send() never called") == 1, message
@@ -634,7 +626,7 @@ def t9_barrier_in_a_partial_run_scoped(
 
 
 def _user_line(kernel: Callable[..., None]) -> int:
-    return _line_of(kernel, "# USER LINE")
+    return line_in(kernel, "# USER LINE")
 
 
 @pytest.mark.parametrize("name", sorted(SEEDS))
@@ -656,7 +648,7 @@ def test_seeded_mistake_is_stopped_at_the_users_line(name: str) -> None:
         return out
 
     with pytest.raises(error) as err:
-        jax.eval_shape(_sharded(per_device, mesh), _x(mesh))
+        jax.eval_shape(sharded(per_device, mesh), _x(mesh))
     line = _user_line(kernel)
     in_message = f"{__file__}:{line}" in str(err.value)
     frames = [

@@ -17,20 +17,12 @@ from safedma.testing import LeftoverSemaphoreError, RaceDetectedError, Unsatisfi
 from safedma.testing import simulate, simulated_mesh
 from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, dma, example, hbm_call
 from tests.support.simulation import over_signalled_barrier
+from tests.support.source_lines import marker_line
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
 THIS_FILE = re.escape(__file__.rsplit("/", 1)[-1])
 SAFEDMA_LINE = re.compile(r"safedma/_\w+\.py:\d+")
-
-
-def _line_of(marker: str) -> int:
-    """The line number of the line of this file that contains ``marker``."""
-    with open(__file__) as source:
-        for number, line in enumerate(source, 1):
-            if marker in line and "_line_of" not in line:
-                return number
-    raise AssertionError(marker)
 
 
 # ------------------------------------------------ 5: the user's own line
@@ -52,7 +44,7 @@ def test_unsatisfiable_safedma_wait_is_located_at_the_users_line() -> None:
         )
     [stuck] = info.value.waits
     assert stuck.location is not None
-    assert f"{__file__}:{_line_of('marker: aggregate wait')} " in stuck.location
+    assert f"{__file__}:{marker_line(__file__, 'marker: aggregate wait')} " in stuck.location
     assert not SAFEDMA_LINE.search(str(info.value)), str(info.value)
 
 
@@ -74,7 +66,10 @@ def test_copies_started_from_different_lines_are_reported_separately() -> None:
     with pytest.raises(LeftoverSemaphoreError) as info:
         simulate(hbm_call(sd.checked(kernel), scratch), example((32, 128)))
     [leftover] = info.value.leftovers
-    loop_line, extra_line = _line_of("marker: page loop"), _line_of("marker: extra")
+    loop_line, extra_line = (
+        marker_line(__file__, "marker: page loop"),
+        marker_line(__file__, "marker: extra"),
+    )
     # The loop's start is one statement over two lines: Python 3.11 reports its
     # first line, 3.12 the line of the .start() call.
     assert re.search(
@@ -96,7 +91,7 @@ def test_race_on_a_safedma_copy_is_located_at_the_users_line() -> None:
     with pytest.raises(RaceDetectedError) as info:
         simulate(hbm_call(sd.checked(kernel), scratch), example(BLOCK))
     assert info.value.races[0].location is not None
-    assert f":{_line_of('marker: too early')} " in info.value.races[0].location
+    assert f":{marker_line(__file__, 'marker: too early')} " in info.value.races[0].location
     assert THIS_FILE.replace("\\", "") in info.value.races[0].location
 
 
@@ -157,7 +152,7 @@ def test_leftover_on_4_devices_is_complete() -> None:
         simulate(call, example((32, 128)), mesh=simulated_mesh(4, "x"))
     assert [x.device_id for x in info.value.leftovers] == [0, 1, 2, 3]
     # Each names who signalled it, from which line of the user's kernel.
-    signal_line = _line_of("# never waited")
+    signal_line = marker_line(__file__, "# never waited")
     for item in info.value.leftovers:
         sender = f"device {(item.device_id - 1) % 4} (x={(item.device_id - 1) % 4})"
         assert f"signalled by {sender} at {__file__}:{signal_line} " in item.hint, item.hint

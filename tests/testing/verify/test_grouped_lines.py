@@ -11,7 +11,6 @@ in device order.
 
 from __future__ import annotations
 
-import inspect
 import re
 from typing import Any
 
@@ -22,6 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma.testing import LeftoverSemaphoreError, UnsatisfiableWaitError, abstract_mesh, verify
+from tests.support.source_lines import line_in
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -41,11 +41,6 @@ def _ring(kernel: Any, n: int, error: type[Exception] = UnsatisfiableWaitError) 
     with pytest.raises(error) as caught:
         verify(per_device, x, mesh=abstract_mesh((n,), ("x",)))
     return str(caught.value)
-
-
-def _line_of(fn: Any, text: str) -> int:
-    lines, first = inspect.getsourcelines(fn)
-    return first + next(i for i, line in enumerate(lines) if text in line)
 
 
 def _nobody_sends(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
@@ -85,7 +80,7 @@ def _two_apart(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
 
 def test_a_ring_blocked_at_one_wait_is_one_line() -> None:
     text = _ring(_nobody_sends, 256)
-    line = _line_of(_nobody_sends, "every device blocks here")
+    line = line_in(_nobody_sends, "every device blocks here")
     blocked = [row for row in text.splitlines() if row.startswith("  ")]
     assert len(blocked) == 1, text
     assert re.search(
@@ -98,7 +93,7 @@ def test_a_ring_blocked_at_one_wait_is_one_line() -> None:
 
 def test_devices_fed_by_different_neighbours_name_one_feeder() -> None:
     text = _ring(_waits_twice, 8)
-    line = _line_of(_waits_twice, "every device blocks here")
+    line = line_in(_waits_twice, "every device blocks here")
     blocked = [row for row in text.splitlines() if row.startswith("  ")]
     assert len(blocked) == 1, text
     assert f"test_grouped_lines.py:{line}" in blocked[0], text

@@ -18,7 +18,6 @@ raises ``OutOfBoundsDmaError`` naming the operand, the grid point and the fix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,6 +33,7 @@ from safedma.testing import (
     simulate,
     verify,
 )
+from tests.support.source_lines import marker_line
 
 _ROWS, _COLS = 16, 256
 _BLOCK = (8, 128)
@@ -65,11 +65,7 @@ def _call(
     return fn
 
 
-_CALL_LINE = next(
-    n
-    for n, text in enumerate(Path(__file__).read_text(encoding="utf-8").splitlines(), start=1)
-    if "# the line every message names" in text
-)
+_CALL_LINE = marker_line(__file__, "# the line every message names")
 _X = jnp.zeros((_ROWS, _COLS), jnp.float32)
 
 

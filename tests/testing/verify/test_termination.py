@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -23,13 +22,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma.testing import KernelFailedError, SimulationTimeoutError, verify
+from tests.support.source_lines import marker_line
 
 _X = jnp.zeros((8, 128), jnp.float32)
-
-
-def _line(marker: str) -> int:
-    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
-    return next(n for n, text in enumerate(lines, start=1) if marker in text)
 
 
 def _copy_loop(step: Callable[[Any, Any], Any]) -> Callable[..., jax.Array]:
@@ -66,7 +61,7 @@ def test_a_loop_that_never_advances_is_reported_at_its_line() -> None:
     with pytest.raises(KernelFailedError) as caught:
         verify(fn, jnp.ones((1,), jnp.int32), _X)
     msg = str(caught.value)
-    assert f"test_termination.py:{_line('# the loop')}" in msg
+    assert f"test_termination.py:{marker_line(__file__, '# the loop')}" in msg
     assert "never ends on device 0" in msg and "carry (0)" in msg
     assert "advance the loop's counter" in msg
 
@@ -86,7 +81,10 @@ def test_a_loop_stuck_on_a_value_in_memory_stops_at_the_timeout() -> None:
     assert time.monotonic() - t0 < 60  # bounded (tracing is inside the budget too)
     msg = str(caught.value)
     assert "timeout_s=1" in msg and "device 0 was still in the while loop at" in msg
-    assert f"test_termination.py:{_line('# the loop')}" in msg and "larger timeout_s" in msg
+    assert (
+        f"test_termination.py:{marker_line(__file__, '# the loop')}" in msg
+        and "larger timeout_s" in msg
+    )
 
 
 def test_a_grid_too_large_for_the_time_given_stops_at_the_timeout() -> None:
