@@ -113,15 +113,23 @@ def block_box(
     if index is None or len(index) != len(kinds) or not all(isinstance(i, int) for i in index):
         return None
     box: list[tuple[int, int]] = []
-    shape: tuple[int | None, ...] = block["block_shape"]
     dims = ints(block["array_shape"])
-    for i, kind, bs, dim in zip(index, kinds, shape, dims):
-        n = 1 if kind == "squeezed" or bs is None else int(bs)
-        start = int(i) * n if kind == "blocked" else int(i)
+    for (start, n), dim in zip(_windows(block, index), dims):
         if not 0 <= start < dim:
             raise _outside(ctx, desc, j, point, tuple(index), start, n, dims)
         box.append((start, min(start + n, dim)))
     return tuple(box)
+
+
+def _windows(block: dict[str, Any], index: list[Any]) -> list[tuple[int, int]]:
+    """(start, size) along each dimension of the block that block indices ``index``
+    name: a blocked dimension's index counts blocks, a squeezed one's elements."""
+    out: list[tuple[int, int]] = []
+    shape: tuple[int | None, ...] = block["block_shape"]
+    for i, kind, bs in zip(index, block["block_kinds"], shape):
+        n = 1 if kind == "squeezed" or bs is None else int(bs)
+        out.append((int(i) * n if kind == "blocked" else int(i), n))
+    return out
 
 
 def _outside(
@@ -235,12 +243,7 @@ def fill_block(
         buf.values = list[object]([why] * size)
         return
     dims = ints(block["array_shape"])
-    ranges: list[range] = []
-    shape: tuple[int | None, ...] = block["block_shape"]
-    for i, kind, bs in zip(cast("list[int]", index), kinds, shape):
-        n = 1 if kind == "squeezed" or bs is None else int(bs)
-        start = i * n if kind == "blocked" else i
-        ranges.append(range(start, start + n))
+    ranges = [range(start, start + n) for start, n in _windows(block, index)]
     strides = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
     pad: object = Unknown(f"padding past the end of operand {name} (a partial block)")
     filled: list[object] = []
