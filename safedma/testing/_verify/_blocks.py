@@ -33,21 +33,27 @@ __all__ = [
     "block_index",
     "check_revisit",
     "fill_block",
+    "grid_point_at",
     "grid_points",
     "ints",
     "known_values",
 ]
 
 
-def grid_points(grid: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+def grid_points(
+    grid: tuple[int, ...], start: int = 0, stop: int | None = None
+) -> Iterator[tuple[int, ...]]:
     """The grid's points in row-major order, made one at a time: ``itertools.product``
     and ``np.ndindex`` first build something as large as the grid (a grid of 10**8
     points took seconds and GBs before verify's time budget could stop it). No grid
-    is one point; a grid with a zero-size axis has none."""
-    if any(g <= 0 for g in grid):
+    is one point; a grid with a zero-size axis has none. ``start``/``stop``: the
+    row-major positions of the first point and one past the last (a megacore part)."""
+    total = math.prod(grid)
+    stop = total if stop is None else min(stop, total)
+    if start >= stop:
         return
-    index = [0] * len(grid)
-    while True:
+    index = list(grid_point_at(grid, start))
+    for _ in range(stop - start):
         yield tuple(index)
         k = len(grid) - 1
         while k >= 0:
@@ -56,8 +62,15 @@ def grid_points(grid: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
                 break
             index[k] = 0
             k -= 1
-        if k < 0:
-            return
+
+
+def grid_point_at(grid: tuple[int, ...], position: int) -> tuple[int, ...]:
+    """The grid point at row-major ``position``."""
+    index: list[int] = []
+    for g in reversed(grid):
+        position, i = divmod(position, g)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def ints(shape: Any) -> tuple[int, ...]:

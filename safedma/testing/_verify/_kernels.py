@@ -419,7 +419,7 @@ def _steps(
 
 def _split(
     ctx: Ctx, desc: KernelDesc, grid: tuple[int, ...]
-) -> tuple[tuple[int, ...], list[list[tuple[int, ...]]]] | None:
+) -> tuple[tuple[int, ...], list[_megacore.CorePart]] | None:
     """(split dimensions, each core's grid points) on a megacore chip, or None when
     the kernel runs on one core (no megacore, or no leading "parallel" dimension)."""
     chip = ctx.engine.chip
@@ -514,7 +514,7 @@ def _core_part(
     desc: KernelDesc,
     operands: list[Any],
     sh: _Shared,
-    points: list[tuple[int, ...]],
+    points: Iterable[tuple[int, ...]],
     hint: str,
     done: dict[int, _Frame | None],
     parties: int,

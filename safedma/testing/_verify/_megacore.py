@@ -16,16 +16,18 @@ gives the sources.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jax.sharding import AbstractMesh
 
 from safedma.testing._mosaic import TPU_GENERATIONS
+from safedma.testing._verify._blocks import grid_point_at, grid_points
 from safedma.testing._verify._report import VerificationUnsupportedError, VerifiedRaceError
 
 __all__ = [
     "Chip",
+    "CorePart",
     "check_disjoint_outputs",
     "chip_of",
     "copy_out_hint",
@@ -95,43 +97,63 @@ def split_dims(semantics: tuple[str, ...], name: str, where: str) -> tuple[int, 
     return tuple(range(lead))
 
 
-def core_parts(grid: tuple[int, ...], lead: int, cores: int) -> list[list[Point]]:
+class CorePart:
+    """One core's grid points: the row-major positions ``[lo, hi)`` of the grid, made
+    one at a time when iterated (a list of a huge grid's points took seconds and GBs
+    before verify's time budget could stop the run)."""
+
+    def __init__(self, grid: tuple[int, ...], lo: int, hi: int) -> None:
+        self.grid, self.lo, self.hi = grid, lo, max(lo, hi)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __iter__(self) -> Iterator[Point]:
+        return grid_points(self.grid, self.lo, self.hi)
+
+    @property
+    def first(self) -> Point:
+        return grid_point_at(self.grid, self.lo)
+
+    @property
+    def last(self) -> Point:
+        return grid_point_at(self.grid, self.hi - 1)
+
+    def __repr__(self) -> str:
+        return f"CorePart({self.grid}, {self.lo}, {self.hi})"
+
+
+def core_parts(grid: tuple[int, ...], lead: int, cores: int) -> list[CorePart]:
     """Each core's grid points, in the order it runs them: the parallel subgrid (the
     first ``lead`` dimensions, row-major) in contiguous parts of ``ceil(P / cores)``
     points, each followed by every point of the other dimensions."""
-    points = list(_points(grid))
     parallel = math.prod(grid[:lead])
     inner = math.prod(grid[lead:])
     chunk = -(-parallel // cores) if parallel else 0
-    parts: list[list[Point]] = []
-    for k in range(cores):
-        lo = min(k * chunk, parallel) * inner
-        hi = min((k + 1) * chunk, parallel) * inner
-        parts.append(points[lo:hi])
-    return parts
+    return [
+        CorePart(
+            grid,
+            min(k * chunk, parallel) * inner,
+            min((k + 1) * chunk, parallel) * inner,
+        )
+        for k in range(cores)
+    ]
 
 
-def _points(grid: tuple[int, ...]) -> list[Point]:
-    out: list[Point] = [()]
-    for g in grid:
-        out = [(*pt, i) for pt in out for i in range(g)]
-    return out
-
-
-def describe_parts(parts: list[list[Point]]) -> str:
+def describe_parts(parts: list[CorePart]) -> str:
     """``core 0 runs grid steps (0, 0) to (0, 2), core 1 runs (1, 0) to (1, 2)``."""
     spans: list[str] = []
     for k, part in enumerate(parts):
         if not part:
             spans.append(f"core {k} runs no step")
         elif len(part) == 1:
-            spans.append(f"core {k} runs grid step {part[0]}")
+            spans.append(f"core {k} runs grid step {part.first}")
         else:
-            spans.append(f"core {k} runs grid steps {part[0]} to {part[-1]}")
+            spans.append(f"core {k} runs grid steps {part.first} to {part.last}")
     return ", ".join(spans)
 
 
-def copy_out_hint(chip: Chip, dims: tuple[int, ...], parts: list[list[Point]]) -> str:
+def copy_out_hint(chip: Chip, dims: tuple[int, ...], parts: list[CorePart]) -> str:
     """What the split adds to "the pipeline copies out" an unwritten output block."""
     return (
         f" On a {chip.name} Mosaic splits the 'parallel' grid dimension(s) {dims} between "

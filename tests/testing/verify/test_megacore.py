@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -40,12 +41,13 @@ import safedma as sd
 from safedma.testing import (
     DeadlockError,
     RaceDetectedError,
+    SimulationTimeoutError,
     UnwrittenReadError,
     VerificationUnsupportedError,
     abstract_mesh,
     verify,
 )
-from safedma.testing._verify._megacore import core_parts
+from safedma.testing._verify._megacore import CorePart, core_parts, describe_parts
 from tests.support import jax_programs as jp
 from tests.support import protocol_kernels as pk
 from tests.testing.verify import test_jax_ops_kernels as ops
@@ -292,13 +294,47 @@ def test_a_sum_accumulated_across_a_parallel_dimension_is_reported_on_v5p() -> N
 
 
 def test_the_parallel_subgrid_is_cut_into_contiguous_parts_the_first_core_larger() -> None:
-    parts = core_parts((3, 2), 1, 2)
-    assert parts == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(2, 0), (2, 1)]]
+    def points(grid: tuple[int, ...], lead: int) -> list[list[tuple[int, ...]]]:
+        return [list(part) for part in core_parts(grid, lead, 2)]
+
+    assert points((3, 2), 1) == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(2, 0), (2, 1)]]
     parts = core_parts((3, 3, 2), 2, 2)  # 9 parallel points: 5 and 4
     assert [len(p) for p in parts] == [10, 8]
-    assert parts[1][0] == (1, 2, 0)
-    assert core_parts((1, 4), 1, 2) == [[(0, 0), (0, 1), (0, 2), (0, 3)], []]
-    assert core_parts((0, 4), 1, 2) == [[], []]
+    assert [len(list(p)) for p in parts] == [10, 8]
+    assert parts[1].first == (1, 2, 0) == next(iter(parts[1]))
+    assert parts[1].last == (2, 2, 1) == list(parts[1])[-1]
+    assert points((1, 4), 1) == [[(0, 0), (0, 1), (0, 2), (0, 3)], []]
+    assert points((0, 4), 1) == [[], []]
+
+
+def test_a_huge_split_grid_is_not_listed_before_it_runs() -> None:
+    """Each core's part is made one point at a time (a list of 10**8 points took GBs
+    before the time budget could stop the run): describing it costs nothing."""
+    parts = core_parts((10**4, 10**4), 1, 2)
+    assert [len(p) for p in parts] == [5 * 10**7, 5 * 10**7]
+    assert parts[1].first == (5000, 0) and parts[1].last == (9999, 9999)
+    assert "core 1 runs grid steps (5000, 0) to (9999, 9999)" in describe_parts(parts)
+
+
+def test_a_huge_split_grid_stops_at_the_timeout_on_both_cores() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+            grid=(10**4, 10**4),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (0, 0)),
+            compiler_params=_params("parallel", "arbitrary"),
+        )(x)
+        return out
+
+    t0 = time.monotonic()
+    with pytest.raises(SimulationTimeoutError, match=r"still in the grid of kernel kernel at"):
+        verify(fn, jax.ShapeDtypeStruct((8, 128), F32), mesh=V5P, timeout_s=1.0)
+    assert time.monotonic() - t0 < 60
 
 
 def row_chain(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
@@ -611,7 +647,7 @@ def test_a_grid_dimension_added_by_vmap_is_parallel_and_split(
 
     splits: list[tuple[tuple[int, ...], list[int]]] = []
 
-    def recorded(grid: tuple[int, ...], lead: int, cores: int) -> list[list[tuple[int, ...]]]:
+    def recorded(grid: tuple[int, ...], lead: int, cores: int) -> list[CorePart]:
         parts = core_parts(grid, lead, cores)
         splits.append((grid, [len(p) for p in parts]))
         return parts
