@@ -34,6 +34,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any, Literal, Protocol, cast
 
+import numpy as np
 from jax.experimental.pallas import tpu as _pltpu
 
 import safedma
@@ -466,6 +467,11 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
                     read_count=read_count,
                 ),
             )
+            if int(value) == 0:
+                # A wait of nothing returns at once on a TPU and orders nothing (a
+                # drain sized 0 on a device that sent nothing); jax's race detection
+                # asserts a signal came first when none did (AssertionError)
+                return None
             _semaphore_clocks.install(self)
             with _semaphore_clocks.waiting(self, int(value)):
                 return orig(self, value, global_core_id, *args, **kwargs)
@@ -650,6 +656,42 @@ def _empty_range(rnge: object) -> bool:
                 if len(range(start, stop, step if isinstance(step, int) and step else 1)) == 0:
                     return True
     return False
+
+
+def _empty_shape(rnge: tuple[object, ...], full: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape an access of ``rnge`` reads from an array of shape ``full``."""
+    shape: list[int] = []
+    for k, size in enumerate(full):
+        part = rnge[k] if k < len(rnge) else slice(0, size, 1)
+        if isinstance(part, slice):
+            sliced = cast("slice[int, int, int | None]", part)
+            shape.append(len(range(sliced.start, sliced.stop, sliced.step or 1)))
+    return tuple(shape)
+
+
+def _probe_buffer_read(orig: Any, probes: Installed) -> object:
+    del probes
+
+    def getitem(self: Any, rnge: Any) -> Any:
+        if _empty_range(rnge):
+            # An empty window is in bounds even where it starts at the buffer's end
+            # (a copy of 0 rows after the last one); jax raises "entirely out of bounds"
+            shape = _empty_shape(cast("tuple[object, ...]", rnge), tuple(self.logical_shape))
+            return np.empty(shape, dtype=self.content.dtype)
+        return orig(self, rnge)
+
+    return getitem
+
+
+def _probe_buffer_write(orig: Any, probes: Installed) -> object:
+    del probes
+
+    def setitem(self: Any, rnge: Any, value: Any) -> Any:
+        if _empty_range(rnge):
+            return None  # nothing to write (see _probe_buffer_read)
+        return orig(self, rnge, value)
+
+    return setitem
 
 
 def _device_count() -> int | None:
@@ -879,6 +921,24 @@ _PROBES: tuple[_Probe, ...] = (
         ),
     ),
     _Probe(
+        _SHM,
+        "Buffer",
+        "__getitem__",
+        _probe_buffer_read,
+        why=(
+            "a window of 0 rows starting at the end of a buffer (a copy sized 0 at "
+            "the last offset, as in production MoE kernels) is in bounds on a TPU; "
+            "jax's Buffer raises IndexError 'entirely out of bounds' for it"
+        ),
+    ),
+    _Probe(
+        _SHM,
+        "Buffer",
+        "__setitem__",
+        _probe_buffer_write,
+        why=("the write side of the empty window above: jax raises 'out of bounds'"),
+    ),
+    _Probe(
         _IPC,
         "DMA",
         "__init__",
@@ -1052,6 +1112,12 @@ def _check_signatures() -> None:
             f"{_SHM}.Semaphore.wait",
             getattr(shm.Semaphore, "wait", None),
             ("value", "global_core_id", "has_tasks", "logging_info"),
+        ),
+        (
+            # the empty-window probes read a buffer's content and logical shape
+            f"{_SHM}.Buffer.__init__",
+            getattr(shm.Buffer, "__init__", None),
+            ("content", "logical_shape"),
         ),
         (
             f"{_SHM}.SharedMemory.set_failed",

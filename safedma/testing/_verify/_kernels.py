@@ -154,10 +154,10 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     unit = " bytes" if s.kind == "DMA" else ""
     total = s.total()
     items: list[str] = []
-    # the copies that carry the count first: a zero-length copy (a row that stayed
-    # home in a scatter) is pending too, but it is not what the count is made of
-    shown = sorted(s.pending, key=lambda c: c.amount == 0)[:3]
-    for c in shown:
+    # the copies that carry the count: a zero-length copy (a row that stayed home in a
+    # scatter, a drain sized 0) is pending too, but it is not what the count is made of
+    carrying = [c for c in s.pending if c.amount] or list(s.pending)
+    for c in carrying[:3]:
         if c.dma is not None:
             d = c.dma
             side = "send side of the copy" if c.side == "read" else "copy"
@@ -166,7 +166,7 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
         else:
             frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
             items.append(f"a signal{frm} at {c.where}")
-    more = f"; and {len(s.pending) - 3} more" if len(s.pending) > 3 else ""
+    more = f"; and {len(carrying) - 3} more" if len(carrying) > 3 else ""
     brought = sum(c.amount for c in s.pending)
     if items and brought > total:
         # A wait counted these without knowing which landed first (R9): say what is
