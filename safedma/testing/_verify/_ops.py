@@ -25,7 +25,7 @@ from safedma.testing._verify._report import (
     VerificationUnsupportedError,
     VerifyKernelError,
 )
-from safedma.testing._verify._scalars import VECTOR, Unknown
+from safedma.testing._verify._scalars import VECTOR, Garbage, Unknown
 from safedma.testing._verify._semantics import Blocked, SemState
 
 __all__: list[str] = []
@@ -464,15 +464,26 @@ def _access(
         view = view_of(ref, where, "the access to", label)
         buf = view.buffer
         old: Any = VECTOR
+        garbage: Garbage | None = None
         if read:
             # No R6 check on vector loads: kernels load scratch and mask the value
             # away on the first step (jnp.where(init, ...)); R6 is checked where data
-            # leaves: copy sources, pipeline copy-out, kernel outputs.
+            # leaves: copy sources, pipeline copy-out, kernel outputs. Data loaded from
+            # a region nothing wrote is followed as Garbage to where it is stored.
+            if buf.values is None and m.unwritten(view):
+                garbage = Garbage(
+                    f"vector data loaded from {buf.name} at {where}",
+                    f"data loaded at {where} from {buf.name}{_box_text(view)}, which "
+                    f"nothing wrote{m.partly_from.get(buf.ident, '')}",
+                    m.root_of(buf),
+                )
             m.access(ctx.p, view, False, "reads", where)
             if scalar_out and buf.values is not None:
                 old = _smem_get(buf, view)
             elif scalar_out:
                 old = Unknown(f"the contents of {buf.name} (not known to the verifier)")
+            elif garbage is not None:
+                old = garbage
             else:
                 old = loaded.get(buf.name)
                 if old is None:
@@ -481,6 +492,14 @@ def _access(
                     )
         if write:
             m.access(ctx.p, view, True, "writes", where)
+            stored = g_val(env) if g_val is not None else None
+            # ref[...] = garbage, or ref[...] += x where nothing wrote ref (an
+            # accumulator never initialised): the region holds garbage again
+            kept = stored if isinstance(stored, Garbage) else garbage
+            if kept is not None and buf.values is None:
+                m.store_garbage(
+                    view, f" (the store at {where} filled it with {kept.note})", kept.root
+                )
             if buf.values is not None:
                 val = g_val(env) if g_val is not None else VECTOR
                 _smem_set(
@@ -490,6 +509,10 @@ def _access(
             env[s] = old
 
     return op
+
+
+def _box_text(view: View) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in view.box) + "]"
 
 
 def _flat(view: View) -> int:

@@ -28,7 +28,7 @@ from safedma.testing._verify._report import (
     VerificationUnsupportedError,
     VerifyKernelError,
 )
-from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
+from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule, unknown_result
 from safedma.testing._verify._semantics import Blocked, Machine
 from safedma.testing._verify._termination import memory_free, same_state
 
@@ -86,18 +86,14 @@ _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kerne
 _INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
 
 
-def _vector_op(ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
+def _vector_op(name: str, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
     """Vector data out; the origin of an unknown input (a load from a named ref) is kept
-    so a predicate or index computed from it says where it came from."""
+    so a predicate or index computed from it says where it came from, and garbage is
+    followed through the primitives that keep it (``unknown_result``)."""
     slots = [x for is_var, x in ins if is_var]
 
     def vector(env: list[Any], ctx: Ctx) -> None:
-        why = VECTOR
-        for x in slots:
-            v = env[x]
-            if type(v) is Unknown and v is not VECTOR:
-                why = v
-                break
+        why = unknown_result(name, [env[x] for x in slots])
         for s in outs:
             env[s] = why
 
@@ -489,7 +485,7 @@ class Compiler:
             # mask of valid rows): computed, since copy sizes and indices come from them
             return self.concrete(eqn, ins, outs, _INNER_LIMIT)
         if not scalar_out or not outs:
-            return _vector_op(ins, outs)
+            return _vector_op(eqn.primitive.name, ins, outs)
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
 
@@ -527,9 +523,10 @@ class Compiler:
         """Evaluate small arrays of known values with jax itself (outside kernels up to
         ``_OUTER_LIMIT`` elements, inside up to ``limit``); others are vector data."""
         limit = limit or _OUTER_LIMIT
+        name = eqn.primitive.name
         small = all(int(np.prod(getattr(v.aval, "shape", ()))) <= limit for v in eqn.outvars)
         if not small:
-            return _vector_op(ins, outs)
+            return _vector_op(eqn.primitive.name, ins, outs)
         memo: dict[tuple[Any, ...], list[Any]] = {}
 
         def op(env: list[Any], ctx: Ctx) -> None:
@@ -549,7 +546,7 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return
-            why = next((v for v in vals if type(v) is Unknown), VECTOR)
+            why = unknown_result(name, vals)
             for s in outs:
                 env[s] = why
 

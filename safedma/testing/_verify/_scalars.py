@@ -32,6 +32,81 @@ class Unknown:
 VECTOR = Unknown("vector data")
 
 
+class Garbage(Unknown):
+    """Vector data loaded from a region nothing wrote, or computed from such data element
+    by element with no way to mask it (moves, casts, sums, unary math: ``GARBAGE_KEEPING``).
+
+    Stored into a buffer, it makes that region garbage again, so R6 is reported where it
+    leaves the kernel (docs/verify.md, rule 8). ``jnp.where`` and products are not
+    followed: kernels mask padding with them, and the masked value is data."""
+
+    __slots__ = ("note", "root")
+
+    def __init__(self, why: str, note: str, root: str) -> None:
+        super().__init__(why)
+        self.note = note  # "data loaded at L from buf[box], which nothing wrote (...)"
+        self.root = root  # the buffer nothing wrote that it came from
+
+    def origin(self) -> Unknown:
+        """The plain unknown value it stands for where it is not followed."""
+        return Unknown(self.why)
+
+
+# Primitives whose every output element is garbage when an input element it reads is:
+# data movement, casts, sums and differences, and unary math (no operand can mask it).
+GARBAGE_KEEPING = frozenset(
+    {
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "broadcast_in_dim",
+        "transpose",
+        "rev",
+        "slice",
+        "dynamic_slice",
+        "copy",
+        "copy_p",
+        "convert_element_type",
+        "bitcast_convert_type",
+        "reduce_precision",
+        "add",
+        "sub",
+        "neg",
+        "abs",
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "tanh",
+        "logistic",
+        "sqrt",
+        "rsqrt",
+        "sin",
+        "cos",
+        "erf",
+        "floor",
+        "ceil",
+        "round",
+    }
+)
+
+
+def unknown_result(name: str, vals: list[Any]) -> Unknown:
+    """What a vector op outputs when it cannot be computed: garbage kept by
+    ``GARBAGE_KEEPING`` primitives, else the first unknown input (its origin names a
+    load for data-dependent control flow), else plain vector data."""
+    why: Unknown | None = None
+    for v in vals:
+        if isinstance(v, Garbage):
+            if name in GARBAGE_KEEPING:
+                return v
+            why = why or v.origin()
+        elif type(v) is Unknown and v is not VECTOR and why is None:
+            why = v
+    return why or VECTOR
+
+
 def _div(a: Any, b: Any) -> Any:
     if isinstance(a, float) or isinstance(b, float):
         return a / b

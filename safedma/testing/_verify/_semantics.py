@@ -243,6 +243,8 @@ class Machine:
         self.histories: dict[int, _History] = {}
         # buffer ident -> how a partly written copy source reached it (R6 messages)
         self.partly_from: dict[int, str] = {}
+        # the buffer nothing wrote that garbage in a buffer came from (by copies/stores)
+        self.garbage_root: dict[int, str] = {}
         # clock at each kernel call's entry and exit, by call number
         self.entry: list[dict[int, int]] = [{} for _ in labels]
         self.cores = 1  # participants per device (pl.kernel over a TensorCoreMesh)
@@ -285,6 +287,27 @@ class Machine:
     def mark_written(self, buf: Buffer, box: Box | None = None) -> None:
         self._history(buf).coverage.add(box if box is not None else buf.full_box())
 
+    def unwritten(self, view: View) -> bool:
+        """Nothing wrote any part of ``view`` (a partly written one may hold padding that
+        the kernel masks: not garbage for this purpose)."""
+        if view.empty or view.buffer.space == "SEMAPHORE":
+            return False
+        h = self.histories.get(view.buffer.ident)
+        return h is None or h.coverage.parts(view.box) == []
+
+    def root_of(self, buf: Buffer) -> str:
+        """The buffer nothing wrote that ``buf``'s garbage came from (itself if none)."""
+        return self.garbage_root.get(buf.ident, buf.name)
+
+    def store_garbage(self, view: View, note: str, root: str) -> None:
+        """A vector store put garbage (``Garbage``) into ``view``: it no longer holds
+        written data, and R6 where it is read next names ``note`` and ``root``."""
+        if view.empty:
+            return
+        self._history(view.buffer).coverage.remove(view.box)
+        self.partly_from[view.buffer.ident] = note
+        self.garbage_root[view.buffer.ident] = root
+
     def check_written(self, p: int, view: View, what: str, where: str, fix: str) -> None:
         if view.empty or view.buffer.space == "SEMAPHORE":
             return
@@ -296,11 +319,18 @@ class Machine:
                 if gap is not None and gap != view.box
                 else f"that part of {view.buffer.name}"
             )
+            note = self.partly_from.get(view.buffer.ident, "")
+            root = self.garbage_root.get(view.buffer.ident)
+            if root is not None and root != view.buffer.name:
+                # garbage that came from elsewhere: the buffer to write is where it began
+                fix = (
+                    f"Fix: write {root} before it is copied or loaded (or initialise "
+                    f"it, e.g. under pl.when at the first step). {fix}"
+                )
             raise UnwrittenReadError(
                 f"read of unwritten data (R6) on {self.labels[p]}: {what} {view.buffer.name}"
                 f"{_fmt_box(view.box)} at {where}, but nothing wrote "
-                f"{part} before{self.partly_from.get(view.buffer.ident, '')} "
-                f"(its contents are garbage). {fix}"
+                f"{part} before{note} (its contents are garbage). {fix}"
             )
 
     def access(
@@ -614,6 +644,7 @@ class Machine:
                 h.coverage.add(box)
             # the source's own note, one hop back only (a ring forwarding padding every
             # step would otherwise grow the text with every hop)
+            self.garbage_root[dst.buffer.ident] = self.root_of(src.buffer)
             prior = self.partly_from.get(src.buffer.ident, "")
             self.partly_from[dst.buffer.ident] = (
                 f" (the copy at {where} filled it from {src.buffer.name}{_fmt_box(src.box)}, "
