@@ -450,6 +450,14 @@ class Compiler:
         return [self.slot(v) for v in eqn.outvars]
 
     def generic(self, eqn: Any) -> Op:
+        op = self._generic(eqn)
+        if _IN_KERNEL:
+            return op
+        # outside kernels: an operation on a kernel's output reads it (_outside_reads)
+        arrays = [(k, self.slot(a)) for k, a in enumerate(eqn.invars) if _is_array(a)]
+        return _outside_reads(eqn, arrays, op) if arrays else op
+
+    def _generic(self, eqn: Any) -> Op:
         name = eqn.primitive.name
         ins = [self.atom(a) for a in eqn.invars]
         outs = self.outs(eqn)
@@ -943,6 +951,47 @@ def _fast_scalar(
         return slow(env, ctx)
 
     return binary
+
+
+def _is_array(a: Any) -> bool:
+    return not _jax.is_literal(a) and bool(getattr(a.aval, "shape", ()))
+
+
+def _outside_reads(eqn: Any, slots: list[tuple[int, int]], op: Op) -> Op:
+    """``op`` that first reads, as an access, each kernel output it takes outside any kernel.
+
+    Why: a kernel that returns its semaphores (a DMA future) returns arrays copies may
+    still be writing (or reading); an XLA operation that uses such an array before the
+    kernel that waits the copies runs is a race. Inside a kernel, refs are accessed by
+    their own primitives; outside, an operation on an array reads it (a ``slice`` only
+    its window)."""
+    where: list[str] = []
+
+    def reads(env: list[Any], ctx: Ctx) -> Gen | None:
+        if ctx.kernel is None:
+            for k, x in slots:
+                v = env[x]
+                if type(v) is RefVal and not v.steps and v.buffer.sem_kind is None:
+                    if not where:
+                        where.append(
+                            f"{location(eqn)} ({eqn.primitive.name} outside any kernel: "
+                            "run the kernel that waits its copies before using the array)"
+                        )
+                    box = _read_box(eqn, k, v.buffer.shape)
+                    shape = tuple(hi - lo for lo, hi in box)
+                    view = View(v.buffer, box, shape, v.buffer.itemsize)
+                    ctx.machine.access(ctx.p, view, False, "reads", where[0])
+        return op(env, ctx)
+
+    return reads
+
+
+def _read_box(eqn: Any, k: int, shape: tuple[int, ...]) -> Box:
+    """What operand ``k`` of ``eqn`` reads: a static ``slice``'s window, else all of it."""
+    if eqn.primitive.name == "slice" and k == 0:
+        lo, hi = eqn.params["start_indices"], eqn.params["limit_indices"]
+        return tuple((int(a), int(b)) for a, b in zip(lo, hi))
+    return tuple((0, n) for n in shape)
 
 
 def _carry_text(carry: list[Any]) -> str:
