@@ -255,7 +255,9 @@ def test_gdn_decode_seeded_dropped_drain_is_a_leftover_naming_the_store() -> Non
         _verify_gdn(8, "fixed", "no_drain")
     text = str(err.value)
     assert "store_sems[1] holds 8192 bytes" in text, text
-    assert _at("gdn store") in text, text
+    # the last block's two stores, one line of words (defect 3: they were repeated)
+    assert f"the 2 copies started at {_at('gdn store')}" in text, text
+    assert "(4096 bytes each) were never waited" in text, text
 
 
 # ------------------------------------------------------ indexer scores (DeepSeek v4)
@@ -807,7 +809,7 @@ def test_push_all_gather_with_two_receive_slots_is_clean_where_no_peer_runs_ahea
             "no_epilogue",
             4,
             LeftoverSemaphoreError,
-            "the send side of the copy started at {ag push}",
+            "started at {ag push}",
         ),
     ],
 )
