@@ -455,7 +455,10 @@ class Compiler:
             return op
         # outside kernels: an operation on a kernel's output reads it (_outside_reads)
         arrays = [(k, self.slot(a)) for k, a in enumerate(eqn.invars) if _is_array(a)]
-        return _outside_reads(eqn, arrays, op) if arrays else op
+        if not arrays:
+            return op
+        starts = [self.atom(a) for a in eqn.invars[1:]]  # a dynamic_slice's
+        return _outside_reads(eqn, arrays, starts, op)
 
     def _generic(self, eqn: Any) -> Op:
         name = eqn.primitive.name
@@ -957,7 +960,9 @@ def _is_array(a: Any) -> bool:
     return not _jax.is_literal(a) and bool(getattr(a.aval, "shape", ()))
 
 
-def _outside_reads(eqn: Any, slots: list[tuple[int, int]], op: Op) -> Op:
+def _outside_reads(
+    eqn: Any, slots: list[tuple[int, int]], starts: list[tuple[bool, Any]], op: Op
+) -> Op:
     """``op`` that first reads, as an access, each kernel output it takes outside any kernel.
 
     Why: a kernel that returns its semaphores (a DMA future) returns arrays copies may
@@ -968,7 +973,9 @@ def _outside_reads(eqn: Any, slots: list[tuple[int, int]], op: Op) -> Op:
     where: list[str] = []
 
     def reads(env: list[Any], ctx: Ctx) -> Gen | None:
-        if ctx.kernel is None:
+        # a kernel that left copies in flight on its own semaphores is reported as that
+        # leftover (its return is not checked either: _kernels._returns)
+        if ctx.kernel is None and not ctx.machine.leftovers:
             for k, x in slots:
                 v = env[x]
                 if type(v) is RefVal and not v.steps and v.buffer.sem_kind is None:
@@ -977,7 +984,8 @@ def _outside_reads(eqn: Any, slots: list[tuple[int, int]], op: Op) -> Op:
                             f"{location(eqn)} ({eqn.primitive.name} outside any kernel: "
                             "run the kernel that waits its copies before using the array)"
                         )
-                    box = _read_box(eqn, k, v.buffer.shape)
+                    at = [env[x] if is_var else x for is_var, x in starts]
+                    box = _read_box(eqn, k, v.buffer.shape, at)
                     shape = tuple(hi - lo for lo, hi in box)
                     view = View(v.buffer, box, shape, v.buffer.itemsize)
                     ctx.machine.access(ctx.p, view, False, "reads", where[0])
@@ -986,12 +994,34 @@ def _outside_reads(eqn: Any, slots: list[tuple[int, int]], op: Op) -> Op:
     return reads
 
 
-def _read_box(eqn: Any, k: int, shape: tuple[int, ...]) -> Box:
-    """What operand ``k`` of ``eqn`` reads: a static ``slice``'s window, else all of it."""
-    if eqn.primitive.name == "slice" and k == 0:
+def _read_box(eqn: Any, k: int, shape: tuple[int, ...], starts: list[Any]) -> Box:
+    """What operand ``k`` of ``eqn`` reads: a ``slice``'s window, a ``dynamic_slice``'s
+    when its starts are known (clamped into the array, as XLA does), else all of it."""
+    whole = tuple((0, n) for n in shape)
+    name = eqn.primitive.name
+    if name == "slice" and k == 0:
         lo, hi = eqn.params["start_indices"], eqn.params["limit_indices"]
         return tuple((int(a), int(b)) for a, b in zip(lo, hi))
-    return tuple((0, n) for n in shape)
+    if name == "dynamic_slice" and k == 0:
+        sizes = [int(n) for n in eqn.params["slice_sizes"]]
+        known = [_known_int(x) for x in starts]
+        if len(known) != len(shape) or any(x is None for x in known):
+            return whole
+        first = [min(max(cast(int, x), 0), n - z) for x, n, z in zip(known, shape, sizes)]
+        return tuple((a, a + z) for a, z in zip(first, sizes))
+    return whole
+
+
+def _known_int(x: Any) -> int | None:
+    """``x`` as an int when it is a known integer scalar (Python, numpy or 0-d array)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    if kind is not None and kind in "iu" and getattr(x, "shape", None) == ():
+        return int(x)
+    return None
 
 
 def _carry_text(carry: list[Any]) -> str:

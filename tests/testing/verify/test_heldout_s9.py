@@ -518,6 +518,9 @@ def _chunked(n: Any, so: Any, do: Any, sz: Any, src: Any, dep: Any, dst: Any, *,
         early = dst[0:8] * 2.0  # <- chunk early read
     if seed == "read_untouched":
         early = dst[56:64] * 2.0  # rows no chunk writes
+    if seed in ("dynamic_untouched", "dynamic_in_flight"):
+        row = lax.axis_index("x") * 0 + (56 if seed == "dynamic_untouched" else 20)
+        early = lax.dynamic_slice_in_dim(dst, row, 8) * 2.0  # <- chunk dynamic read
     out = pl.pallas_call(  # <- chunk wait call
         functools.partial(_wait_kernel, short=seed == "one_short"),
         out_shape=jax.ShapeDtypeStruct(dst.shape, F32),
@@ -536,7 +539,7 @@ def _verify_chunked(seed: str = "", devices: tuple[int, ...] = (2,), overlap: bo
     count = int(np.prod(devices))
     names = ("x", "y")[: len(devices)]
     dests = [16, 0, 8 if overlap else 40, 24]
-    two = seed in ("read_in_flight", "read_untouched", "read_after_wait")
+    two = seed.startswith(("read_", "dynamic_"))
     return verify(
         functools.partial(_chunked, seed=seed),
         jnp.array([4], jnp.int32),
@@ -557,7 +560,7 @@ def test_chunked_copy_future_is_clean(devices: tuple[int, ...]) -> None:
     assert _verify_chunked(devices=devices).dmas == 4 * int(np.prod(devices))
 
 
-@pytest.mark.parametrize("seed", ["read_untouched", "read_after_wait"])
+@pytest.mark.parametrize("seed", ["read_untouched", "read_after_wait", "dynamic_untouched"])
 def test_reading_a_futures_array_where_no_copy_is_in_flight_is_clean(seed: str) -> None:
     assert _verify_chunked(seed).dmas == 8
 
@@ -571,6 +574,15 @@ def test_reading_a_futures_array_before_its_wait_is_a_race_at_the_users_line() -
     assert f"reads it at {_at('chunk early read')}" in text, text
     assert "outside any kernel: run the kernel that waits its copies" in text, text
     assert f"in the copy started on device 1 (x=1) at {_at('chunk start')}" in text, text
+
+
+def test_a_dynamic_slice_of_a_futures_array_reads_its_window() -> None:
+    """Rows 20:28 (from a start computed per device) overlap the chunk into 16:24."""
+    with pytest.raises(RaceDetectedError) as err:
+        _verify_chunked("dynamic_in_flight")
+    text = str(err.value)
+    assert "dst[20:28, 0:128]" in text, text
+    assert f"reads it at {_at('chunk dynamic read')}" in text, text
 
 
 def test_a_chunk_left_unwaited_is_reported_at_the_wait_calls_return() -> None:
@@ -834,3 +846,29 @@ def test_a_remote_copy_landing_after_its_target_left_names_the_receive_wait() ->
     assert "after it left the kernel (R8)" in text, text
     assert "wait its receive side (wait_recv, or a wait by size" in text, text
     assert "drop the signal" not in text, text
+
+
+def _unwaited_then_used(x: Any) -> Any:
+    """A kernel that leaves its copy in flight on a scratch semaphore, then an XLA
+    operation on its output: the leftover is the mistake to report, not the read."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+        c = pltpu.make_async_copy(x_hbm, o_hbm, sem)
+        c.start()  # <- unwaited start
+
+    out = pl.pallas_call(
+        kernel,
+        out_shape=_s(8, 128),
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+    )(x)
+    return out * 2.0
+
+
+def test_an_output_read_after_its_kernel_left_a_copy_in_flight_reports_the_leftover() -> None:
+    with pytest.raises(LeftoverSemaphoreError) as err:
+        verify(_unwaited_then_used, _s(8, 128))
+    text = str(err.value)
+    assert f"the copy started at {_at('unwaited start')} (" in text, text
+    assert "(4096 bytes) was never waited" in text and "outside any kernel" not in text, text
