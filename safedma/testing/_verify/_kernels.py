@@ -167,9 +167,14 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
             key = (False, "", frm, c.where, c.amount)
         groups[key] = groups.get(key, 0) + 1
+    if any(key[4] for key in groups):
+        # zero-length contributions are not what the count is made of: "and N more"
+        shown = [kv for kv in groups.items() if kv[0][4]][:3]
+    else:
+        shown = list(groups.items())[:3]
     items: list[str] = []
     plural: list[bool] = []
-    for (is_copy, side, frm, where, amount), n in list(groups.items())[:3]:
+    for (is_copy, side, frm, where, amount), n in shown:
         if not is_copy:
             items.append(f"{f'{n} signals' if n > 1 else 'a signal'}{frm} at {where}")
         else:
@@ -179,8 +184,12 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             each = " each" if n > 1 else ""
             items.append(f"the {what}{frm} started at {where} ({amount}{unit}{each})")
         plural.append(n > 1)
-    rest = sum(list(groups.values())[3:])
+    hidden = [n for kv, n in groups.items() if (kv, n) not in shown]
+    zero = sum(n for kv, n in groups.items() if not kv[4] and (kv, n) not in shown)
+    rest = sum(hidden) - zero
     more = f"; and {rest} more" if rest else ""
+    if zero:
+        more += f"; and {zero} of zero length"
     brought = sum(c.amount for c in s.pending)
     if items and brought > total:
         # A wait counted these without knowing which landed first (R9): say what is
