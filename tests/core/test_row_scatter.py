@@ -253,5 +253,5 @@ def test_undrained_sends_are_named_by_the_copies_that_carry_the_count() -> None:
     with pytest.raises(LeftoverSemaphoreError) as caught:
         verify_scatter(_raw_kernel(4, "sends_not_drained"), False, 4)
     message = str(caught.value)
-    assert "(512 bytes) was never waited" in message, message
-    assert "(0 bytes) was never waited" not in message, message
+    assert "(512 bytes each) were never waited" in message, message  # one item per line
+    assert "(0 bytes" not in message and "of zero length" in message, message

@@ -153,20 +153,43 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     label = eng.labels[s.buffer.owner]
     unit = " bytes" if s.kind == "DMA" else ""
     total = s.total()
-    items: list[str] = []
-    # the copies that carry the count: a zero-length copy (a row that stayed home in a
-    # scatter, a drain sized 0) is pending too, but it is not what the count is made of
-    carrying = [c for c in s.pending if c.amount] or list(s.pending)
-    for c in carrying[:3]:
+    # the copies that carry the count first: a zero-length copy (a row that stayed
+    # home in a scatter) is pending too, but it is not what the count is made of.
+    # Contributions from one line of one issuer with one size are one item ("2 copies
+    # ..."): a loop's copies would otherwise repeat the same words.
+    groups: dict[tuple[bool, str, str, str, int], int] = {}
+    for c in sorted(s.pending, key=lambda c: c.amount == 0):
         if c.dma is not None:
             d = c.dma
-            side = "send side of the copy" if c.side == "read" else "copy"
             frm = "" if d.issuer == s.buffer.owner else f" from {eng.labels[d.issuer]}"
-            items.append(f"the {side}{frm} started at {d.where} ({c.amount}{unit})")
+            key = (True, "send side" if c.side == "read" else "", frm, d.where, c.amount)
         else:
             frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
-            items.append(f"a signal{frm} at {c.where}")
-    more = f"; and {len(carrying) - 3} more" if len(carrying) > 3 else ""
+            key = (False, "", frm, c.where, c.amount)
+        groups[key] = groups.get(key, 0) + 1
+    if any(key[4] for key in groups):
+        # zero-length contributions are not what the count is made of: "and N more"
+        shown = [kv for kv in groups.items() if kv[0][4]][:3]
+    else:
+        shown = list(groups.items())[:3]
+    items: list[str] = []
+    plural: list[bool] = []
+    for (is_copy, side, frm, where, amount), n in shown:
+        if not is_copy:
+            items.append(f"{f'{n} signals' if n > 1 else 'a signal'}{frm} at {where}")
+        else:
+            what = f"{n} copies" if n > 1 else "copy"
+            if side:
+                what = f"{side}{'s' if n > 1 else ''} of the {what}"
+            each = " each" if n > 1 else ""
+            items.append(f"the {what}{frm} started at {where} ({amount}{unit}{each})")
+        plural.append(n > 1)
+    hidden = [n for kv, n in groups.items() if (kv, n) not in shown]
+    zero = sum(n for kv, n in groups.items() if not kv[4] and (kv, n) not in shown)
+    rest = sum(hidden) - zero
+    more = f"; and {rest} more" if rest else ""
+    if zero:
+        more += f"; and {zero} of zero length"
     brought = sum(c.amount for c in s.pending)
     if items and brought > total:
         # A wait counted these without knowing which landed first (R9): say what is
@@ -177,7 +200,13 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             "(sizes of the waits must add up to the copies' and signals')"
         )
     elif items:
-        fix = "; ".join(f"{item} was never waited" for item in items) + more
+        fix = (
+            "; ".join(
+                f"{item} {'were' if many else 'was'} never waited"
+                for item, many in zip(items, plural)
+            )
+            + more
+        )
     elif total > 0:
         fix = (
             f"its waits took {total}{unit} less than its copies and signals brought "

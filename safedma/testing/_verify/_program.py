@@ -446,6 +446,17 @@ class Compiler:
         return [self.slot(v) for v in eqn.outvars]
 
     def generic(self, eqn: Any) -> Op:
+        op = self._generic(eqn)
+        if _IN_KERNEL:
+            return op
+        # outside kernels: an operation on a kernel's output reads it (_outside_reads)
+        arrays = [(k, self.slot(a)) for k, a in enumerate(eqn.invars) if _is_array(a)]
+        if not arrays:
+            return op
+        starts = [self.atom(a) for a in eqn.invars[1:]]  # a dynamic_slice's
+        return _outside_reads(eqn, arrays, starts, op)
+
+    def _generic(self, eqn: Any) -> Op:
         name = eqn.primitive.name
         ins = [self.atom(a) for a in eqn.invars]
         outs = self.outs(eqn)
@@ -940,6 +951,74 @@ def _fast_scalar(
         return slow(env, ctx)
 
     return binary
+
+
+def _is_array(a: Any) -> bool:
+    return not _jax.is_literal(a) and bool(getattr(a.aval, "shape", ()))
+
+
+def _outside_reads(
+    eqn: Any, slots: list[tuple[int, int]], starts: list[tuple[bool, Any]], op: Op
+) -> Op:
+    """``op`` that first reads, as an access, each kernel output it takes outside any kernel.
+
+    Why: a kernel that returns its semaphores (a DMA future) returns arrays copies may
+    still be writing (or reading); an XLA operation that uses such an array before the
+    kernel that waits the copies runs is a race. Inside a kernel, refs are accessed by
+    their own primitives; outside, an operation on an array reads it (a ``slice`` only
+    its window)."""
+    where: list[str] = []
+
+    def reads(env: list[Any], ctx: Ctx) -> Gen | None:
+        # a kernel that left copies in flight on its own semaphores is reported as that
+        # leftover (its return is not checked either: _kernels._returns)
+        if ctx.kernel is None and not ctx.machine.leftovers:
+            for k, x in slots:
+                v = env[x]
+                if type(v) is RefVal and not v.steps and v.buffer.sem_kind is None:
+                    if not where:
+                        where.append(
+                            f"{location(eqn)} ({eqn.primitive.name} outside any kernel: "
+                            "run the kernel that waits its copies before using the array)"
+                        )
+                    at = [env[x] if is_var else x for is_var, x in starts]
+                    box = _read_box(eqn, k, v.buffer.shape, at)
+                    shape = tuple(hi - lo for lo, hi in box)
+                    view = View(v.buffer, box, shape, v.buffer.itemsize)
+                    ctx.machine.access(ctx.p, view, False, "reads", where[0])
+        return op(env, ctx)
+
+    return reads
+
+
+def _read_box(eqn: Any, k: int, shape: tuple[int, ...], starts: list[Any]) -> Box:
+    """What operand ``k`` of ``eqn`` reads: a ``slice``'s window, a ``dynamic_slice``'s
+    when its starts are known (clamped into the array, as XLA does), else all of it."""
+    whole = tuple((0, n) for n in shape)
+    name = eqn.primitive.name
+    if name == "slice" and k == 0:
+        lo, hi = eqn.params["start_indices"], eqn.params["limit_indices"]
+        return tuple((int(a), int(b)) for a, b in zip(lo, hi))
+    if name == "dynamic_slice" and k == 0:
+        sizes = [int(n) for n in eqn.params["slice_sizes"]]
+        known = [_known_int(x) for x in starts]
+        if len(known) != len(shape) or any(x is None for x in known):
+            return whole
+        first = [min(max(cast(int, x), 0), n - z) for x, n, z in zip(known, shape, sizes)]
+        return tuple((a, a + z) for a, z in zip(first, sizes))
+    return whole
+
+
+def _known_int(x: Any) -> int | None:
+    """``x`` as an int when it is a known integer scalar (Python, numpy or 0-d array)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    if kind is not None and kind in "iu" and getattr(x, "shape", None) == ():
+        return int(x)
+    return None
 
 
 def _carry_text(carry: list[Any]) -> str:

@@ -520,21 +520,30 @@ class Machine:
         where: str,
         barrier: bool,
         outlives: bool = False,
+        copy: bool = False,
     ) -> None:
         """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call
         (``outlives``: it signals a semaphore the call returns, a DMA future, which the
-        target waits in a later call; only its entry matters)."""
+        target waits in a later call; only its entry matters; ``copy``: a remote copy,
+        whose fix is the target's receive wait, not dropping a signal)."""
         if target == p:
             return
         rows = self.clocks.rows
         exits, entries = self.exits[target], self.entry[target]
         if kernel in exits and not outlives:
+            fix = (
+                "Have the target wait its receive side (wait_recv, or a wait by size on "
+                "its receive semaphore) before it leaves the kernel"
+                if copy
+                else "Have the target wait for it, or drop the signal"
+            )
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} reaches {self.labels[target]} "
                 f"after it left the kernel (R8): nothing it waits for orders its exit "
-                "after this signal, so on a TPU the count lands in a semaphore no one "
-                "waits (a crash or corruption of the next kernel). Have the target wait "
-                f"for it, or drop the signal.{self._leftover_hint()}"
+                f"after this {'copy lands' if copy else 'signal'}, so on a TPU the "
+                f"{'bytes land' if copy else 'count lands'} in a semaphore no one "
+                f"waits (a crash or corruption of the next kernel). {fix}."
+                f"{self._leftover_hint()}"
             )
         if barrier:
             # The barrier semaphore outlives the call: an early signal from a peer's
