@@ -35,6 +35,7 @@ from safedma.testing._verify._report import (
     VerificationUnsupportedError,
 )
 from safedma.testing._verify._scalars import Unknown
+from safedma.testing._verify._leftovers import origin, partial_wait
 from safedma.testing._verify._semantics import Blocked, SemState
 
 __all__ = ["KernelRun", "describe_leftover", "parameter_names"]
@@ -153,19 +154,10 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     label = eng.labels[s.buffer.owner]
     unit = " bytes" if s.kind == "DMA" else ""
     total = s.total()
-    items: list[str] = []
     # the copies that carry the count first: a zero-length copy (a row that stayed
     # home in a scatter) is pending too, but it is not what the count is made of
     shown = sorted(s.pending, key=lambda c: c.amount == 0)[:3]
-    for c in shown:
-        if c.dma is not None:
-            d = c.dma
-            side = "send side of the copy" if c.side == "read" else "copy"
-            frm = "" if d.issuer == s.buffer.owner else f" from {eng.labels[d.issuer]}"
-            items.append(f"the {side}{frm} started at {d.where} ({c.amount}{unit})")
-        else:
-            frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
-            items.append(f"a signal{frm} at {c.where}")
+    items = [origin(eng.labels, s, c, unit) for c in shown]
     more = f"; and {len(s.pending) - 3} more" if len(s.pending) > 3 else ""
     brought = sum(c.amount for c in s.pending)
     if items and brought > total:
@@ -180,8 +172,8 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
         fix = "; ".join(f"{item} was never waited" for item in items) + more
     elif total > 0:
         fix = (
-            f"its waits took {total}{unit} less than its copies and signals brought "
-            "(sizes of the waits must add up to the copies')"
+            f"its waits took {total}{unit} less than its copies and signals brought"
+            f"{partial_wait(eng.labels, s, unit)} (sizes of the waits must add up to the copies')"
         )
     else:
         fix = "more was waited than it received"
