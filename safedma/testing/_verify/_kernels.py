@@ -22,6 +22,7 @@ from safedma.testing._verify._blocks import (
 from safedma.testing._verify._program import (
     Ctx,
     Gen,
+    InFlight,
     Op,
     RefVal,
     Compiler,
@@ -493,8 +494,10 @@ def _run_kernel(
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
     helpers_left = any(f is not None and f.leftover for f in done.values())
     _returns(ctx, desc, sh, len(m.leftovers) == before and not helpers_left)
+    future = any(b.sem_kind is not None for b in sh.outer_out)
     for s, buf in zip(outs, sh.outer_out):
-        env[s] = RefVal(buf)
+        copy = _in_flight_write(m, buf) if future else None
+        env[s] = RefVal(buf) if copy is None else InFlight(buf, copy, desc.name)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
     ctx.grid_axes = saved_axes
     return None
@@ -534,6 +537,17 @@ def _core_part(
     fr.leftover = len(m.leftovers) != before
     done[q] = fr
     m.wake(ctx0.p)
+    return None
+
+
+def _in_flight_write(m: Any, buf: Buffer) -> str | None:
+    """Where the copy still writing ``buf`` was started (a DMA future's destination as
+    its start kernel returns it), or None."""
+    history = m.histories.get(buf.ident)
+    for bucket in history.buckets if history is not None else ():
+        for rec in bucket:
+            if rec.part < 0 and rec.write and rec.dma is not None:
+                return str(rec.dma.where)
     return None
 
 

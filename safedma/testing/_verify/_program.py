@@ -26,6 +26,7 @@ from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
     VerificationUnsupportedError,
+    VerifiedRaceError,
     VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule
@@ -48,6 +49,44 @@ class RefVal:
 
     def __init__(self, buffer: Buffer, steps: tuple[tuple[str, object], ...] = ()) -> None:
         self.buffer, self.steps = buffer, steps
+
+
+class InFlight(RefVal):
+    """A kernel's output that a copy still writes when the kernel returns it beside the
+    copy's semaphore (a DMA future's destination). Only a kernel may take it on (the one
+    that waits the copy); an operation of the program around the kernels that reads it
+    may run as soon as the starting kernel returned, before any wait (XLA orders by
+    data, and the copy is no data dependence), so it reads what the copy is writing."""
+
+    __slots__ = ("copy", "kernel")
+
+    def __init__(self, buffer: Buffer, copy: str, kernel: str) -> None:
+        super().__init__(buffer)
+        self.copy, self.kernel = copy, kernel
+
+
+def _in_flight_guard(op: Op, ins: list[tuple[bool, Any]], name: str, where: str) -> Op:
+    """``op`` of the program around the kernels, refusing to read a copy's destination
+    while the copy is in flight (an InFlight operand)."""
+    slots = [x for is_var, x in ins if is_var]
+
+    def guarded(env: list[Any], ctx: Ctx) -> Gen | None:
+        for x in slots:
+            v = env[x]
+            if type(v) is InFlight:
+                buf = v.buffer
+                raise VerifiedRaceError(
+                    f"data race on {ctx.engine.labels[buf.owner]}'s buffer {buf.name}: "
+                    f"{name} at {where} reads it outside any kernel while the copy started "
+                    f"at {v.copy} is still writing it: kernel {v.kernel} returned it with "
+                    "the copy's semaphore (a DMA future), and XLA may run this read as soon "
+                    "as that kernel returns, before the copy is waited. Read what the "
+                    "kernel that waits the copy returns (finish_async's result, or the "
+                    "done kernel's aliased output) instead."
+                )
+        return op(env, ctx)
+
+    return guarded
 
 
 class Ctx:
@@ -82,6 +121,11 @@ class Compiled:
 
 
 _CACHE: dict[tuple[int, bool, bool, object], tuple[Any, Compiled]] = {}
+# Primitives that only place or annotate an array (no read of its data by a kernel
+# of XLA's own): a DMA future's destination may pass through them to its done kernel.
+_PLACEMENT = frozenset(
+    ("sharding_constraint", "mesh_cast", "reshard", "device_put", "pvary", "optimization_barrier")
+)
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 _INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
 
@@ -483,7 +527,9 @@ class Compiler:
 
             return kernel_like
         if self.outer and outs:
-            return self.concrete(eqn, ins, outs)
+            if name in _PLACEMENT:
+                return self.concrete(eqn, ins, outs)
+            return _in_flight_guard(self.concrete(eqn, ins, outs), ins, name, location(eqn))
         if outs and not scalar_out and _effect_free(eqn):
             # small vectors of known values (an iota compared with a row count, a
             # mask of valid rows): computed, since copy sizes and indices come from them
