@@ -34,6 +34,7 @@ from safedma.testing._verify._program import (
 from safedma.testing._verify._regions import Buffer, Coverage, View
 from safedma.testing._verify._report import (
     VerificationUnsupportedError,
+    VerifiedRaceError,
 )
 from safedma.testing._verify._scalars import Unknown
 from safedma.testing._verify._leftovers import origin, partial_wait
@@ -201,7 +202,9 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
     outs = c.outs(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
-        return _run_kernel(ctx, desc, [r(env) for r in ins], outs, env)
+        operands = [r(env) for r in ins]
+        _check_in_flight_operands(desc, operands, ctx.engine.labels)
+        return _run_kernel(ctx, desc, operands, outs, env)
 
     return op
 
@@ -494,10 +497,14 @@ def _run_kernel(
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
     helpers_left = any(f is not None and f.leftover for f in done.values())
     _returns(ctx, desc, sh, len(m.leftovers) == before and not helpers_left)
-    future = any(b.sem_kind is not None for b in sh.outer_out)
+    returned = frozenset(b.ident for b in sh.outer_out if b.sem_kind is not None)
     for s, buf in zip(outs, sh.outer_out):
-        copy = _in_flight_write(m, buf) if future else None
-        env[s] = RefVal(buf) if copy is None else InFlight(buf, copy, desc.name)
+        write = _in_flight_write(m, buf) if returned else None
+        env[s] = (
+            RefVal(buf)
+            if write is None
+            else InFlight(buf, str(write.dma.where), desc.name, write, returned)
+        )
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
     ctx.grid_axes = saved_axes
     return None
@@ -540,15 +547,34 @@ def _core_part(
     return None
 
 
-def _in_flight_write(m: Any, buf: Buffer) -> str | None:
-    """Where the copy still writing ``buf`` was started (a DMA future's destination as
-    its start kernel returns it), or None."""
+def _in_flight_write(m: Any, buf: Buffer) -> Any:
+    """The pending write of the copy still writing ``buf`` (a DMA future's destination
+    as its start kernel returns it), or None."""
     history = m.histories.get(buf.ident)
     for bucket in history.buckets if history is not None else ():
         for rec in bucket:
             if rec.part < 0 and rec.write and rec.dma is not None:
-                return str(rec.dma.where)
+                return rec
     return None
+
+
+def _check_in_flight_operands(desc: KernelDesc, operands: list[Any], labels: list[str]) -> None:
+    """A kernel that takes a DMA future's destination without its semaphore is not the
+    kernel that waits it: XLA orders the two by data only, so this one may run before
+    the wait even when the program lists it after (the walk then finds the copy settled
+    and could not see the race)."""
+    sems = {v.buffer.ident for v in operands if isinstance(v, RefVal)}
+    for v in operands:
+        if type(v) is InFlight and v.write.part >= 0 and not v.sems & sems:
+            buf = v.buffer
+            raise VerifiedRaceError(
+                f"data race on {labels[buf.owner]}'s buffer {buf.name}: kernel {desc.name} "
+                f"at {desc.where} takes it as kernel {v.kernel} returned it, with the copy "
+                f"started at {v.copy} in flight (a DMA future), and not the copy's "
+                "semaphore: XLA orders the two kernels by data only, so it may run before "
+                "the kernel that waits the copy. Pass it what the waiting kernel returns "
+                "(finish_async's result, or the done kernel's aliased output) instead."
+            )
 
 
 def _dropped(desc: KernelDesc, k: int) -> bool:

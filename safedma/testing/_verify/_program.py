@@ -58,11 +58,15 @@ class InFlight(RefVal):
     may run as soon as the starting kernel returned, before any wait (XLA orders by
     data, and the copy is no data dependence), so it reads what the copy is writing."""
 
-    __slots__ = ("copy", "kernel")
+    __slots__ = ("copy", "kernel", "write", "sems")
 
-    def __init__(self, buffer: Buffer, copy: str, kernel: str) -> None:
+    def __init__(
+        self, buffer: Buffer, copy: str, kernel: str, write: Any, sems: frozenset[int]
+    ) -> None:
         super().__init__(buffer)
         self.copy, self.kernel = copy, kernel
+        self.write = write  # the copy's pending write (settled once a wait guarantees it)
+        self.sems = sems  # the semaphores the starting kernel returned with it
 
 
 def _in_flight_guard(op: Op, ins: list[tuple[bool, Any]], name: str, where: str) -> Op:

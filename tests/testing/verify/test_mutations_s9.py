@@ -652,6 +652,38 @@ def r1_raw_future_buffer_read() -> Any:
     return verify(f, _X)
 
 
+def _copy_kernel(buffer: jax.Array) -> jax.Array:
+    """A kernel that reads ``buffer`` (a plain copy of it into its output)."""
+
+    def k(x_ref: Any, o_ref: Any) -> None:
+        pltpu.sync_copy(x_ref, o_ref)  # s9: copy_kernel
+
+    return pl.pallas_call(k, out_shape=_X, in_specs=[ANY], out_specs=ANY)(buffer)  # s9: copy_call
+
+
+def r1_future_buffer_to_another_kernel_after_the_done_kernel() -> Any:
+    """Listed after the done kernel, the walk finds the copy settled; but this kernel
+    depends on the start kernel only, so XLA may run it first."""
+
+    @sd.checked_futures
+    def f(x: jax.Array) -> jax.Array:
+        future = sd.start_async(_start, x, dst=_X)
+        done = sd.finish_async(_done, future)
+        return done + _copy_kernel(future.buffer)  # s9: future_buffer_to_a_kernel
+
+    return verify(f, _X)
+
+
+def r1_future_buffer_to_another_kernel_before_the_done_kernel() -> Any:
+    @sd.checked_futures
+    def f(x: jax.Array) -> jax.Array:
+        future = sd.start_async(_start, x, dst=_X)
+        early = _copy_kernel(future.buffer)
+        return sd.finish_async(_done, future) + early
+
+    return verify(f, _X)
+
+
 _BUGS: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
     # name: (kernel, error class, the device the message names: a regex)
     "r1_fori_read_before_wait": (r1_fori_read_before_wait, RaceDetectedError, ANY_DEVICE),
@@ -803,11 +835,25 @@ _BUGS: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
         r"device 0\b",
     ),
     "r1_raw_future_buffer_read": (r1_raw_future_buffer_read, RaceDetectedError, r"device 0\b"),
+    "r1_future_buffer_to_another_kernel_after_the_done_kernel": (
+        r1_future_buffer_to_another_kernel_after_the_done_kernel,
+        RaceDetectedError,
+        r"device 0\b",
+    ),
+    "r1_future_buffer_to_another_kernel_before_the_done_kernel": (
+        r1_future_buffer_to_another_kernel_before_the_done_kernel,
+        RaceDetectedError,
+        r"device 0\b",
+    ),
 }
 
 # The line each message must name: the marked line, or (future cases whose mistake is in
 # the program around the kernels but whose leftover is the copy's) the start's line.
 _NAMED = {
+    # the race is found inside the reading kernel (its copy-in line, in _copy_kernel),
+    # or at that kernel's call (its pallas_call, called at the marked line)
+    "r1_future_buffer_to_another_kernel_after_the_done_kernel": "# s9: copy_call",
+    "r1_future_buffer_to_another_kernel_before_the_done_kernel": "# s9: copy_kernel",
     "r2_future_finished_in_one_branch": "# s9: future",
     "r2_future_carried_out_of_a_loop_and_dropped": "# s9: future",
 }
@@ -1089,3 +1135,12 @@ def test_t8_left_to_verify_is_caught_on_the_device_that_waits_twice() -> None:
     line = marker_line(HERE, "# s9: t8_typed_wait_in_a_branch_then_after_it")
     assert re.search(rf"test_mutations_s9\.py:{line}\b", text), text
     assert re.search(_on(1), text), text
+
+
+def test_a_future_buffer_passed_to_a_kernel_without_its_semaphore_names_the_call() -> None:
+    with pytest.raises(RaceDetectedError) as caught:
+        r1_future_buffer_to_another_kernel_after_the_done_kernel()
+    text = str(caught.value)
+    line = marker_line(HERE, "# s9: future_buffer_to_a_kernel")
+    assert f"called at line {line} " in text, text
+    assert "not the copy's semaphore" in text and "finish_async's result" in text, text
