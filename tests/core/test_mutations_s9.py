@@ -312,6 +312,24 @@ def t7_receive_side_to_a_dict_device() -> None:
     trace_on_mesh(k, TWO_DMA, mesh_shape=(2, 4))
 
 
+def t7_waited_in_a_pipeline_body_on_another_semaphore() -> None:
+    def k(x, o, buf, sem, other):  # type: ignore[no-untyped-def]
+        sd.LocalCopy(
+            x.at[pl.ds(0, 8)], buf, sem
+        ).start()  # s9: t7_waited_in_a_pipeline_body_on_another_semaphore
+
+        def body(xv, ov):  # type: ignore[no-untyped-def]
+            @pl.when(pl.program_id(0) == 0)
+            def _() -> None:
+                sd.LocalCopy(x.at[pl.ds(0, 8)], buf, other).started_elsewhere().wait()
+
+            ov[...] = xv[...] + buf[...]
+
+        sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
+
+    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore(), sd.dma_semaphore()])
+
+
 def t8_in_a_pl_loop_body() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         @pl.loop(0, 2)
@@ -501,6 +519,11 @@ _MISTAKES: dict[str, tuple[Callable[[], None], type[Exception], tuple[str, ...]]
         sd.CopyNeverWaitedError,
         ("to device(x=1, y=0)", "wait_recv() never called", "handle.wait_recv()"),
     ),
+    "t7_waited_in_a_pipeline_body_on_another_semaphore": (
+        t7_waited_in_a_pipeline_body_on_another_semaphore,
+        sd.CopyNeverWaitedError,
+        ("same semaphore slot", "wait() never called"),
+    ),
     "t8_in_a_pl_loop_body": (t8_in_a_pl_loop_body, sd.HandleWaitedTwiceError, ("twice",)),
     "t8_through_a_helper": (t8_through_a_helper, sd.HandleWaitedTwiceError, ("twice",)),
     "t8_in_an_emit_pipeline_body": (
@@ -630,6 +653,41 @@ def ok_core_kernel_swap_behind_the_barrier() -> None:
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )
     jax.eval_shape(call, x)
+
+
+def ok_started_elsewhere_wait_in_an_sd_emit_pipeline_body() -> None:
+    """A copy started before the pipeline and waited at its first step: the body is
+    checked as a kernel of its own, and its wait by slot waits the kernel's copy too
+    (session 9, defect 4: it was T7 while the same wait on the handle passed)."""
+
+    def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
+        copy = sd.LocalCopy(x.at[pl.ds(0, 8)], buf, sem)
+        copy.start()
+
+        def body(xv, ov):  # type: ignore[no-untyped-def]
+            @pl.when(pl.program_id(0) == 0)
+            def _() -> None:
+                copy.started_elsewhere().wait()
+
+            ov[...] = xv[...] + buf[...]
+
+        sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
+
+    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
+
+
+def ok_wait_by_size_in_an_sd_emit_pipeline_body() -> None:
+    def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
+        for j in range(2):
+            sd.LocalCopy(x.at[pl.ds(8 * j, 4)], buf.at[pl.ds(4 * j, 4)], sem).start()
+
+        def body(xv, ov):  # type: ignore[no-untyped-def]
+            pl.when(pl.program_id(0) == 0)(lambda: sd.wait_bytes(sem, buf))
+            ov[...] = xv[...] + buf[...]
+
+        sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
+
+    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
 
 
 _OK = sorted(name for name in globals() if name.startswith("ok_"))
