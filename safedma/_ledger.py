@@ -45,6 +45,7 @@ __all__ = [
     "HandleState",
     "current_ledger",
     "ledger_scope",
+    "current_block",
     "record_wait_on",
     "settle_semaphore",
     "started_on",
@@ -310,6 +311,11 @@ def _block_of(frame: object) -> object:
             break
         frame = parent
     return frame
+
+
+def current_block() -> object:
+    """The straight-line block being traced (a branch of a ``cond`` is a block of its own)."""
+    return _block_of(_compat.current_frame())
 
 
 def _chain(frame: object) -> list[object]:

@@ -412,6 +412,32 @@ def s2_one_index_into_a_2d_regular_array() -> None:
     trace(k, [sd.regular_semaphores((2, 2))])
 
 
+def _future_start(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    sd.LocalCopy(x_ref, o_ref, sem).start()
+
+
+def _future_done(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    sd.LocalCopy(x_ref, o_ref, sem).started_elsewhere().wait()
+
+
+def _future_done_by_size(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    sd.wait_bytes(sem, o_ref)
+
+
+def future_finished_twice_in_one_branch() -> None:
+    @sd.checked_futures
+    def f(x: jax.Array, flag: jax.Array) -> jax.Array:
+        future = sd.start_async(_future_start, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
+
+        def twice() -> jax.Array:
+            sd.finish_async(_future_done, future)
+            return sd.finish_async(_future_done, future)  # s9: future_finished_twice_in_one_branch
+
+        return lax.cond(flag[0] > 0, twice, lambda: x)
+
+    jax.eval_shape(f, X, jax.ShapeDtypeStruct((1,), jnp.int32))
+
+
 # case: (the mistake, the error, words of the fix)
 _MISTAKES: dict[str, tuple[Callable[[], None], type[Exception], tuple[str, ...]]] = {
     "t1_in_a_cond_branch": (t1_in_a_cond_branch, sd.CopyShapeMismatchError, ("shapes match",)),
@@ -545,6 +571,11 @@ _MISTAKES: dict[str, tuple[Callable[[], None], type[Exception], tuple[str, ...]]
         t9_under_when_on_a_mesh,
         sd.MissingCollectiveIdError,
         ("collective_id=0",),
+    ),
+    "future_finished_twice_in_one_branch": (
+        future_finished_twice_in_one_branch,
+        sd.FutureConsumedTwiceError,
+        ("and again at", "Finish each future once"),
     ),
     "s2_one_index_into_a_2d_array_on_a_wait_only_path": (
         s2_one_index_into_a_2d_array_on_a_wait_only_path,
@@ -688,6 +719,22 @@ def ok_wait_by_size_in_an_sd_emit_pipeline_body() -> None:
         sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
 
     _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
+
+
+def ok_future_finished_in_each_branch_of_a_cond() -> None:
+    """Each branch of a lax.cond finishes the future once (session 9, defect 5: the
+    second branch's trace was taken for a second finish)."""
+
+    @sd.checked_futures
+    def f(x: jax.Array, flag: jax.Array) -> jax.Array:
+        future = sd.start_async(_future_start, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return lax.cond(
+            flag[0] > 0,
+            lambda: sd.finish_async(_future_done, future),
+            lambda: sd.finish_async(_future_done_by_size, future) * 2,
+        )
+
+    jax.eval_shape(f, X, jax.ShapeDtypeStruct((1,), jnp.int32))
 
 
 _OK = sorted(name for name in globals() if name.startswith("ok_"))

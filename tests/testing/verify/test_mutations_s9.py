@@ -1106,6 +1106,23 @@ def ok_future_result_and_sources_read_around_it() -> Any:
     return verify(f, _X, invocations=2)
 
 
+def ok_future_finished_in_each_branch_of_a_cond() -> Any:
+    def done_by_size(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        sd.wait_bytes(sem, o_ref)
+
+    @sd.checked_futures
+    def f(x: jax.Array, flag: jax.Array) -> jax.Array:
+        future = sd.start_async(_start, x, dst=_X)
+        return lax.cond(
+            flag[0] > 0,
+            lambda: sd.finish_async(_done, future),
+            lambda: sd.finish_async(done_by_size, future) * 2,
+        )
+
+    verify(f, _X, jnp.array([0], jnp.int32))
+    return verify(f, _X, jnp.array([1], jnp.int32))
+
+
 _OK = sorted(name for name in globals() if name.startswith("ok_"))
 
 
