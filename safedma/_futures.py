@@ -36,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 from safedma._entry_points import pallas_call
 from safedma._errors import FutureConsumedTwiceError, FutureDroppedError, FutureNotWaitedError
 from safedma._describe import SourceLine, call_site, copies_of
-from safedma._ledger import settle_semaphore, started_on, waited_on
+from safedma._ledger import current_block, settle_semaphore, started_on, waited_on
 
 __all__ = ["DmaFuture", "start_async", "finish_async", "checked_futures"]
 
@@ -48,12 +48,13 @@ _SEM_SPEC = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
 
 
 class _State:
-    __slots__ = ("started_at", "name", "finished_at", "handed_on")
+    __slots__ = ("started_at", "name", "finished_at", "finished_in", "handed_on")
 
     def __init__(self, started_at: SourceLine | None, name: str) -> None:
         self.started_at = started_at
         self.name = name
         self.finished_at: SourceLine | None = None
+        self.finished_in: object = None  # the block (jax trace) of that finish
         self.handed_on = False
 
 
@@ -228,13 +229,17 @@ def finish_async(
     """
     state = future._state  # pyright: ignore[reportPrivateUsage]
     here = call_site()
-    if state.finished_at is not None:
+    block = current_block()
+    # Finishes in two branches of a lax.cond run one at a time: only a second finish in
+    # the same straight-line block surely runs after the first (others: verify's).
+    if state.finished_at is not None and state.finished_in is block:
         raise FutureConsumedTwiceError(
             f"{future!r} was finished at {state.finished_at} and again at {here}: its copy "
             "is waited once, so the second done kernel would wait forever. Finish each "
-            "future once; start another copy for another result."
+            "future once (once in each branch of a lax.cond); start another copy for "
+            "another result."
         )
-    state.finished_at = here
+    state.finished_at, state.finished_in = here, block
     n = len(future.sources)
     kernel_name = _body_name(body)
 

@@ -31,7 +31,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from typing import NamedTuple
 
 from safedma import _compat
@@ -45,6 +45,7 @@ __all__ = [
     "HandleState",
     "current_ledger",
     "ledger_scope",
+    "current_block",
     "record_wait_on",
     "settle_semaphore",
     "started_on",
@@ -162,6 +163,16 @@ class Ledger:
     settled: list[object] = dataclasses.field(default_factory=list[object])
     # Refs and traces are compared by identity: keep them alive for the whole trace.
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
+    # The ledger of the kernel this body runs inside (an emit_pipeline body checked as a
+    # kernel of its own): a wait by slot here waits the enclosing kernel's copies too.
+    parent: Ledger | None = None
+
+    def chain(self) -> Iterator[Ledger]:
+        """This ledger and those of the bodies it runs inside, innermost first."""
+        ledger: Ledger | None = self
+        while ledger is not None:
+            yield ledger
+            ledger = ledger.parent
 
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
@@ -241,7 +252,7 @@ def current_ledger() -> Ledger | None:
 @contextlib.contextmanager
 def ledger_scope() -> Generator[Ledger, None, None]:
     """Record the copies and waits of the kernel body traced inside this block."""
-    ledger = Ledger()
+    ledger = Ledger(parent=_current.get())
     token = _current.set(ledger)
     try:
         yield ledger
@@ -258,19 +269,17 @@ def settle_semaphore(sem: object) -> None:
     starts at trace time, so they count like a ``started_elsewhere()`` wait.
     """
     ledger = _current.get()
-    if ledger is None:
-        return
-    ledger.keep_alive.append(sem)
-    ledger.settled.append(sem)
+    for each in ledger.chain() if ledger is not None else ():
+        each.keep_alive.append(sem)
+        each.settled.append(sem)
 
 
 def record_wait_on(sem: object) -> None:
     """Note a wait on ``sem``'s slot that no handle made (a wait by total size)."""
     ledger = _current.get()
-    if ledger is None:
-        return
-    ledger.keep_alive.append(sem)
-    ledger.elsewhere.append(_ElsewhereWait(sem))
+    for each in ledger.chain() if ledger is not None else ():
+        each.keep_alive.append(sem)
+        each.elsewhere.append(_ElsewhereWait(sem))
 
 
 def started_on(sem: object) -> bool:
@@ -302,6 +311,11 @@ def _block_of(frame: object) -> object:
             break
         frame = parent
     return frame
+
+
+def current_block() -> object:
+    """The straight-line block being traced (a branch of a ``cond`` is a block of its own)."""
+    return _block_of(_compat.current_frame())
 
 
 def _chain(frame: object) -> list[object]:
@@ -382,9 +396,7 @@ class HandleState:
             )
         self._waited[side].append(_Wait(here, block))
         if self._elsewhere:
-            ledger = _current.get()
-            if ledger is not None:
-                ledger.elsewhere.append(_ElsewhereWait(self._sems[side]))
+            record_wait_on(self._sems[side])
 
 
 def _escape_message(

@@ -13,6 +13,7 @@ from typing import Any, cast
 import numpy as np
 
 from safedma.testing._verify import _jax
+from safedma.testing._verify._leftovers import partial_wait
 from safedma.testing._verify._megacore import Chip
 from safedma.testing._verify._program import Ctx, Gen, RefVal
 from safedma.testing._verify._regions import Buffer
@@ -250,11 +251,15 @@ class Engine:
         unit = " bytes" if s.kind == "DMA" else ""
         starts = sorted({c.where for c in s.pending})
         started = f" (started at {'; '.join(starts[:3])})" if starts else ""
+        # nothing pending: a later kernel waited less than the future's copy brought
+        partial = "" if starts else partial_wait(self.labels, s, unit)
+        how = (
+            f" was waited only in part{partial}" if partial else " was never waited by a later one"
+        )
         return (
             f"{self.labels[s.buffer.owner]}: {s.kind} semaphore {self.sem_name(s)}, "
             f"passed between kernels, holds {s.total()}{unit} at the end of the "
-            f"program: a copy started by one pallas_call (a DMA future){started} was "
-            "never waited by a later one"
+            f"program: a copy started by one pallas_call (a DMA future){started}{how}"
         )
 
     def _describe_barrier(self, s: SemState) -> str:

@@ -22,6 +22,7 @@ from safedma.testing._verify._blocks import (
 from safedma.testing._verify._program import (
     Ctx,
     Gen,
+    InFlight,
     Op,
     RefVal,
     Compiler,
@@ -33,8 +34,10 @@ from safedma.testing._verify._program import (
 from safedma.testing._verify._regions import Buffer, Coverage, View
 from safedma.testing._verify._report import (
     VerificationUnsupportedError,
+    VerifiedRaceError,
 )
 from safedma.testing._verify._scalars import Unknown
+from safedma.testing._verify._leftovers import partial_wait
 from safedma.testing._verify._semantics import Blocked, SemState
 
 __all__ = ["KernelRun", "describe_leftover", "parameter_names"]
@@ -209,8 +212,8 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
         )
     elif total > 0:
         fix = (
-            f"its waits took {total}{unit} less than its copies and signals brought "
-            "(sizes of the waits must add up to the copies')"
+            f"its waits took {total}{unit} less than its copies and signals brought"
+            f"{partial_wait(eng.labels, s, unit)} (sizes of the waits must add up to the copies')"
         )
     else:
         fix = "more was waited than it received"
@@ -237,7 +240,9 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
     outs = c.outs(eqn)
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
-        return _run_kernel(ctx, desc, [r(env) for r in ins], outs, env)
+        operands = [r(env) for r in ins]
+        _check_in_flight_operands(desc, operands, ctx.engine.labels)
+        return _run_kernel(ctx, desc, operands, outs, env)
 
     return op
 
@@ -530,8 +535,21 @@ def _run_kernel(
     m.leave(p, sems, lambda s: describe_leftover(ctx, s), instance)
     helpers_left = any(f is not None and f.leftover for f in done.values())
     _returns(ctx, desc, sh, len(m.leftovers) == before and not helpers_left)
+    returned = frozenset(b.ident for b in sh.outer_out if b.sem_kind is not None)
     for s, buf in zip(outs, sh.outer_out):
-        env[s] = RefVal(buf)
+        writes = _in_flight_writes(m, buf) if returned else []
+        env[s] = (
+            RefVal(buf)
+            if not writes
+            else InFlight(
+                buf,
+                str(writes[0].dma.where),
+                desc.name,
+                writes[0],
+                returned,
+                tuple(w.box for w in writes),
+            )
+        )
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved
     ctx.grid_axes = saved_axes
     return None
@@ -572,6 +590,39 @@ def _core_part(
     done[q] = fr
     m.wake(ctx0.p)
     return None
+
+
+def _in_flight_writes(m: Any, buf: Buffer) -> list[Any]:
+    """The pending writes of the copies still writing ``buf`` (a DMA future's
+    destination as its start kernel returns it), in the order they were recorded."""
+    history = m.histories.get(buf.ident)
+    seen: set[int] = set()
+    out: list[Any] = []
+    for bucket in history.buckets if history is not None else ():
+        for rec in bucket:
+            if rec.part < 0 and rec.write and rec.dma is not None and id(rec) not in seen:
+                seen.add(id(rec))
+                out.append(rec)
+    return out
+
+
+def _check_in_flight_operands(desc: KernelDesc, operands: list[Any], labels: list[str]) -> None:
+    """A kernel that takes a DMA future's destination without its semaphore is not the
+    kernel that waits it: XLA orders the two by data only, so this one may run before
+    the wait even when the program lists it after (the walk then finds the copy settled
+    and could not see the race)."""
+    sems = {v.buffer.ident for v in operands if isinstance(v, RefVal)}
+    for v in operands:
+        if type(v) is InFlight and v.write.part >= 0 and not v.sems & sems:
+            buf = v.buffer
+            raise VerifiedRaceError(
+                f"data race on {labels[buf.owner]}'s buffer {buf.name}: kernel {desc.name} "
+                f"at {desc.where} takes it as kernel {v.kernel} returned it, with the copy "
+                f"started at {v.copy} in flight (a DMA future), and not the copy's "
+                "semaphore: XLA orders the two kernels by data only, so it may run before "
+                "the kernel that waits the copy. Pass it what the waiting kernel returns "
+                "(finish_async's result, or the done kernel's aliased output) instead."
+            )
 
 
 def _dropped(desc: KernelDesc, k: int) -> bool:

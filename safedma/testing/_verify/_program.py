@@ -20,12 +20,14 @@ from safedma.testing._verify._regions import (
     RegionError,
     UnsupportedView,
     View,
+    overlaps,
     resolve,
 )
 from safedma.testing._verify._report import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
     VerificationUnsupportedError,
+    VerifiedRaceError,
     VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule, unknown_result
@@ -48,6 +50,31 @@ class RefVal:
 
     def __init__(self, buffer: Buffer, steps: tuple[tuple[str, object], ...] = ()) -> None:
         self.buffer, self.steps = buffer, steps
+
+
+class InFlight(RefVal):
+    """A kernel's output that a copy still writes when the kernel returns it beside the
+    copy's semaphore (a DMA future's destination). Only a kernel may take it on (the one
+    that waits the copy); an operation of the program around the kernels that reads it
+    may run as soon as the starting kernel returned, before any wait (XLA orders by
+    data, and the copy is no data dependence), so it reads what the copy is writing."""
+
+    __slots__ = ("copy", "kernel", "write", "sems", "boxes")
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        copy: str,
+        kernel: str,
+        write: Any,
+        sems: frozenset[int],
+        boxes: tuple[Box, ...] = (),
+    ) -> None:
+        super().__init__(buffer)
+        self.copy, self.kernel = copy, kernel
+        self.write = write  # the copy's pending write (settled once a wait guarantees it)
+        self.sems = sems  # the semaphores the starting kernel returned with it
+        self.boxes = boxes  # every region a copy still writes as the kernel returns it
 
 
 class Ctx:
@@ -82,6 +109,11 @@ class Compiled:
 
 
 _CACHE: dict[tuple[int, bool, bool, object], tuple[Any, Compiled]] = {}
+# Primitives that only place or annotate an array (no read of its data by a kernel
+# of XLA's own): a DMA future's destination may pass through them to its done kernel.
+_PLACEMENT = frozenset(
+    ("sharding_constraint", "mesh_cast", "reshard", "device_put", "pvary", "optimization_barrier")
+)
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 _INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
 
@@ -451,7 +483,7 @@ class Compiler:
             return op
         # outside kernels: an operation on a kernel's output reads it (_outside_reads)
         arrays = [(k, self.slot(a)) for k, a in enumerate(eqn.invars) if _is_array(a)]
-        if not arrays:
+        if not arrays or eqn.primitive.name in _PLACEMENT:
             return op
         starts = [self.atom(a) for a in eqn.invars[1:]]  # a dynamic_slice's
         return _outside_reads(eqn, arrays, starts, op)
@@ -975,20 +1007,39 @@ def _outside_reads(
         if ctx.kernel is None and not ctx.machine.leftovers:
             for k, x in slots:
                 v = env[x]
-                if type(v) is RefVal and not v.steps and v.buffer.sem_kind is None:
-                    if not where:
-                        where.append(
-                            f"{location(eqn)} ({eqn.primitive.name} outside any kernel: "
-                            "run the kernel that waits its copies before using the array)"
-                        )
-                    at = [env[x] if is_var else x for is_var, x in starts]
-                    box = _read_box(eqn, k, v.buffer.shape, at)
-                    shape = tuple(hi - lo for lo, hi in box)
-                    view = View(v.buffer, box, shape, v.buffer.itemsize)
-                    ctx.machine.access(ctx.p, view, False, "reads", where[0])
+                if not isinstance(v, RefVal) or v.steps or v.buffer.sem_kind is not None:
+                    continue
+                at = [env[x] if is_var else x for is_var, x in starts]
+                box = _read_box(eqn, k, v.buffer.shape, at)
+                if isinstance(v, InFlight):
+                    # XLA orders this read after the start kernel only (by data), so it
+                    # races with the copy wherever the program lists the done kernel
+                    if any(overlaps(box, b) for b in v.boxes):
+                        raise _in_flight_read(ctx, v, eqn.primitive.name, location(eqn))
+                    continue
+                if not where:
+                    where.append(
+                        f"{location(eqn)} ({eqn.primitive.name} outside any kernel: "
+                        "run the kernel that waits its copies before using the array)"
+                    )
+                shape = tuple(hi - lo for lo, hi in box)
+                view = View(v.buffer, box, shape, v.buffer.itemsize)
+                ctx.machine.access(ctx.p, view, False, "reads", where[0])
         return op(env, ctx)
 
     return reads
+
+
+def _in_flight_read(ctx: Ctx, v: InFlight, name: str, where: str) -> VerifiedRaceError:
+    buf = v.buffer
+    return VerifiedRaceError(
+        f"data race on {ctx.engine.labels[buf.owner]}'s buffer {buf.name}: {name} at "
+        f"{where} reads it outside any kernel while the copy started at {v.copy} is still "
+        f"writing it: kernel {v.kernel} returned it with the copy's semaphore (a DMA "
+        "future), and XLA may run this read as soon as that kernel returns, before the "
+        "copy is waited. Read what the kernel that waits the copy returns (finish_async's "
+        "result, or the done kernel's aliased output) instead."
+    )
 
 
 def _read_box(eqn: Any, k: int, shape: tuple[int, ...], starts: list[Any]) -> Box:
