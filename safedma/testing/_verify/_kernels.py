@@ -547,7 +547,7 @@ def _run_kernel(
                 desc.name,
                 writes[0],
                 returned,
-                tuple(w.box for w in writes),
+                tuple((w.box, str(w.dma.where)) for w in writes),
             )
         )
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = saved

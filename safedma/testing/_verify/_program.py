@@ -68,13 +68,14 @@ class InFlight(RefVal):
         kernel: str,
         write: Any,
         sems: frozenset[int],
-        boxes: tuple[Box, ...] = (),
+        boxes: tuple[tuple[Box, str], ...] = (),
     ) -> None:
         super().__init__(buffer)
         self.copy, self.kernel = copy, kernel
         self.write = write  # the copy's pending write (settled once a wait guarantees it)
         self.sems = sems  # the semaphores the starting kernel returned with it
-        self.boxes = boxes  # every region a copy still writes as the kernel returns it
+        # every region a copy still writes as the kernel returns it, with the copy's line
+        self.boxes = boxes
 
 
 class Ctx:
@@ -1014,8 +1015,9 @@ def _outside_reads(
                 if isinstance(v, InFlight):
                     # XLA orders this read after the start kernel only (by data), so it
                     # races with the copy wherever the program lists the done kernel
-                    if any(overlaps(box, b) for b in v.boxes):
-                        raise _in_flight_read(ctx, v, eqn.primitive.name, location(eqn))
+                    for b, copy in v.boxes:
+                        if overlaps(box, b):
+                            raise _in_flight_read(ctx, v, box, copy, eqn, location(eqn))
                     continue
                 if not where:
                     where.append(
@@ -1030,14 +1032,18 @@ def _outside_reads(
     return reads
 
 
-def _in_flight_read(ctx: Ctx, v: InFlight, name: str, where: str) -> VerifiedRaceError:
+def _in_flight_read(
+    ctx: Ctx, v: InFlight, box: Box, copy: str, eqn: Any, where: str
+) -> VerifiedRaceError:
     buf = v.buffer
+    window = "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
     return VerifiedRaceError(
-        f"data race on {ctx.engine.labels[buf.owner]}'s buffer {buf.name}: {name} at "
-        f"{where} reads it outside any kernel while the copy started at {v.copy} is still "
-        f"writing it: kernel {v.kernel} returned it with the copy's semaphore (a DMA "
-        "future), and XLA may run this read as soon as that kernel returns, before the "
-        "copy is waited. Read what the kernel that waits the copy returns (finish_async's "
+        f"data race on {ctx.engine.labels[buf.owner]}'s buffer {buf.name}{window}: "
+        f"{eqn.primitive.name} at {where} reads it outside any kernel while the copy "
+        f"started at {copy} is still writing it: kernel {v.kernel} returned it with the "
+        "copy's semaphore (a DMA future), and XLA may run this read as soon as that kernel "
+        "returns, before the copy is waited, wherever the program lists the kernel that "
+        "waits it. Fix: read what the kernel that waits the copy returns (finish_async's "
         "result, or the done kernel's aliased output) instead."
     )
 
