@@ -50,6 +50,7 @@ __all__ = [
     "FlowKind",
     "current_frame",
     "raw_dma_waits",
+    "traced_so_far",
     "ALLOCATED_INSIDE",
     "allocated_inside",
     "is_block_argument",
@@ -515,12 +516,21 @@ _tree_unflatten = cast(
 )
 
 
-def raw_dma_waits(frame: object, is_own_file: Callable[[str], bool]) -> list[RawWait]:
-    """The semaphores waited by ``dma_wait``s traced so far into ``frame`` that were not
-    emitted from a file ``is_own_file`` accepts (safedma's own waits)."""
+def traced_so_far(frame: object) -> int:
+    """How many equations have been traced into ``frame`` (see raw_dma_waits): where a
+    body nested in enclosing code (an ``emit_pipeline`` body) begins in its frame."""
+    return len(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+
+
+def raw_dma_waits(
+    frame: object, is_own_file: Callable[[str], bool], since: int = 0
+) -> list[RawWait]:
+    """The semaphores waited by ``dma_wait``s traced into ``frame`` (from its ``since``-th
+    equation on) that were not emitted from a file ``is_own_file`` accepts (safedma's own
+    waits)."""
     found: list[RawWait] = []
     entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
-    for entry in entries:
+    for entry in entries[since:]:
         eqn = _dereference(entry)
         if eqn is None:
             continue

@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from safedma import _compat
 from safedma._compat import SemaphoreKind
 from safedma._jax_errors import rewrite
-from safedma._ledger import ledger_scope, settle_semaphore
+from safedma._ledger import current_ledger, ledger_scope, settle_semaphore
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._scratch import Scratch
 
@@ -126,6 +126,7 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
+        enclosing = current_ledger()  # an emit_pipeline body runs inside a kernel body
         with (
             _config_of_enclosing_call(),
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
@@ -141,6 +142,8 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
                     raise
                 raise rewritten from error
             ledger.check_all_waited(name)
+        if enclosing is not None:
+            enclosing.take_waits_of(ledger)
 
     # jax names a kernel after its function, looking through functools.partial;
     # a partial has no __name__ for wraps() to copy, so give the wrapper the

@@ -110,14 +110,16 @@ _ALLOCATED_INSIDE = -2
 meet every slot of such a semaphore, and none of the body's own (see _on_slot)."""
 
 
-def _raw_wait_slots() -> list[_Slot]:
-    """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far.
+def _raw_wait_slots(since: int = 0) -> list[_Slot]:
+    """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far
+    (from the ``since``-th equation of its frame: where the body began).
 
     They stand for any safedma copy on the same slot, like started_elsewhere():
     the body's jaxpr, not safedma's bookkeeping, says what is waited.
     """
     slots: list[_Slot] = []
-    for root, view in _compat.raw_dma_waits(_compat.current_frame(), is_library_file):
+    frame = _compat.current_frame()
+    for root, view in _compat.raw_dma_waits(frame, is_library_file, since):
         if root is _compat.ALLOCATED_INSIDE:
             slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
@@ -162,6 +164,19 @@ class Ledger:
     settled: list[object] = dataclasses.field(default_factory=list[object])
     # Refs and traces are compared by identity: keep them alive for the whole trace.
     keep_alive: list[object] = dataclasses.field(default_factory=list[object])
+    # Equations already in the body's frame when it began: an emit_pipeline body is traced
+    # into the pipeline's step, after the pipeline's own waits on its buffers' semaphores
+    # (raw, on loop arguments of the same type as a user's): those are not the body's.
+    begins_at: int = 0
+
+    def take_waits_of(self, nested: Ledger) -> None:
+        """Count a nested body's waits by slot (``started_elsewhere()``, ``wait_bytes``) as
+        this body's: an ``emit_pipeline`` body is checked as a kernel of its own, but a wait
+        it makes at every step on a semaphore of the enclosing kernel stands for a copy the
+        kernel started there before the pipeline (a prologue prefetch), as a wait in a loop
+        body does. Handles waited inside are the nested body's own copies'."""
+        self.elsewhere += nested.elsewhere
+        self.keep_alive += nested.keep_alive
 
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
@@ -179,7 +194,7 @@ class Ledger:
                 if elsewhere is None:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
-                    elsewhere += _raw_wait_slots()
+                    elsewhere += _raw_wait_slots(self.begins_at)
                 if not _on_slot(sem, elsewhere):
                     missing.append(side)
             if missing:
@@ -241,7 +256,7 @@ def current_ledger() -> Ledger | None:
 @contextlib.contextmanager
 def ledger_scope() -> Generator[Ledger, None, None]:
     """Record the copies and waits of the kernel body traced inside this block."""
-    ledger = Ledger()
+    ledger = Ledger(begins_at=_compat.traced_so_far(_compat.current_frame()))
     token = _current.set(ledger)
     try:
         yield ledger

@@ -1,0 +1,426 @@
+"""Patterns from other authors' Pallas TPU DMA code (docs/held-out.md, session 9, typed
+API), on kernels written here.
+
+* a chunked copy as a DMA future (vLLM tpu-inference's ``distributed/kv_transfer.py``): a
+  start kernel with four scalar-prefetched tables starts, in a ``pl.loop`` whose trip count
+  is read from SMEM, one copy per chunk (offsets and length read from SMEM) into the
+  aliased destination, on the semaphore it returns; its refs after the inputs come as
+  ``*args`` and the semaphore is ``args[-1]``; a wait kernel takes the semaphore, rebuilds
+  each chunk's copy and waits it;
+* a copy to pinned host memory (the same file's ``copy_to_host``): ``pl.HOST`` specs, the
+  copy started and waited at once on a semaphore scoped with ``pl.run_scoped(body,
+  pltpu.SemaphoreType.DMA)``;
+* a per-token state cache double-buffered across the steps of an ``emit_pipeline``
+  (tpu-inference's ``gdn/v2/gdn_decode_kernel.py``): the first block's rows started
+  before the pipeline, the next block's prefetched under one ``pl.when`` per token, the
+  current block waited by size, rows stored back per token and drained by size two steps
+  later and after the pipeline; the SMEM index table and both semaphore arrays passed to
+  the body through ``scratches=``; ``pl.BoundedSlice`` blocks.
+
+Each correct kernel lowers to the Mosaic of its raw pltpu spelling; each seeded mistake is
+stopped at trace time naming the user's line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import safedma as sd
+from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
+from tests.support.source_lines import line_in, raising_lines
+
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+HBM = pl.BlockSpec(memory_space=pltpu.HBM)
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
+SAFE, RAW = True, False
+
+
+def _v5p() -> Any:
+    """A device-free mesh naming the TPU generation (jax 0.12 asks for one to lower)."""
+    return abstract_mesh((1,), ("x",), tpu="v5p")
+
+
+# --- a chunked copy as a DMA future -----------------------------------------------------
+
+ROWS = 64
+
+
+def _chunks_start(safe: bool, seed: str | None = None) -> Callable[..., None]:
+    def kernel(
+        num: Any,
+        src_off: Any,
+        dst_off: Any,
+        sizes: Any,
+        src: Any,
+        dep: Any,
+        dst_in: Any,
+        *args: Any,
+    ) -> None:
+        del dep  # only orders this kernel after the previous transfer
+        sem = args[-1]  # with a scratch semaphore added (seed), args[-1] is that scratch
+
+        @pl.loop(0, num[0])
+        def _(i: Any) -> None:
+            n = sizes[i]
+            dst = dst_in.at[pl.ds(dst_off[i], n)]
+            if seed == "whole_block_destination":
+                dst = dst_in.at[pl.ds(dst_off[i], 16)]
+            if safe:
+                sd.LocalCopy(src.at[pl.ds(src_off[i], n)], dst, sem).start()  # CHUNK
+            else:
+                pltpu.make_async_copy(src.at[pl.ds(src_off[i], n)], dst, sem).start()
+
+    return kernel
+
+
+def _chunks_done(safe: bool) -> Callable[..., None]:
+    def kernel(
+        num: Any, src_off: Any, dst_off: Any, sizes: Any, src: Any, dep: Any, *args: Any
+    ) -> None:
+        del dep
+        dst_in, sem = args[0], args[1]
+
+        @pl.loop(0, num[0])
+        def _(i: Any) -> None:
+            n = sizes[i]
+            copy_src, copy_dst = src.at[pl.ds(src_off[i], n)], dst_in.at[pl.ds(dst_off[i], n)]
+            if safe:
+                sd.LocalCopy(copy_src, copy_dst, sem).started_elsewhere().wait()
+            else:
+                pltpu.make_async_copy(copy_src, copy_dst, sem).wait()
+
+    return kernel
+
+
+def _transfer(safe: bool, seed: str | None = None) -> Any:
+    entry: Any = sd.pallas_call if safe else pl.pallas_call
+    params = pltpu.CompilerParams(has_side_effects=True)
+
+    def run(*operands: jax.Array) -> jax.Array:
+        *tables, src, dep, dst = operands
+        scratch = [pltpu.SemaphoreType.DMA(())] if seed == "scratch_semaphore" else []
+        out, sem = entry(
+            _chunks_start(safe, seed),
+            out_shape=(jax.ShapeDtypeStruct(dst.shape, dst.dtype), pltpu.SemaphoreType.DMA(())),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=4,
+                grid=(1,),
+                in_specs=(HBM, HBM, HBM),
+                out_specs=(HBM, SEM),
+                scratch_shapes=scratch,
+            ),
+            input_output_aliases={6: 0},
+            compiler_params=params,
+        )(*tables, src, dep, dst)
+        done: jax.Array = entry(
+            _chunks_done(safe),
+            out_shape=jax.ShapeDtypeStruct(dst.shape, dst.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=4, grid=(1,), in_specs=[HBM, HBM, HBM, SEM], out_specs=HBM
+            ),
+            input_output_aliases={6: 0},
+            compiler_params=params,
+        )(*tables, src, dep, out, sem)
+        return done
+
+    return jax.jit(run)
+
+
+def _transfer_args() -> tuple[jax.ShapeDtypeStruct, ...]:
+    table = jax.ShapeDtypeStruct((16,), jnp.int32)
+    cache = jax.ShapeDtypeStruct((ROWS, 8, 128), jnp.bfloat16)
+    return (jax.ShapeDtypeStruct((1,), jnp.int32), table, table, table, cache, cache, cache)
+
+
+def test_chunked_transfer_future_matches_raw() -> None:
+    assert_same_mosaic(_transfer(SAFE), _transfer(RAW), *_transfer_args())
+
+
+def test_chunked_transfer_on_a_scratch_semaphore_is_t7_at_the_chunks_start() -> None:
+    # A scratch semaphore added to the start kernel shifts the author's ``args[-1]``: the
+    # chunks are started on the scratch, which dies with the kernel, not on the returned one.
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_transfer(SAFE, "scratch_semaphore"), *_transfer_args())
+    text = str(err.value)
+    assert f"{__file__}:{line_in(_chunks_start, '# CHUNK')}" in text
+    assert "started_elsewhere().wait()" in text
+
+
+def test_chunk_written_as_a_whole_block_is_t1_at_the_users_line() -> None:
+    # A traced length on the source, 16 rows on the destination: Mosaic rejects it on TPU.
+    with pytest.raises(sd.CopyShapeMismatchError) as err:
+        mosaic_text(_transfer(SAFE, "whole_block_destination"), *_transfer_args())
+    assert line_in(_chunks_start, "# CHUNK") in raising_lines(err, __file__)
+
+
+# --- a copy to pinned host memory -------------------------------------------------------
+
+
+def _to_host(safe: bool, space: Any, seed: str | None = None) -> Any:
+    def kernel(src: Any, host_in: Any, host_out: Any) -> None:
+        del host_in
+        if safe:
+
+            def body(sem: sd.SemRef) -> None:
+                handle = sd.LocalCopy(src, host_out, sem).start()  # TO HOST
+                if seed != "wait_dropped":
+                    handle.wait()
+
+            sd.run_scoped(body, sd.dma_semaphore())
+        else:
+
+            def raw_body(sem: Any) -> None:
+                pltpu.async_copy(src, host_out, sem).wait()
+
+            pl.run_scoped(raw_body, pltpu.SemaphoreType.DMA)
+
+    entry: Any = sd.pallas_call if safe else pl.pallas_call
+
+    def run(src: jax.Array, dest: jax.Array) -> jax.Array:
+        out: jax.Array = entry(
+            kernel,
+            in_specs=[ANY, pl.BlockSpec(memory_space=space)],
+            out_specs=pl.BlockSpec(memory_space=space),
+            input_output_aliases={1: 0},
+            out_shape=jax.ShapeDtypeStruct(dest.shape, dest.dtype),
+        )(src, dest)
+        return out
+
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("space", [pltpu.HBM, pl.HOST], ids=["hbm", "host"])
+def test_copy_to_host_matches_raw(space: Any) -> None:
+    x = jax.ShapeDtypeStruct((ROWS, 8, 128), jnp.bfloat16)
+    assert_same_mosaic(_to_host(SAFE, space), _to_host(RAW, space), x, x, mesh=_v5p())
+
+
+def test_copy_to_host_never_waited_is_t7() -> None:
+    x = jax.ShapeDtypeStruct((ROWS, 8, 128), jnp.bfloat16)
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_to_host(SAFE, pl.HOST, "wait_dropped"), x, x, mesh=_v5p())
+    assert f"{__file__}:{line_in(_to_host, '# TO HOST')}" in str(err.value)
+
+
+# --- a state cache double-buffered across pipeline steps --------------------------------
+
+T, H, D, STATES, BT = 32, 2, 128, 16, 4
+
+
+def _state_cache(safe: bool, seed: str | None = None) -> Callable[..., None]:
+    def start(src: Any, dst: Any, sem: Any) -> None:
+        if safe:
+            sd.LocalCopy(src, dst, sem).start()  # STARTED
+        else:
+            pltpu.make_async_copy(src, dst, sem).start()
+
+    def drain(sem: Any, rows: Any) -> None:
+        if safe:
+            sd.wait_bytes(sem, rows)
+        else:
+            pltpu.make_async_copy(rows, rows, sem).wait()
+
+    def kernel(
+        v_hbm: Any,
+        idx_ref: Any,
+        dist_ref: Any,
+        state_init: Any,
+        o_hbm: Any,
+        state_hbm: Any,
+        h_bufs: Any,
+        load_sems: Any,
+        store_sems: Any,
+    ) -> None:
+        del state_init  # aliased to state_hbm
+        end = dist_ref[0]
+        nb = pl.cdiv(end, BT)
+
+        def token_map(i: Any) -> tuple[Any, int, int]:
+            return (pl.ds(i * BT, jnp.minimum(BT, end - i * BT)), 0, 0)
+
+        spec = pl.BlockSpec((pl.BoundedSlice(BT), H, D), token_map)
+        for t in range(BT):
+
+            @pl.when(t < end)
+            def _(t: int = t) -> None:
+                start(
+                    state_hbm.at[pl.ds(idx_ref[t], 1)], h_bufs.at[0, pl.ds(t, 1)], load_sems.at[0]
+                )
+
+        def body(v_ref: Any, o_ref: Any, bufs: Any, idx: Any, lsems: Any, ssems: Any) -> None:
+            b = pl.program_id(0)
+            t0 = b * BT
+            n = jnp.minimum(BT, end - t0)
+            cur, nxt = b % 2, (b + 1) % 2
+            n_next = jnp.maximum(jnp.minimum(BT, end - t0 - BT), 0)
+            for t in range(BT):
+
+                @pl.when(t < n_next)
+                def _(t: int = t) -> None:
+                    row = state_hbm.at[pl.ds(idx[t0 + BT + t], 1)]
+                    start(row, bufs.at[nxt, pl.ds(t, 1)], lsems.at[nxt])  # PREFETCH
+
+            if seed == "current_block_waited_on_the_store_semaphores":
+                drain(ssems.at[cur], bufs.at[cur, pl.ds(0, n)])
+            elif seed != "current_block_wait_dropped":
+                drain(lsems.at[cur], bufs.at[cur, pl.ds(0, n)])
+            prev = jnp.where(b >= 2, jnp.minimum(BT, end - jnp.maximum((b - 2) * BT, 0)), 0)
+
+            if seed != "store_drain_dropped":
+
+                @pl.when(prev > 0)
+                def _() -> None:
+                    drain(ssems.at[cur], bufs.at[cur, pl.ds(0, prev)])
+
+            o_ref[...] = v_ref[...]
+            for t in range(BT):
+
+                @pl.when(t < n)
+                def _(t: int = t) -> None:
+                    row = state_hbm.at[pl.ds(idx[t0 + t], 1)]
+                    start(bufs.at[cur, pl.ds(t, 1)], row, ssems.at[cur])  # STORE
+
+        emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
+        emit(body, grid=(nb,), in_specs=[spec], out_specs=spec)(
+            v_hbm, o_hbm, scratches=[h_bufs, idx_ref, load_sems, store_sems]
+        )
+        last, other = (nb - 1) % 2, nb % 2
+        drain(store_sems.at[last], h_bufs.at[last, pl.ds(0, jnp.minimum(BT, end - (nb - 1) * BT))])
+        on_other = jnp.where(nb >= 2, jnp.minimum(BT, end - (nb - 2) * BT), 0)
+
+        @pl.when(on_other > 0)
+        def _() -> None:
+            drain(store_sems.at[other], h_bufs.at[other, pl.ds(0, on_other)])
+
+    return kernel
+
+
+def _decode(safe: bool, seed: str | None = None) -> Any:
+    entry: Any = sd.pallas_call if safe else pl.pallas_call
+
+    def run(v: jax.Array, idx: jax.Array, dist: jax.Array, state: jax.Array) -> Any:
+        return entry(
+            _state_cache(safe, seed),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=0,
+                in_specs=[ANY, SMEM, SMEM, ANY],
+                out_specs=[ANY, ANY],
+                grid=(1,),
+                scratch_shapes=[
+                    pltpu.VMEM((2, BT, H, D, D), jnp.float32),
+                    pltpu.SemaphoreType.DMA((2,)),
+                    pltpu.SemaphoreType.DMA((2,)),
+                ],
+            ),
+            input_output_aliases={0: 0, 3: 1},
+            out_shape=[
+                jax.ShapeDtypeStruct((T, H, D), jnp.float32),
+                jax.ShapeDtypeStruct((STATES, H, D, D), jnp.float32),
+            ],
+            compiler_params=pltpu.CompilerParams(disable_bounds_checks=True),
+            name="decoding_gdn",
+        )(v, idx, dist, state)
+
+    return jax.jit(run)
+
+
+def _decode_args() -> tuple[jax.ShapeDtypeStruct, ...]:
+    return (
+        jax.ShapeDtypeStruct((T, H, D), jnp.float32),
+        jax.ShapeDtypeStruct((T,), jnp.int32),
+        jax.ShapeDtypeStruct((3,), jnp.int32),
+        jax.ShapeDtypeStruct((STATES, H, D, D), jnp.float32),
+    )
+
+
+def test_state_cache_across_pipeline_steps_matches_raw() -> None:
+    # Before the fix: T7 for the rows started before the pipeline, which its body waits.
+    assert_same_mosaic(_decode(SAFE), _decode(RAW), *_decode_args(), mesh=_v5p())
+
+
+@pytest.mark.parametrize(
+    ("seed", "kernel", "called_from"),
+    [
+        # The pipeline body is checked as a kernel of its own, first: its prefetches and
+        # stores are waited in its later steps (any slot of the same array counts).
+        ("current_block_wait_dropped", "body", "# PREFETCH"),
+        ("current_block_waited_on_the_store_semaphores", "body", "# PREFETCH"),
+        # Before the fix: passed (the pipeline's own waits on its buffers' semaphores,
+        # traced into the step before the body, stood for any DMA semaphore array of (2,)).
+        ("store_drain_dropped", "body", "# STORE"),
+    ],
+)
+def test_state_cache_rows_never_waited_are_t7_at_the_start_line(
+    seed: str, kernel: str, called_from: str
+) -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_decode(SAFE, seed), *_decode_args(), mesh=_v5p())
+    text = str(err.value)
+    assert text.startswith(f"kernel {kernel!r}"), text
+    started = f"{__file__}:{line_in(_state_cache, '# STARTED')}"
+    assert f"{started} (called from {__file__}:{line_in(_state_cache, called_from)}" in text, text
+    assert "started_elsewhere().wait() in a later loop iteration or grid step" in text
+
+
+# --- the mechanism, on a small kernel -----------------------------------------------------
+
+
+def _prologue_then_pipeline(wait_in_body: str) -> Any:
+    """A copy started before an ``emit_pipeline`` and waited at every step of its body
+    (``wait_in_body``: how), next to a copy on another semaphore that nothing waits."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any, other: Any) -> None:
+        sd.LocalCopy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[0]).start()  # PROLOGUE
+        if wait_in_body == "leak":
+            sd.LocalCopy(x_hbm.at[pl.ds(8, 8)], buf, other).start()  # LEAKED
+
+        def body(x_ref: Any, o_ref: Any, b_ref: Any, s_ref: Any) -> None:
+            slot = pl.program_id(0) % 2
+            if wait_in_body == "wait_bytes":
+                sd.wait_bytes(s_ref.at[slot], b_ref)
+            else:
+                sd.LocalCopy(
+                    x_hbm.at[pl.ds(0, 8)], b_ref, s_ref.at[slot]
+                ).started_elsewhere().wait()
+            o_ref[...] = x_ref[...] + b_ref[...]
+
+        block = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        sd.emit_pipeline(body, grid=(4,), in_specs=[block], out_specs=block)(
+            x_hbm, o_hbm, scratches=[buf, sems]
+        )
+
+    x = jax.ShapeDtypeStruct((32, 128), jnp.float32)
+    return sd.pallas_call(
+        kernel,
+        in_specs=[ANY],
+        out_specs=ANY,
+        out_shape=x,
+        scratch_shapes=[
+            pltpu.VMEM((8, 128), jnp.float32),
+            pltpu.SemaphoreType.DMA((2,)),
+            pltpu.SemaphoreType.DMA(()),
+        ],
+    ), x
+
+
+@pytest.mark.parametrize("how", ["wait_bytes", "started_elsewhere"])
+def test_a_wait_in_a_pipeline_body_stands_for_a_copy_started_before_it(how: str) -> None:
+    call, x = _prologue_then_pipeline(how)
+    assert "tpu.wait_dma" in mosaic_text(call, x, mesh=_v5p())  # before the fix: T7 (prologue)
+
+
+def test_a_wait_in_a_pipeline_body_does_not_cover_another_semaphore() -> None:
+    call, x = _prologue_then_pipeline("leak")
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(call, x, mesh=_v5p())
+    text = str(err.value)
+    assert f"{__file__}:{line_in(_prologue_then_pipeline, '# LEAKED')}" in text
+    assert f":{line_in(_prologue_then_pipeline, '# PROLOGUE')}" not in text
