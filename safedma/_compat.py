@@ -49,6 +49,7 @@ __all__ = [
     "RefAval",
     "FlowKind",
     "current_frame",
+    "indexes_by_array",
     "raw_dma_waits",
     "traced_so_far",
     "ALLOCATED_INSIDE",
@@ -626,6 +627,18 @@ def _static_index(item: Any) -> int | slice | None:
     return _static_int(item)
 
 
+def indexes_by_array(ref: object) -> bool:
+    """Whether a view picks its rows by an array of indices (``buf.at[indices]``, an index
+    ref or a vector): an indirect (gather or scatter) DMA operand, which only SparseCore
+    lowers. A slice or a scalar index picks a contiguous window."""
+    if not isinstance(ref, _state_types.TransformedRef):
+        return False
+    return any(
+        isinstance(transform, _state_indexing.NDIndexer) and transform.int_indexer_shape != ()
+        for transform in ref.transforms
+    )
+
+
 def static_positions(ref: object) -> frozenset[int] | None:
     """The flat positions of its root array a view covers, or None if any index is traced.
 
@@ -719,7 +732,7 @@ RefAval: TypeAlias = "_state_types.AbstractRef | _state_types.TransformedRef"
 class AsyncCopyDescriptor(Protocol):
     """What safedma uses of pltpu's async-copy descriptor (make_async_copy's result)."""
 
-    def start(self, priority: int = 0) -> None: ...
+    def start(self, priority: int = 0, *, add: bool = False) -> None: ...
     def wait(self) -> None: ...
     def wait_send(self) -> None: ...
     def wait_recv(self) -> None: ...

@@ -23,6 +23,7 @@ stopped at trace time naming the user's line.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -424,3 +425,162 @@ def test_a_wait_in_a_pipeline_body_does_not_cover_another_semaphore() -> None:
     text = str(err.value)
     assert f"{__file__}:{line_in(_prologue_then_pipeline, '# LEAKED')}" in text
     assert f":{line_in(_prologue_then_pipeline, '# PROLOGUE')}" not in text
+
+
+# --- a SparseCore histogram: copies kept as handles, a zero fill, a scatter-add ---------
+
+W, WINDOWS, HIST = 16, 2, 16
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _TopKScratch:
+    """The kernel's scratch as one dataclass, flattened for ``pl.kernel`` and rebuilt in the
+    body (tokamax's ``TopKScratch``); its semaphore is the type ``pltpu.SemaphoreType.DMA``."""
+
+    sem: Any
+    keys: Any
+    values: Any
+    histogram: Any
+    zeros: Any
+    indices: Any
+    global_histogram: Any
+
+
+def _histogram(safe: bool, with_values: bool = True, seed: str | None = None) -> Any:
+    """tokamax's SparseCore top-k (``experimental/tpu/topk``): per window the keys and
+    (optionally: ``None`` otherwise) the values copied in on one semaphore and waited through
+    their descriptors; in a ``while_loop`` over digits the leader starts zeroing the shared
+    histogram on the last window (the descriptor dropped) and waits it, rebuilt, in nested
+    ``pl.when`` blocks; between two subcore barriers every subcore scatter-adds its histogram
+    into the shared one (``sync_copy(..., add=True)`` at ``global.at[indices]``)."""
+
+    def start(src: Any, dst: Any, sem: Any) -> Any:
+        if safe:
+            return sd.LocalCopy(src, dst, sem).start()  # WINDOW
+        return pltpu.async_copy(src, dst, sem)
+
+    def sync(src: Any, dst: Any, add: bool = False) -> None:
+        if safe:
+            sd.sync_copy(src, dst, add=add)  # SYNC
+        else:
+            pltpu.sync_copy(src, dst, add=add)
+
+    def kernel(keys_ref: Any, values_ref: Any, out_keys: Any, out_hist: Any, *flat: Any) -> None:
+        from jax.experimental.pallas import tpu_sc as plsc
+
+        s = tree.unflatten(flat)
+        leader = jax.lax.axis_index("subcore") == 0
+        sync(keys_ref.at[pl.ds(0, HIST)], s.indices)
+
+        @pl.loop(0, WINDOWS)
+        def _(window: Any) -> None:
+            last = window == WINDOWS - 1
+            keys_copy = start(keys_ref.at[pl.ds(window * W, W)], s.keys, s.sem)
+            vals_copy = None
+            if with_values:
+                vals_copy = start(values_ref.at[pl.ds(window * W, W)], s.values, s.sem)
+            keys_copy.wait()
+            del keys_copy
+            if vals_copy is not None:
+                vals_copy.wait()
+            del vals_copy
+
+            def digit_step(digit: Any) -> Any:
+                @pl.when(leader & last)
+                def _() -> None:
+                    start(s.zeros, s.global_histogram, s.sem)  # ZERO FILL
+
+                s.histogram[...] = s.keys[...] + s.values[...]
+
+                @pl.when(last)
+                def _() -> None:
+                    if seed != "zero_fill_wait_dropped":
+
+                        @pl.when(leader)
+                        def _() -> None:
+                            if safe:
+                                zero_fill = sd.LocalCopy(s.zeros, s.global_histogram, s.sem)
+                                zero_fill.started_elsewhere().wait()
+                            else:
+                                pltpu.make_async_copy(s.zeros, s.global_histogram, s.sem).wait()
+
+                    plsc.subcore_barrier()
+                    target = s.global_histogram.at[s.indices]
+                    if seed == "scatter_add_to_a_window":
+                        target = s.global_histogram
+                    sync(s.histogram, target, add=True)
+                    plsc.subcore_barrier()
+                    sync(s.global_histogram, s.histogram)
+
+                return digit - 1
+
+            jax.lax.while_loop(lambda d: d >= 0, digit_step, jnp.int32(1))
+
+        sync(s.keys, out_keys)
+        sync(s.histogram, out_hist)
+
+    scratch = _TopKScratch(
+        sem=pltpu.SemaphoreType.DMA,
+        keys=pltpu.VMEM((W,), jnp.int32),
+        values=pltpu.VMEM((W,), jnp.int32),
+        histogram=pltpu.VMEM((HIST,), jnp.int32),
+        zeros=pltpu.VMEM((HIST,), jnp.int32),
+        indices=pltpu.VMEM((HIST,), jnp.int32),
+        global_histogram=pltpu.VMEM_SHARED((HIST,), jnp.int32),
+    )
+    flat_scratch, tree = jax.tree.flatten(scratch)
+
+    def run(keys: jax.Array, values: jax.Array) -> Any:
+        from jax.experimental.pallas import tpu_sc as plsc
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1
+        )
+        entry: Any = sd.core_kernel if safe else pl.kernel
+        out = (jax.ShapeDtypeStruct((W,), jnp.int32), jax.ShapeDtypeStruct((HIST,), jnp.int32))
+        return entry(kernel, out, mesh=mesh, scratch_types=flat_scratch, name="topk_multitile")(
+            keys, values
+        )
+
+    return jax.jit(run)
+
+
+def _histogram_args() -> tuple[jax.ShapeDtypeStruct, ...]:
+    return (jax.ShapeDtypeStruct((W * WINDOWS,), jnp.int32),) * 2
+
+
+@pytest.mark.parametrize("with_values", [True, False], ids=["values", "no_values"])
+def test_sparse_core_histogram_matches_raw(with_values: bool) -> None:
+    # Before the fix: T5 (UnsupportedDmaError) for the scatter-add, which SparseCore lowers.
+    mesh = abstract_mesh((), (), tpu="v5p")
+    assert_same_mosaic(
+        _histogram(SAFE, with_values), _histogram(RAW, with_values), *_histogram_args(), mesh=mesh
+    )
+    text = mosaic_text(_histogram(SAFE, with_values), *_histogram_args(), mesh=mesh)
+    assert "add = true" in text
+
+
+def test_scatter_add_to_a_window_is_t5_naming_the_sparse_core_form() -> None:
+    with pytest.raises(sd.UnsupportedDmaError) as err:
+        mosaic_text(
+            _histogram(SAFE, seed="scatter_add_to_a_window"),
+            *_histogram_args(),
+            mesh=abstract_mesh((), (), tpu="v5p"),
+        )
+    assert line_in(_histogram, "# SYNC") in raising_lines(err, __file__)
+    assert "dst.at[indices]" in str(err.value) and "acc[...] += buf[...]" in str(err.value)
+
+
+def test_zero_fill_wait_dropped_is_t7_at_its_start() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(
+            _histogram(SAFE, seed="zero_fill_wait_dropped"),
+            *_histogram_args(),
+            mesh=abstract_mesh((), (), tpu="v5p"),
+        )
+    text = str(err.value)
+    # The refs are named by the kernel's parameters (``flat[4] -> flat[6]``: the author
+    # flattens the scratch dataclass for pl.kernel); the lines name the user's call.
+    started = f"{__file__}:{line_in(_histogram, '# WINDOW')}"
+    assert f"{started} (called from {__file__}:{line_in(_histogram, '# ZERO FILL')}" in text

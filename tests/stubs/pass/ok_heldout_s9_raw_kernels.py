@@ -5,6 +5,9 @@
 * a copy to pinned host memory: ``pltpu.async_copy(...).wait()`` on a semaphore scoped by
   ``pl.run_scoped(body, pltpu.SemaphoreType.DMA)`` (the semaphore type itself, not an
   instance, as jax also takes);
+* a SparseCore histogram: descriptors kept (or ``None``) and waited, a zero fill started in
+  one ``pl.when`` and waited rebuilt in another; the semaphore type itself in a scratch
+  list;
 * a state cache double-buffered across ``emit_pipeline`` steps: rows started per token
   under ``pl.when`` and waited by a self-copy of the traced number of rows.
 """
@@ -67,3 +70,42 @@ def rows_in_and_waited(
 
 HOST = pl.BlockSpec(memory_space=pl.HOST)
 STATE = pltpu.VMEM((2, 4, 8, 128), jnp.float32)
+
+
+def histogram_window(
+    keys_ref: DataRef,
+    values_ref: DataRef | None,
+    keys: DataRef,
+    values: DataRef,
+    histogram: DataRef,
+    zeros: DataRef,
+    indices: DataRef,
+    shared: DataRef,
+    sem: SemRef,
+    window: jax.Array,
+) -> None:
+    keys_copy = pltpu.async_copy(keys_ref.at[pl.ds(window * 16, 16)], keys, sem)
+    if values_ref is not None:
+        vals_copy = pltpu.async_copy(values_ref.at[pl.ds(window * 16, 16)], values, sem)
+    else:
+        vals_copy = None
+    keys_copy.wait()
+    del keys_copy
+    if vals_copy is not None:
+        vals_copy.wait()
+    del vals_copy
+
+    @pl.when(window == 1)
+    def _() -> None:
+        pltpu.async_copy(zeros, shared, sem)
+
+    @pl.when(window == 1)
+    def _() -> None:
+        pltpu.make_async_copy(zeros, shared, sem).wait()
+    # The scatter-add itself, pltpu.sync_copy(histogram, shared.at[indices], add=True), is
+    # jax's own unannotated sync_copy, which the stubs pass through: pyright strict reports it
+    # partially unknown with and without the stubs (docs/held-out.md, session 9).
+    del histogram, indices
+
+
+SPARSE_CORE_SCRATCH = [pltpu.SemaphoreType.DMA, pltpu.VMEM_SHARED((16,), jnp.int32)]

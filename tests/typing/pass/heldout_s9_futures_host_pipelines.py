@@ -228,3 +228,53 @@ def decode(v: jax.Array, idx: jax.Array, dist: jax.Array, state: jax.Array) -> j
         name="decoding_gdn",
     )(v, idx, dist, state)
     return o + new_state.sum()
+
+
+# --- a SparseCore histogram: handles kept or None, a zero fill, a scatter-add ----------
+
+W, HIST = 16, 16
+
+
+def histogram_window(
+    keys_ref: DataRef,
+    values_ref: DataRef | None,
+    keys: DataRef,
+    values: DataRef,
+    histogram: DataRef,
+    zeros: DataRef,
+    indices: DataRef,
+    shared: DataRef,
+    sem: SemRef,
+    window: jax.Array,
+) -> None:
+    leader = jax.lax.axis_index("subcore") == 0
+    keys_copy = safedma.LocalCopy(keys_ref.at[pl.ds(window * W, W)], keys, sem).start()
+    vals_copy: safedma.LocalHandle | None = None
+    if values_ref is not None:
+        src = values_ref.at[pl.ds(window * W, W)]
+        vals_copy = safedma.LocalCopy(src, values, sem).start()
+    keys_copy.wait()
+    del keys_copy
+    if vals_copy is not None:
+        vals_copy.wait()
+    del vals_copy
+
+    @pl.when(leader)
+    def _() -> None:
+        safedma.LocalCopy(zeros, shared, sem).start()
+
+    @pl.when(leader)
+    def _() -> None:
+        safedma.LocalCopy(zeros, shared, sem).started_elsewhere().wait()
+
+    safedma.sync_copy(histogram, shared.at[indices], add=True)
+    safedma.sync_copy(shared, histogram)
+
+
+def sparse_core_scratch() -> list[object]:
+    # A scratch tree flattened for pl.kernel; its semaphore is the type itself.
+    return [
+        pltpu.SemaphoreType.DMA,
+        pltpu.VMEM((W,), jnp.int32),
+        pltpu.VMEM_SHARED((HIST,), jnp.int32),
+    ]
