@@ -34,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma import _compat
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
 from tests.support.source_lines import line_in, raising_lines
 
@@ -584,3 +585,130 @@ def test_zero_fill_wait_dropped_is_t7_at_its_start() -> None:
     # flattens the scratch dataclass for pl.kernel); the lines name the user's call.
     started = f"{__file__}:{line_in(_histogram, '# WINDOW')}"
     assert f"{started} (called from {__file__}:{line_in(_histogram, '# ZERO FILL')}" in text
+
+
+# --- an MPMD SparseCore reduce-scatter step: a scalar-subcore body and a vector one -------
+
+SC_N = 16
+
+
+def _mpmd_bodies(safe: bool, seed: str | None = None) -> tuple[Any, Any]:
+    """jax's ``tpu_sparsecore_pallas_distributed_test.py`` (``test_mpmd_reduce_scatter``),
+    on one device: ``pl.kernel`` with a body per mesh (scalar subcores, vector subcores);
+    keyword scratch, each REGULAR semaphore placed on one mesh (``@ mesh``); the scalar
+    body moves the data with DMAs on ``run_scoped`` semaphores (keyword, the semaphore
+    types themselves) and hands each round to the vector body with a signal addressed by
+    ``{"subcore": 0}``; the vector body gather-adds the received rows
+    (``sync_copy(recv.at[iota], vmem, add=True)``) and signals back ``{"core": 0}``."""
+
+    def go_scs(x_hbm: Any, out_ref: Any, *, send: Any, recv: Any, to_scs: Any, to_vec: Any) -> None:
+        del out_ref
+
+        def body(send_sem: Any, recv_sem: Any) -> None:
+            if safe:
+                sd.LocalCopy(x_hbm, send, send_sem).start().wait()
+            else:
+                pltpu.async_copy(x_hbm, send, send_sem).wait()
+
+            @pl.loop(1, 3)
+            def _(i: Any) -> None:
+                if safe:
+                    handle = sd.LocalCopy(send, recv, recv_sem).start()  # ROUND
+                    if seed != "round_wait_dropped":
+                        handle.wait()
+                    sd.signal(to_vec, device=sd.device(subcore=0))
+                    sd.wait(to_scs, 1)
+                else:
+                    pltpu.async_copy(send, recv, recv_sem).wait()
+                    pl.semaphore_signal(to_vec, device_id={"subcore": 0})
+                    pl.semaphore_wait(to_scs, 1)
+
+        if safe:
+            sd.run_scoped(body, send_sem=sd.dma_semaphore(), recv_sem=sd.dma_semaphore())
+        else:
+            pl.run_scoped(body, send_sem=pltpu.SemaphoreType.DMA, recv_sem=pltpu.SemaphoreType.DMA)
+
+    def go_vec(x_hbm: Any, out_ref: Any, *, send: Any, recv: Any, to_scs: Any, to_vec: Any) -> None:
+        sync: Any = sd.sync_copy if safe else pltpu.sync_copy
+
+        def body(vmem: Any, iota: Any) -> None:
+            sync(x_hbm, iota)
+
+            @pl.loop(1, 3)
+            def _(i: Any) -> None:
+                sync(x_hbm, vmem)
+                if safe:
+                    sd.wait(to_vec, 1)
+                else:
+                    pl.semaphore_wait(to_vec, 1)
+                sync(recv.at[iota], vmem, add=True)
+                sync(vmem, send)
+                if safe:
+                    sd.signal(to_scs, device=sd.device(core=0))
+                else:
+                    pl.semaphore_signal(to_scs, device_id={"core": 0})
+
+            sync(vmem, out_ref)
+
+        scoped: Any = sd.run_scoped if safe else pl.run_scoped
+        scoped(body, pltpu.VMEM((SC_N,), jnp.int32), pltpu.VMEM((SC_N,), jnp.int32))
+
+    return go_scs, go_vec
+
+
+def _mpmd(safe: bool, seed: str | None = None) -> Any:
+    def run(x: jax.Array) -> Any:
+        from jax.experimental.pallas import tpu_sc as plsc
+
+        scs = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=1)
+        vec = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        scratch = dict(
+            send=pltpu.VMEM_SHARED((SC_N,), jnp.int32),
+            recv=pltpu.VMEM_SHARED((SC_N,), jnp.int32),
+            to_scs=pltpu.SemaphoreType.REGULAR(()) @ scs,
+            to_vec=pltpu.SemaphoreType.REGULAR(()) @ vec,
+        )
+        out = jax.ShapeDtypeStruct((SC_N,), jnp.int32)
+        params = pltpu.CompilerParams(needs_layout_passes=False)
+        bodies = list(_mpmd_bodies(safe, seed))
+        if safe:
+            call = sd.core_kernel(
+                bodies, out, mesh=[scs, vec], scratch_types=scratch, compiler_params=params
+            )
+        else:
+            call = pl.kernel(
+                body=bodies,
+                out_type=out,
+                mesh=[scs, vec],
+                scratch_types=scratch,
+                compiler_params=params,
+            )
+        return call(x)
+
+    return jax.jit(run)
+
+
+# jax 0.10.2 cannot export an MPMD kernel whose device ids cross core types ("Cannot export
+# MPMD kernels to a different core type when forward compatibility is enabled"), raw or not.
+needs_012 = pytest.mark.skipif(_compat.JAX_VERSION < (0, 12), reason="jax 0.12 MPMD export")
+
+
+@needs_012
+@pytest.mark.filterwarnings("ignore::Warning")  # 0.12's SparseCore push-stream notice
+def test_mpmd_sparse_core_bodies_match_raw() -> None:
+    # Before the fix: sd.core_kernel took one body (a list was wrapped as one kernel).
+    x = jax.ShapeDtypeStruct((SC_N,), jnp.int32)
+    mesh = abstract_mesh((), (), tpu="v5p")
+    assert_same_mosaic(_mpmd(SAFE), _mpmd(RAW), x, mesh=mesh)
+
+
+@needs_012
+@pytest.mark.filterwarnings("ignore::Warning")
+def test_mpmd_body_checked_as_its_own_kernel() -> None:
+    x = jax.ShapeDtypeStruct((SC_N,), jnp.int32)
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_mpmd(SAFE, "round_wait_dropped"), x, mesh=abstract_mesh((), (), tpu="v5p"))
+    assert str(err.value).startswith("kernel 'go_scs'")
+    assert f"{__file__}:{line_in(_mpmd_bodies, '# ROUND')}" in str(err.value)

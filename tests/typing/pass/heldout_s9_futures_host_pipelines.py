@@ -11,7 +11,14 @@
   pipeline, the next block's prefetched under one ``pl.when`` per token, the current one
   waited by size (``wait_bytes``), the rows stored back per token and drained by size
   two steps later and after the pipeline; the SMEM index table and both semaphore arrays
-  passed to the body through ``scratches=``.
+  passed to the body through ``scratches=``;
+* a SparseCore histogram: copies kept as handles (or ``None``) and waited, a zero fill
+  started in one ``pl.when`` and waited through ``started_elsewhere()`` in another, a
+  scatter-add ``sync_copy(hist, shared.at[indices], add=True)`` (an index ref in ``.at``);
+  a scratch list holding the semaphore type itself;
+* MPMD: ``core_kernel`` with a list of bodies and a list of meshes, each body signalling
+  the other mesh's REGULAR semaphore by a device id of that mesh's axis, keyword scratch
+  and keyword ``run_scoped`` semaphores, a gather-add from ``recv.at[iota]``.
 
 Must pass ``mypy --strict`` and pyright strict.
 """
@@ -278,3 +285,53 @@ def sparse_core_scratch() -> list[object]:
         pltpu.VMEM((W,), jnp.int32),
         pltpu.VMEM_SHARED((HIST,), jnp.int32),
     ]
+
+
+# --- MPMD: a scalar-subcore body and a vector-subcore body signalling each other -------
+
+
+def go_scs(
+    x_hbm: DataRef,
+    out_ref: DataRef,
+    *,
+    send: DataRef,
+    recv: DataRef,
+    to_scs: safedma.RegularSem,
+    to_vec: safedma.RegularSem,
+) -> None:
+    del out_ref
+
+    def body(send_sem: SemRef, recv_sem: SemRef) -> None:
+        safedma.LocalCopy(x_hbm, send, send_sem).start().wait()
+        safedma.LocalCopy(send, recv, recv_sem).start().wait()
+        safedma.signal(to_vec, device=safedma.device(subcore=0))
+        safedma.wait(to_scs, 1)
+
+    safedma.run_scoped(body, send_sem=safedma.dma_semaphore(), recv_sem=safedma.dma_semaphore())
+
+
+def go_vec(
+    x_hbm: DataRef,
+    out_ref: DataRef,
+    *,
+    send: DataRef,
+    recv: DataRef,
+    to_scs: safedma.RegularSem,
+    to_vec: safedma.RegularSem,
+) -> None:
+    def body(vmem: DataRef, iota: DataRef) -> None:
+        safedma.sync_copy(x_hbm, iota)
+        safedma.wait(to_vec, 1)
+        safedma.sync_copy(recv.at[iota], vmem, add=True)
+        safedma.sync_copy(vmem, send)
+        safedma.signal(to_scs, device=safedma.device(core=0))
+        safedma.sync_copy(vmem, out_ref)
+
+    safedma.run_scoped(body, safedma.vmem((W,), jnp.int32), safedma.vmem((W,), jnp.int32))
+
+
+def mpmd_step(x: jax.Array, scs: object, vec: object, scratch: dict[str, object]) -> jax.Array:
+    out: jax.Array = safedma.core_kernel(
+        [go_scs, go_vec], ShapeDtype((W,), jnp.int32), mesh=[scs, vec], scratch_types=scratch
+    )(x)
+    return out
