@@ -340,13 +340,21 @@ def core_kernel(
     config = _config_of(options.get("compiler_params"))
     given = cast("dict[str, Any]", options)
     scratch = _positional_count(options.get("scratch_types"))
+    bodies = _mpmd_bodies(body)
     checked_body: object
-    if callable(body):
-        checked_body = _checked(body, scratch)
+    if bodies is None:
+        checked_body = _checked(cast("Callable[..., None]", body), scratch)
     else:
-        checked_body = [_checked(one, scratch) for one in body]
+        checked_body = [_checked(one, scratch) for one in bodies]
     call = _pl_kernel(checked_body, out_type, mesh=mesh, **given)
     return _with_config(call, config)
+
+
+def _mpmd_bodies(body: object) -> list[Callable[..., None]] | None:
+    """The bodies of an MPMD kernel (a list or tuple, one per mesh); None for one body."""
+    if not isinstance(body, (list, tuple)):
+        return None
+    return [cast("Callable[..., None]", one) for one in cast("Sequence[object]", body)]
 
 
 # pl.kernel's mesh parameter is typed with jax's private Mesh class (the public

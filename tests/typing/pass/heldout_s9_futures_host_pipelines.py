@@ -153,7 +153,7 @@ def state_cache(
     end = dist_ref[0]
     nb = pl.cdiv(end, BT)
 
-    def token_map(i: jax.Array) -> tuple[pl.Slice, int, int]:
+    def token_map(i: jax.Array) -> tuple[pl.Slice | slice, int, int]:  # 0.10.2: pl.ds may be a slice
         return (pl.ds(i * BT, jnp.minimum(BT, end - i * BT)), 0, 0)
 
     spec = pl.BlockSpec((pl.BoundedSlice(BT), H, D), token_map)
