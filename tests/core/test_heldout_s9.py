@@ -35,7 +35,13 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma import _compat
-from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
+from safedma.testing import (
+    RaceDetectedError,
+    abstract_mesh,
+    assert_same_mosaic,
+    mosaic_text,
+    verify,
+)
 from tests.support.source_lines import line_in, raising_lines
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
@@ -263,6 +269,15 @@ def _state_cache(safe: bool, seed: str | None = None) -> Callable[..., None]:
             n = jnp.minimum(BT, end - t0)
             cur, nxt = b % 2, (b + 1) % 2
             n_next = jnp.maximum(jnp.minimum(BT, end - t0 - BT), 0)
+            reuse_first = seed == "stores_drained_before_reuse"
+            if reuse_first:
+                # The previous block's stores read the buffer the prefetch is about to fill.
+                last_len = jnp.where(b >= 1, jnp.minimum(BT, end - jnp.maximum(t0 - BT, 0)), 0)
+
+                @pl.when(last_len > 0)
+                def _() -> None:
+                    drain(ssems.at[nxt], bufs.at[nxt, pl.ds(0, last_len)])
+
             for t in range(BT):
 
                 @pl.when(t < n_next)
@@ -276,7 +291,7 @@ def _state_cache(safe: bool, seed: str | None = None) -> Callable[..., None]:
                 drain(lsems.at[cur], bufs.at[cur, pl.ds(0, n)])
             prev = jnp.where(b >= 2, jnp.minimum(BT, end - jnp.maximum((b - 2) * BT, 0)), 0)
 
-            if seed != "store_drain_dropped":
+            if seed != "store_drain_dropped" and not reuse_first:
 
                 @pl.when(prev > 0)
                 def _() -> None:
@@ -297,6 +312,8 @@ def _state_cache(safe: bool, seed: str | None = None) -> Callable[..., None]:
         last, other = (nb - 1) % 2, nb % 2
         drain(store_sems.at[last], h_bufs.at[last, pl.ds(0, jnp.minimum(BT, end - (nb - 1) * BT))])
         on_other = jnp.where(nb >= 2, jnp.minimum(BT, end - (nb - 2) * BT), 0)
+        if seed == "stores_drained_before_reuse":
+            on_other = jnp.int32(0)  # drained in the pipeline's last step
 
         @pl.when(on_other > 0)
         def _() -> None:
@@ -712,3 +729,32 @@ def test_mpmd_body_checked_as_its_own_kernel() -> None:
         mosaic_text(_mpmd(SAFE, "round_wait_dropped"), x, mesh=abstract_mesh((), (), tpu="v5p"))
     assert str(err.value).startswith("kernel 'go_scs'")
     assert f"{__file__}:{line_in(_mpmd_bodies, '# ROUND')}" in str(err.value)
+
+
+# --- verify on the state cache: the prefetch overwrites a buffer a store still reads ------
+
+
+def _decode_values(end: int) -> tuple[jax.Array, ...]:
+    return (
+        jnp.zeros((T, H, D), jnp.float32),
+        jnp.arange(T, dtype=jnp.int32) % STATES,  # distinct rows for the first STATES tokens
+        jnp.array([end, 0, 0], jnp.int32),
+        jnp.zeros((STATES, H, D, D), jnp.float32),
+    )
+
+
+@pytest.mark.parametrize("safe", [SAFE, RAW], ids=["safedma", "raw"])
+def test_state_cache_prefetch_races_with_the_previous_blocks_store(safe: bool) -> None:
+    # The author's order: at step b the next block is prefetched into buffer (b+1) % 2 while
+    # block b-1's stores, started from that buffer, are waited only at step b+1.
+    with pytest.raises(RaceDetectedError) as err:
+        verify(_decode(safe), *_decode_values(10), mesh=_v5p())
+    text = str(err.value)
+    assert f"called at line {line_in(_state_cache, '# PREFETCH')}" in text, text
+    assert f"called at line {line_in(_state_cache, '# STORE')}" in text, text
+
+
+@pytest.mark.parametrize("safe", [SAFE, RAW], ids=["safedma", "raw"])
+@pytest.mark.parametrize("end", [3, 10, 16])
+def test_state_cache_stores_drained_before_reuse_verify(safe: bool, end: int) -> None:
+    verify(_decode(safe, "stores_drained_before_reuse"), *_decode_values(end), mesh=_v5p())
