@@ -206,7 +206,9 @@ class _BarrierSemaphore:
     __slots__ = ()
 
 class _DataRefAt:
-    def __getitem__(self, index: DataIndex, /) -> DataRef: ...
+    def __getitem__(self, index: DataIndex | DataRef, /) -> DataRef:
+        """A view; a ref of row indices (``shared.at[indices]``) picks rows for a SparseCore
+        gather or scatter DMA."""
 
 class _DataRef:
     """A ref to data in HBM, VMEM or SMEM; never a semaphore."""

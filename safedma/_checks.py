@@ -30,6 +30,7 @@ __all__ = [
     "check_semaphore",
     "check_same_layout",
     "check_priority",
+    "check_add",
     "check_no_add",
 ]
 
@@ -191,3 +192,21 @@ def check_no_add(add: object) -> None:
             "silently do a plain copy instead). Copy into a VMEM buffer and add there: "
             "acc[...] += buf[...]."
         )
+
+
+def check_add(add: object, src: object, dst: object) -> None:
+    """``add=True`` on a local copy (T5): only SparseCore lowers DMA accumulate, and only
+    as an indirect copy, rows picked by an array of indices on one side (a scatter-add
+    ``dst.at[indices]`` into VMEM_SHARED, a gather-add ``src.at[indices]``); a TensorCore
+    copy, or a window of rows, has none."""
+    if add is False or (
+        add is True and (_compat.indexes_by_array(src) or _compat.indexes_by_array(dst))
+    ):
+        return
+    raise UnsupportedDmaError(
+        f"add={add!r}: DMA accumulate is not implemented for TPU TensorCores, nor for a copy "
+        "of a contiguous window (interpret mode would silently do a plain copy instead). "
+        "Copy into a VMEM buffer and add there: acc[...] += buf[...]. (On SparseCore, "
+        "add=True is a scatter-add or gather-add: index one side by an array of row indices, "
+        "dst.at[indices] in VMEM_SHARED or src.at[indices].)"
+    )

@@ -49,7 +49,9 @@ __all__ = [
     "RefAval",
     "FlowKind",
     "current_frame",
+    "indexes_by_array",
     "raw_dma_waits",
+    "traced_so_far",
     "ALLOCATED_INSIDE",
     "allocated_inside",
     "is_block_argument",
@@ -515,12 +517,22 @@ _tree_unflatten = cast(
 )
 
 
-def raw_dma_waits(frame: object, is_own_file: Callable[[str], bool]) -> list[RawWait]:
-    """The semaphores waited by ``dma_wait``s traced so far into ``frame`` that were not
-    emitted from a file ``is_own_file`` accepts (safedma's own waits)."""
+def traced_so_far(frame: object) -> int:
+    """How many equations have been traced into ``frame`` (see raw_dma_waits): where a
+    body nested in enclosing code (an ``emit_pipeline`` body) begins in its frame."""
+    # Private: the frame's ``tracing_eqns`` (see the note above), jax 0.10.2 and 0.12 alike.
+    return len(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+
+
+def raw_dma_waits(
+    frame: object, is_own_file: Callable[[str], bool], since: int = 0
+) -> list[RawWait]:
+    """The semaphores waited by ``dma_wait``s traced into ``frame`` (from its ``since``-th
+    equation on) that were not emitted from a file ``is_own_file`` accepts (safedma's own
+    waits)."""
     found: list[RawWait] = []
     entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
-    for entry in entries:
+    for entry in entries[since:]:
         eqn = _dereference(entry)
         if eqn is None:
             continue
@@ -616,6 +628,20 @@ def _static_index(item: Any) -> int | slice | None:
     return _static_int(item)
 
 
+def indexes_by_array(ref: object) -> bool:
+    """Whether a view picks its rows by an array of indices (``buf.at[indices]``, an index
+    ref or a vector): an indirect (gather or scatter) DMA operand, which only SparseCore
+    lowers. A slice or a scalar index picks a contiguous window."""
+    # Private: a view's NDIndexer knows its array indices (``int_indexer_shape``); jax's
+    # SparseCore lowering tells an indirect DMA by them (0.10.2 and 0.12 alike).
+    if not isinstance(ref, _state_types.TransformedRef):
+        return False
+    return any(
+        isinstance(transform, _state_indexing.NDIndexer) and transform.int_indexer_shape != ()
+        for transform in ref.transforms
+    )
+
+
 def static_positions(ref: object) -> frozenset[int] | None:
     """The flat positions of its root array a view covers, or None if any index is traced.
 
@@ -709,7 +735,7 @@ RefAval: TypeAlias = "_state_types.AbstractRef | _state_types.TransformedRef"
 class AsyncCopyDescriptor(Protocol):
     """What safedma uses of pltpu's async-copy descriptor (make_async_copy's result)."""
 
-    def start(self, priority: int = 0) -> None: ...
+    def start(self, priority: int = 0, *, add: bool = False) -> None: ...
     def wait(self) -> None: ...
     def wait_send(self) -> None: ...
     def wait_recv(self) -> None: ...

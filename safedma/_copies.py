@@ -39,6 +39,7 @@ from typing_extensions import TypeVar
 from safedma import _compat
 from safedma._checks import (
     check_data_ref,
+    check_add,
     check_no_add,
     check_priority,
     check_same_layout,
@@ -238,17 +239,21 @@ class LocalCopy:
         )
         return LocalHandle(descriptor, state, self.src, self.dst)
 
-    def start(self, *, priority: Literal[0, 1] = 0, add: Literal[False] = False) -> LocalHandle:
+    def start(self, *, priority: Literal[0, 1] = 0, add: bool = False) -> LocalHandle:
         """Start the copy; wait for it through the returned handle.
 
-        ``priority=1`` uses the second DMA queue. ``add`` (DMA accumulate) has
-        no TPU lowering and is rejected.
+        ``priority=1`` uses the second DMA queue. ``add`` (DMA accumulate) lowers only on
+        SparseCore, for a copy with one side indexed by an array of rows (a scatter-add
+        or gather-add); anywhere else it is rejected at trace time (T5).
         """
         check_priority(priority, remote=False)
-        check_no_add(add)
+        check_add(add, self.src, self.dst)
         descriptor = _compat.make_local_descriptor(self.src, self.dst, self.sem)
         handle = self._handle(descriptor, started_elsewhere=False)
-        descriptor.start(priority)
+        if add:
+            descriptor.start(priority, add=True)
+        else:
+            descriptor.start(priority)
         return handle
 
     def started_elsewhere(self) -> LocalHandle:

@@ -314,7 +314,7 @@ def _positional_count(scratch: object) -> int:
 
 
 def core_kernel(
-    body: Callable[..., None],
+    body: Callable[..., None] | Sequence[Callable[..., None]],
     out_type: object,
     *,
     mesh: object,
@@ -329,12 +329,29 @@ def core_kernel(
     ``safedma.neighbour("core")`` name cores. ``body`` receives the inputs,
     the outputs, then the ``scratch_types``, as with ``pl.kernel``. Named
     ``core_kernel`` so it cannot be mistaken for jax's ``pl.kernel``.
+
+    A list of bodies with a list of meshes (jax 0.12's MPMD ``pl.kernel``: a SparseCore
+    scalar-subcore body next to a vector-subcore one, signalling each other) checks each
+    body as a kernel of its own.
     """
     config = _config_of(options.get("compiler_params"))
     given = cast("dict[str, Any]", options)
-    body = _checked(body, _positional_count(options.get("scratch_types")))
-    call = _pl_kernel(body, out_type, mesh=mesh, **given)
+    scratch = _positional_count(options.get("scratch_types"))
+    bodies = _mpmd_bodies(body)
+    checked_body: object
+    if bodies is None:
+        checked_body = _checked(cast("Callable[..., None]", body), scratch)
+    else:
+        checked_body = [_checked(one, scratch) for one in bodies]
+    call = _pl_kernel(checked_body, out_type, mesh=mesh, **given)
     return _with_config(call, config)
+
+
+def _mpmd_bodies(body: object) -> list[Callable[..., None]] | None:
+    """The bodies of an MPMD kernel (a list or tuple, one per mesh); None for one body."""
+    if not isinstance(body, (list, tuple)):
+        return None
+    return [cast("Callable[..., None]", one) for one in cast("Sequence[object]", body)]
 
 
 # pl.kernel's mesh parameter is typed with jax's private Mesh class (the public

@@ -111,14 +111,16 @@ _ALLOCATED_INSIDE = -2
 meet every slot of such a semaphore, and none of the body's own (see _on_slot)."""
 
 
-def _raw_wait_slots() -> list[_Slot]:
-    """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far.
+def _raw_wait_slots(since: int = 0) -> list[_Slot]:
+    """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far
+    (from the ``since``-th equation of its frame: where the body began).
 
     They stand for any safedma copy on the same slot, like started_elsewhere():
     the body's jaxpr, not safedma's bookkeeping, says what is waited.
     """
     slots: list[_Slot] = []
-    for root, view in _compat.raw_dma_waits(_compat.current_frame(), is_library_file):
+    frame = _compat.current_frame()
+    for root, view in _compat.raw_dma_waits(frame, is_library_file, since):
         if root is _compat.ALLOCATED_INSIDE:
             slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
@@ -166,6 +168,10 @@ class Ledger:
     # The ledger of the kernel this body runs inside (an emit_pipeline body checked as a
     # kernel of its own): a wait by slot here waits the enclosing kernel's copies too.
     parent: Ledger | None = None
+    # Equations already in the body's frame when it began: an emit_pipeline body is traced
+    # into the pipeline's step, after the pipeline's own waits on its buffers' semaphores
+    # (raw, on loop arguments of the same type as a user's): those are not the body's.
+    begins_at: int = 0
 
     def chain(self) -> Iterator[Ledger]:
         """This ledger and those of the bodies it runs inside, innermost first."""
@@ -190,7 +196,7 @@ class Ledger:
                 if elsewhere is None:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
-                    elsewhere += _raw_wait_slots()
+                    elsewhere += _raw_wait_slots(self.begins_at)
                 if not _on_slot(sem, elsewhere):
                     missing.append(side)
             if missing:
@@ -252,7 +258,7 @@ def current_ledger() -> Ledger | None:
 @contextlib.contextmanager
 def ledger_scope() -> Generator[Ledger, None, None]:
     """Record the copies and waits of the kernel body traced inside this block."""
-    ledger = Ledger(parent=_current.get())
+    ledger = Ledger(parent=_current.get(), begins_at=_compat.traced_so_far(_compat.current_frame()))
     token = _current.set(ledger)
     try:
         yield ledger

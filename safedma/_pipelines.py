@@ -18,7 +18,7 @@ from typing import Any, cast
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
-from safedma._checks import check_data_ref, check_same_layout
+from safedma._checks import check_add, check_data_ref, check_same_layout
 from safedma._entry_points import checked
 from safedma._refs import DataRef
 
@@ -29,13 +29,19 @@ _sync_copy = cast("Callable[..., None]", getattr(pltpu, "sync_copy"))
 _emit_pipeline = cast("Callable[..., Callable[..., Any]]", getattr(pltpu, "emit_pipeline"))
 
 
-def sync_copy(src: DataRef, dst: DataRef) -> None:
+def sync_copy(src: DataRef, dst: DataRef, *, add: bool = False) -> None:
     """Copy ``src`` to ``dst`` and wait: ``pltpu.sync_copy(src, dst)``, with the
-    shape, dtype and ref checks of a :class:`~safedma.LocalCopy`."""
+    shape, dtype and ref checks of a :class:`~safedma.LocalCopy`. ``add=True`` (a
+    SparseCore scatter-add into ``dst.at[indices]`` or gather-add from
+    ``src.at[indices]``) is checked as ``LocalCopy.start(add=True)`` is (T5)."""
     check_data_ref(src, "sync_copy source")
     check_data_ref(dst, "sync_copy destination")
     check_same_layout(src, dst, "sync_copy")
-    _sync_copy(src, dst)
+    check_add(add, src, dst)
+    if add:
+        _sync_copy(src, dst, add=True)
+    else:
+        _sync_copy(src, dst)
 
 
 def emit_pipeline(

@@ -1,5 +1,5 @@
-"""Beyond the S-rows: trace-time rows (MISUSE.md T4, T5) that safedma's signatures
-also reject statically, and a *data* value where a data ref belongs (the S1
+"""Beyond the S-rows: trace-time rows (MISUSE.md T4, and T5's non-bool ``add``) that
+safedma's signatures also reject statically, and a *data* value where a data ref belongs (the S1
 mistake made with data). Each expected error is the ``# type: ignore[code]``
 on its line.
 """
@@ -19,8 +19,10 @@ def priorities(x: DataRef, o: DataRef, sem: SemRef, send: SemRef) -> None:
 
 
 def accumulate(x: DataRef, o: DataRef, sem: SemRef) -> None:
-    # T5: add=True (DMA accumulate) has no TPU lowering.
-    safedma.LocalCopy(x, o, sem).start(add=True).wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    # T5 is trace time only for local copies: add=True lowers on SparseCore (a scatter-add
+    # into o.at[indices]), so the signature takes a bool (docs/held-out.md, session 9).
+    # A non-bool is still a static error.
+    safedma.LocalCopy(x, o, sem).start(add=1.0).wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
 
 def data_value_for_data_ref(x: DataRef, o: DataRef, sem: SemRef) -> None:
