@@ -207,6 +207,18 @@ def _layout_reads(jaxpr: Any, out_reads: OutReads = None) -> dict[Any, tuple[_Bo
             prev = reads[a]
             reads[a] = None if prev is None or boxes is None else _union(prev, boxes)
     for eqn in reversed(jaxpr.eqns):
+        if eqn.primitive.name in _PLACEMENT and len(eqn.invars) == len(eqn.outvars):
+            # each result is its operand (Compiler.placement): read as much of it
+            for a, out in zip(eqn.invars, eqn.outvars):
+                if _jax.is_literal(a) or out not in reads:
+                    continue
+                got = reads[out]
+                if a not in reads:
+                    reads[a] = got
+                else:
+                    prev = reads[a]
+                    reads[a] = None if got is None or prev is None else _union(prev, got)
+            continue
         pulled: tuple[_Box, ...] | None = None
         skip = False
         if eqn.primitive.name in _LAYOUT and len(eqn.outvars) == 1 and len(eqn.invars) == 1:
@@ -479,15 +491,32 @@ class Compiler:
         return [self.slot(v) for v in eqn.outvars]
 
     def generic(self, eqn: Any) -> Op:
+        if not _IN_KERNEL and eqn.primitive.name in _PLACEMENT:
+            return self.placement(eqn)
         op = self._generic(eqn)
         if _IN_KERNEL:
             return op
         # outside kernels: an operation on a kernel's output reads it (_outside_reads)
         arrays = [(k, self.slot(a)) for k, a in enumerate(eqn.invars) if _is_array(a)]
-        if not arrays or eqn.primitive.name in _PLACEMENT:
+        if not arrays:
             return op
         starts = [self.atom(a) for a in eqn.invars[1:]]  # a dynamic_slice's
         return _outside_reads(eqn, arrays, starts, op)
+
+    def placement(self, eqn: Any) -> Op:
+        """A placement primitive outside kernels (``_PLACEMENT``): each result is its
+        operand, so a kernel output keeps its buffer (a DMA future's destination and
+        semaphore reach the kernel that waits them) and a known table its values."""
+        if len(eqn.invars) != len(eqn.outvars):
+            return self._generic(eqn)
+        ins = [self.atom(a) for a in eqn.invars]
+        outs = self.outs(eqn)
+
+        def same(env: list[Any], ctx: Ctx) -> None:
+            for (is_var, x), s in zip(ins, outs):
+                env[s] = env[x] if is_var else x
+
+        return same
 
     def _generic(self, eqn: Any) -> Op:
         name = eqn.primitive.name
