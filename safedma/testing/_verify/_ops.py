@@ -568,18 +568,30 @@ def _addupdate(c: Compiler, eqn: Any) -> Op:
 def _masked_load(c: Compiler, eqn: Any) -> Op:
     parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     ref, transforms = parts[0], parts[1]
-    return _access_tr(c, eqn, ref, transforms, write=False, read=True)
+    whole = parts[2] is None and parts[3] is None  # pl.load / pltpu.load without a mask
+    return _access_tr(c, eqn, ref, transforms, write=False, read=True, whole=whole)
 
 
 def _masked_swap(c: Compiler, eqn: Any) -> Op:
     parts = _jax.unflatten(eqn.params["args_tree"], eqn.invars)
     ref, transforms, val = parts[0], parts[1], parts[2]
-    return _access_tr(c, eqn, ref, transforms, write=True, read=False, value=val)
+    whole = parts[3] is None  # pl.store / pltpu.store without a mask
+    return _access_tr(c, eqn, ref, transforms, write=True, read=False, value=val, whole=whole)
 
 
 def _access_tr(
-    c: Compiler, eqn: Any, ref: Any, transforms: Any, write: bool, read: bool, value: Any = None
+    c: Compiler,
+    eqn: Any,
+    ref: Any,
+    transforms: Any,
+    write: bool,
+    read: bool,
+    value: Any = None,
+    whole: bool = False,
 ) -> Op:
+    """``pl.load`` / ``pl.store`` (masked_load / masked_swap). Without a mask they move
+    every element, so garbage is followed as for ``ref[...]`` (docs/verify.md, rule
+    8); with one, only some elements move and the value is plain vector data."""
     g = _transformed(c, ref, transforms)
     outs = c.outs(eqn)
     g_val = c.value_getter(value) if value is not None else None
@@ -587,13 +599,28 @@ def _access_tr(
 
     def op(env: list[Any], ctx: Ctx) -> None:
         r = g(env)
+        out: Unknown = VECTOR
         if isinstance(r, RefVal):
+            m = ctx.machine
             view = view_of(r, where, "the access to", ctx.engine.labels[ctx.p])
-            ctx.machine.access(ctx.p, view, write, "writes" if write else "reads", where)
-            if write and view.buffer.values is not None and g_val is not None:
-                _smem_set(view.buffer, view, g_val(env))
+            buf = view.buffer
+            if whole and read and buf.values is None and m.unwritten(view):
+                out = Garbage(
+                    f"vector data loaded from {buf.name} at {where}",
+                    f"data loaded at {where} from {buf.name}{_box_text(view)}, which "
+                    f"nothing wrote{m.partly_from.get(buf.ident, '')}",
+                    m.root_of(buf),
+                )
+            m.access(ctx.p, view, write, "writes" if write else "reads", where)
+            stored = g_val(env) if g_val is not None else None
+            if write and whole and isinstance(stored, Garbage) and buf.values is None:
+                m.store_garbage(
+                    view, f" (the store at {where} filled it with {stored.note})", stored.root
+                )
+            if write and buf.values is not None and g_val is not None:
+                _smem_set(buf, view, stored)
         for s in outs:
-            env[s] = VECTOR
+            env[s] = out
 
     return op
 

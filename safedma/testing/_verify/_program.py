@@ -206,7 +206,23 @@ def _layout_reads(jaxpr: Any, out_reads: OutReads = None) -> dict[Any, tuple[_Bo
         else:
             prev = reads[a]
             reads[a] = None if prev is None or boxes is None else _union(prev, boxes)
+    defs = {v: e for e in jaxpr.eqns for v in e.outvars}
     for eqn in reversed(jaxpr.eqns):
+        window = _overwritten(eqn, defs)
+        if window is not None:
+            # out.at[8:].set(0): the update's window of the operand is not read
+            out = eqn.outvars[0]
+            if out in reads:
+                whole = (tuple((0, int(d)) for d in out.aval.shape),)
+                left = tuple(p for b in (reads[out] or whole) for p in _subtract(b, window))
+                a = eqn.invars[0]
+                if left and not _jax.is_literal(a):
+                    prev = reads.get(a, ())
+                    reads[a] = None if prev is None else _union(prev, left)
+                for a in eqn.invars[1:]:
+                    if not _jax.is_literal(a):
+                        reads[a] = None
+            continue
         if eqn.primitive.name in _PLACEMENT and len(eqn.invars) == len(eqn.outvars):
             # each result is its operand (Compiler.placement): read as much of it
             for a, out in zip(eqn.invars, eqn.outvars):
@@ -239,6 +255,73 @@ def _layout_reads(jaxpr: Any, out_reads: OutReads = None) -> dict[Any, tuple[_Bo
                 if old is not None:
                     reads[a] = _union(old, pulled)
     return reads
+
+
+def _overwritten(eqn: Any, defs: dict[Any, Any]) -> _Box | None:
+    """The window of its operand that a ``dynamic_update_slice`` or a one-window
+    ``scatter`` (``x.at[8:].set(u)``) overwrites, when its starts are constants and
+    the window lies inside the operand; else None."""
+    name = eqn.primitive.name
+    try:
+        shape = tuple(int(d) for d in eqn.invars[0].aval.shape)
+        if name == "dynamic_update_slice":
+            size = tuple(int(d) for d in eqn.invars[1].aval.shape)
+            starts = [_constant(a, defs) for a in eqn.invars[2:]]
+            if any(st is None for st in starts):
+                return None
+            first = [int(st) for st in starts]
+        elif name == "scatter" and len(eqn.invars) == 3:
+            dn = eqn.params["dimension_numbers"]
+            size = tuple(int(d) for d in eqn.invars[2].aval.shape)
+            idx = _constant(eqn.invars[1], defs)
+            if (
+                idx is None
+                or dn.inserted_window_dims
+                or getattr(dn, "operand_batching_dims", ())
+                or tuple(dn.update_window_dims) != tuple(range(len(shape)))
+                or len(size) != len(shape)
+                or np.shape(idx) != (len(dn.scatter_dims_to_operand_dims),)
+            ):
+                return None
+            first = [0] * len(shape)
+            for d, st in zip(dn.scatter_dims_to_operand_dims, np.asarray(idx).tolist()):
+                first[int(d)] = int(st)
+        else:
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None
+    if len(first) != len(shape) or any(
+        st < 0 or st + z > n for st, z, n in zip(first, size, shape)
+    ):
+        return None  # clamped or dropped by XLA: not worth modelling
+    return tuple((st, st + z) for st, z in zip(first, size))
+
+
+def _constant(a: Any, defs: dict[Any, Any]) -> Any:
+    """The value of a literal, or of a ``broadcast_in_dim`` of one (jnp's static
+    indices), as a numpy value; None otherwise."""
+    if _jax.is_literal(a):
+        return np.asarray(_jax.literal_value(a))
+    e = defs.get(a)
+    if e is not None and e.primitive.name == "broadcast_in_dim" and _jax.is_literal(e.invars[0]):
+        shape = tuple(int(d) for d in e.outvars[0].aval.shape)
+        return np.broadcast_to(np.asarray(_jax.literal_value(e.invars[0])), shape)
+    return None
+
+
+def _subtract(box: _Box, window: _Box) -> list[_Box]:
+    """The parts of ``box`` outside ``window`` (disjoint boxes)."""
+    if any(hi <= lo2 or hi2 <= lo for (lo, hi), (lo2, hi2) in zip(box, window)):
+        return [box]
+    parts: list[_Box] = []
+    rest = list(box)
+    for d, ((lo, hi), (lo2, hi2)) in enumerate(zip(box, window)):
+        if lo < lo2:
+            parts.append(tuple(rest[:d]) + ((lo, lo2),) + tuple(rest[d + 1 :]))
+        if hi2 < hi:
+            parts.append(tuple(rest[:d]) + ((hi2, hi),) + tuple(rest[d + 1 :]))
+        rest[d] = (max(lo, lo2), min(hi, hi2))
+    return parts
 
 
 def _pull_back_all(eqn: Any, boxes: tuple[_Box, ...] | None) -> tuple[_Box, ...] | None:

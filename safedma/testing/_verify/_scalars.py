@@ -69,6 +69,8 @@ GARBAGE_KEEPING = frozenset(
         "convert_element_type",
         "bitcast_convert_type",
         "reduce_precision",
+        "bitcast",  # pltpu.bitcast: the same bits, repacked
+        "roll",  # pltpu.roll: a rotation of the whole value
         "add",
         "sub",
         "neg",

@@ -101,3 +101,108 @@ def test_padding_read_after_a_placement_primitive_is_r6(name: str) -> None:
         verify(lambda x: place(_first_half(x))[4:12] * 2, X)
     text = str(caught.value)
     assert "R6" in text and "nothing wrote o_ref[8:12, 0:128]" in text, text
+
+
+# * An XLA operation that overwrites part of a kernel output (``out.at[8:].set(0)``:
+#   a scatter, or ``lax.dynamic_update_slice`` with constant starts) read all of it,
+#   so a wrapper that zeroes the padding rows a kernel leaves unwritten was a false
+#   R6. The window it overwrites is not read (docs/verify.md, Limits).
+OVERWRITES: dict[str, Callable[[Any, int], Any]] = {
+    "at_set": lambda out, row: out.at[row:].set(0.0),
+    "at_set_update": lambda out, row: out.at[row:, :].set(jnp.ones((16 - row, 128), F32)),
+    "dynamic_update_slice": lambda out, row: lax.dynamic_update_slice(
+        out, jnp.zeros((16 - row, 128), F32), (row, 0)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERWRITES))
+def test_padding_overwritten_outside_the_kernel_is_not_read(name: str) -> None:
+    overwrite = OVERWRITES[name]
+    assert verify(lambda x: overwrite(_first_half(x), 8) * 2, X).dmas == 1
+
+
+@pytest.mark.parametrize("name", sorted(OVERWRITES))
+def test_padding_left_by_the_overwrite_is_still_r6(name: str) -> None:
+    overwrite = OVERWRITES[name]
+    with pytest.raises(UnwrittenReadError) as caught:
+        verify(lambda x: overwrite(_first_half(x), 10) * 2, X)
+    text = str(caught.value)
+    assert "R6" in text and "nothing wrote o_ref[8:10, 0:128]" in text, text
+
+
+def test_an_overwrite_at_a_start_not_known_reads_the_whole_output() -> None:
+    """The window of ``dynamic_update_slice`` at a traced start is not known: the
+    rest of the output counts as read (the documented bound)."""
+
+    def fn(x: jax.Array, row: jax.Array) -> jax.Array:
+        return lax.dynamic_update_slice(_first_half(x), jnp.zeros((8, 128), F32), (row, 0))
+
+    with pytest.raises(UnwrittenReadError, match="R6"):
+        verify(fn, X, jax.ShapeDtypeStruct((), jnp.int32))
+
+
+# * Misses of the garbage rule (docs/verify.md, rule 8): ``pltpu.load`` and
+#   ``pltpu.store`` (``pl.store``) bind masked_load / masked_swap, which were never
+#   followed, nor were ``pltpu.roll`` and ``pltpu.bitcast``; without a mask they move
+#   every element like ``ref[...]``. A masked one is still not followed: only some
+#   elements move, and the masked ones are the kernel's padding.
+I32 = jnp.int32
+GARBAGE_PATHS: dict[str, Callable[[Any, Any], None]] = {
+    "pltpu.load": lambda scratch, o_ref: o_ref.__setitem__(..., pltpu.load(scratch) + 1),
+    "pltpu.store": lambda scratch, o_ref: pltpu.store(o_ref, scratch[...] + 1),
+    "pltpu.roll": lambda scratch, o_ref: o_ref.__setitem__(
+        ..., pltpu.roll(scratch[...], shift=3, axis=1)
+    ),
+    "pltpu.bitcast": lambda scratch, o_ref: o_ref.__setitem__(
+        ..., pltpu.bitcast(pltpu.bitcast(scratch[...], I32), F32)
+    ),
+}
+MASKED_PATHS: dict[str, Callable[[Any, Any], None]] = {
+    "pltpu.load(mask)": lambda scratch, o_ref: o_ref.__setitem__(
+        ..., pltpu.load(scratch, mask=lax.broadcasted_iota(I32, (8, 128), 0) < 0)
+    ),
+    "pltpu.store(mask)": lambda scratch, o_ref: (
+        o_ref.__setitem__(..., jnp.zeros((8, 128), F32)),
+        pltpu.store(o_ref, scratch[...], mask=lax.broadcasted_iota(I32, (8, 128), 0) < 0),
+    ),
+}
+
+
+def _scratch_to_output(path: Callable[[Any, Any], None], *, write: bool) -> Callable[[Any], Any]:
+    def kernel(x_ref: Any, o_ref: Any, scratch: Any) -> None:
+        if write:
+            scratch[...] = x_ref[...]
+        path(scratch, o_ref)  # the garbage path
+
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+            scratch_shapes=[pltpu.VMEM((8, 128), F32)],
+        )(x)
+        return out
+
+    return fn
+
+
+SMALL = jax.ShapeDtypeStruct((8, 128), F32)
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE_PATHS))
+def test_garbage_through_load_store_roll_bitcast_is_r6(name: str) -> None:
+    with pytest.raises(UnwrittenReadError) as caught:
+        verify(_scratch_to_output(GARBAGE_PATHS[name], write=False), SMALL)
+    text = str(caught.value)
+    assert "R6" in text and "scratch" in text, text
+    assert f"called at line {marker_line(__file__, '# the garbage path')}" in text, text
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE_PATHS))
+def test_the_same_paths_from_written_scratch_are_clean(name: str) -> None:
+    assert verify(_scratch_to_output(GARBAGE_PATHS[name], write=True), SMALL).kernels
+
+
+@pytest.mark.parametrize("name", sorted(MASKED_PATHS))
+def test_masked_loads_and_stores_are_not_followed(name: str) -> None:
+    assert verify(_scratch_to_output(MASKED_PATHS[name], write=False), SMALL).kernels
