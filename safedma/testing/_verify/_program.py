@@ -1335,6 +1335,8 @@ _BUILDERS: dict[str, Callable[[Compiler, Any], Op]] = {
     "jit": lambda c, e: c.call(e),
     "closed_call": lambda c, e: c.call(e, "call_jaxpr"),
     "core_call": lambda c, e: c.call(e, "call_jaxpr"),
+    # jax.checkpoint / jax.remat bind ``remat2`` (jax 0.10 and 0.12): its kernels run
+    "remat2": lambda c, e: c.call(e),
     "remat": lambda c, e: c.call(e),
     "checkpoint": lambda c, e: c.call(e),
     "custom_jvp_call": lambda c, e: c.call(e, "call_jaxpr"),

@@ -206,3 +206,36 @@ def test_the_same_paths_from_written_scratch_are_clean(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MASKED_PATHS))
 def test_masked_loads_and_stores_are_not_followed(name: str) -> None:
     assert verify(_scratch_to_output(MASKED_PATHS[name], write=False), SMALL).kernels
+
+
+# * ``jax.checkpoint`` / ``jax.remat`` bind the primitive ``remat2`` (jax 0.10 and
+#   0.12); the verifier's call table named only ``remat`` and ``checkpoint``, so the
+#   kernels inside a checkpointed function were never run (a future never waited
+#   there verified clean, with no copy counted), and a future passed into one read
+#   as an XLA operation (a false race). Its body now runs like a nested jit's.
+def test_a_future_waited_inside_jax_checkpoint_verifies_clean() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        x, fut = copy_start(x)
+        done: jax.Array = jax.checkpoint(copy_done)(x, fut)
+        return done
+
+    report = verify(fn, X)
+    assert len(report.kernels) == 2 and report.dmas == 1
+
+
+def test_a_future_never_waited_inside_jax_checkpoint_is_caught() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        x, fut = copy_start(x)
+        done: jax.Array = jax.checkpoint(lambda a, f: copy_done(a, f, wait=False))(x, fut)
+        return done
+
+    with pytest.raises(RaceDetectedError) as caught:
+        verify(fn, X)
+    assert "_done_without_wait_kernel" in str(caught.value), caught.value
+
+
+def test_kernels_inside_jax_remat_are_run() -> None:
+    """The R6 of an output whose padding the program reads is found inside a remat."""
+    with pytest.raises(UnwrittenReadError, match="R6"):
+        verify(jax.remat(lambda x: _first_half(x) * 2), X)
+    assert verify(jax.remat(lambda x: _first_half(x)[:8] * 2), X).dmas == 1
