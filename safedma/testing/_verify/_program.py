@@ -133,6 +133,16 @@ def _vector_op(name: str, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
     return vector
 
 
+def _calls_kernels(eqn: Any) -> bool:
+    """Whether a primitive's sub-jaxprs call a kernel: one the verifier has no rule for
+    would otherwise be evaluated as an XLA operation and its kernels never run."""
+    return any(
+        e.primitive.name in ("pallas_call", "mpmd_map")
+        for sub in _jax.sub_jaxprs(eqn.params)
+        for e in _jax.all_eqns(_jax.jaxpr_of(sub)[0])
+    )
+
+
 def _effect_free(eqn: Any) -> bool:
     """A primitive whose only result is its outputs (safe to evaluate on known values)."""
     return not getattr(eqn, "effects", None) and not any(True for _ in _jax.sub_jaxprs(eqn.params))
@@ -634,6 +644,17 @@ class Compiler:
                 )
 
             return kernel_like
+        if not _IN_KERNEL and _calls_kernels(eqn):
+            where = location(eqn)
+
+            def skipped(env: list[Any], ctx: Ctx) -> None:
+                raise VerificationUnsupportedError(
+                    f"{name!r} at {where} calls kernels the verifier does not run (it "
+                    "follows jit, jax.checkpoint, custom_jvp/custom_vjp, cond, scan and "
+                    "while); check this program with safedma.testing.simulate"
+                )
+
+            return skipped
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
         if outs and not scalar_out and _effect_free(eqn):

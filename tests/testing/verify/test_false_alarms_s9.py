@@ -23,7 +23,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from safedma.testing import RaceDetectedError, UnwrittenReadError, verify
+from safedma.testing import (
+    RaceDetectedError,
+    UnwrittenReadError,
+    VerificationUnsupportedError,
+    verify,
+)
 from tests.support.jax_programs import copy_done, copy_start
 from tests.support.source_lines import marker_line
 
@@ -239,3 +244,23 @@ def test_kernels_inside_jax_remat_are_run() -> None:
     with pytest.raises(UnwrittenReadError, match="R6"):
         verify(jax.remat(lambda x: _first_half(x) * 2), X)
     assert verify(jax.remat(lambda x: _first_half(x)[:8] * 2), X).dmas == 1
+
+
+def test_kernels_under_a_primitive_without_a_rule_are_unsupported_not_skipped() -> None:
+    """The general form of the remat2 miss: a primitive the verifier has no rule for
+    (here ``custom_vmap_call``) whose body calls kernels was evaluated as an XLA
+    operation, its kernels never run. It now says so, naming the primitive and line."""
+    from jax.custom_batching import custom_vmap
+
+    def start_and_forget(x: jax.Array) -> jax.Array:
+        x, fut = copy_start(x)
+        done: jax.Array = copy_done(x, fut, wait=False)
+        return done
+
+    batched = custom_vmap(start_and_forget)
+    batched.def_vmap(lambda size, batched_in, x: (start_and_forget(x), True))
+    with pytest.raises(VerificationUnsupportedError) as caught:
+        verify(lambda x: batched(x), X)  # the custom_vmap call
+    text = str(caught.value)
+    assert "'custom_vmap_call'" in text and "simulate" in text, text
+    assert f"{__file__}:{marker_line(__file__, '# the custom_vmap call')}" in text, text
