@@ -434,7 +434,11 @@ def kernel_param_names(kernel_jaxpr: Any) -> tuple[str, ...]:
     info = getattr(kernel_jaxpr, "debug_info", None)
     raw: Sequence[object] = getattr(info, "arg_names", None) or ()
     names = tuple(str(n) for n in raw if n is not None)
-    if names and len(names) == len(raw) and not any(_STAR_ITEM.fullmatch(n) for n in names):
+    # a forwarded *args: every name an item of one parameter (args[0], args[1], ...);
+    # pytree parameters beside others (gmm's group_metadata[0], lhs) name their operands
+    stars = {n.split("[", 1)[0] for n in names if _STAR_ITEM.fullmatch(n)}
+    forwarded = len(stars) == 1 and all(_STAR_ITEM.fullmatch(n) for n in names)
+    if names and len(names) == len(raw) and not forwarded:
         return names
     src = str(getattr(info, "func_src_info", "") or "")
     if " at " in src and ":" in src:

@@ -264,3 +264,32 @@ def test_kernels_under_a_primitive_without_a_rule_are_unsupported_not_skipped() 
     text = str(caught.value)
     assert "'custom_vmap_call'" in text and "simulate" in text, text
     assert f"{__file__}:{marker_line(__file__, '# the custom_vmap call')}" in text, text
+
+
+# * Buffer names in messages: a kernel whose parameters are pytrees (megablox gmm's
+#   ``group_metadata`` tuple, its ``existing_out=None`` that has no operand) was named
+#   from its ``def`` line, one name per parameter, so every later operand took its
+#   neighbour's name (gmm's output was called ``acc_scratch``). jax's own names of the
+#   operands (``group_metadata[0]``, ...) are kept unless they are a forwarded *args.
+def _pair_kernel(pair: Any, o_ref: Any, sem: Any) -> None:
+    first, _ = pair
+    copy = pltpu.make_async_copy(first.at[0:8], o_ref.at[0:8], sem)  # rows 0:8 only
+    copy.start()
+    copy.wait()
+
+
+def test_operands_of_pytree_parameters_keep_their_names() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            _pair_kernel,
+            out_shape=jax.ShapeDtypeStruct((16, 128), F32),
+            in_specs=[(ANY, ANY)],
+            out_specs=ANY,
+            scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+        )((x, x))
+        return out
+
+    with pytest.raises(UnwrittenReadError) as caught:
+        verify(fn, X)
+    text = str(caught.value)
+    assert "nothing wrote o_ref[8:16, 0:128]" in text, text
