@@ -77,6 +77,8 @@ class _Obligation:
     started_at: SourceLine
     sems: dict[Side, object]
     waited: dict[Side, list[_Wait]]
+    # The bodies it was started in and not waited in, innermost first (see _hand_over).
+    bodies: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +174,8 @@ class Ledger:
     # into the pipeline's step, after the pipeline's own waits on its buffers' semaphores
     # (raw, on loop arguments of the same type as a user's): those are not the body's.
     begins_at: int = 0
+    # The jax trace the body began in (see _hand_over).
+    frame: object = None
 
     def chain(self) -> Iterator[Ledger]:
         """This ledger and those of the bodies it runs inside, innermost first."""
@@ -199,9 +203,14 @@ class Ledger:
                     elsewhere += _raw_wait_slots(self.begins_at)
                 if not _on_slot(sem, elsewhere):
                     missing.append(side)
+            if missing and self._hand_over(ob, kernel_name):
+                continue
             if missing:
                 calls = " and ".join(side.value for side in missing)
-                key = (ob.describe(), ob.started_at, calls)
+                inside = (
+                    " in the body " + " inside ".join(map(repr, ob.bodies)) if ob.bodies else ""
+                )
+                key = (ob.describe() + inside, ob.started_at, calls)
                 left[key] = left.get(key, 0) + 1
         if left:
             count = sum(left.values())
@@ -216,6 +225,26 @@ class Ledger:
                 + "\nOn a TPU this crashes the program; in interpret mode the copy never "
                 f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
+
+    def _hand_over(self, ob: _Obligation, kernel_name: str) -> bool:
+        """Leave a copy this body does not wait to the body it runs inside, when each of
+        its semaphores is one that body names too: a copy an emit_pipeline step starts on
+        a semaphore of the kernel may be waited by the kernel after the pipeline, as a copy
+        a loop iteration starts may be waited after the loop. A semaphore the body received
+        as a new tracer (a loop or branch argument, a scoped allocation) is not handed over:
+        in the enclosing frame it could only be matched by type, and the pipeline's own
+        waits there (on its buffers' semaphores) would stand for it."""
+        parent = self.parent
+        if parent is None:
+            return False
+        if any(
+            _compat.allocated_inside(_compat.root_of(s), parent.frame) for s in ob.sems.values()
+        ):
+            return False
+        parent.keep_alive.extend(ob.sems.values())
+        ob.bodies = (*ob.bodies, kernel_name)
+        parent.obligations.append(ob)
+        return True
 
 
 _ELSEWHERE_FIX = {
@@ -258,7 +287,9 @@ def current_ledger() -> Ledger | None:
 @contextlib.contextmanager
 def ledger_scope() -> Generator[Ledger, None, None]:
     """Record the copies and waits of the kernel body traced inside this block."""
-    ledger = Ledger(parent=_current.get(), begins_at=_compat.traced_so_far(_compat.current_frame()))
+    frame = _compat.current_frame()
+    ledger = Ledger(parent=_current.get(), begins_at=_compat.traced_so_far(frame), frame=frame)
+    ledger.keep_alive.append(frame)
     token = _current.set(ledger)
     try:
         yield ledger

@@ -1,0 +1,246 @@
+"""Trace checks after the session-9 merges (session 9b, docs/held-out.md).
+
+Correct kernels around ``sd.emit_pipeline`` that the session-9 ledger changes reach (a
+body's ledger with a parent, waits by slot recorded up the chain, raw waits counted from
+where a body began), each written in safedma and in raw pltpu: the safedma one must
+trace and lower to the same Mosaic module as its raw twin. Then the seeded mistakes the
+trace checks must still stop (T7), naming the user's line.
+
+The protocols are those of pipelined kernels that finish with a write the kernel waits
+after the pipeline (an accumulator written back at the last step, as jax's pipelining
+guide's reductions and tokamax's / maxtext's ragged matmuls do with their output block),
+and of per-step stores drained by their total size once the pipeline is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import safedma as sd
+from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
+from tests.support.source_lines import line_in
+
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+STEPS, ROWS, LANES = 4, 8, 128
+BLOCK = pl.BlockSpec((ROWS, LANES), lambda i: (i, 0))
+SAFE, RAW = True, False
+
+
+def _v5p() -> Any:
+    """A device-free mesh naming the TPU generation (jax 0.12 asks for one to lower)."""
+    return abstract_mesh((1,), ("x",), tpu="v5p")
+
+
+def _copy(safe: bool, src: Any, dst: Any, sem: Any) -> None:
+    if safe:
+        sd.LocalCopy(src, dst, sem).start()  # STARTED
+    else:
+        pltpu.make_async_copy(src, dst, sem).start()
+
+
+def _wait(safe: bool, src: Any, dst: Any, sem: Any, how: str = "started_elsewhere") -> None:
+    if not safe:  # a wait by size is the wait of a copy of that size (dst to dst)
+        pltpu.make_async_copy(dst if how == "wait_bytes" else src, dst, sem).wait()
+    elif how == "wait_bytes":
+        sd.wait_bytes(sem, dst)
+    else:
+        sd.LocalCopy(src, dst, sem).started_elsewhere().wait()
+
+
+# --- an accumulator written back at the pipeline's last step, waited after it -----------
+
+
+def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere", seed: str = ""):  # type: ignore[no-untyped-def]
+    """Sum the row blocks of ``x`` in a VMEM accumulator across the steps of a pipeline; at
+    the last step start the accumulator's copy to ``o`` on a kernel semaphore, and wait it
+    after the pipeline (``where``: in the kernel, in a ``fori_loop`` of two passes, under a
+    ``pl.when``, or in the body of an outer pipeline around the inner one)."""
+    emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
+
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+        start_sem = sems.at[1] if seed == "wrong_slot" else sems.at[0]
+
+        def body(x_ref: Any) -> None:
+            step = pl.program_id(0)
+
+            @pl.when(step == 0)
+            def _() -> None:
+                acc[...] = jnp.zeros_like(acc)
+
+            acc[...] += x_ref[...]
+
+            @pl.when(step == STEPS - 1)
+            def _() -> None:
+                _copy(safe, acc, o_hbm.at[pl.ds(0, ROWS)], start_sem)  # LAST STEP
+
+        def one_pass() -> None:
+            emit(body, grid=(STEPS,), in_specs=[BLOCK])(x_hbm)
+            if seed != "wait_dropped":
+                _wait(safe, acc, o_hbm.at[pl.ds(0, ROWS)], sems.at[0], how)  # AFTER
+
+        if where == "kernel":
+            one_pass()
+        elif where == "fori_loop":
+            lax.fori_loop(0, 2, lambda i, c: (one_pass(), c)[1], 0)
+        elif where == "when":
+            pl.when(x_hbm.shape[0] > 0)(one_pass)  # static True: a cond jax keeps
+            pl.when(pl.program_id(0) == 0)(one_pass)
+        elif where == "nested":
+
+            def outer(o_ref: Any) -> None:
+                one_pass()
+                o_ref[...] = acc[...]
+
+            emit(outer, grid=(1,), out_specs=[BLOCK])(o_hbm)
+
+    return kernel
+
+
+def _call(kernel: Callable[..., None], safe: bool, scratch: list[Any]) -> Any:
+    entry: Any = sd.pallas_call if safe else pl.pallas_call
+    x = jax.ShapeDtypeStruct((STEPS * ROWS, LANES), jnp.float32)
+    return entry(
+        kernel,
+        in_specs=[ANY],
+        out_specs=ANY,
+        out_shape=x,
+        grid=(1,),
+        scratch_shapes=scratch,
+    )
+
+
+def _write_back_call(safe: bool, **kw: str) -> Any:
+    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    return _call(_write_back(safe, **kw), safe, scratch)
+
+
+X = jax.ShapeDtypeStruct((STEPS * ROWS, LANES), jnp.float32)
+
+
+@pytest.mark.parametrize("how", ["started_elsewhere", "wait_bytes"])
+@pytest.mark.parametrize("where", ["kernel", "fori_loop", "when", "nested"])
+def test_a_copy_the_last_step_starts_waited_after_the_pipeline_matches_raw(
+    where: str, how: str
+) -> None:
+    # Before session 9b: T7 in the body ('body' was checked as a kernel of its own).
+    assert_same_mosaic(
+        _write_back_call(SAFE, where=where, how=how),
+        _write_back_call(RAW, where=where, how=how),
+        X,
+        mesh=_v5p(),
+    )
+
+
+@pytest.mark.parametrize("where", ["kernel", "fori_loop", "nested"])
+def test_a_body_copy_nothing_waits_is_t7_naming_the_body(where: str) -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_write_back_call(SAFE, where=where, seed="wait_dropped"), X, mesh=_v5p())
+    text = str(err.value)
+    # The pipeline's own waits (on its buffers' semaphores, in the kernel's frame) do not
+    # stand for the body's copy once it is handed to the kernel.
+    assert text.startswith("kernel 'kernel'"), text
+    started = f"{__file__}:{line_in(_copy, '# STARTED')}"
+    assert f"{started} (called from {__file__}:{line_in(_write_back, '# LAST STEP')}" in text
+    inside = " inside 'outer'" if where == "nested" else ""
+    assert f"in the body 'body'{inside}, started at" in text, text
+
+
+def test_a_body_copy_waited_on_another_slot_after_the_pipeline_is_t7() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_write_back_call(SAFE, seed="wrong_slot"), X, mesh=_v5p())
+    assert f"called from {__file__}:{line_in(_write_back, '# LAST STEP')}" in str(err.value)
+
+
+# --- per-step stores, drained by their total size after the pipeline --------------------
+
+
+def _drained_after(safe: bool, seed: str = "") -> Callable[..., None]:
+    """Each step stages its block in its own row of ``stage`` and stores it to ``o`` on
+    slot ``step % 2``; the kernel drains each slot by the size of the stores it carried."""
+    emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
+
+    def kernel(x_hbm: Any, o_hbm: Any, stage: Any, sems: Any) -> None:
+        def body(x_ref: Any) -> None:
+            step = pl.program_id(0)
+            stage[step] = x_ref[...] * 2
+            dst = o_hbm.at[pl.ds(step * ROWS, ROWS)]
+            _copy(safe, stage.at[step], dst, sems.at[step % 2])  # STORE
+
+        emit(body, grid=(STEPS,), in_specs=[BLOCK])(x_hbm)
+        for slot in range(2):
+            if seed == "drain_dropped":
+                break
+            rows = stage.at[pl.ds(0, STEPS // 2)]
+            _wait(safe, rows, rows, sems.at[slot], "wait_bytes")
+
+    return kernel
+
+
+def _drained_call(safe: bool, seed: str = "") -> Any:
+    scratch = [pltpu.VMEM((STEPS, ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    return _call(_drained_after(safe, seed), safe, scratch)
+
+
+def test_per_step_stores_drained_by_size_after_the_pipeline_match_raw() -> None:
+    # Before session 9b: T7 in the body for the stores.
+    assert_same_mosaic(_drained_call(SAFE), _drained_call(RAW), X, mesh=_v5p())
+
+
+def test_per_step_stores_never_drained_are_t7_in_the_kernel() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_drained_call(SAFE, "drain_dropped"), X, mesh=_v5p())
+    text = str(err.value)
+    assert f"called from {__file__}:{line_in(_drained_after, '# STORE')}" in text, text
+    assert "in the body 'body'" in text, text
+
+
+# --- a semaphore the body scopes itself stays the body's --------------------------------
+
+
+def _scoped_in_body(safe: bool, seed: str = "") -> Callable[..., None]:
+    emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
+
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+        def body(x_ref: Any) -> None:
+            acc[...] = x_ref[...]
+            step = pl.program_id(0)
+
+            def scoped(sem: Any) -> None:
+                dst = o_hbm.at[pl.ds(step * ROWS, ROWS)]
+                _copy(safe, acc, dst, sem)  # SCOPED
+                if seed != "wait_dropped":
+                    _wait(safe, acc, dst, sem)
+
+            pl.run_scoped(scoped, pltpu.SemaphoreType.DMA)
+
+        emit(body, grid=(STEPS,), in_specs=[BLOCK])(x_hbm)
+        del sems
+
+    return kernel
+
+
+def _scoped_call(safe: bool, seed: str = "") -> Any:
+    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    return _call(_scoped_in_body(safe, seed), safe, scratch)
+
+
+def test_a_run_scoped_semaphore_in_the_body_matches_raw() -> None:
+    assert_same_mosaic(_scoped_call(SAFE), _scoped_call(RAW), X, mesh=_v5p())
+
+
+def test_a_copy_on_a_semaphore_the_body_scopes_is_t7_in_the_body() -> None:
+    # Not handed to the kernel: outside the body the semaphore is gone, and there only
+    # its type could match it (the pipeline's own waits would).
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_scoped_call(SAFE, "wait_dropped"), X, mesh=_v5p())
+    text = str(err.value)
+    assert text.startswith("kernel 'body'"), text
+    assert f"called from {__file__}:{line_in(_scoped_in_body, '# SCOPED')}" in text, text
