@@ -26,7 +26,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
-from tests.support.source_lines import line_in
+from tests.support.source_lines import line_in, raising_lines
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 STEPS, ROWS, LANES = 4, 8, 128
@@ -244,3 +244,84 @@ def test_a_copy_on_a_semaphore_the_body_scopes_is_t7_in_the_body() -> None:
     text = str(err.value)
     assert text.startswith("kernel 'body'"), text
     assert f"called from {__file__}:{line_in(_scoped_in_body, '# SCOPED')}" in text, text
+
+
+# --- DMA accumulate with an indexed side, in a kernel known to run on TensorCores --------
+
+
+def _indexed_add(how: str) -> Callable[..., None]:
+    def kernel(x_hbm: Any, o_hbm: Any, idx: Any, sem: Any) -> None:
+        idx[...] = jnp.arange(ROWS, dtype=jnp.int32)
+        src, dst = x_hbm.at[pl.ds(0, ROWS)], o_hbm.at[idx]
+        if how == "sync_copy":
+            sd.sync_copy(src, dst, add=True)  # ADD BY SYNC_COPY
+        else:
+            sd.LocalCopy(src, dst, sem).start(add=True).wait()  # ADD BY START
+
+    return kernel
+
+
+def _core_mesh() -> Any:
+    if hasattr(pltpu, "TensorCoreMesh"):
+        return pltpu.TensorCoreMesh(axis_name="core", num_cores=2)  # jax 0.12
+    return pltpu.create_tensorcore_mesh("core", num_cores=2)
+
+
+@pytest.mark.parametrize("entry", ["pallas_call", "core_kernel"])
+@pytest.mark.parametrize("how", ["start", "sync_copy"])
+def test_an_indexed_add_on_tensor_cores_is_t5(entry: str, how: str) -> None:
+    # Session 9 let add=True through wherever a side is indexed by an array (SparseCore's
+    # indirect copies), so this reached jax's TensorCore lowering: "DMA with add=True is
+    # not supported" (NotImplementedError), and interpret mode does a plain copy.
+    scratch = [pltpu.VMEM((ROWS,), jnp.int32), pltpu.SemaphoreType.DMA(())]
+    if entry == "pallas_call":
+        call = _call(_indexed_add(how), SAFE, scratch)
+    else:
+        call = sd.core_kernel(_indexed_add(how), X, mesh=_core_mesh(), scratch_types=scratch)
+    with pytest.raises(sd.UnsupportedDmaError) as err:
+        jax.eval_shape(call, X)
+    assert "This kernel runs on TensorCores" in str(err.value), err.value
+    marker = "# ADD BY START" if how == "start" else "# ADD BY SYNC_COPY"
+    assert line_in(_indexed_add, marker) in raising_lines(err, __file__)
+
+
+# --- a DMA future finished in branches --------------------------------------------------
+
+
+def _future_start(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    sd.LocalCopy(x_ref, o_ref, sem).start()
+
+
+def _future_done(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    sd.LocalCopy(x_ref, o_ref, sem).started_elsewhere().wait()
+
+
+def _finishes(shape: str) -> Callable[..., jax.Array]:
+    @sd.checked_futures
+    def f(x: jax.Array, flag: jax.Array) -> jax.Array:
+        future = sd.start_async(_future_start, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
+        if shape == "switch":
+            finish = lambda: sd.finish_async(_future_done, future)  # noqa: E731
+            return lax.switch(flag[0], [finish, lambda: finish() * 2, lambda: finish() + 1])
+        first = sd.finish_async(_future_done, future)  # FIRST
+        maybe = lax.cond(flag[0] > 0, lambda: sd.finish_async(_future_done, future), lambda: x)
+        return first + maybe + sd.finish_async(_future_done, future)  # AGAIN
+
+    return f
+
+
+FLAG = jax.ShapeDtypeStruct((1,), jnp.int32)
+
+
+def test_a_future_finished_once_in_each_branch_of_a_switch_traces() -> None:
+    jax.eval_shape(_finishes("switch"), X, FLAG)
+
+
+def test_a_second_finish_in_one_block_is_caught_past_a_finish_in_a_branch() -> None:
+    # Session 9 remembered only the latest finish: the branch's hid the first one, so the
+    # finish after the cond (the same straight-line block as the first) passed.
+    with pytest.raises(sd.FutureConsumedTwiceError) as err:
+        jax.eval_shape(_finishes("again"), X, FLAG)
+    text = str(err.value)
+    first, again = line_in(_finishes, "# FIRST"), line_in(_finishes, "# AGAIN")
+    assert f"finished at {__file__}:{first} and again at {__file__}:{again}" in text, text
