@@ -65,7 +65,7 @@ def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere
     ``pl.when``, or in the body of an outer pipeline around the inner one)."""
     emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
 
-    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any, *allocs: Any) -> None:
         start_sem = sems.at[1] if seed == "wrong_slot" else sems.at[0]
 
         def body(x_ref: Any) -> None:
@@ -82,11 +82,14 @@ def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere
                 _copy(safe, acc, o_hbm.at[pl.ds(0, ROWS)], start_sem)  # LAST STEP
 
         def one_pass() -> None:
-            emit(body, grid=(STEPS,), in_specs=[BLOCK])(x_hbm)
+            # "allocations": the pipeline's buffers (and their DMA((2,)) semaphores, of the
+            # type of ``sems``) are the kernel's scratch, so its own waits are on them.
+            given = {"allocations": allocs[0]} if allocs else {}
+            emit(body, grid=(STEPS,), in_specs=[BLOCK])(x_hbm, **given)
             if seed != "wait_dropped":
                 _wait(safe, acc, o_hbm.at[pl.ds(0, ROWS)], sems.at[0], how)  # AFTER
 
-        if where == "kernel":
+        if where in ("kernel", "allocations"):
             one_pass()
         elif where == "fori_loop":
             lax.fori_loop(0, 2, lambda i, c: (one_pass(), c)[1], 0)
@@ -118,7 +121,9 @@ def _call(kernel: Callable[..., None], safe: bool, scratch: list[Any]) -> Any:
 
 
 def _write_back_call(safe: bool, **kw: str) -> Any:
-    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    scratch: list[Any] = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    if kw.get("where") == "allocations":
+        scratch.append((pltpu.BufferedRef.input(BLOCK, jnp.float32),))
     return _call(_write_back(safe, **kw), safe, scratch)
 
 
@@ -126,7 +131,7 @@ X = jax.ShapeDtypeStruct((STEPS * ROWS, LANES), jnp.float32)
 
 
 @pytest.mark.parametrize("how", ["started_elsewhere", "wait_bytes"])
-@pytest.mark.parametrize("where", ["kernel", "fori_loop", "when", "nested"])
+@pytest.mark.parametrize("where", ["kernel", "fori_loop", "when", "nested", "allocations"])
 def test_a_copy_the_last_step_starts_waited_after_the_pipeline_matches_raw(
     where: str, how: str
 ) -> None:
@@ -139,7 +144,7 @@ def test_a_copy_the_last_step_starts_waited_after_the_pipeline_matches_raw(
     )
 
 
-@pytest.mark.parametrize("where", ["kernel", "fori_loop", "nested"])
+@pytest.mark.parametrize("where", ["kernel", "fori_loop", "nested", "allocations"])
 def test_a_body_copy_nothing_waits_is_t7_naming_the_body(where: str) -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_write_back_call(SAFE, where=where, seed="wait_dropped"), X, mesh=_v5p())
