@@ -192,6 +192,7 @@ class Ledger:
         # the order they were started.
         left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
+        named: list[_Slot] = []  # those that name their semaphore (see _hand_over)
         for ob in self.obligations:
             missing: list[Side] = []
             for side, sem in ob.sems.items():
@@ -201,7 +202,8 @@ class Ledger:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots(self.begins_at)
-                if not _on_slot(sem, elsewhere):
+                    named = [s for s in elsewhere if s.root != _ALLOCATED_INSIDE and not s.aliased]
+                if not _on_slot(sem, named if ob.bodies else elsewhere):
                     missing.append(side)
             if missing and self._hand_over(ob, kernel_name):
                 continue
@@ -227,18 +229,23 @@ class Ledger:
             )
 
     def _hand_over(self, ob: _Obligation, kernel_name: str) -> bool:
-        """Leave a copy this body does not wait to the body it runs inside, when each of
-        its semaphores is one that body names too: a copy an emit_pipeline step starts on
-        a semaphore of the kernel may be waited by the kernel after the pipeline, as a copy
-        a loop iteration starts may be waited after the loop. A semaphore the body received
-        as a new tracer (a loop or branch argument, a scoped allocation) is not handed over:
-        in the enclosing frame it could only be matched by type, and the pipeline's own
-        waits there (on its buffers' semaphores) would stand for it."""
+        """Leave a copy this body does not wait to the body it runs inside: a copy an
+        emit_pipeline step starts may be waited by the kernel after the pipeline, as a copy
+        a loop iteration starts may be waited after the loop.
+
+        Not a copy on a semaphore allocated inside this body (it is gone outside), nor on a
+        loop's or branch's argument (a new tracer: outside it could only be matched by
+        type). There, only waits that name the copy's semaphore stand for it (check_all_
+        waited: safedma's waits by slot, raw waits on that semaphore), never a raw wait
+        matched by type or as one on some scoped semaphore: the pipeline's own waits on its
+        buffers' semaphores are such waits in the enclosing frame."""
         parent = self.parent
         if parent is None:
             return False
+        roots = [_compat.root_of(s) for s in ob.sems.values()]
         if any(
-            _compat.allocated_inside(_compat.root_of(s), parent.frame) for s in ob.sems.values()
+            _compat.is_block_argument(root) or _compat.allocated_inside(root, self.frame)
+            for root in roots
         ):
             return False
         parent.keep_alive.extend(ob.sems.values())

@@ -62,26 +62,27 @@ def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere
     """Sum the row blocks of ``x`` in a VMEM accumulator across the steps of a pipeline; at
     the last step start the accumulator's copy to ``o`` on a kernel semaphore, and wait it
     after the pipeline (``where``: in the kernel, in a ``fori_loop`` of two passes, under a
-    ``pl.when``, or in the body of an outer pipeline around the inner one)."""
+    ``pl.when``, in a ``run_scoped`` block that allocates the semaphores, in the body of an
+    outer pipeline around the inner one, or with the pipeline's buffers given as scratch)."""
     emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
 
     def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any, *allocs: Any) -> None:
-        start_sem = sems.at[1] if seed == "wrong_slot" else sems.at[0]
+        def one_pass(sems: Any = sems) -> None:
+            start_sem = sems.at[1] if seed == "wrong_slot" else sems.at[0]
 
-        def body(x_ref: Any) -> None:
-            step = pl.program_id(0)
+            def body(x_ref: Any) -> None:
+                step = pl.program_id(0)
 
-            @pl.when(step == 0)
-            def _() -> None:
-                acc[...] = jnp.zeros_like(acc)
+                @pl.when(step == 0)
+                def _() -> None:
+                    acc[...] = jnp.zeros_like(acc)
 
-            acc[...] += x_ref[...]
+                acc[...] += x_ref[...]
 
-            @pl.when(step == STEPS - 1)
-            def _() -> None:
-                _copy(safe, acc, o_hbm.at[pl.ds(0, ROWS)], start_sem)  # LAST STEP
+                @pl.when(step == STEPS - 1)
+                def _() -> None:
+                    _copy(safe, acc, o_hbm.at[pl.ds(0, ROWS)], start_sem)  # LAST STEP
 
-        def one_pass() -> None:
             # "allocations": the pipeline's buffers (and their DMA((2,)) semaphores, of the
             # type of ``sems``) are the kernel's scratch, so its own waits are on them.
             given = {"allocations": allocs[0]} if allocs else {}
@@ -94,8 +95,12 @@ def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere
         elif where == "fori_loop":
             lax.fori_loop(0, 2, lambda i, c: (one_pass(), c)[1], 0)
         elif where == "when":
-            pl.when(x_hbm.shape[0] > 0)(one_pass)  # static True: a cond jax keeps
             pl.when(pl.program_id(0) == 0)(one_pass)
+        elif where == "scoped":
+            # The semaphores scoped around the pipeline: in the kernel's frame the
+            # pipeline's own waits (on the buffers it scopes) are waits on some scoped
+            # semaphore, as these are; they must not stand for the body's copy.
+            pl.run_scoped(one_pass, pltpu.SemaphoreType.DMA((2,)))
         elif where == "nested":
 
             def outer(o_ref: Any) -> None:
@@ -131,7 +136,9 @@ X = jax.ShapeDtypeStruct((STEPS * ROWS, LANES), jnp.float32)
 
 
 @pytest.mark.parametrize("how", ["started_elsewhere", "wait_bytes"])
-@pytest.mark.parametrize("where", ["kernel", "fori_loop", "when", "nested", "allocations"])
+@pytest.mark.parametrize(
+    "where", ["kernel", "fori_loop", "when", "scoped", "nested", "allocations"]
+)
 def test_a_copy_the_last_step_starts_waited_after_the_pipeline_matches_raw(
     where: str, how: str
 ) -> None:
@@ -144,7 +151,7 @@ def test_a_copy_the_last_step_starts_waited_after_the_pipeline_matches_raw(
     )
 
 
-@pytest.mark.parametrize("where", ["kernel", "fori_loop", "nested", "allocations"])
+@pytest.mark.parametrize("where", ["kernel", "fori_loop", "scoped", "nested", "allocations"])
 def test_a_body_copy_nothing_waits_is_t7_naming_the_body(where: str) -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_write_back_call(SAFE, where=where, seed="wait_dropped"), X, mesh=_v5p())
