@@ -249,6 +249,10 @@ class Ledger:
         ):
             return False
         parent.keep_alive.extend(ob.sems.values())
+        # Described now: the refs are named by this body's parameters, which the
+        # enclosing body may not know (a ref the pipeline hands the body).
+        text = ob.describe()
+        ob.describe = lambda: text
         ob.bodies = (*ob.bodies, kernel_name)
         parent.obligations.append(ob)
         return True

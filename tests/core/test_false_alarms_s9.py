@@ -337,3 +337,47 @@ def test_a_second_finish_in_one_block_is_caught_past_a_finish_in_a_branch() -> N
     text = str(err.value)
     first, again = line_in(_finishes, "# FIRST"), line_in(_finishes, "# AGAIN")
     assert f"finished at {__file__}:{first} and again at {__file__}:{again}" in text, text
+
+
+# --- nested pipelines: the outer step prefetches, the inner pipeline's first step waits --
+
+
+def _prefetch_for_inner(safe: bool, seed: str = "") -> Callable[..., None]:
+    emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
+
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+        def outer(o_ref: Any) -> None:
+            _copy(safe, x_hbm.at[pl.ds(0, ROWS)], acc, sems.at[0])  # OUTER PREFETCH
+
+            def inner(x_ref: Any) -> None:
+                @pl.when(pl.program_id(0) == 0)
+                def _() -> None:
+                    if seed != "wait_dropped":
+                        _wait(safe, x_hbm.at[pl.ds(0, ROWS)], acc, sems.at[0])
+
+                acc[...] += x_ref[...]
+
+            emit(inner, grid=(STEPS,), in_specs=[BLOCK])(x_hbm)
+            o_ref[...] = acc[...]
+
+        emit(outer, grid=(2,), out_specs=[BLOCK])(o_hbm)
+
+    return kernel
+
+
+def _prefetch_call(safe: bool, seed: str = "") -> Any:
+    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    return _call(_prefetch_for_inner(safe, seed), safe, scratch)
+
+
+def test_an_outer_steps_prefetch_waited_in_the_inner_pipeline_matches_raw() -> None:
+    assert_same_mosaic(_prefetch_call(SAFE), _prefetch_call(RAW), X, mesh=_v5p())
+
+
+def test_an_outer_steps_prefetch_nothing_waits_is_t7_naming_the_outer_body() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_prefetch_call(SAFE, "wait_dropped"), X, mesh=_v5p())
+    text = str(err.value)
+    assert "in the body 'outer', started at" in text, text
+    where = f"called from {__file__}:{line_in(_prefetch_for_inner, '# OUTER PREFETCH')}"
+    assert where in text, text
