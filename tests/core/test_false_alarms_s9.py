@@ -58,7 +58,9 @@ def _wait(safe: bool, src: Any, dst: Any, sem: Any, how: str = "started_elsewher
 # --- an accumulator written back at the pipeline's last step, waited after it -----------
 
 
-def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere", seed: str = ""):  # type: ignore[no-untyped-def]
+def _write_back(
+    safe: bool, where: str = "kernel", how: str = "started_elsewhere", seed: str = ""
+) -> Callable[..., None]:
     """Sum the row blocks of ``x`` in a VMEM accumulator across the steps of a pipeline; at
     the last step start the accumulator's copy to ``o`` on a kernel semaphore, and wait it
     after the pipeline (``where``: in the kernel, in a ``fori_loop`` of two passes, under a
@@ -93,7 +95,12 @@ def _write_back(safe: bool, where: str = "kernel", how: str = "started_elsewhere
         if where in ("kernel", "allocations"):
             one_pass()
         elif where == "fori_loop":
-            lax.fori_loop(0, 2, lambda i, c: (one_pass(), c)[1], 0)
+
+            def twice(i: Any, carry: Any) -> Any:
+                one_pass()
+                return carry
+
+            lax.fori_loop(0, 2, twice, 0)
         elif where == "when":
             pl.when(pl.program_id(0) == 0)(one_pass)
         elif where == "scoped":
