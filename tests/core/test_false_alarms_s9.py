@@ -388,3 +388,28 @@ def test_an_outer_steps_prefetch_nothing_waits_is_t7_naming_the_outer_body() -> 
     assert "in the body 'outer', started at" in text, text
     where = f"called from {__file__}:{line_in(_prefetch_for_inner, '# OUTER PREFETCH')}"
     assert where in text, text
+
+
+def _start_in_a_pipeline(x_ref: Any, dst: Any, sem: Any) -> None:
+    def body(x_block: Any) -> None:
+        @pl.when(pl.program_id(0) == STEPS - 1)
+        def _() -> None:
+            sd.LocalCopy(x_ref.at[pl.ds(0, ROWS)], dst.at[pl.ds(0, ROWS)], sem).start()
+
+    sd.emit_pipeline(body, grid=(STEPS,), in_specs=[BLOCK])(x_ref)
+
+
+def _done_first_rows(x_ref: Any, buf: Any, sem: Any) -> None:
+    sd.LocalCopy(x_ref.at[pl.ds(0, ROWS)], buf.at[pl.ds(0, ROWS)], sem).started_elsewhere().wait()
+
+
+def test_a_future_whose_copy_a_pipeline_step_starts_lowers() -> None:
+    # The start kernel leaves its copy in flight on the future's semaphore (settled there);
+    # a copy its pipeline's last step starts is handed to it. Before session 9b: T7 in
+    # the body.
+    @sd.checked_futures
+    def f(x: jax.Array) -> jax.Array:
+        future = sd.start_async(_start_in_a_pipeline, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return sd.finish_async(_done_first_rows, future)
+
+    assert "tpu.wait_dma" in mosaic_text(f, X, mesh=_v5p())
