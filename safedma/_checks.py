@@ -13,6 +13,7 @@ import jax
 from safedma import _compat
 from safedma._compat import SemaphoreKind
 from safedma._describe import describe_ref, shape_text
+from safedma._scope import entry_config
 from safedma._sem_arrays import check_static_indices, how_to_select_one
 from safedma._errors import (
     CopyDtypeMismatchError,
@@ -198,15 +199,27 @@ def check_add(add: object, src: object, dst: object) -> None:
     """``add=True`` on a local copy (T5): only SparseCore lowers DMA accumulate, and only
     as an indirect copy, rows picked by an array of indices on one side (a scatter-add
     ``dst.at[indices]`` into VMEM_SHARED, a gather-add ``src.at[indices]``); a TensorCore
-    copy, or a window of rows, has none."""
+    copy, or a window of rows, has none. A kernel an entry point knows to run on
+    TensorCores (``sd.pallas_call``, ``sd.core_kernel`` over TensorCore meshes) has none
+    even for an indexed side: jax's TensorCore lowering rejects it."""
+    config = entry_config()
+    on_tensor_core = config is not None and config.tensor_core
     if add is False or (
-        add is True and (_compat.indexes_by_array(src) or _compat.indexes_by_array(dst))
+        add is True
+        and not on_tensor_core
+        and (_compat.indexes_by_array(src) or _compat.indexes_by_array(dst))
     ):
         return
+    where = (
+        " This kernel runs on TensorCores (sd.pallas_call, or sd.core_kernel over a "
+        "TensorCore mesh), so an indexed side does not help."
+        if on_tensor_core
+        else ""
+    )
     raise UnsupportedDmaError(
         f"add={add!r}: DMA accumulate is not implemented for TPU TensorCores, nor for a copy "
         "of a contiguous window (interpret mode would silently do a plain copy instead). "
         "Copy into a VMEM buffer and add there: acc[...] += buf[...]. (On SparseCore, "
         "add=True is a scatter-add or gather-add: index one side by an array of row indices, "
-        "dst.at[indices] in VMEM_SHARED or src.at[indices].)"
+        f"dst.at[indices] in VMEM_SHARED or src.at[indices].){where}"
     )

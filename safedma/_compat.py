@@ -50,6 +50,7 @@ __all__ = [
     "FlowKind",
     "current_frame",
     "indexes_by_array",
+    "is_tensor_core_mesh",
     "raw_dma_waits",
     "traced_so_far",
     "ALLOCATED_INSIDE",
@@ -640,6 +641,13 @@ def indexes_by_array(ref: object) -> bool:
         isinstance(transform, _state_indexing.NDIndexer) and transform.int_indexer_shape != ()
         for transform in ref.transforms
     )
+
+
+def is_tensor_core_mesh(mesh: object) -> bool:
+    """Whether ``mesh`` (given to ``pl.kernel``) is a mesh of TensorCores."""
+    # Private: TensorCoreMesh is public only from 0.12 (pltpu.TensorCoreMesh); on 0.10.2
+    # pltpu.create_tensorcore_mesh returns the same private class.
+    return isinstance(mesh, _mosaic_core.TensorCoreMesh)
 
 
 def static_positions(ref: object) -> frozenset[int] | None:

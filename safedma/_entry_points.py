@@ -213,8 +213,10 @@ class CoreKernelOptions(TypedDict, total=False):
     metadata: dict[str, str] | None
 
 
-def _config_of(compiler_params: object) -> KernelConfig:
-    return KernelConfig(collective_id=getattr(compiler_params, "collective_id", None))
+def _config_of(compiler_params: object, *, tensor_core: bool = False) -> KernelConfig:
+    return KernelConfig(
+        collective_id=getattr(compiler_params, "collective_id", None), tensor_core=tensor_core
+    )
 
 
 def _with_config(call: Callable[..., Any], config: KernelConfig) -> Callable[..., Any]:
@@ -297,7 +299,8 @@ def pallas_call(
     Takes the same arguments; only those given are passed on, so jax's own
     defaults apply to the rest. The result is called like pl.pallas_call's.
     """
-    config = _config_of(options.get("compiler_params"))
+    # pl.pallas_call on a TPU is a TensorCore kernel (SparseCore takes pl.kernel's meshes).
+    config = _config_of(options.get("compiler_params"), tensor_core=True)
     scratch = options.get("scratch_shapes")
     if scratch is None:
         scratch = getattr(options.get("grid_spec"), "scratch_shapes", None)
@@ -334,7 +337,9 @@ def core_kernel(
     scalar-subcore body next to a vector-subcore one, signalling each other) checks each
     body as a kernel of its own.
     """
-    config = _config_of(options.get("compiler_params"))
+    meshes = cast("Sequence[object]", mesh) if isinstance(mesh, (list, tuple)) else [mesh]
+    tensor_core = all(_compat.is_tensor_core_mesh(one) for one in meshes)
+    config = _config_of(options.get("compiler_params"), tensor_core=tensor_core)
     given = cast("dict[str, Any]", options)
     scratch = _positional_count(options.get("scratch_types"))
     bodies = _mpmd_bodies(body)

@@ -48,13 +48,14 @@ _SEM_SPEC = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
 
 
 class _State:
-    __slots__ = ("started_at", "name", "finished_at", "finished_in", "handed_on")
+    __slots__ = ("started_at", "name", "finishes", "handed_on")
 
     def __init__(self, started_at: SourceLine | None, name: str) -> None:
         self.started_at = started_at
         self.name = name
-        self.finished_at: SourceLine | None = None
-        self.finished_in: object = None  # the block (jax trace) of that finish
+        # Every finish so far, with the block (jax trace) it is in: a finish in a branch
+        # between two in one block must not hide the first of those two.
+        self.finishes: list[tuple[SourceLine, object]] = []
         self.handed_on = False
 
 
@@ -232,14 +233,15 @@ def finish_async(
     block = current_block()
     # Finishes in two branches of a lax.cond run one at a time: only a second finish in
     # the same straight-line block surely runs after the first (others: verify's).
-    if state.finished_at is not None and state.finished_in is block:
+    earlier = next((at for at, where in state.finishes if where is block), None)
+    if earlier is not None:
         raise FutureConsumedTwiceError(
-            f"{future!r} was finished at {state.finished_at} and again at {here}: its copy "
+            f"{future!r} was finished at {earlier} and again at {here}: its copy "
             "is waited once, so the second done kernel would wait forever. Finish each "
             "future once (once in each branch of a lax.cond); start another copy for "
             "another result."
         )
-    state.finished_at, state.finished_in = here, block
+    state.finishes.append((here, block))
     n = len(future.sources)
     kernel_name = _body_name(body)
 
@@ -299,7 +301,7 @@ def checked_futures(fn: Callable[P, R]) -> Callable[P, R]:
         for leaf in jax.tree_util.tree_leaves(result, is_leaf=_is_future):
             if isinstance(leaf, DmaFuture):
                 leaf._state.handed_on = True  # pyright: ignore[reportPrivateUsage]
-        dropped = [s for s in started if s.finished_at is None and not s.handed_on]
+        dropped = [s for s in started if not s.finishes and not s.handed_on]
         if dropped:
             # Futures started at one site (a loop) are one line with a count.
             sites = collections.Counter((s.name, s.started_at) for s in dropped)

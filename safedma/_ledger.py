@@ -77,6 +77,8 @@ class _Obligation:
     started_at: SourceLine
     sems: dict[Side, object]
     waited: dict[Side, list[_Wait]]
+    # The bodies it was started in and not waited in, innermost first (see _hand_over).
+    bodies: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +174,8 @@ class Ledger:
     # into the pipeline's step, after the pipeline's own waits on its buffers' semaphores
     # (raw, on loop arguments of the same type as a user's): those are not the body's.
     begins_at: int = 0
+    # The jax trace the body began in (see _hand_over).
+    frame: object = None
 
     def chain(self) -> Iterator[Ledger]:
         """This ledger and those of the bodies it runs inside, innermost first."""
@@ -188,6 +192,7 @@ class Ledger:
         # the order they were started.
         left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
+        named: list[_Slot] = []  # those that name their semaphore (see _hand_over)
         for ob in self.obligations:
             missing: list[Side] = []
             for side, sem in ob.sems.items():
@@ -197,11 +202,17 @@ class Ledger:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots(self.begins_at)
-                if not _on_slot(sem, elsewhere):
+                    named = [s for s in elsewhere if s.root != _ALLOCATED_INSIDE and not s.aliased]
+                if not _on_slot(sem, named if ob.bodies else elsewhere):
                     missing.append(side)
+            if missing and self._hand_over(ob, kernel_name):
+                continue
             if missing:
                 calls = " and ".join(side.value for side in missing)
-                key = (ob.describe(), ob.started_at, calls)
+                inside = (
+                    " in the body " + " inside ".join(map(repr, ob.bodies)) if ob.bodies else ""
+                )
+                key = (ob.describe() + inside, ob.started_at, calls)
                 left[key] = left.get(key, 0) + 1
         if left:
             count = sum(left.values())
@@ -216,6 +227,35 @@ class Ledger:
                 + "\nOn a TPU this crashes the program; in interpret mode the copy never "
                 f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
+
+    def _hand_over(self, ob: _Obligation, kernel_name: str) -> bool:
+        """Leave a copy this body does not wait to the body it runs inside: a copy an
+        emit_pipeline step starts may be waited by the kernel after the pipeline, as a copy
+        a loop iteration starts may be waited after the loop.
+
+        Not a copy on a semaphore allocated inside this body (it is gone outside), nor on a
+        loop's or branch's argument (a new tracer: outside it could only be matched by
+        type). There, only waits that name the copy's semaphore stand for it (check_all_
+        waited: safedma's waits by slot, raw waits on that semaphore), never a raw wait
+        matched by type or as one on some scoped semaphore: the pipeline's own waits on its
+        buffers' semaphores are such waits in the enclosing frame."""
+        parent = self.parent
+        if parent is None:
+            return False
+        roots = [_compat.root_of(s) for s in ob.sems.values()]
+        if any(
+            _compat.is_block_argument(root) or _compat.allocated_inside(root, self.frame)
+            for root in roots
+        ):
+            return False
+        parent.keep_alive.extend(ob.sems.values())
+        # Described now: the refs are named by this body's parameters, which the
+        # enclosing body may not know (a ref the pipeline hands the body).
+        text = ob.describe()
+        ob.describe = lambda: text
+        ob.bodies = (*ob.bodies, kernel_name)
+        parent.obligations.append(ob)
+        return True
 
 
 _ELSEWHERE_FIX = {
@@ -258,7 +298,9 @@ def current_ledger() -> Ledger | None:
 @contextlib.contextmanager
 def ledger_scope() -> Generator[Ledger, None, None]:
     """Record the copies and waits of the kernel body traced inside this block."""
-    ledger = Ledger(parent=_current.get(), begins_at=_compat.traced_so_far(_compat.current_frame()))
+    frame = _compat.current_frame()
+    ledger = Ledger(parent=_current.get(), begins_at=_compat.traced_so_far(frame), frame=frame)
+    ledger.keep_alive.append(frame)
     token = _current.set(ledger)
     try:
         yield ledger

@@ -33,6 +33,9 @@ class KernelConfig:
     """What the surrounding ``safedma.pallas_call`` knows about the kernel."""
 
     collective_id: int | None
+    # Known to run on TensorCores (sd.pallas_call; sd.core_kernel over TensorCore meshes):
+    # no DMA accumulate there (T5). False: not known (a SparseCore mesh, a raw entry).
+    tensor_core: bool = False
 
 
 @dataclasses.dataclass(eq=False)
