@@ -392,7 +392,7 @@ class Coverage:
             return
         kept: list[Box] = []
         for b in self.boxes:
-            kept.extend(_subtract(b, box) if overlaps(b, box) else [b])
+            kept.extend(subtract(b, box))
         self.boxes = []
         for b in kept:
             self.add(b)
@@ -442,8 +442,10 @@ class Coverage:
         return None
 
 
-def _subtract(a: Box, b: Box) -> list[Box]:
+def subtract(a: Box, b: Box) -> list[Box]:
     """The parts of ``a`` outside ``b``, as at most two boxes per dimension."""
+    if not overlaps(a, b):
+        return [a]
     out: list[Box] = []
     rest = list(a)
     for d, ((lo, hi), (blo, bhi)) in enumerate(zip(a, b)):
