@@ -128,6 +128,16 @@ def _vector_op(name: str, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
     return vector
 
 
+def _refused(message: str) -> Op:
+    """An op that refuses the program when it is reached (the message says why and
+    where); compiling alone refuses nothing, since the walk may never take that path."""
+
+    def refuse(env: list[Any], ctx: Ctx) -> None:
+        raise VerificationUnsupportedError(message)
+
+    return refuse
+
+
 def _calls_kernels(eqn: Any) -> bool:
     """Whether a primitive's sub-jaxprs call a kernel: one the verifier has no rule for
     would otherwise be evaluated as an XLA operation and its kernels never run."""
@@ -371,41 +381,26 @@ class Compiler:
         if any(
             _jax.is_ref_aval(getattr(a, "aval", None)) for a in eqn.invars if not _jax.is_literal(a)
         ):
-            where = location(eqn)
-
-            def unsupported(env: list[Any], ctx: Ctx) -> None:
-                raise VerificationUnsupportedError(
-                    f"the verifier does not model the primitive {name!r} on a ref (at "
-                    f"{where}); check this kernel with safedma.testing.simulate instead"
-                )
-
-            return unsupported
+            return _refused(
+                f"the verifier does not model the primitive {name!r} on a ref (at "
+                f"{location(eqn)}); check this kernel with safedma.testing.simulate instead"
+            )
         if any(
             _jax.is_ref_aval(v.aval)
             for sub in _jax.sub_jaxprs(eqn.params)
             for v in _jax.jaxpr_of(sub)[0].invars
         ):
-            where = location(eqn)
-
-            def kernel_like(env: list[Any], ctx: Ctx) -> None:
-                raise VerificationUnsupportedError(
-                    f"{name!r} at {where} runs a kernel body the verifier does not model "
-                    "(it knows pallas_call and pl.kernel over a TensorCoreMesh); check it "
-                    "with safedma.testing.simulate"
-                )
-
-            return kernel_like
+            return _refused(
+                f"{name!r} at {location(eqn)} runs a kernel body the verifier does not model "
+                "(it knows pallas_call and pl.kernel over a TensorCoreMesh); check it "
+                "with safedma.testing.simulate"
+            )
         if not _IN_KERNEL and _calls_kernels(eqn):
-            where = location(eqn)
-
-            def skipped(env: list[Any], ctx: Ctx) -> None:
-                raise VerificationUnsupportedError(
-                    f"{name!r} at {where} calls kernels the verifier does not run (it "
-                    "follows jit, jax.checkpoint, custom_jvp/custom_vjp, cond, scan and "
-                    "while); check this program with safedma.testing.simulate"
-                )
-
-            return skipped
+            return _refused(
+                f"{name!r} at {location(eqn)} calls kernels the verifier does not run (it "
+                "follows jit, jax.checkpoint, custom_jvp/custom_vjp, cond, scan and "
+                "while); check this program with safedma.testing.simulate"
+            )
         if self.outer and outs:
             return self.concrete(eqn, ins, outs)
         if outs and not scalar_out and _effect_free(eqn):
