@@ -77,6 +77,29 @@ def _find_device_program(jaxpr: Any) -> tuple[Any, list[Any], Any, list[int]] | 
     return walk(jaxpr, top)
 
 
+_KERNEL_PRIMITIVES = ("pallas_call", "mpmd_map")
+
+
+def _check_one_device_program(top: Any, body: Any) -> None:
+    """Refuse a program whose kernels are not all in the one shard_map that is walked.
+
+    Why: verify walks the body of the first shard_map it finds per device; kernels in a
+    second shard_map, or outside any, would go unchecked while the report says clean."""
+    maps = [e for e in _jax.all_eqns(top) if e.primitive.name == "shard_map"]
+    outside = [e for e in _jax.all_eqns(top) if e.primitive.name in _KERNEL_PRIMITIVES]
+    inside = sum(1 for e in _jax.all_eqns(body) if e.primitive.name in _KERNEL_PRIMITIVES)
+    if len(maps) < 2 and len(outside) <= inside:
+        return
+    where = ", ".join(location(e) for e in maps[:3])
+    raise VerificationUnsupportedError(
+        f"verify walks the kernels of one shard_map per program, and this program has "
+        f"{len(maps)} shard_map(s) (at {where}) and {len(outside)} kernel call(s), "
+        f"{inside} of them in the first shard_map: the others would go unchecked. Verify "
+        "each shard_map's function on its own (or pass the per-device function with "
+        "mesh=, in_specs= and out_specs=)."
+    )
+
+
 _TREE: Any = jax.tree  # typed loosely: pytree definitions are opaque here
 
 
@@ -209,6 +232,7 @@ def verify(
         body, consts = top, list(_jax.consts_of(closed))
     else:
         body, consts, inner_mesh, _ = found
+        _check_one_device_program(top, body)
         if not split:
             # fn runs its own shard_map: verify on that mesh, arguments unsplit.
             names = tuple(str(n) for n in inner_mesh.axis_names)
