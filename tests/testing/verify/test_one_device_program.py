@@ -41,9 +41,7 @@ def _copy(*, waited: bool) -> Any:
         )(x)
         return out
 
-    return jax.shard_map(
-        per_device, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False
-    )
+    return jax.shard_map(per_device, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False)
 
 
 def test_one_shard_map_of_its_own_is_verified() -> None:
