@@ -26,7 +26,7 @@ from safedma.testing._verify._report import (
     VerifyKernelError,
 )
 from safedma.testing._verify._scalars import VECTOR, Garbage, Unknown
-from safedma.testing._verify._semantics import Blocked, SemState
+from safedma.testing._verify._semantics import Blocked, Machine, SemState
 
 __all__: list[str] = []
 
@@ -471,13 +471,7 @@ def _access(
             # away on the first step (jnp.where(init, ...)); R6 is checked where data
             # leaves: copy sources, pipeline copy-out, kernel outputs. Data loaded from
             # a region nothing wrote is followed as Garbage to where it is stored.
-            if buf.values is None and m.unwritten(view):
-                garbage = Garbage(
-                    f"vector data loaded from {buf.name} at {where}",
-                    f"data loaded at {where} from {buf.name}{_box_text(view)}, which "
-                    f"nothing wrote{m.partly_from.get(buf.ident, '')}",
-                    m.root_of(buf),
-                )
+            garbage = _garbage_loaded(m, view, where)
             m.access(ctx.p, view, False, "reads", where)
             if scalar_out and buf.values is not None:
                 old = _smem_get(buf, view)
@@ -496,13 +490,9 @@ def _access(
             stored = g_val(env) if g_val is not None else None
             # ref[...] = garbage, or ref[...] += x where nothing wrote ref (an
             # accumulator never initialised): the region holds garbage again
-            kept = stored if isinstance(stored, Garbage) else garbage
-            if kept is not None and buf.values is None:
-                m.store_garbage(
-                    view, f" (the store at {where} filled it with {kept.note})", kept.root
-                )
+            _garbage_stored(m, view, where, stored if isinstance(stored, Garbage) else garbage)
             if buf.values is not None:
-                val = g_val(env) if g_val is not None else VECTOR
+                val = stored if g_val is not None else VECTOR
                 _smem_set(
                     buf, view, val if not read or eqn.primitive.name != "addupdate" else VECTOR
                 )
@@ -510,6 +500,26 @@ def _access(
             env[s] = old
 
     return op
+
+
+def _garbage_loaded(m: Machine, view: View, where: str) -> Garbage | None:
+    """What a vector load of ``view`` at ``where`` gives when nothing wrote any of it
+    (followed to where it is stored: docs/verify.md, garbage through vector code)."""
+    buf = view.buffer
+    if buf.values is not None or not m.unwritten(view):
+        return None
+    return Garbage(
+        f"vector data loaded from {buf.name} at {where}",
+        f"data loaded at {where} from {buf.name}{_box_text(view)}, which "
+        f"nothing wrote{m.partly_from.get(buf.ident, '')}",
+        m.root_of(buf),
+    )
+
+
+def _garbage_stored(m: Machine, view: View, where: str, value: Garbage | None) -> None:
+    """A store of ``value`` into ``view``: garbage makes the region unwritten again."""
+    if value is not None and view.buffer.values is None:
+        m.store_garbage(view, f" (the store at {where} filled it with {value.note})", value.root)
 
 
 def _box_text(view: View) -> str:
@@ -604,19 +614,12 @@ def _access_tr(
             m = ctx.machine
             view = view_of(r, where, "the access to", ctx.engine.labels[ctx.p])
             buf = view.buffer
-            if whole and read and buf.values is None and m.unwritten(view):
-                out = Garbage(
-                    f"vector data loaded from {buf.name} at {where}",
-                    f"data loaded at {where} from {buf.name}{_box_text(view)}, which "
-                    f"nothing wrote{m.partly_from.get(buf.ident, '')}",
-                    m.root_of(buf),
-                )
+            if whole and read:
+                out = _garbage_loaded(m, view, where) or VECTOR
             m.access(ctx.p, view, write, "writes" if write else "reads", where)
             stored = g_val(env) if g_val is not None else None
-            if write and whole and isinstance(stored, Garbage) and buf.values is None:
-                m.store_garbage(
-                    view, f" (the store at {where} filled it with {stored.note})", stored.root
-                )
+            if write and whole and isinstance(stored, Garbage):
+                _garbage_stored(m, view, where, stored)
             if write and buf.values is not None and g_val is not None:
                 _smem_set(buf, view, stored)
         for s in outs:
