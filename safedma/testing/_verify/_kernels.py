@@ -37,7 +37,7 @@ from safedma.testing._verify._report import (
     VerifiedRaceError,
 )
 from safedma.testing._verify._scalars import Unknown
-from safedma.testing._verify._leftovers import partial_wait
+from safedma.testing._verify._leftovers import Kind, kind_of, partial_wait, phrase
 from safedma.testing._verify._semantics import Blocked, SemState
 
 __all__ = ["KernelRun", "describe_leftover", "parameter_names"]
@@ -160,33 +160,17 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
     # home in a scatter) is pending too, but it is not what the count is made of.
     # Contributions from one line of one issuer with one size are one item ("2 copies
     # ..."): a loop's copies would otherwise repeat the same words.
-    groups: dict[tuple[bool, str, str, str, int], int] = {}
+    groups: dict[Kind, int] = {}
     for c in sorted(s.pending, key=lambda c: c.amount == 0):
-        if c.dma is not None:
-            d = c.dma
-            frm = "" if d.issuer == s.buffer.owner else f" from {eng.labels[d.issuer]}"
-            key = (True, "send side" if c.side == "read" else "", frm, d.where, c.amount)
-        else:
-            frm = "" if c.issuer == s.buffer.owner else f" from {eng.labels[c.issuer]}"
-            key = (False, "", frm, c.where, c.amount)
+        key = kind_of(eng.labels, s, c)
         groups[key] = groups.get(key, 0) + 1
     if any(key[4] for key in groups):
         # zero-length contributions are not what the count is made of: "and N more"
         shown = [kv for kv in groups.items() if kv[0][4]][:3]
     else:
         shown = list(groups.items())[:3]
-    items: list[str] = []
-    plural: list[bool] = []
-    for (is_copy, side, frm, where, amount), n in shown:
-        if not is_copy:
-            items.append(f"{f'{n} signals' if n > 1 else 'a signal'}{frm} at {where}")
-        else:
-            what = f"{n} copies" if n > 1 else "copy"
-            if side:
-                what = f"{side}{'s' if n > 1 else ''} of the {what}"
-            each = " each" if n > 1 else ""
-            items.append(f"the {what}{frm} started at {where} ({amount}{unit}{each})")
-        plural.append(n > 1)
+    items = [phrase(kind, n, unit) for kind, n in shown]
+    plural = [n > 1 for _, n in shown]
     hidden = [n for kv, n in groups.items() if (kv, n) not in shown]
     zero = sum(n for kv, n in groups.items() if not kv[4] and (kv, n) not in shown)
     rest = sum(hidden) - zero

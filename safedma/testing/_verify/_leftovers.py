@@ -12,18 +12,39 @@ from collections.abc import Sequence
 
 from safedma.testing._verify._semantics import Contribution, SemState
 
-__all__ = ["origin", "partial_wait"]
+__all__ = ["Kind", "kind_of", "origin", "partial_wait", "phrase"]
+
+# What a contribution is, as a leftover message groups them: (a copy?, "send side" or
+# "", " from <device>" or "", its line, its amount).
+Kind = tuple[bool, str, str, str, int]
+
+
+def kind_of(labels: Sequence[str], s: SemState, c: Contribution) -> Kind:
+    """A contribution to ``s``, as the leftover messages group them."""
+    if c.dma is not None:
+        d = c.dma
+        frm = "" if d.issuer == s.buffer.owner else f" from {labels[d.issuer]}"
+        return (True, "send side" if c.side == "read" else "", frm, d.where, c.amount)
+    frm = "" if c.issuer == s.buffer.owner else f" from {labels[c.issuer]}"
+    return (False, "", frm, c.where, c.amount)
+
+
+def phrase(kind: Kind, n: int, unit: str) -> str:
+    """``n`` contributions of one kind: "the copy started at L (4096 bytes)", "the 2
+    copies started at L (4096 bytes each)", "a signal from device 1 at L"."""
+    is_copy, side, frm, where, amount = kind
+    if not is_copy:
+        return f"{f'{n} signals' if n > 1 else 'a signal'}{frm} at {where}"
+    what = f"{n} copies" if n > 1 else "copy"
+    if side:
+        what = f"{side}{'s' if n > 1 else ''} of the {what}"
+    each = " each" if n > 1 else ""
+    return f"the {what}{frm} started at {where} ({amount}{unit}{each})"
 
 
 def origin(labels: Sequence[str], s: SemState, c: Contribution, unit: str) -> str:
     """A contribution to ``s``: what it is, from which device, at which line."""
-    if c.dma is not None:
-        d = c.dma
-        side = "send side of the copy" if c.side == "read" else "copy"
-        frm = "" if d.issuer == s.buffer.owner else f" from {labels[d.issuer]}"
-        return f"the {side}{frm} started at {d.where} ({c.amount}{unit})"
-    frm = "" if c.issuer == s.buffer.owner else f" from {labels[c.issuer]}"
-    return f"a signal{frm} at {c.where}"
+    return phrase(kind_of(labels, s, c), 1, unit)
 
 
 def partial_wait(labels: Sequence[str], s: SemState, unit: str) -> str:
