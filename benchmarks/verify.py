@@ -59,6 +59,9 @@ MESHES: tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...] = (
 )
 QUICK_MESHES = ("8", "64", "16x16")
 GOAL_256_S = 2.0
+# the per-device walk (SAFEDMA_VERIFY_LOCKSTEP=off) is run as the baseline up to this
+# many devices (at 1024 it takes minutes per kernel)
+BASELINE_MAX_DEVICES = 256
 GOAL_SPEEDUP = 5.0
 SMALL_BLOCK = (8, 128)  # 4 KiB of float32
 BIG_BLOCK = (2**21, 128)  # 1 GiB of float32
@@ -173,6 +176,10 @@ def _child(kind: str, label: str, reps: int) -> None:
         cpu.append(_LAST_CPU[0])
     import resource  # POSIX only, like the rest of the scale table's child processes
 
+    from safedma.testing._verify import _api
+
+    gave_up = _api._LAST_LOCKSTEP[0]
+
     out = {
         "times": times,
         "cpu": cpu,
@@ -181,13 +188,21 @@ def _child(kind: str, label: str, reps: int) -> None:
         "error": error,
         "verdict": verdict,
         "dmas": getattr(report, "dmas", None),
+        # which path answered: verify's lockstep path, or the per-device walk (and why)
+        "path": "per-device walk"
+        if os.environ.get("SAFEDMA_VERIFY_LOCKSTEP") == "off"
+        else ("lockstep" if not gave_up else f"per-device walk ({gave_up})"),
         "waits": getattr(report, "waits", None),
     }
     print(json.dumps(out), flush=True)
 
 
-def _scale_case(kind: str, label: str, reps: int, budget_s: float) -> dict[str, Any]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+def _scale_case(
+    kind: str, label: str, reps: int, budget_s: float, mode: str = "on"
+) -> dict[str, Any]:
+    """One case in a child process; ``mode`` is SAFEDMA_VERIFY_LOCKSTEP ("off": the
+    per-device walk alone, the baseline of the lockstep path)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SAFEDMA_VERIFY_LOCKSTEP=mode)
     command = [sys.executable, "-m", "benchmarks.verify", "--child", kind, label, str(reps)]
     try:
         done = subprocess.run(
@@ -234,6 +249,11 @@ def scale(
             record = _scale_case(kind, label, reps, budget_s)
             shape = next(s for lab, s, _ in MESHES if lab == label)
             record.update(devices=math.prod(shape), steps=shape[-1] - 1)
+            if record["devices"] <= BASELINE_MAX_DEVICES:
+                # the same case walked per device, in the same run (the baseline)
+                base = _scale_case(kind, label, reps, budget_s, mode="off")
+                record["walk_cpu"] = base.get("cpu") or []
+                record["walk_verdict"] = base.get("error") or base.get("verdict")
             cases[f"{kind}@{label}"] = record
             times = record["times"]
             cpu = record.get("cpu") or []
@@ -242,6 +262,8 @@ def scale(
             best_cpu = f"{min(cpu):.3f} s" if cpu else "-"
             rss = record.get("peak_rss_mib")
             result = record.get("error") or record.get("verdict") or "-"
+            walk_cpu = record.get("walk_cpu") or []
+            walk = f"{min(walk_cpu):.3f} s" if walk_cpu else "-"
             rows.append(
                 [
                     kind,
@@ -251,8 +273,10 @@ def scale(
                     best,
                     median,
                     best_cpu,
+                    walk,
                     f"{rss} MiB" if rss is not None else "-",
                     record.get("dmas") or "-",
+                    str(record.get("path") or "-")[:60],
                     result[:90],
                 ]
             )
@@ -268,8 +292,10 @@ def scale(
                 "best",
                 "median",
                 "best CPU",
+                "per-device walk CPU",
                 "peak RSS",
                 "DMAs",
+                "path",
                 "verdict (an error: time to it)",
             ],
             rows,

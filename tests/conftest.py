@@ -8,13 +8,19 @@ the plugin itself; the line below also loads it from a checkout on
 so never twice).
 """
 
+import os
+
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-pytest_plugins = ["safedma.pytest_plugin"]
+# verify's lockstep path is cross-checked by every verify call of the suite: where it
+# proves a program, the per-device walk runs too and must agree (tests that pin a mode
+# set the variable themselves).
+os.environ.setdefault("SAFEDMA_VERIFY_LOCKSTEP", "check")
 
-# The fast lane's list of slow tests, by node id (./dev test --fast).
-pytest_plugins = ["tests.support.fast_lane"]
+# safedma's own plugin, and the fast lane's list of slow tests by node id (./dev test
+# --fast). (One list: a second assignment would drop the first.)
+pytest_plugins = ["safedma.pytest_plugin", "tests.support.fast_lane"]
 
 
 @pytest.fixture(autouse=True)

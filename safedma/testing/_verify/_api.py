@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
@@ -11,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from safedma.testing._verify import _jax, _megacore
+from safedma.testing._verify import _jax, _lockstep, _megacore
 from safedma.testing._verify import _kernels as _kernels  # registers pallas_call
 from safedma.testing._verify import _ops as _ops  # registers memory and semaphore ops
 from safedma.testing._verify._cores import mesh_cores  # also registers mpmd_map
@@ -20,6 +21,7 @@ from safedma.testing._verify import _state as _state  # registers run_state
 from safedma.testing._verify._outer import shard_map_operands
 from safedma.testing._verify._program import Compiled, Ctx, compile_jaxpr, location, run
 from safedma.testing._verify._semantics import Blocked, LooseMiss, PruneMiss
+from safedma.testing._errors import SimulationError
 from safedma.testing._verify._termination import Budget
 from safedma.testing._verify._waits import Hints
 from safedma.testing._verify._report import (
@@ -255,6 +257,15 @@ def verify(
         outer = shard_map_operands(top, list(_jax.consts_of(closed)), values)
         assert outer is not None  # found is a shard_map
         op_values, op_specs = outer
+    proved: VerifyReport | None = None
+    mode = _lockstep_mode()
+    if found is not None and mode != "off":
+        fast = _lockstep.prove(body, consts, names, sizes, invocations, cores, budget.deadline)
+        _LAST_LOCKSTEP[0] = fast.reason
+        if fast.model is not None:
+            proved = _lockstep_report(fast, body, sizes, invocations)
+            if mode != "check":
+                return proved
     hints = Hints()
     prune, loose_kept = True, True
     while True:  # walk again while early contributions weaken a wait (_waits.py)
@@ -267,7 +278,14 @@ def verify(
         if not loose_kept:
             engine.machine.keep_loose(None)
         try:
-            _walk(engine, compiled, body, op_values, op_specs, invocations)
+            try:
+                _walk(engine, compiled, body, op_values, op_specs, invocations)
+            except SimulationError as err:
+                if proved is not None:
+                    raise AssertionError(
+                        "the lockstep path proved clean what the per-device walk rejects"
+                    ) from err
+                raise
         except PruneMiss:
             prune = False  # a late new contributor: walk again keeping every wait
             continue
@@ -288,6 +306,13 @@ def verify(
                 "are not ordered after); use simulate for this kernel"
             )
     m = engine.machine
+    if proved is not None and (m.dmas, m.remote_dmas, m.waits, m.signals) != (
+        proved.dmas,
+        proved.remote_dmas,
+        proved.waits,
+        proved.signals,
+    ):
+        raise AssertionError(f"the lockstep path counted differently: {proved}")
     peaks: dict[str, int] = {}
     for s in m.sems.values():
         key = s.buffer.name
@@ -306,6 +331,36 @@ def verify(
 
 
 _MAX_WALKS = 12
+
+# why the last call's lockstep path gave up ("" when it proved the program); tests read it
+_LAST_LOCKSTEP: list[str] = [""]
+
+
+def _lockstep_mode() -> str:
+    """``SAFEDMA_VERIFY_LOCKSTEP``: "on" (default), "off" (always walk per device), or
+    "check" (when the lockstep path proves a program, walk it per device too and fail
+    loudly if the two disagree: how the test suite cross-checks the fast path)."""
+    mode = os.environ.get("SAFEDMA_VERIFY_LOCKSTEP", "on").strip().lower() or "on"
+    if mode not in ("on", "off", "check"):
+        raise ValueError(f"SAFEDMA_VERIFY_LOCKSTEP must be on, off or check, not {mode!r}")
+    return mode
+
+
+def _lockstep_report(
+    fast: _lockstep.Outcome, body: Any, sizes: tuple[int, ...], invocations: int
+) -> VerifyReport:
+    m = fast.model
+    assert m is not None
+    return VerifyReport(
+        devices=math.prod(sizes),
+        kernels=_kernel_labels(_kernel_names(body)),
+        invocations=invocations,
+        dmas=m.dmas,
+        remote_dmas=m.remote_dmas,
+        waits=m.waits,
+        signals=m.signals,
+        max_bytes_in_flight={s.name: s.peak for s in fast.sems if s.touched},
+    )
 
 
 def _walk(

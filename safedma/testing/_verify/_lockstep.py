@@ -1,0 +1,387 @@
+"""verify's lockstep path: one walk of the kernel for every device at once.
+
+Why: most collective kernels are SPMD programs whose control flow is the same on
+every device (loop bounds and branch predicates depend on the step, not on the
+device). Such a kernel is walked once, each scalar a numpy array over the devices
+and each DMA, wait and signal one array operation of ``_lockstep_model``. The path
+proves a protocol clean or gives up (``Bail``), and verify then walks the program per
+device as before; so it decides nothing the per-device walk would decide otherwise,
+and every message still comes from the per-device walk.
+
+It gives up on: more than one kernel call, a grid, scalar-prefetch or SMEM operands,
+aliases, TensorCore meshes or megacore splits, several invocations, control flow that
+differs between devices, remote targets that are not a permutation of the devices,
+ref views other than slices and indices, and every primitive it does not list.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from safedma.testing._verify import _jax
+from safedma.testing._verify._kernels import KernelDesc
+from safedma.testing._verify._lockstep_model import Bail, DataBuf, Ints, Model, SemBuf
+from safedma.testing._verify._lockstep_ops import CONTROL, EFFECTS, HARMLESS
+from safedma.testing._verify._lockstep_values import (
+    SCALAR,
+    VEC,
+    Ref,
+    Vec,
+    as_dtype,
+    is_scalar,
+    literal,
+)
+
+__all__ = ["LockstepWalk", "Outcome", "prove"]
+
+
+class Outcome:
+    """What a lockstep run proved (the counts of verify's report), or why it gave up."""
+
+    def __init__(self, model: Model | None, sems: list[SemBuf], reason: str = "") -> None:
+        self.model, self.sems, self.reason = model, sems, reason
+
+
+def prove(
+    body: Any,
+    consts: Sequence[Any],
+    axis_names: tuple[str, ...],
+    axis_sizes: tuple[int, ...],
+    invocations: int,
+    cores: int,
+    deadline: float,
+) -> Outcome:
+    """Walk the device program ``body`` (a shard_map body) in lockstep on every device."""
+    try:
+        return _prove(body, consts, axis_names, axis_sizes, invocations, cores, deadline)
+    except Bail as why:
+        return Outcome(None, [], str(why))
+
+
+def _prove(
+    body: Any,
+    consts: Sequence[Any],
+    axis_names: tuple[str, ...],
+    axis_sizes: tuple[int, ...],
+    invocations: int,
+    cores: int,
+    deadline: float,
+) -> Outcome:
+    if invocations != 1 or cores != 1 or not axis_names or consts:
+        raise Bail("not one invocation of a one-core mesh program")
+    eqns = list(body.eqns)
+    if len(eqns) != 1 or eqns[0].primitive.name != "pallas_call":
+        raise Bail("the device program is not exactly one pallas_call")
+    eqn = eqns[0]
+    if list(eqn.invars) != list(body.invars) or list(eqn.outvars) != list(body.outvars):
+        raise Bail("the kernel's operands are not the device program's own")
+    desc = KernelDesc(eqn)
+    if (
+        desc.grid
+        or desc.n_index
+        or desc.aliases
+        or desc.n_dynamic
+        or desc.core_axes
+        or desc.n_consts
+        or desc.params["vmapped_dims"]
+    ):
+        raise Bail("a grid, prefetch operands, aliases or a core mesh")
+    walk = LockstepWalk(desc, axis_names, axis_sizes, deadline)
+    walk.run_kernel()
+    return Outcome(walk.model, walk.all_sems)
+
+
+class LockstepWalk:
+    """The kernel body evaluated once for every device (values are arrays over devices)."""
+
+    def __init__(
+        self, desc: KernelDesc, names: tuple[str, ...], sizes: tuple[int, ...], deadline: float
+    ) -> None:
+        self.desc = desc
+        self.names, self.sizes = names, sizes
+        self.n = math.prod(sizes)
+        self.model = Model(self.n)
+        self.devs: Ints = self.model.devs
+        self.coords = dict(zip(names, np.unravel_index(self.devs, sizes)))
+        self.deadline = deadline
+        self.all_sems: list[SemBuf] = []
+        self.barrier_sem: SemBuf | None = None
+        self.data: list[DataBuf] = []
+        self.outputs: list[DataBuf] = []
+
+    # ------------------------------------------------------------------ kernel
+
+    def run_kernel(self) -> None:
+        desc, m = self.desc, self.model
+        args: list[Any] = []
+        copied_in: list[DataBuf] = []
+        first_out = desc.n_in
+        first_scratch = desc.n_in + desc.n_out
+        for k, aval in enumerate(desc.avals):
+            name = desc.param_names[k]
+            kind = _jax.semaphore_kind(aval)
+            shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+            if kind is not None:
+                if k < first_scratch:
+                    raise Bail("a semaphore operand (a DMA future)")
+                sem = SemBuf(name, shape, kind, False, self.n)
+                self.all_sems.append(sem)
+                args.append(Ref(sem))
+                continue
+            if k < first_scratch:
+                block = desc.blocks[k]
+                space = str(block["space"])
+                if space == "VMEM":
+                    if tuple(block["block_shape"]) != tuple(block["array_shape"]) or any(
+                        kd != "blocked" for kd in block["block_kinds"]
+                    ):
+                        raise Bail("a block smaller than its array")
+                elif space not in ("ANY", "HBM"):
+                    raise Bail(f"an operand in {space}")
+                if str(block["array_space"]) not in ("ANY", "HBM"):
+                    raise Bail("an operand that lives in VMEM/SMEM between kernels")
+            else:
+                space = _jax.memory_space(aval)
+                if space not in ("VMEM", "ANY", "HBM"):
+                    raise Bail(f"scratch in {space}")
+            itemsize = _itemsize(aval)
+            buf = DataBuf(name, shape, itemsize, space, k < first_out, self.n)
+            self.data.append(buf)
+            if first_out <= k < first_scratch:
+                self.outputs.append(buf)
+            elif k < first_out and space == "VMEM":
+                copied_in.append(buf)
+            args.append(Ref(buf))
+        for buf in copied_in:  # the copy-in of a VMEM block, on its own device
+            record = m.new_record(self.devs)
+            m.access(
+                buf,
+                [self.devs * 0 for _ in buf.cell],
+                list(buf.shape or (1,)),
+                self.devs,
+                True,
+                record,
+                False,
+            )
+        m.enter(desc.barrier)
+        self.eval_jaxpr(desc.jaxpr, [], args)
+        for sem in self.all_sems:
+            m.empty_at_exit(sem)
+        for buf in self.data:
+            m.settled_for_owner(buf)
+        for buf in self.outputs:
+            if not buf.written.all():
+                raise Bail(f"output {buf.name} not written everywhere")
+
+    # ------------------------------------------------------------------ jaxprs
+
+    def eval_jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        env: dict[Any, Any] = {}
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args):
+            env[v] = x
+
+        def read(a: Any) -> Any:
+            if _jax.is_literal(a):
+                return literal(_jax.literal_value(a))
+            return env[a]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            outs = self.eqn(eqn, ins)
+            for v, x in zip(eqn.outvars, outs):
+                env[v] = x
+        return [read(a) for a in jaxpr.outvars]
+
+    def sub(self, closed: Any, args: Sequence[Any]) -> list[Any]:
+        inner, consts = _jax.jaxpr_of(closed)
+        return self.eval_jaxpr(inner, [literal(c) for c in consts], args)
+
+    def eqn(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        name = eqn.primitive.name
+        rule = EFFECTS.get(name)
+        if rule is not None:
+            return rule(self, eqn, ins)
+        control = CONTROL.get(name)
+        if control is not None:
+            return control(self, eqn, ins)
+        if eqn.effects and name not in HARMLESS:
+            raise Bail(f"the primitive {name}")
+        outs = eqn.outvars
+        if any(isinstance(x, (Vec, Ref)) for x in ins) or not all(is_scalar(v.aval) for v in outs):
+            if any(isinstance(x, Ref) for x in ins) or any(_jax.is_ref_aval(v.aval) for v in outs):
+                raise Bail(f"the primitive {name} on a ref")
+            return [VEC for _ in outs]
+        fn = SCALAR.get(name)
+        if fn is None:
+            raise Bail(f"the scalar primitive {name}")
+        with np.errstate(all="ignore"):
+            result = fn(eqn, ins)
+        return [as_dtype(result, outs[0].aval)]
+
+    # ------------------------------------------------------------------ values
+
+    def uniform(self, x: Any, what: str) -> int:
+        if isinstance(x, (Vec, Ref)):
+            raise Bail(f"{what} depends on data the lockstep path does not compute")
+        a = np.asarray(x)
+        if a.ndim and not (a == a.flat[0]).all():
+            raise Bail(f"{what} differs between devices")
+        return int(a.flat[0])
+
+    def ints(self, x: Any, what: str) -> Ints:
+        if isinstance(x, (Vec, Ref)) or x is None:
+            raise Bail(f"{what} is not a known scalar")
+        return np.broadcast_to(np.asarray(x, dtype=np.int64), (self.n,))
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise Bail("over the time budget")
+
+    # ------------------------------------------------------------------ refs
+
+    def ref(self, x: Any, env_read: Callable[[Any], Any], extra: Sequence[Any] = ()) -> Ref:
+        """Resolve a (transformed) ref operand whose leaves are jaxpr atoms."""
+        if _jax.select_parts(x) is not None:
+            raise Bail("pl.select_ref")
+        base, transforms = _jax.split_transformed(x)
+        r = env_read(base)
+        if not isinstance(r, Ref):
+            raise Bail("a ref the lockstep path does not know")
+        return self.apply(r, [*transforms, *extra], env_read)
+
+    def apply(self, r: Ref, transforms: Sequence[Any], env_read: Callable[[Any], Any]) -> Ref:
+        """``r`` seen through ref transforms (only indexing: slices and scalar indices)."""
+        steps = list(r.steps)
+        for t in transforms:
+            kind, arg = _jax.transform_parts(t)
+            if kind != "index":
+                raise Bail(f"a ref view ({kind})")
+            indices, int_shape = arg
+            if int_shape:
+                raise Bail("a gather")
+            entries: list[tuple[str, Ints, int]] = []
+            for idx in indices:
+                if _jax.is_slice(idx):
+                    start, size, stride = _jax.slice_parts(idx)
+                    if stride not in (None, 1):
+                        raise Bail("a strided slice")
+                    entries.append(
+                        (
+                            "slice",
+                            self.ints(env_read(start), "a slice start"),
+                            self.uniform(env_read(size), "a slice size"),
+                        )
+                    )
+                else:
+                    entries.append(("int", self.ints(env_read(idx), "an index"), 1))
+            steps.append(tuple(entries))
+        return Ref(r.buf, tuple(steps))
+
+    def window(self, r: Ref, check: bool) -> tuple[list[Ints], list[int], list[int]]:
+        """(start per buffer dimension, size per buffer dimension, the view's shape)."""
+        shape = r.buf.shape if isinstance(r.buf, DataBuf) else _sem_shape(r.buf)
+        zero = np.zeros(self.n, dtype=np.int64)
+        starts = [zero for _ in shape]
+        sizes = list(shape)
+        view = list(range(len(shape)))  # the buffer dimension of each view dimension
+        for entries in r.steps:
+            if len(entries) > len(view):
+                raise Bail("more indices than dimensions")
+            kept: list[int] = []
+            for j, (kind, a, size) in enumerate(entries):
+                d = view[j]
+                if check and ((a < 0).any() or (a + size > sizes[d]).any()):
+                    raise Bail("a window outside its buffer")
+                starts[d] = starts[d] + a
+                sizes[d] = size
+                if kind == "slice":
+                    kept.append(d)
+            view = kept + view[len(entries) :]
+        return starts, sizes, [sizes[d] for d in view]
+
+    def data_ref(
+        self, r: Ref, check: bool = True
+    ) -> tuple[DataBuf, list[Ints], list[int], list[int]]:
+        """(buffer, window start and size per buffer dimension, the view's shape)."""
+        if not isinstance(r.buf, DataBuf):
+            raise Bail("a semaphore used as data")
+        starts, sizes, view = self.window(r, check)
+        if not r.buf.shape:
+            starts, sizes = [np.zeros(self.n, dtype=np.int64)], [1]
+        return r.buf, starts, sizes, view
+
+    def sem_ref(self, r: Ref) -> tuple[SemBuf, Ints]:
+        if not isinstance(r.buf, SemBuf):
+            raise Bail("data used as a semaphore")
+        shape = _sem_shape(r.buf)
+        starts, _, view = self.window(r, True)
+        if view:
+            raise Bail("a semaphore array where one semaphore is needed")
+        if not shape:
+            return r.buf, np.zeros(self.n, dtype=np.int64)
+        slot = np.ravel_multi_index(tuple(starts), shape)
+        return r.buf, np.asarray(slot, dtype=np.int64)
+
+    def target(self, dev: Any, id_type: Any, env_read: Callable[[Any], Any]) -> Ints:
+        """The device each device addresses (a permutation of the devices, or Bail)."""
+        if dev is None:
+            return self.devs
+        coords = {n: c.astype(np.int64) for n, c in self.coords.items()}
+        sizes = dict(zip(self.names, self.sizes))
+        logical = "LOGICAL" in str(id_type)
+        if isinstance(dev, dict):
+            items = cast("dict[object, object]", dev).items()
+            for k, raw in items:
+                keys = (
+                    tuple(str(a) for a in cast("tuple[object, ...]", k))
+                    if isinstance(k, tuple)
+                    else (str(k),)
+                )
+                v = self.ints(env_read(raw), "a device id").copy()
+                for key in reversed(keys):
+                    if key not in sizes:
+                        raise Bail(f"a device id naming axis {key!r}")
+                    coords[key] = v % sizes[key]
+                    v = v // sizes[key]
+            flat = np.ravel_multi_index(tuple(coords[n] for n in self.names), self.sizes)
+        else:
+            parts: tuple[object, ...] = (
+                tuple(cast("tuple[object, ...]", dev)) if isinstance(dev, (tuple, list)) else (dev,)
+            )
+            vals = [self.ints(env_read(v), "a device id") for v in parts]
+            if logical or (len(vals) == 1 and len(self.names) != 1):
+                flat = vals[0]
+                if (flat < 0).any() or (flat >= self.n).any():
+                    raise Bail("a device id off the mesh")
+            else:
+                if len(vals) != len(self.names):
+                    raise Bail("a device id with the wrong number of coordinates")
+                for v, s in zip(vals, self.sizes):
+                    if (v < 0).any() or (v >= s).any():
+                        raise Bail("a device id off the mesh")
+                flat = np.ravel_multi_index(tuple(vals), self.sizes)
+        target = np.asarray(flat, dtype=np.int64)
+        if np.unique(target).size != self.n:
+            raise Bail("remote targets that are not a permutation of the devices")
+        return target
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _itemsize(aval: Any) -> int:
+    dtype = getattr(getattr(aval, "inner_aval", aval), "dtype", None)
+    if dtype is None:
+        raise Bail("an operand with no dtype")
+    return int(np.dtype(dtype).itemsize)
+
+
+def _sem_shape(sem: SemBuf) -> tuple[int, ...]:
+    return sem.shape
