@@ -72,8 +72,8 @@ def _prove(
     cores: int,
     deadline: float,
 ) -> Outcome:
-    if invocations != 1 or cores != 1 or not axis_names or consts:
-        raise Bail("not one invocation of a one-core mesh program")
+    if cores != 1 or not axis_names or consts:
+        raise Bail("not a program of a one-core mesh")
     eqns = list(body.eqns)
     if len(eqns) != 1 or eqns[0].primitive.name != "pallas_call":
         raise Bail("the device program is not exactly one pallas_call")
@@ -92,7 +92,9 @@ def _prove(
     ):
         raise Bail("a grid, prefetch operands, aliases or a core mesh")
     walk = LockstepWalk(desc, axis_names, axis_sizes, deadline)
-    walk.run_kernel()
+    inputs: list[DataBuf] | None = None
+    for _ in range(invocations):  # the program run back to back: the same input arrays
+        inputs = walk.run_kernel(inputs)
     return Outcome(walk.model, walk.all_sems)
 
 
@@ -109,17 +111,23 @@ class LockstepWalk:
         self.devs: Ints = self.model.devs
         self.coords = dict(zip(names, np.unravel_index(self.devs, sizes)))
         self.deadline = deadline
-        self.all_sems: list[SemBuf] = []
-        self.barrier_sem: SemBuf | None = None
-        self.data: list[DataBuf] = []
-        self.outputs: list[DataBuf] = []
+        self.all_sems: list[SemBuf] = []  # every call's, for the report
+        self.sems: list[SemBuf] = []  # the current call's
+        self.barrier_sem: SemBuf | None = None  # outlives the call
+        self._plans: dict[int, _Plan] = {}  # per jaxpr walked (by id; the plan keeps it)
 
     # ------------------------------------------------------------------ kernel
 
-    def run_kernel(self) -> None:
+    def run_kernel(self, inputs: list[DataBuf] | None) -> list[DataBuf]:
+        """One call of the kernel: fresh outputs, scratch and semaphores; ``inputs`` are the
+        input buffers of an earlier call (the same arrays), or None for new ones. Returns
+        the input buffers."""
         desc, m = self.desc, self.model
         args: list[Any] = []
         copied_in: list[DataBuf] = []
+        data: list[DataBuf] = []
+        outputs: list[DataBuf] = []
+        sems: list[SemBuf] = [] if self.barrier_sem is None else [self.barrier_sem]
         first_out = desc.n_in
         first_scratch = desc.n_in + desc.n_out
         for k, aval in enumerate(desc.avals):
@@ -130,100 +138,80 @@ class LockstepWalk:
                 if k < first_scratch:
                     raise Bail("a semaphore operand (a DMA future)")
                 sem = SemBuf(name, shape, kind, False, self.n)
+                sems.append(sem)
                 self.all_sems.append(sem)
                 args.append(Ref(sem))
                 continue
-            if k < first_scratch:
-                block = desc.blocks[k]
-                space = str(block["space"])
-                if space == "VMEM":
-                    if tuple(block["block_shape"]) != tuple(block["array_shape"]) or any(
-                        kd != "blocked" for kd in block["block_kinds"]
-                    ):
-                        raise Bail("a block smaller than its array")
-                elif space not in ("ANY", "HBM"):
-                    raise Bail(f"an operand in {space}")
-                if str(block["array_space"]) not in ("ANY", "HBM"):
-                    raise Bail("an operand that lives in VMEM/SMEM between kernels")
+            space = self._space(k, aval)
+            if inputs is not None and k < first_out:
+                buf = inputs[k]
             else:
-                space = _jax.memory_space(aval)
-                if space not in ("VMEM", "ANY", "HBM"):
-                    raise Bail(f"scratch in {space}")
-            itemsize = _itemsize(aval)
-            buf = DataBuf(name, shape, itemsize, space, k < first_out, self.n)
-            self.data.append(buf)
+                buf = DataBuf(name, shape, _itemsize(aval), space, k < first_out, self.n)
+            data.append(buf)
             if first_out <= k < first_scratch:
-                self.outputs.append(buf)
+                outputs.append(buf)
             elif k < first_out and space == "VMEM":
                 copied_in.append(buf)
             args.append(Ref(buf))
         for buf in copied_in:  # the copy-in of a VMEM block, on its own device
             record = m.new_record(self.devs)
-            m.access(
-                buf,
-                [self.devs * 0 for _ in buf.cell],
-                list(buf.shape or (1,)),
-                self.devs,
-                True,
-                record,
-                False,
-            )
+            whole = list(buf.shape or (1,))
+            m.access(buf, [self.devs * 0 for _ in whole], whole, self.devs, True, record, False)
         m.enter(desc.barrier)
-        self.eval_jaxpr(desc.jaxpr, [], args)
-        for sem in self.all_sems:
+        self.sems = sems
+        with np.errstate(all="ignore"):  # int32 wrap-around, as on the TPU's scalar unit
+            self.eval_jaxpr(desc.jaxpr, [], args)
+        if self.barrier_sem is not None and self.barrier_sem not in sems:
+            sems.append(self.barrier_sem)
+        for sem in sems:
             m.empty_at_exit(sem)
-        for buf in self.data:
+        for buf in data:
             m.settled_for_owner(buf)
-        for buf in self.outputs:
+        for buf in outputs:
             if not buf.written.all():
                 raise Bail(f"output {buf.name} not written everywhere")
+        m.release()  # leaving the kernel is a point of its own (the per-device walk's too)
+        return data[:first_out]
+
+    def _space(self, k: int, aval: Any) -> str:
+        """The memory space of operand ``k``, or Bail for those the path does not model."""
+        desc = self.desc
+        if k >= desc.n_in + desc.n_out:
+            space = _jax.memory_space(aval)
+            if space not in ("VMEM", "ANY", "HBM"):
+                raise Bail(f"scratch in {space}")
+            return space
+        block = desc.blocks[k]
+        space = str(block["space"])
+        if space == "VMEM":
+            if tuple(block["block_shape"]) != tuple(block["array_shape"]) or any(
+                kd != "blocked" for kd in block["block_kinds"]
+            ):
+                raise Bail("a block smaller than its array")
+        elif space not in ("ANY", "HBM"):
+            raise Bail(f"an operand in {space}")
+        if str(block["array_space"]) not in ("ANY", "HBM"):
+            raise Bail("an operand that lives in VMEM/SMEM between kernels")
+        return space
 
     # ------------------------------------------------------------------ jaxprs
 
     def eval_jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-        env: dict[Any, Any] = {}
-        for v, x in zip(jaxpr.constvars, consts):
-            env[v] = x
-        for v, x in zip(jaxpr.invars, args):
-            env[v] = x
-
-        def read(a: Any) -> Any:
-            if _jax.is_literal(a):
-                return literal(_jax.literal_value(a))
-            return env[a]
-
-        for eqn in jaxpr.eqns:
-            ins = [read(a) for a in eqn.invars]
-            outs = self.eqn(eqn, ins)
-            for v, x in zip(eqn.outvars, outs):
+        plan = self._plans.get(id(jaxpr))
+        if plan is None:
+            plan = self._plans[id(jaxpr)] = _Plan(jaxpr)
+        env: dict[Any, Any] = dict(zip(plan.constvars, consts))
+        env.update(zip(plan.invars, args))
+        for eqn, operands, handler, outvars in plan.steps:
+            ins = [env[a] if var else a for var, a in operands]
+            outs = handler(self, eqn, ins)
+            for v, x in zip(outvars, outs):
                 env[v] = x
-        return [read(a) for a in jaxpr.outvars]
+        return [env[a] if var else a for var, a in plan.outvars]
 
     def sub(self, closed: Any, args: Sequence[Any]) -> list[Any]:
         inner, consts = _jax.jaxpr_of(closed)
         return self.eval_jaxpr(inner, [literal(c) for c in consts], args)
-
-    def eqn(self, eqn: Any, ins: list[Any]) -> list[Any]:
-        name = eqn.primitive.name
-        rule = EFFECTS.get(name)
-        if rule is not None:
-            return rule(self, eqn, ins)
-        control = CONTROL.get(name)
-        if control is not None:
-            return control(self, eqn, ins)
-        if eqn.effects and name not in HARMLESS:
-            raise Bail(f"the primitive {name}")
-        outs = eqn.outvars
-        if any(isinstance(x, (Vec, Ref)) for x in ins) or not all(is_scalar(v.aval) for v in outs):
-            if any(isinstance(x, Ref) for x in ins) or any(_jax.is_ref_aval(v.aval) for v in outs):
-                raise Bail(f"the primitive {name} on a ref")
-            return [VEC for _ in outs]
-        fn = SCALAR.get(name)
-        if fn is None:
-            raise Bail(f"the scalar primitive {name}")
-        with np.errstate(all="ignore"):
-            result = fn(eqn, ins)
-        return [as_dtype(result, outs[0].aval)]
 
     # ------------------------------------------------------------------ values
 
@@ -385,3 +373,67 @@ def _itemsize(aval: Any) -> int:
 
 def _sem_shape(sem: SemBuf) -> tuple[int, ...]:
     return sem.shape
+
+
+Handler = Callable[[LockstepWalk, Any, list[Any]], list[Any]]
+
+
+class _Plan:
+    """A jaxpr prepared once for the walk: each equation's handler and its operands
+    (literals already converted), so a loop body costs one dict lookup per operand."""
+
+    def __init__(self, jaxpr: Any) -> None:
+        self.jaxpr = jaxpr  # kept alive: plans are cached by id
+        self.constvars = list(jaxpr.constvars)
+        self.invars = list(jaxpr.invars)
+        self.steps = [
+            (eqn, _operands(eqn.invars), _handler(eqn), list(eqn.outvars)) for eqn in jaxpr.eqns
+        ]
+        self.outvars = _operands(jaxpr.outvars)
+
+
+def _operands(atoms: Sequence[Any]) -> list[tuple[bool, Any]]:
+    return [
+        (False, literal(_jax.literal_value(a))) if _jax.is_literal(a) else (True, a) for a in atoms
+    ]
+
+
+def _handler(eqn: Any) -> Handler:
+    name = eqn.primitive.name
+    rule = EFFECTS.get(name) or CONTROL.get(name)
+    if rule is not None:
+        return rule
+    if eqn.effects and name not in HARMLESS:
+        return _refused(f"the primitive {name}")
+    outs = eqn.outvars
+    if any(_jax.is_ref_aval(v.aval) for v in outs):
+        return _refused(f"the primitive {name} making a ref")
+    if not all(is_scalar(v.aval) for v in outs):
+        return _vector
+    fn = SCALAR.get(name)
+    if fn is None:
+        return _refused(f"the scalar primitive {name}")
+    aval = outs[0].aval
+
+    def scalar(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+        for x in ins:
+            if isinstance(x, (Vec, Ref)):
+                return _vector(w, eqn, ins)
+        return [as_dtype(fn(eqn, ins), aval)]
+
+    return scalar
+
+
+def _vector(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+    """Vector results (never computed); a ref among the operands is a use not modelled."""
+    for x in ins:
+        if isinstance(x, Ref):
+            raise Bail(f"the primitive {eqn.primitive.name} on a ref")
+    return [VEC for _ in eqn.outvars]
+
+
+def _refused(why: str) -> Handler:
+    def refuse(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+        raise Bail(why)
+
+    return refuse

@@ -99,11 +99,13 @@ class DataBuf:
 
 @dataclass
 class _Contribution:
-    slot: Ints  # the semaphore index on each target device
-    amount: Ints
-    clock: Clock  # row t: the issuer's clock, for target t
+    """What a pending contribution carries besides its amounts (``SemBuf.amounts``)."""
+
+    # row t: the issuer's clock, for target t; None once every target knows all of it
+    # (learning it changes nothing then; dropping it keeps a never-guaranteed signal of
+    # a credit ring from holding a devices x devices matrix each)
+    clock: Clock | None
     records: list[tuple[int, Ints]]  # (record id, owner per target) it settles when guaranteed
-    issuer: Ints  # who issued it, per target
 
 
 @dataclass
@@ -117,6 +119,8 @@ class SemBuf:
     devices: int
     credit: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     last_wait: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # the pending contributions, oldest first: row i of amounts/slots/issuers is
+    # pending[i]'s amount, semaphore index and issuer per target device (0: consumed there)
     pending: list[_Contribution] = field(default_factory=lambda: list[_Contribution]())
     peak: int = 0
 
@@ -127,6 +131,9 @@ class SemBuf:
         # the sum of the pending contributions, per device and index
         self.in_flight = np.zeros((self.devices, self.count), dtype=np.int64)
         self.last_wait = np.zeros((self.devices, self.count), dtype=np.int64)
+        self.amounts = np.zeros((0, self.devices), dtype=np.int64)
+        self.slots = np.zeros((0, self.devices), dtype=np.int64)
+        self.issuers = np.zeros((0, self.devices), dtype=np.int64)
 
     def totals(self, slot: Ints) -> Ints:
         rows = np.arange(self.devices)
@@ -292,7 +299,10 @@ class Model:
         last = sem.last_wait[self.devs, slot]
         if (clock[self.devs, self.devs] < last).any():
             raise Bail(f"a contribution to {sem.name} that could count at an earlier wait")
-        sem.pending.append(_Contribution(slot, amount, clock, records, issuer))
+        sem.pending.append(_Contribution(clock, records))
+        sem.amounts = np.vstack([sem.amounts, amount[None]])
+        sem.slots = np.vstack([sem.slots, slot[None]])
+        sem.issuers = np.vstack([sem.issuers, issuer[None]])
         sem.touched = True
         sem.in_flight[self.devs, slot] += amount
         sem.peak = max(sem.peak, int(sem.totals(slot).max()))
@@ -309,24 +319,31 @@ class Model:
         self.waits += self.n
         cands = sem.pending
         if cands:
-            hits = np.stack([(c.slot == slot) & (c.amount > 0) for c in cands])
-            amounts = np.where(hits, np.stack([c.amount for c in cands]), 0)
+            hits = (sem.slots == slot) & (sem.amounts > 0)
+            amounts = np.where(hits, sem.amounts, 0)
             guaranteed = hits & (total - amounts < amount)
             need = amount - sem.credit[self.devs, slot]
             learn = (need > 0) & hits.any(axis=0)
             if learn.any():
-                self._learn(cands, hits, amounts, need, learn, guaranteed)
-            for c, g in zip(cands, guaranteed):
-                if not g.any():
-                    continue
-                who = self.devs[g]
-                for record, owner in c.records:
-                    self.settle(record, owner[who], who)
-                c.amount = np.where(g, 0, c.amount)
+                self._learn(sem, hits, amounts, need, learn, guaranteed)
+            for i in np.flatnonzero(guaranteed.any(axis=1)):
+                records = cands[i].records
+                if records:
+                    who = self.devs[guaranteed[i]]
+                    for record, owner in records:
+                        self.settle(record, owner[who], who)
             landed = (amounts * guaranteed).sum(axis=0)
             credit = sem.credit[self.devs, slot] + landed
             sem.in_flight[self.devs, slot] -= landed
-            sem.pending = [c for c in cands if c.amount.any()]
+            sem.amounts = np.where(guaranteed, 0, sem.amounts)
+            left = sem.amounts.any(axis=1)
+            if not left.all():
+                sem.pending = [c for c, keep in zip(cands, left) if keep]
+                sem.amounts, sem.slots = sem.amounts[left], sem.slots[left]
+                sem.issuers = sem.issuers[left]
+            for c in sem.pending:
+                if c.clock is not None and (self.rows >= c.clock).all():
+                    c.clock = None
         else:
             credit = sem.credit[self.devs, slot]
         sem.credit[self.devs, slot] = credit - amount
@@ -334,24 +351,26 @@ class Model:
 
     def _learn(
         self,
-        cands: list[_Contribution],
+        sem: SemBuf,
         hits: Bools,
         amounts: Ints,
         need: Ints,
         learn: Bools,
         guaranteed: Bools,
     ) -> None:
+        cands = sem.pending
         who = self.devs[learn]
         h = hits[:, learn]
         if (guaranteed[:, learn] | ~h).all():
             # every candidate is needed: the waiter learns each in full
-            for c, hit in zip(cands, h):
-                if hit.any():
-                    w = who[hit]
-                    self.rows[w] = np.maximum(self.rows[w], c.clock[w])
+            for i in np.flatnonzero(h.any(axis=1)):
+                clock = cands[i].clock
+                if clock is not None:
+                    w = who[h[i]]
+                    self.rows[w] = np.maximum(self.rows[w], clock[w])
             return
         a = amounts[:, learn]
-        issuers = np.stack([c.issuer[learn] for c in cands])
+        issuers = sem.issuers[:, learn]
         first_issuer = issuers[h.argmax(axis=0), np.arange(len(who))]
         if ((issuers == first_issuer) | ~h).all():
             # one issuer per waiter: its contributions' clocks grow in the order they
@@ -361,9 +380,15 @@ class Model:
             reach = np.argmax(np.cumsum(a, axis=0) >= need[learn], axis=0)
             for j in np.unique(reach):
                 w = who[reach == j]
-                self.rows[w] = np.maximum(self.rows[w], cands[int(j)].clock[w])
+                chosen = cands[int(j)].clock
+                if chosen is not None:
+                    self.rows[w] = np.maximum(self.rows[w], chosen[w])
             return
-        stack = np.stack([c.clock[who] for c in cands])  # (candidate, waiter, participant)
+        # (candidate, waiter, participant); a dropped clock, which the waiter already knows,
+        # counts as the waiter's own row: the learned clock, once joined with the
+        # waiter's row, is the same (raising a candidate to at most that row moves the
+        # least sufficient value only up to that row)
+        stack = np.stack([c.clock[who] if c.clock is not None else self.rows[who] for c in cands])
         keyed = np.where(h[..., None], stack, np.iinfo(stack.dtype).max)
         order = np.argsort(keyed, axis=0, kind="stable")
         values = np.take_along_axis(keyed, order, axis=0)
