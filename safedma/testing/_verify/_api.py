@@ -260,7 +260,9 @@ def verify(
     proved: VerifyReport | None = None
     mode = _lockstep_mode()
     if found is not None and mode != "off":
-        fast = _lockstep.prove(body, consts, names, sizes, invocations, cores, budget.deadline)
+        fast = _lockstep.prove(
+            body, consts, names, sizes, invocations, cores, budget.deadline, mode == "check"
+        )
         _LAST_LOCKSTEP[0] = fast.reason
         if fast.model is not None:
             proved = _lockstep_report(fast, body, sizes, invocations)

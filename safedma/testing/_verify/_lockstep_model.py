@@ -101,11 +101,19 @@ class DataBuf:
 class _Contribution:
     """What a pending contribution carries besides its amounts (``SemBuf.amounts``)."""
 
-    # row t: the issuer's clock, for target t; None once every target knows all of it
-    # (learning it changes nothing then; dropping it keeps a never-guaranteed signal of
-    # a credit ring from holding a devices x devices matrix each)
+    # the issuer's clock for target t is clock[rows_of[t]] (a release's snapshot of every
+    # device's clock, shared by the contributions of one event, read lazily); None once
+    # every target knows all of it (learning it changes nothing then; dropping it keeps
+    # a never-guaranteed signal of a credit ring from holding a devices^2 snapshot each)
     clock: Clock | None
+    rows_of: Ints
     records: list[tuple[int, Ints]]  # (record id, owner per target) it settles when guaranteed
+
+    def of(self, targets: Ints) -> Clock:
+        """The clock each of ``targets`` would learn (the clock must not be dropped)."""
+        assert self.clock is not None
+        rows: Clock = self.clock[self.rows_of[targets]]
+        return rows
 
 
 @dataclass
@@ -291,15 +299,19 @@ class Model:
         clock: Clock,
         records: list[tuple[int, Ints]],
         issuer: Ints,
+        rows_of: Ints | None = None,
     ) -> None:
+        """A contribution to ``sem[slot[t]]`` on every target t, issued by ``issuer[t]``,
+        carrying ``clock[rows_of[t]]`` (``rows_of`` None: ``clock[t]``)."""
         if (amount <= 0).any():
             raise Bail(f"an empty contribution to {sem.name}")
         if (slot < 0).any() or (slot >= sem.count).any():
             raise Bail(f"a semaphore index outside {sem.name}")
         last = sem.last_wait[self.devs, slot]
-        if (clock[self.devs, self.devs] < last).any():
+        rows = self.devs if rows_of is None else rows_of
+        if (clock[rows, self.devs] < last).any():
             raise Bail(f"a contribution to {sem.name} that could count at an earlier wait")
-        sem.pending.append(_Contribution(clock, records))
+        sem.pending.append(_Contribution(clock, rows, records))
         sem.amounts = np.vstack([sem.amounts, amount[None]])
         sem.slots = np.vstack([sem.slots, slot[None]])
         sem.issuers = np.vstack([sem.issuers, issuer[None]])
@@ -341,9 +353,13 @@ class Model:
                 sem.pending = [c for c, keep in zip(cands, left) if keep]
                 sem.amounts, sem.slots = sem.amounts[left], sem.slots[left]
                 sem.issuers = sem.issuers[left]
+            # the oldest clock still kept: the likeliest to be known by now (one check
+            # per wait keeps pace with the contributions a credit ring leaves pending)
             for c in sem.pending:
-                if c.clock is not None and (self.rows >= c.clock).all():
-                    c.clock = None
+                if c.clock is not None:
+                    if (self.rows >= c.of(self.devs)).all():
+                        c.clock = None
+                    break
         else:
             credit = sem.credit[self.devs, slot]
         sem.credit[self.devs, slot] = credit - amount
@@ -364,10 +380,9 @@ class Model:
         if (guaranteed[:, learn] | ~h).all():
             # every candidate is needed: the waiter learns each in full
             for i in np.flatnonzero(h.any(axis=1)):
-                clock = cands[i].clock
-                if clock is not None:
+                if cands[i].clock is not None:
                     w = who[h[i]]
-                    self.rows[w] = np.maximum(self.rows[w], clock[w])
+                    self.rows[w] = np.maximum(self.rows[w], cands[i].of(w))
             return
         a = amounts[:, learn]
         issuers = sem.issuers[:, learn]
@@ -380,15 +395,15 @@ class Model:
             reach = np.argmax(np.cumsum(a, axis=0) >= need[learn], axis=0)
             for j in np.unique(reach):
                 w = who[reach == j]
-                chosen = cands[int(j)].clock
-                if chosen is not None:
-                    self.rows[w] = np.maximum(self.rows[w], chosen[w])
+                chosen = cands[int(j)]
+                if chosen.clock is not None:
+                    self.rows[w] = np.maximum(self.rows[w], chosen.of(w))
             return
         # (candidate, waiter, participant); a dropped clock, which the waiter already knows,
         # counts as the waiter's own row: the learned clock, once joined with the
         # waiter's row, is the same (raising a candidate to at most that row moves the
         # least sufficient value only up to that row)
-        stack = np.stack([c.clock[who] if c.clock is not None else self.rows[who] for c in cands])
+        stack = np.stack([c.of(who) if c.clock is not None else self.rows[who] for c in cands])
         keyed = np.where(h[..., None], stack, np.iinfo(stack.dtype).max)
         order = np.argsort(keyed, axis=0, kind="stable")
         values = np.take_along_axis(keyed, order, axis=0)

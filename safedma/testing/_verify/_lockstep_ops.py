@@ -84,11 +84,11 @@ def _dma_start(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
     recv = np.full(w.n, d_bytes if dsem.kind == "DMA" else 1, dtype=np.int64)
     landed = [(dst_rec, devs), (src_rec, inv)]
     if ssem is None:
-        m.contribute(dsem, d_slot[inv], recv, clock[inv], landed, inv)
+        m.contribute(dsem, d_slot[inv], recv, clock, landed, inv, inv)
     else:
         sent = np.full(w.n, s_bytes if ssem.kind == "DMA" else 1, dtype=np.int64)
-        m.contribute(ssem, s_slot, sent, clock, [(src_rec, devs)], devs)
-        m.contribute(dsem, d_slot[inv], recv, clock[inv], landed, inv)
+        m.contribute(ssem, s_slot, sent, clock, [(src_rec, devs)], devs, devs)
+        m.contribute(dsem, d_slot[inv], recv, clock, landed, inv, inv)
     m.dmas += w.n
     m.remote_dmas += int(remote.sum())
     return []
@@ -119,7 +119,7 @@ def _semaphore_signal(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
         m.check_entered(devs[remote], target[remote], "a remote signal")
     amount = w.ints(read(inc), "a signal increment")
     clock = m.release()
-    m.contribute(s, slot[inv], amount[inv], clock[inv], [], inv)
+    m.contribute(s, slot[inv], amount[inv], clock, [], inv, inv)
     m.signals += w.n
     return []
 
