@@ -643,6 +643,34 @@ def indexes_by_array(ref: object) -> bool:
     )
 
 
+# SparseCore push streams. jax 0.12's SparseCore lowering (sc_lowering._is_push_stream)
+# treats a local copy from VMEM to any other memory, or from VMEM_SHARED to SMEM, as a
+# push stream: the hardware tracks it without a destination semaphore, jax warns when one
+# is given ("pass sem=None") and lowers sem=None; jax 0.10.2 has no such copies.
+
+
+def push_streams_supported() -> bool:
+    return JAX_VERSION >= (0, 12)
+
+
+def memory_space_of(ref: object) -> object:
+    """The memory space of a ref or view (its root's), None when jax leaves it unset."""
+    return getattr(getattr(root_of(ref), "aval", None), "memory_space", None)
+
+
+# pl.MemorySpace.DEFAULT is VMEM on a SparseCore vector subcore, as jax maps it.
+_VMEM_SPACES = (pltpu.MemorySpace.VMEM, pl.MemorySpace.DEFAULT)
+
+
+def is_push_stream(src: object, dst: object) -> bool:
+    """Whether a local copy ``src -> dst`` is a SparseCore push stream by jax 0.12's rule
+    (memory spaces only: jax asks the kernel's core type too, which a trace cannot see)."""
+    src_space, dst_space = memory_space_of(src), memory_space_of(dst)
+    if src_space in _VMEM_SPACES:
+        return dst_space not in _VMEM_SPACES
+    return src_space is pltpu.MemorySpace.VMEM_SHARED and dst_space is pltpu.MemorySpace.SMEM
+
+
 def is_tensor_core_mesh(mesh: object) -> bool:
     """Whether ``mesh`` (given to ``pl.kernel``) is a mesh of TensorCores."""
     # Private: TensorCoreMesh is public only from 0.12 (pltpu.TensorCoreMesh); on 0.10.2
