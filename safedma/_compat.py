@@ -479,6 +479,8 @@ def _raw_waited_inputs(
                 args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
             except (KeyError, TypeError, ValueError):
                 return None
+            if _waits_no_semaphore(args):
+                continue
             roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
             sems = [a for a in roots if _is_semaphore_var(a)]
             if not sems:
@@ -503,6 +505,15 @@ def _raw_waited_inputs(
             else:
                 inside = True
     return inputs, inside
+
+
+def _waits_no_semaphore(args: object) -> bool:
+    """Whether a ``dma_wait``'s operands (jax's ``(src, dst, sem, src_sem, device_id)``
+    tree, 0.10.2 and 0.12 alike) hold no semaphore: jax 0.12's fence for SparseCore push
+    streams (``make_async_copy(src, dst).wait()``, ``sem=None``). It waits no semaphore
+    slot, so it stands for no copy on one."""
+    parts = cast("tuple[object, ...]", args) if isinstance(args, tuple) else ()
+    return len(parts) == 5 and parts[2] is None and parts[3] is None
 
 
 def _dereference(entry: object) -> Any:
@@ -545,6 +556,8 @@ def raw_dma_waits(
                 args = _tree_unflatten(eqn.params["tree"], operands)
             except (KeyError, TypeError, ValueError):
                 found.append((None, None))
+                continue
+            if _waits_no_semaphore(args):
                 continue
             views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
             found += [(root_of(view), view) for view in views] or [(None, None)]

@@ -342,3 +342,51 @@ def test_wait_in_dropped_passes_trace_time_and_verify_reports_the_race() -> None
     with pytest.raises(RaceDetectedError) as err:
         verify(_rope(SAFE, "wait_in_dropped"), *values, mesh=_v5p())
     assert f"{__file__}:{line_in(_row_gather_ref, '# ROW')}" in str(err.value)
+
+
+# --- a raw push-stream fence next to safedma copies ----------------------------------------
+
+
+def _fenced(seed: str | None = None) -> Any:
+    """A raw push stream waited by jax 0.12's fence (``make_async_copy(buf, o).wait()``,
+    no semaphore: jax's ``emit_pipeline(..., output_wait_read_only=True)`` ends with one)
+    next to a safedma copy on a DMA semaphore."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, staged: Any, sem: Any) -> None:
+        staged_copy = sd.LocalCopy(x_hbm, staged, sem).start()  # STAGED
+        if seed != "staged_wait_dropped":
+            staged_copy.wait()
+        sd.sync_copy(x_hbm, buf)
+        pltpu.make_async_copy(buf, o_hbm).start()
+        pltpu.make_async_copy(buf, o_hbm).wait()
+
+    def run(x: jax.Array) -> Any:
+        from jax.experimental.pallas import tpu_sc as plsc
+
+        mesh = plsc.VectorSubcoreMesh(
+            core_axis_name="core", subcore_axis_name="subcore", num_cores=1, num_subcores=1
+        )
+        return sd.core_kernel(
+            kernel,
+            jax.ShapeDtypeStruct((LANES,), jnp.int32),
+            mesh=mesh,
+            scratch_types=[
+                pltpu.VMEM((LANES,), jnp.int32),
+                pltpu.VMEM((LANES,), jnp.int32),
+                pltpu.SemaphoreType.DMA,
+            ],
+        )(x)
+
+    return jax.jit(run)
+
+
+@needs_012
+@pytest.mark.filterwarnings("ignore::Warning")  # sd.sync_copy's push stream (jax's notice)
+def test_a_raw_push_fence_does_not_stand_for_a_copy_on_a_semaphore() -> None:
+    # Before the fix: the fence, a dma_wait with no semaphore, counted as a wait on every
+    # semaphore, so the dropped wait passed trace time.
+    x = jax.ShapeDtypeStruct((LANES,), jnp.int32)
+    mosaic_text(_fenced(), x, mesh=_sc_mesh())
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_fenced("staged_wait_dropped"), x, mesh=_sc_mesh())
+    assert f"{__file__}:{line_in(_fenced, '# STAGED')}" in str(err.value)
