@@ -26,11 +26,8 @@ BLOCK = 8
 
 
 def push_rows(x_hbm: DataRef, o_hbm: DataRef, bufs: DataRef, sems: SemArray) -> None:
-    def rows(b: jax.Array | int) -> pl.Slice:
-        return pl.ds(b * BLOCK, BLOCK)
-
     def pushed(b: jax.Array | int, slot: jax.Array | int) -> safedma.LocalCopy:
-        return safedma.LocalCopy(bufs.at[slot], o_hbm.at[rows(b)], None)
+        return safedma.LocalCopy(bufs.at[slot], o_hbm.at[pl.ds(b * BLOCK, BLOCK)], None)
 
     @pl.loop(0, 8)
     def _(b: jax.Array) -> None:
@@ -40,7 +37,7 @@ def push_rows(x_hbm: DataRef, o_hbm: DataRef, bufs: DataRef, sems: SemArray) -> 
         def _() -> None:
             pushed(b - 2, slot).started_elsewhere().wait()
 
-        safedma.LocalCopy(x_hbm.at[rows(b)], bufs.at[slot], sems.at[slot]).start().wait()
+        safedma.LocalCopy(x_hbm.at[pl.ds(b * BLOCK, BLOCK)], bufs.at[slot], sems.at[slot]).start().wait()
         pushed(b, slot).start()
 
     for b in (6, 7):
