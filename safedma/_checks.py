@@ -212,7 +212,7 @@ def check_add(add: object, src: object, dst: object) -> None:
     ):
         return
     where = (
-        " This kernel runs on TensorCores (sd.pallas_call, or sd.core_kernel over a "
+        " This kernel runs on TensorCores (a pallas_call, or sd.core_kernel over a "
         "TensorCore mesh), so an indexed side does not help."
         if on_tensor_core
         else ""
@@ -240,7 +240,7 @@ def check_push_stream(src: object, dst: object, role: str) -> None:
         )
     elif config is not None and config.tensor_core:
         why = (
-            "this kernel runs on TensorCores (sd.pallas_call, or sd.core_kernel over a "
+            "this kernel runs on TensorCores (a pallas_call, or sd.core_kernel over a "
             "TensorCore mesh), where every copy needs one"
         )
     elif not _compat.is_push_stream(src, dst):

@@ -63,6 +63,7 @@ __all__ = [
     "barrier_tags_supported",
     "auto_collective_ids",
     "NOT_FOUND",
+    "enclosing_entry",
     "enclosing_pallas_call_params",
     "make_local_descriptor",
     "make_remote_descriptor",
@@ -760,6 +761,13 @@ NOT_FOUND = object()
 def enclosing_pallas_call_params() -> object:
     """The ``compiler_params`` of the innermost ``pl.pallas_call``, ``pl.kernel`` or
     ``pl.core_map`` being traced (None when it was given none), or :data:`NOT_FOUND`."""
+    return enclosing_entry()[1]
+
+
+def enclosing_entry() -> tuple[str | None, object]:
+    """The innermost ``pl.pallas_call`` (``"pallas_call"``), ``pl.kernel`` (``"kernel"``)
+    or ``pl.core_map`` (``"core_map"``) being traced and its ``compiler_params``;
+    ``(None, NOT_FOUND)`` outside one. jax lowers a ``pl.pallas_call`` for TensorCores."""
     import inspect
 
     frame = inspect.currentframe()  # None only on Pythons without frames: no check then
@@ -769,9 +777,17 @@ def enclosing_pallas_call_params() -> object:
             filename = code.co_filename.replace("\\", "/")
             for suffix, name in _ENTRY_FRAMES:
                 if code.co_name == name and filename.endswith(suffix):
-                    return frame.f_locals.get("compiler_params", NOT_FOUND)
+                    entry = _ENTRY_NAMES[suffix]
+                    return entry, frame.f_locals.get("compiler_params", NOT_FOUND)
         frame = frame.f_back
-    return NOT_FOUND
+    return None, NOT_FOUND
+
+
+_ENTRY_NAMES = {
+    "pallas/pallas_call.py": "pallas_call",
+    "pallas/mpmd.py": "kernel",
+    "pallas/core.py": "core_map",
+}
 
 
 # The two avals jax's ScratchShape protocol asks a scratch declaration for:

@@ -43,7 +43,7 @@ from safedma.testing import (
     mosaic_text,
     verify,
 )
-from tests.support.source_lines import line_in, raising_lines
+from tests.support.source_lines import line_in, marker_line, raising_lines
 
 SAFE, RAW = True, False
 ROWS, BLOCK, LANES = 64, 8, 16
@@ -390,3 +390,29 @@ def test_a_raw_push_fence_does_not_stand_for_a_copy_on_a_semaphore() -> None:
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_fenced("staged_wait_dropped"), x, mesh=_sc_mesh())
     assert f"{__file__}:{line_in(_fenced, '# STAGED')}" in str(err.value)
+
+
+def test_under_a_plain_pallas_call_a_copy_without_a_semaphore_is_t6() -> None:
+    # Before: an sd.checked body under pl.pallas_call had no known core type, so the push
+    # by memory spaces passed trace time and failed jax's TensorCore lowering ("Local DMA
+    # semaphore cannot be None on TensorCore"). jax lowers pl.pallas_call for TensorCores.
+    @sd.checked
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
+        sd.LocalCopy(x_hbm, buf, sem).start().wait()
+        sd.LocalCopy(buf, o_hbm, None).start().wait()  # RAW ENTRY PUSH
+
+    def run(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return out
+
+    with pytest.raises(sd.MissingSemaphoreError) as err:
+        mosaic_text(jax.jit(run), X, mesh=_v5p())
+    assert marker_line(__file__, "# RAW ENTRY PUSH") in raising_lines(err, __file__)
+    if _compat.JAX_VERSION >= (0, 12):
+        assert "this kernel runs on TensorCores (a pallas_call" in str(err.value)
