@@ -33,6 +33,7 @@ __all__ = [
     "check_priority",
     "check_add",
     "check_no_add",
+    "check_push_stream",
 ]
 
 _WHERE_SEMAPHORES_COME_FROM = {
@@ -211,7 +212,7 @@ def check_add(add: object, src: object, dst: object) -> None:
     ):
         return
     where = (
-        " This kernel runs on TensorCores (sd.pallas_call, or sd.core_kernel over a "
+        " This kernel runs on TensorCores (a pallas_call, or sd.core_kernel over a "
         "TensorCore mesh), so an indexed side does not help."
         if on_tensor_core
         else ""
@@ -222,4 +223,36 @@ def check_add(add: object, src: object, dst: object) -> None:
         "Copy into a VMEM buffer and add there: acc[...] += buf[...]. (On SparseCore, "
         "add=True is a scatter-add or gather-add: index one side by an array of row indices, "
         f"dst.at[indices] in VMEM_SHARED or src.at[indices].){where}"
+    )
+
+
+def check_push_stream(src: object, dst: object, role: str) -> None:
+    """A local copy without a semaphore (T6) is legal only as a SparseCore push stream on
+    jax 0.12: from VMEM to HBM, VMEM_SHARED or SMEM, or from VMEM_SHARED to SMEM, not
+    indexed by an array (jax's rule); jax tracks its completion without a semaphore and
+    warns when one is given. Everywhere else a missing semaphore fails lowering."""
+    config = entry_config()
+    src_space, dst_space = _compat.memory_space_of(src), _compat.memory_space_of(dst)
+    spaces = f"{describe_ref(src)} ({src_space}) -> {describe_ref(dst)} ({dst_space})"
+    if not _compat.push_streams_supported():
+        why = (
+            f"jax 0.12 lets a SparseCore push stream go without one; this is jax {jax.__version__}"
+        )
+    elif config is not None and config.tensor_core:
+        why = (
+            "this kernel runs on TensorCores (a pallas_call, or sd.core_kernel over a "
+            "TensorCore mesh), where every copy needs one"
+        )
+    elif not _compat.is_push_stream(src, dst):
+        why = (
+            "only a SparseCore push stream, from VMEM to HBM, VMEM_SHARED or SMEM or from "
+            f"VMEM_SHARED to SMEM, goes without one, and this copy is {spaces}"
+        )
+    elif _compat.indexes_by_array(src) or _compat.indexes_by_array(dst):
+        why = "a SparseCore scatter or gather (a side indexed by an array) needs one too"
+    else:
+        return
+    raise MissingSemaphoreError(
+        f"{role} is missing: a local copy needs a DMA semaphore ({why}). Pass "
+        f"{_WHERE_SEMAPHORES_COME_FROM[SemaphoreKind.DMA]}."
     )

@@ -63,6 +63,7 @@ __all__ = [
     "barrier_tags_supported",
     "auto_collective_ids",
     "NOT_FOUND",
+    "enclosing_entry",
     "enclosing_pallas_call_params",
     "make_local_descriptor",
     "make_remote_descriptor",
@@ -479,6 +480,8 @@ def _raw_waited_inputs(
                 args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
             except (KeyError, TypeError, ValueError):
                 return None
+            if _waits_no_semaphore(args):
+                continue
             roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
             sems = [a for a in roots if _is_semaphore_var(a)]
             if not sems:
@@ -503,6 +506,15 @@ def _raw_waited_inputs(
             else:
                 inside = True
     return inputs, inside
+
+
+def _waits_no_semaphore(args: object) -> bool:
+    """Whether a ``dma_wait``'s operands (jax's ``(src, dst, sem, src_sem, device_id)``
+    tree, 0.10.2 and 0.12 alike) hold no semaphore: jax 0.12's fence for SparseCore push
+    streams (``make_async_copy(src, dst).wait()``, ``sem=None``). It waits no semaphore
+    slot, so it stands for no copy on one."""
+    parts = cast("tuple[object, ...]", args) if isinstance(args, tuple) else ()
+    return len(parts) == 5 and parts[2] is None and parts[3] is None
 
 
 def _dereference(entry: object) -> Any:
@@ -545,6 +557,8 @@ def raw_dma_waits(
                 args = _tree_unflatten(eqn.params["tree"], operands)
             except (KeyError, TypeError, ValueError):
                 found.append((None, None))
+                continue
+            if _waits_no_semaphore(args):
                 continue
             views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
             found += [(root_of(view), view) for view in views] or [(None, None)]
@@ -643,6 +657,34 @@ def indexes_by_array(ref: object) -> bool:
     )
 
 
+# SparseCore push streams. jax 0.12's SparseCore lowering (sc_lowering._is_push_stream)
+# treats a local copy from VMEM to any other memory, or from VMEM_SHARED to SMEM, as a
+# push stream: the hardware tracks it without a destination semaphore, jax warns when one
+# is given ("pass sem=None") and lowers sem=None; jax 0.10.2 has no such copies.
+
+
+def push_streams_supported() -> bool:
+    return JAX_VERSION >= (0, 12)
+
+
+def memory_space_of(ref: object) -> object:
+    """The memory space of a ref or view (its root's), None when jax leaves it unset."""
+    return getattr(getattr(root_of(ref), "aval", None), "memory_space", None)
+
+
+# pl.MemorySpace.DEFAULT is VMEM on a SparseCore vector subcore, as jax maps it.
+_VMEM_SPACES = (pltpu.MemorySpace.VMEM, pl.MemorySpace.DEFAULT)
+
+
+def is_push_stream(src: object, dst: object) -> bool:
+    """Whether a local copy ``src -> dst`` is a SparseCore push stream by jax 0.12's rule
+    (memory spaces only: jax asks the kernel's core type too, which a trace cannot see)."""
+    src_space, dst_space = memory_space_of(src), memory_space_of(dst)
+    if src_space in _VMEM_SPACES:
+        return dst_space not in _VMEM_SPACES
+    return src_space is pltpu.MemorySpace.VMEM_SHARED and dst_space is pltpu.MemorySpace.SMEM
+
+
 def is_tensor_core_mesh(mesh: object) -> bool:
     """Whether ``mesh`` (given to ``pl.kernel``) is a mesh of TensorCores."""
     # Private: TensorCoreMesh is public only from 0.12 (pltpu.TensorCoreMesh); on 0.10.2
@@ -719,6 +761,13 @@ NOT_FOUND = object()
 def enclosing_pallas_call_params() -> object:
     """The ``compiler_params`` of the innermost ``pl.pallas_call``, ``pl.kernel`` or
     ``pl.core_map`` being traced (None when it was given none), or :data:`NOT_FOUND`."""
+    return enclosing_entry()[1]
+
+
+def enclosing_entry() -> tuple[str | None, object]:
+    """The innermost ``pl.pallas_call`` (``"pallas_call"``), ``pl.kernel`` (``"kernel"``)
+    or ``pl.core_map`` (``"core_map"``) being traced and its ``compiler_params``;
+    ``(None, NOT_FOUND)`` outside one. jax lowers a ``pl.pallas_call`` for TensorCores."""
     import inspect
 
     frame = inspect.currentframe()  # None only on Pythons without frames: no check then
@@ -728,9 +777,17 @@ def enclosing_pallas_call_params() -> object:
             filename = code.co_filename.replace("\\", "/")
             for suffix, name in _ENTRY_FRAMES:
                 if code.co_name == name and filename.endswith(suffix):
-                    return frame.f_locals.get("compiler_params", NOT_FOUND)
+                    entry = _ENTRY_NAMES[suffix]
+                    return entry, frame.f_locals.get("compiler_params", NOT_FOUND)
         frame = frame.f_back
-    return NOT_FOUND
+    return None, NOT_FOUND
+
+
+_ENTRY_NAMES = {
+    "pallas/pallas_call.py": "pallas_call",
+    "pallas/mpmd.py": "kernel",
+    "pallas/core.py": "core_map",
+}
 
 
 # The two avals jax's ScratchShape protocol asks a scratch declaration for:

@@ -42,6 +42,7 @@ from safedma._checks import (
     check_add,
     check_no_add,
     check_priority,
+    check_push_stream,
     check_same_layout,
     check_semaphore,
 )
@@ -210,13 +211,18 @@ class LocalCopy:
     ``LocalCopy(x_hbm.at[pl.ds(i, n)], buf, sem).start()`` returns a
     :class:`LocalHandle`; ``handle.wait()`` blocks until the copy has landed
     and returns ``buf``. The refs are checked when the copy is built.
+
+    ``sem`` is ``None`` only for a SparseCore push stream on jax 0.12 (a copy from
+    VMEM to HBM, VMEM_SHARED or SMEM, or from VMEM_SHARED to SMEM), which the hardware
+    tracks without a semaphore: jax asks for ``sem=None`` there, and ``wait()`` waits
+    for the stream's writes. Anywhere else ``None`` is :class:`MissingSemaphoreError` (T6).
     """
 
     __slots__ = ("src", "dst", "sem")
 
     src: DataRef
     dst: DataRef
-    sem: SemRef
+    sem: SemRef | None
 
     if not TYPE_CHECKING:  # hidden from type checkers, which report these statically
 
@@ -225,7 +231,10 @@ class LocalCopy:
 
     def __post_init__(self) -> None:
         _check_copy_refs(self.src, self.dst, "LocalCopy")
-        check_semaphore(self.sem, "LocalCopy semaphore", _DMA, what_for="a local copy")
+        if self.sem is None:
+            check_push_stream(self.src, self.dst, "LocalCopy semaphore")
+        else:
+            check_semaphore(self.sem, "LocalCopy semaphore", _DMA, what_for="a local copy")
 
     def __repr__(self) -> str:
         return self._describe()

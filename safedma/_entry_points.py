@@ -160,13 +160,15 @@ def _unwrap_partial(body: object) -> object:
 def _config_of_enclosing_call() -> contextlib.AbstractContextManager[None]:
     """Under a plain ``pl.pallas_call`` (no safedma entry point around it), the
     configuration read from that call's ``compiler_params``, so the checks that
-    need it (T9: a barrier semaphore with no ``collective_id``) run there too."""
+    need it (T9: a barrier semaphore with no ``collective_id``) run there too; a
+    ``pl.pallas_call`` kernel runs on TensorCores (T5, T6: no DMA accumulate, no
+    copy without a semaphore)."""
     if entry_config() is not None:
         return contextlib.nullcontext()
-    params = _compat.enclosing_pallas_call_params()
+    entry, params = _compat.enclosing_entry()
     if params is _compat.NOT_FOUND:
         return contextlib.nullcontext()
-    return kernel_config(_config_of(params))
+    return kernel_config(_config_of(params, tensor_core=entry == "pallas_call"))
 
 
 def _body_name(body: object) -> str:

@@ -1,4 +1,9 @@
-"""T4, T5, T6 where the stubs catch them statically: priority, ``add=True``, a copy without a semaphore."""
+"""T4 and T5 where the stubs catch them statically: priority, ``add=True`` on a remote copy.
+
+A local ``add=True`` and a local copy without a semaphore are legal raw code on SparseCore
+(a scatter-add; jax 0.12's push streams, ``sem=None``), so the stubs accept them
+(pass/ok_sparse_core_push_and_accumulate.py); on a TensorCore they fail lowering, and
+safedma's ``LocalCopy`` rejects them at trace time (T5, T6)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,5 @@ from safedma import DataRef, SemRef
 def bad_values(x_ref: DataRef, o_ref: DataRef, sem: SemRef, recv_sem: SemRef) -> None:
     pltpu.make_async_copy(x_ref, o_ref, sem).start(priority=2)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     pltpu.make_async_remote_copy(x_ref, o_ref, sem, recv_sem, device_id=1).start(priority=1)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
-    pltpu.make_async_copy(x_ref, o_ref, sem).start(add=True)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
-    pltpu.async_copy(x_ref, o_ref, sem, add=True).wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
-    pltpu.make_async_copy(x_ref, o_ref)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]  # pyrefly: ignore[missing-argument]  # ty: ignore[missing-argument]
+    pltpu.make_async_copy(x_ref, o_ref, sem).start(add=1.0)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
+    pltpu.make_async_remote_copy(x_ref, o_ref, sem, recv_sem, device_id=1).start(add=True)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -160,7 +160,7 @@ class CopyDescriptor(_AsyncCopyDescriptor):
     """
 
     def start(self, priority: Literal[0] = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
-        """Start the DMA. ``add=True`` is unsupported (T5)."""
+        """Start the DMA. ``add=True`` is for local copies only (T5)."""
 
     def wait(self) -> None: ...
     def wait_read(self, *, jax_0_12_only_use_wait_send: Never) -> None: ...  # type: ignore[override, unused-ignore]
@@ -170,9 +170,17 @@ class CopyDescriptor(_AsyncCopyDescriptor):
 class LocalCopyDescriptor(CopyDescriptor):
     """A copy on this device: one semaphore, waited with ``wait()`` only."""
 
-    def start(self, priority: Literal[0, 1] = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
-        """Start the DMA; local copies take priority 0 or 1 (T4)."""
+    def start(self, priority: Literal[0, 1] = 0, *, add: bool = False) -> None:  # type: ignore[override]
+        """Start the DMA; local copies take priority 0 or 1 (T4).
 
+        ``add=True`` (DMA accumulate) is a SparseCore scatter-add or gather-add, legal
+        there on 0.10.2 and 0.12; on a TensorCore it fails lowering, which the stubs
+        cannot tell apart (safedma's ``LocalCopy`` checks it at trace time, T5)."""
+
+    # jax 0.12 only: SparseCore push streams (VMEM to HBM, say) track the source read on
+    # ``src_sem``; ``wait_read()`` waits it, ``wait_write()`` fences the writes.
+    def wait_read(self) -> None: ...  # type: ignore[override]
+    def wait_write(self) -> None: ...  # type: ignore[override]
     def wait_send(self, *, local_copy_has_no_send_side_use_wait: Never) -> None: ...  # type: ignore[override]
     def wait_recv(self, *, local_copy_has_no_recv_side_use_wait: Never) -> None: ...  # type: ignore[override]
 
@@ -183,22 +191,30 @@ class RemoteCopyDescriptor(CopyDescriptor):
     def wait_send(self) -> None: ...
     def wait_recv(self) -> None: ...
 
+# ``sem=None`` and ``src_sem`` are jax 0.12's, for SparseCore push streams (a local copy
+# from VMEM to HBM, VMEM_SHARED or SMEM, or VMEM_SHARED to SMEM), whose destination
+# semaphore the hardware ignores: jax warns unless ``sem=None``. A TensorCore copy needs
+# ``sem`` and no ``src_sem`` (T6, S4); only the memory spaces tell the two apart, and they
+# are not in the types, so those mistakes are left to lowering and safedma's trace checks.
 def make_async_copy(
     src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
     dst_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
-    sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef | None = None,
+    *,
+    src_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef | None = None,
 ) -> LocalCopyDescriptor:
-    """Describe a copy on this device; ``sem`` (one DMA semaphore) is required."""
+    """Describe a copy on this device, tracked by ``sem`` (one DMA semaphore)."""
 
 def async_copy(
     src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
     dst_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
-    sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef | None = None,
     *,
+    src_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef | None = None,
     priority: Literal[0, 1] = 0,
-    add: Literal[False] = False,
+    add: bool = False,
 ) -> LocalCopyDescriptor:
-    """Describe and start a copy on this device."""
+    """Describe and start a copy on this device (``add=True``: SparseCore only)."""
 
 def make_async_remote_copy(
     src_ref: DataRef | jax.Array | jax.Ref | _TransformedRef | _IndexUpdateRef,
