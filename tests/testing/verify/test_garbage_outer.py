@@ -1,0 +1,265 @@
+"""Garbage a kernel leaves in its output, followed through the program around kernels.
+
+A padded MoE (maxtext's grouped matmuls) has a kernel write only the real rows of a
+padded output; ``silu`` runs on all rows, a second kernel reads the rows it needs and
+the program slices the padding off. Verify used to report R6 at the first kernel's
+return, because ``silu`` (any operation but a slice, transpose or reshape) counted as
+reading all of the output. Now element-wise operations keep garbage in its rows,
+layout operations move it, a later kernel gets it as unwritten parts of its input
+buffer (its own rules judge what it does with them), and only uses that mix rows
+(a contraction over the padded rows, a reduction) or the program's result read it.
+docs/verify.md, garbage outside the kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.testing import UnwrittenReadError, verify
+from tests.support.source_lines import marker_line
+
+F32 = jnp.float32
+TM, M, REAL, K = 64, 256, 192, 128  # row tile, padded rows, real rows, width
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+X = jax.ShapeDtypeStruct((M, K), F32)
+W = jax.ShapeDtypeStruct((K, K), F32)
+
+
+def gmm(x: jax.Array, w: jax.Array, tiles: int) -> jax.Array:
+    """A grouped matmul reduced to its layout: row tiles ``0..tiles-1`` of a padded
+    ``(M, K)`` output are computed; the rest is never visited (never written)."""
+
+    def kernel(x_ref: Any, w_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=F32)
+
+    out: jax.Array = pl.pallas_call(
+        kernel,
+        grid=(tiles,),
+        in_specs=[
+            pl.BlockSpec((TM, K), lambda i: (i, 0)),
+            pl.BlockSpec((K, K), lambda i: (0, 0)),
+        ],
+        out_specs=pl.BlockSpec((TM, K), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((M, K), F32),
+    )(x, w)
+    return out
+
+
+def shift(x: jax.Array, tiles: int) -> jax.Array:
+    """An element-wise kernel (``x + 1``) over row tiles ``0..tiles-1``: garbage it
+    loads is stored garbage (docs/verify.md, garbage through vector code)."""
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + 1.0
+
+    out: jax.Array = pl.pallas_call(
+        kernel,
+        grid=(tiles,),
+        in_specs=[pl.BlockSpec((TM, K), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((TM, K), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((M, K), F32),
+    )(x)
+    return out
+
+
+def copy_rows(x: jax.Array, src: int, dst: int, n: int) -> jax.Array:
+    """A DMA kernel: rows ``src:src+n`` of ``x`` into rows ``dst:dst+n`` of a new
+    ``(M, K)`` output; its other rows are never written."""
+
+    def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref.at[pl.ds(src, n)], o_ref.at[pl.ds(dst, n)], sem)
+        copy.start()
+        copy.wait()
+
+    out: jax.Array = pl.pallas_call(
+        kernel,
+        in_specs=[ANY],
+        out_specs=ANY,
+        out_shape=jax.ShapeDtypeStruct((M, K), F32),
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+    )(x)
+    return out
+
+
+# ---------------------------------------------------------------- padded MoE
+
+
+@pytest.mark.parametrize("second_tiles", [REAL // TM, M // TM])
+def test_padded_moe_slicing_the_padding_off_is_clean(second_tiles: int) -> None:
+    """gmm writes the real rows, silu runs on all, the second gmm reads the real rows
+    (or all of them: a contraction of garbage rows gives garbage rows, never read)."""
+
+    def moe(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        h = jax.nn.silu(gmm(x, w1, REAL // TM))
+        return gmm(h, w2, second_tiles)[:REAL]
+
+    assert verify(moe, X, W, W).invocations == 1
+
+
+def test_padded_moe_with_kernels_back_to_back_is_clean() -> None:
+    def moe(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        return gmm(gmm(x, w1, REAL // TM), w2, M // TM)[:REAL]
+
+    assert verify(moe, X, W, W).invocations == 1
+
+
+def test_padded_moe_returning_the_padding_is_reported() -> None:
+    def moe(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        h = jax.nn.silu(gmm(x, w1, REAL // TM))
+        return gmm(h, w2, REAL // TM)  # the padding rows go out unwritten
+
+    with pytest.raises(UnwrittenReadError, match=r"o_ref\[192:256, 0:128\]"):
+        verify(moe, X, W, W)
+
+
+# ---------------------------------------------------------------- element-wise chains
+
+CHAINS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "unary": lambda o: jnp.exp(o)[:REAL],
+    "binary": lambda o: (o * 2.0 + o)[:REAL],
+    "cast": lambda o: o.astype(jnp.bfloat16)[:REAL].astype(F32),
+    "where": lambda o: jnp.where(o > 0, o, 0.0)[:REAL],
+    "jit": lambda o: jax.jit(lambda v: jnp.tanh(v) - 1.0)(o)[:REAL],
+    "transpose": lambda o: (o.T * 2.0).T[:REAL],
+    "reshape": lambda o: jnp.sin(o.reshape(M // 2, 2 * K))[: REAL // 2],
+    "two slices": lambda o: jnp.concatenate([(o + 1.0)[:64], jnp.abs(o)[128:REAL]]),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_an_element_wise_chain_keeps_garbage_in_its_rows(name: str) -> None:
+    def program(x: jax.Array) -> jax.Array:
+        return CHAINS[name](copy_rows(x, 0, 0, REAL))
+
+    assert verify(program, X).dmas == 1
+
+
+@pytest.mark.parametrize("name", ["unary", "jit", "transpose", "reshape"])
+def test_an_element_wise_chain_that_keeps_a_garbage_row_is_reported(name: str) -> None:
+    """The same chains with one garbage row more in the kernel's output."""
+
+    def program(x: jax.Array) -> jax.Array:
+        return CHAINS[name](copy_rows(x, 0, 0, REAL - 2))
+
+    with pytest.raises(UnwrittenReadError, match=r"nothing wrote o_ref\[190:19[12]"):
+        verify(program, X)
+
+
+# ---------------------------------------------------------------- uses that mix rows
+
+
+def _mixing(use: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+    def program(x: jax.Array) -> jax.Array:
+        return use(jnp.exp(copy_rows(x, 0, 0, REAL)))
+
+    return program
+
+
+def test_a_contraction_over_the_padded_rows_reads_the_garbage() -> None:
+    program = _mixing(lambda h: h.T @ h)  # MIX-CONTRACTION
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(program, X)
+    text = str(err.value)
+    line = marker_line(__file__, "MIX-CONTRACTION")
+    assert "nothing wrote o_ref[192:256, 0:128]" in text, text
+    assert f"read by dot_general at {__file__}:{line}" in text, text
+
+
+def test_a_reduction_over_the_padded_rows_reads_the_garbage() -> None:
+    program = _mixing(lambda h: jnp.max(h, axis=0))  # MIX-REDUCTION
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(program, X)
+    line = marker_line(__file__, "MIX-REDUCTION")
+    assert f"read by reduce_max at {__file__}:{line}" in str(err.value), str(err.value)
+
+
+def test_a_contraction_over_the_real_rows_only_is_clean() -> None:
+    assert verify(_mixing(lambda h: h[:REAL].T @ h[:REAL]), X).dmas == 1
+
+
+def test_garbage_into_a_kernels_control_data_is_a_read() -> None:
+    """A kernel output passed on as another kernel's scalar-prefetch operand steers
+    that kernel (its index maps, its control flow): all of it is read."""
+
+    def indices(x: jax.Array) -> jax.Array:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[0:4] = x_ref[0:4]  # o_ref[4:8] stays garbage
+
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+            out_shape=jax.ShapeDtypeStruct((8,), jnp.int32),
+        )(x)
+        return out
+
+    def program(x: jax.Array, y: jax.Array) -> jax.Array:
+        idx = indices(x) + 0
+
+        def kernel(idx_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = y_ref[...]
+
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(1,),
+                in_specs=[pl.BlockSpec((8, K), lambda i, idx: (0, 0))],
+                out_specs=pl.BlockSpec((8, K), lambda i, idx: (0, 0)),
+            ),
+            out_shape=jax.ShapeDtypeStruct((8, K), F32),
+        )(idx, y)
+        return out
+
+    with pytest.raises(UnwrittenReadError, match=r"nothing wrote o_ref\[4:8\]"):
+        verify(program, jax.ShapeDtypeStruct((8,), jnp.int32), jax.ShapeDtypeStruct((8, K), F32))
+
+
+# ---------------------------------------------------------------- inside a later kernel
+
+
+def test_a_later_kernel_that_copies_garbage_rows_into_what_is_read_is_reported() -> None:
+    def program(x: jax.Array) -> jax.Array:
+        h = jax.nn.silu(copy_rows(x, 0, 0, REAL))  # FIRST-COPY
+        return copy_rows(h, 128, 0, 128)[:128]  # rows 192:256 of h are garbage
+
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(program, X)
+    text = str(err.value)
+    assert "o_ref[64:128, 0:128]" in text, text
+    # the fix names where the garbage began: the first kernel's output
+    first = marker_line(__file__, "FIRST-COPY")
+    assert f"Fix: write o_ref of kernel kernel at {__file__}:" in text, text
+    assert f"(copy_rows, called at line {first} in" in text, text
+
+
+def test_a_later_kernel_that_copies_only_written_rows_is_clean() -> None:
+    def program(x: jax.Array) -> jax.Array:
+        h = jax.nn.silu(copy_rows(x, 0, 0, REAL))
+        return copy_rows(h, 64, 0, 128)[:128]
+
+    assert verify(program, X).dmas == 2
+
+
+def test_a_later_kernel_that_stores_loaded_garbage_where_it_is_read_is_reported() -> None:
+    def program(x: jax.Array, w: jax.Array) -> jax.Array:
+        h = jax.nn.silu(gmm(x, w, REAL // TM))
+        return shift(h, M // TM)  # tile 3 loads garbage and stores it; all is returned
+
+    with pytest.raises(UnwrittenReadError, match="the pipeline copies out"):
+        verify(program, X, W)
+
+
+def test_a_later_kernel_that_stores_loaded_garbage_where_nothing_reads_it_is_clean() -> None:
+    def program(x: jax.Array, w: jax.Array) -> jax.Array:
+        h = jax.nn.silu(gmm(x, w, REAL // TM))
+        return shift(h, M // TM)[:REAL]
+
+    assert verify(program, X, W).invocations == 1
