@@ -420,8 +420,8 @@ def _steps(
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
                 src = fr.sources.get(j)
-                if src is not None and box is not None:
-                    _copy_in(m, src, box, buf)
+                if src is not None:
+                    _copy_in(m, p, desc, src, box, buf)
             elif j not in visit:
                 box = block_box(desc, ctx, j, point, fr.prefetch)
                 check_revisit(ctx, desc, fr.visits, j, box, point)
@@ -717,17 +717,35 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
     return tuple(grid)
 
 
-def _copy_in(m: Any, src: Buffer, box: tuple[tuple[int, int], ...], buf: Buffer) -> None:
+def _copy_in(
+    m: Any,
+    p: int,
+    desc: KernelDesc,
+    src: Buffer,
+    box: tuple[tuple[int, int], ...] | None,
+    buf: Buffer,
+) -> None:
     """Pallas copies block ``box`` of ``src`` into input block ``buf``: the parts of it
-    nothing wrote (garbage an earlier kernel left, docs/verify.md) stay unwritten."""
+    nothing wrote (garbage an earlier kernel left, docs/verify.md) stay unwritten. A
+    block whose place is not known (``box`` None) reads all of ``src``."""
+    if box is None:
+        m.check_written(
+            p,
+            _full(src),
+            "the pipeline copies a block (which, the verifier does not know) in from",
+            desc.where,
+            "Write every part of an array a later kernel reads in blocks.",
+        )
+        return
     history = m.histories.get(src.ident)
-    written = [] if history is None else history.coverage.parts(box)
+    written: list[tuple[tuple[int, int], ...]] | None = (
+        [] if history is None else history.coverage.parts(box)
+    )
     if written is None:
         return  # all of it written (the block was marked written by the copy)
     note = m.partly_from.get(src.ident, "")
-    full = buf.full_box()
     m.store_garbage(_full(buf), note, m.root_of(src))
-    for part in carried(written, box, full):
+    for part in carried(written, box, buf.full_box()):
         m.mark_written(buf, part)
 
 
@@ -747,7 +765,9 @@ def _unread(desc: KernelDesc, k: int, box: tuple[tuple[int, int], ...] | None) -
 def _copy_out(m: Any, buf: Buffer, box: tuple[tuple[int, int], ...], res: Buffer) -> None:
     """Copy output block ``buf`` out to ``box`` of ``res``, garbage included."""
     history = m.histories.get(buf.ident)
-    written = [] if history is None else history.coverage.parts(buf.full_box())
+    written: list[tuple[tuple[int, int], ...]] | None = (
+        [] if history is None else history.coverage.parts(buf.full_box())
+    )
     if written is None:
         m.mark_written(res, box)
         return

@@ -21,11 +21,13 @@ from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import subtract
 
 __all__ = [
-    "ELEMENTWISE",
     "CALLS",
+    "ELEMENTWISE",
     "PLACEMENT",
+    "DimMap",
     "OutReads",
-    "elementwise",
+    "Reader",
+    "dim_maps",
     "kernel_inputs",
     "layout_reads",
 ]
@@ -66,12 +68,63 @@ CALLS = {
 }
 
 
-def elementwise(eqn: Any) -> bool:
-    """An element-wise equation with one result whose array operands all have its shape."""
-    if eqn.primitive.name not in ELEMENTWISE or len(eqn.outvars) != 1:
-        return False
-    shape = tuple(eqn.outvars[0].aval.shape)
-    return all(_jax.is_literal(a) or tuple(a.aval.shape) in (shape, ()) for a in eqn.invars)
+# Per dimension of an operand: the result dimension it runs along and whether it is a
+# size-1 dimension stretched over it (broadcast); None where the equation mixes along
+# it (a contracted or reduced dimension: each result element reads all of it).
+DimMap = tuple[tuple[int, bool] | None, ...]
+
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax "
+    "argmin".split()
+)
+
+
+def dim_maps(eqn: Any) -> list[DimMap | None] | None:
+    """How each element of a one-result equation depends on its operands, dimension by
+    dimension (None per literal operand), for element-wise equations, ``dot_general``,
+    reductions and ``broadcast_in_dim``; None for any other equation. Garbage in an
+    operand reaches the result elements along the mapped dimensions (``_patchy``)."""
+    name = eqn.primitive.name
+    if len(eqn.outvars) != 1:
+        return None
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    shapes = [None if _jax.is_literal(a) else tuple(a.aval.shape) for a in eqn.invars]
+    try:
+        if name in ELEMENTWISE:
+            if any(sh not in (None, (), out_shape) for sh in shapes):
+                return None
+            same = tuple((d, False) for d in range(len(out_shape)))
+            return [None if sh is None else (() if sh == () else same) for sh in shapes]
+        if name in _REDUCTIONS and len(shapes) == 1 and shapes[0] is not None:
+            axes = {int(a) for a in eqn.params["axes"]}
+            kept = iter(range(len(out_shape)))
+            return [
+                tuple(None if d in axes else (next(kept), False) for d in range(len(shapes[0])))
+            ]
+        if name == "dot_general" and len(shapes) == 2 and None not in shapes:
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            nb = len(lb)
+            maps: list[DimMap | None] = []
+            offset = nb
+            for sh, contract, batch in ((shapes[0], lc, lb), (shapes[1], rc, rb)):
+                assert sh is not None
+                free = [d for d in range(len(sh)) if d not in contract and d not in batch]
+                m: list[tuple[int, bool] | None] = [None] * len(sh)
+                for i, d in enumerate(batch):
+                    m[int(d)] = (i, False)
+                for i, d in enumerate(free):
+                    m[d] = (offset + i, False)
+                offset += len(free)
+                maps.append(tuple(m))
+            return maps
+        if name == "broadcast_in_dim" and shapes and shapes[0] is not None:
+            dims = [int(d) for d in eqn.params["broadcast_dimensions"]]
+            sh = shapes[0]
+            first = tuple((o, sh[i] == 1 and out_shape[o] != 1) for i, o in enumerate(dims))
+            return [first, *([None] * (len(shapes) - 1))] if len(shapes) == 1 else None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None
+    return None
 
 
 def kernel_inputs(eqn: Any) -> frozenset[int]:
@@ -196,17 +249,21 @@ class _Reads:
 def _carried(eqn: Any, r: _Reads) -> bool:
     """Pull the reads of an element-wise equation's result, a call's results or a
     kernel's data inputs back to their operands; False for any other equation."""
-    if elementwise(eqn):
+    maps = dim_maps(eqn)
+    if maps is not None:
         out = eqn.outvars[0]
         if out not in r.reads:
             return True  # the result is never used: this use reads nothing
-        shape = tuple(out.aval.shape)
-        for a in eqn.invars:
-            if not _jax.is_literal(a):
-                if tuple(a.aval.shape) == shape:
-                    r.add(a, r.reads[out], r.by.get(out))
-                else:
-                    r.add(a, None, (True, eqn))
+        got = r.reads[out]
+        whole = tuple((0, int(d)) for d in out.aval.shape)
+        for a, m in zip(eqn.invars, maps):
+            if m is None:
+                continue
+            shape = tuple(int(d) for d in a.aval.shape)
+            boxes = tuple(_pulled(m, shape, b) for b in ((whole,) if got is None else got))
+            # an equation that mixes along a dimension is the one that reads it all
+            mixes = any(d is None for d in m)
+            r.add(a, boxes, (True, eqn) if mixes else r.by.get(out))
         return True
     key = CALLS.get(eqn.primitive.name)
     if key is not None and key in eqn.params:
@@ -226,6 +283,13 @@ def _carried(eqn: Any, r: _Reads) -> bool:
             r.add(a, () if k in inputs else None, None if k in inputs else (True, eqn))
         return True
     return False
+
+
+def _pulled(m: DimMap, shape: tuple[int, ...], box: _Box) -> _Box:
+    """The box of an operand that result ``box`` reads, by the operand's dimension map."""
+    if any(hi <= lo for lo, hi in box):
+        return tuple((0, 0) for _ in shape)
+    return tuple((0, n) if d is None else ((0, 1) if d[1] else box[d[0]]) for d, n in zip(m, shape))
 
 
 def _overwritten(eqn: Any, defs: dict[Any, Any]) -> _Box | None:

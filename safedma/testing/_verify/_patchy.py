@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from safedma.testing._verify._output_reads import DimMap
 from safedma.testing._verify._regions import Box, Coverage, View, is_empty, subtract
 from safedma.testing._verify._scalars import Unknown
 
@@ -35,12 +36,14 @@ class Patchy(Unknown):
         self.shape, self.written, self.note, self.root = shape, written, note, root
 
 
-def carry(eqn: Any, ins: list[tuple[tuple[int, ...], list[Box] | None]]) -> list[Box] | None:
+def carry(
+    eqn: Any, maps: list[DimMap | None] | None, ins: list[tuple[tuple[int, ...], list[Box] | None]]
+) -> list[Box] | None:
     """The written boxes of ``eqn``'s result from its array operands' (shape, written
-    boxes; None: all written); None when all of the result is written."""
-    name = eqn.primitive.name
+    boxes; None: all written), by the operands' dimension maps (``dim_maps``) or as a
+    layout equation (``maps`` None); None when all of the result is written."""
     out_shape = tuple(int(d) for d in eqn.outvars[0].aval.shape)
-    if name in ("slice", "transpose", "reshape"):
+    if maps is None:
         shape, written = ins[0]
         if written is None:
             return None
@@ -48,16 +51,37 @@ def carry(eqn: Any, ins: list[tuple[tuple[int, ...], list[Box] | None]]) -> list
         for box in written:
             mapped.extend(_layout(eqn, shape, out_shape, box))
         return _merged(mapped)
-    # element-wise: an element is written when it is in every operand
-    result: list[Box] | None = None
-    for shape, written in ins:
-        if written is None or shape != out_shape:
+    # a result element is written when every operand part it reads is
+    whole = tuple((0, n) for n in out_shape)
+    result: list[Box] = [whole]
+    patchy = False
+    for (shape, written), m in zip(ins, maps):
+        if m is None or not m:
             continue
-        if result is None:
-            result = list(written)
-        else:
-            result = [c for a in result for b in written if not is_empty(c := _cut(a, b))]
-    return None if result is None else _merged(result)
+        patchy = patchy or written is not None
+        boxes = [tuple((0, n) for n in shape)] if written is None else written
+        images = [img for b in boxes if (img := _image(m, shape, out_shape, b)) is not None]
+        result = [c for a in result for b in images if not is_empty(c := _cut(a, b))]
+        if len(result) > _MAX_RUNS:
+            return []  # too fine to follow: all of it counts as garbage
+    return _merged(result) if patchy else None
+
+
+def _image(m: DimMap, shape: tuple[int, ...], out_shape: tuple[int, ...], box: Box) -> Box | None:
+    """The result elements whose operand part lies inside written ``box`` (None: none,
+    when the box leaves out part of a dimension the equation mixes along)."""
+    res = [(0, n) for n in out_shape]
+    for k, (d, (lo, hi)) in enumerate(zip(m, box)):
+        if hi <= lo:
+            return None
+        if d is None:
+            if (lo, hi) != (0, shape[k]):
+                return None
+            continue
+        o, stretched = d
+        if not stretched:
+            res[o] = (max(res[o][0], lo), min(res[o][1], hi))
+    return tuple(res)
 
 
 def holes(shape: tuple[int, ...], written: list[Box]) -> list[Box]:

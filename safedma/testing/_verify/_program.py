@@ -32,8 +32,9 @@ from safedma.testing._verify._report import (
 from safedma.testing._verify._output_reads import (
     PLACEMENT,
     OutReads,
+    DimMap,
     Reader,
-    elementwise,
+    dim_maps,
     layout_reads,
 )
 from safedma.testing._verify._patchy import Patchy, carry
@@ -375,10 +376,11 @@ class Compiler:
             return op
         starts = [self.atom(a) for a in eqn.invars[1:]]  # a dynamic_slice's
         op = _outside_reads(eqn, arrays, starts, op)
-        if elementwise(eqn) or (
+        maps = dim_maps(eqn)
+        if maps is not None or (
             eqn.primitive.name in ("slice", "transpose", "reshape") and len(eqn.invars) == 1
         ):
-            return _keeps_garbage(eqn, arrays, self.outs(eqn)[0], op)
+            return _keeps_garbage(eqn, maps, arrays, self.outs(eqn)[0], op)
         return op
 
     def placement(self, eqn: Any) -> Op:
@@ -935,7 +937,9 @@ def _outside_reads(
     return reads
 
 
-def _keeps_garbage(eqn: Any, slots: list[tuple[int, int]], out: int, op: Op) -> Op:
+def _keeps_garbage(
+    eqn: Any, maps: list[DimMap | None] | None, slots: list[tuple[int, int]], out: int, op: Op
+) -> Op:
     """``op``, whose result keeps the garbage of its operands in place (element-wise)
     or moves it (slice, transpose, reshape): a :class:`Patchy` value when some part
     of it holds garbage from a kernel's output (``_patchy``)."""
@@ -946,6 +950,7 @@ def _keeps_garbage(eqn: Any, slots: list[tuple[int, int]], out: int, op: Op) -> 
         if g is not None:
             return g  # not an XLA operation after all (never for these primitives)
         ins: list[tuple[tuple[int, ...], list[Box] | None]] = []
+        arrays: list[DimMap | None] = []
         note = root = ""
         for k, x in slots:
             v = env[x]
@@ -965,8 +970,9 @@ def _keeps_garbage(eqn: Any, slots: list[tuple[int, int]], out: int, op: Op) -> 
                     )
                     root = m.garbage_root.get(buf.ident) or f"{buf.name} of {made}"
             ins.append((shape, written))
+            arrays.append(None if maps is None else maps[k])
         if note:
-            written = carry(eqn, ins)
+            written = carry(eqn, None if maps is None else arrays, ins)
             if written is not None:
                 shape = tuple(int(d) for d in eqn.outvars[0].aval.shape)
                 env[out] = Patchy(shape, written, note, root)

@@ -184,6 +184,41 @@ def test_a_contraction_over_the_real_rows_only_is_clean() -> None:
     assert verify(_mixing(lambda h: h[:REAL].T @ h[:REAL]), X).dmas == 1
 
 
+ROW_KEEPING: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "contraction over columns": lambda h: (h @ h[:K].T)[:REAL],
+    "batched contraction": lambda h: jnp.einsum("rik,rjk->rij", h[:, None], h[:, None])[:REAL],
+    "reduction over columns": lambda h: jnp.sum(h, axis=1)[:REAL],
+    "argmax over columns": lambda h: jnp.argmax(h, axis=-1)[:REAL],
+    "broadcast": lambda h: jnp.broadcast_to(h[:, None, :], (M, 2, K))[:REAL],
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_KEEPING))
+def test_a_use_that_keeps_rows_apart_keeps_garbage_in_its_rows(name: str) -> None:
+    """A contraction or reduction over other dimensions than the padded rows: each
+    result row reads one row of the output, so the garbage rows stay garbage rows."""
+    assert verify(_mixing(ROW_KEEPING[name]), X).dmas == 1
+
+
+def test_a_row_keeping_result_that_keeps_the_garbage_rows_is_reported() -> None:
+    program = _mixing(lambda h: h @ h[:K].T)
+    with pytest.raises(UnwrittenReadError, match=r"nothing wrote o_ref\[192:256, 0:128\]"):
+        verify(program, X)
+
+
+def test_an_xla_matmul_between_two_kernels_carries_the_garbage_rows() -> None:
+    def twin(src: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        def program(x: jax.Array, w: jax.Array) -> jax.Array:
+            h = jax.nn.silu(gmm(x, w, REAL // TM)) @ w  # rows 192:256 stay garbage
+            return copy_rows(h, src, 0, 128)[:128]
+
+        return program
+
+    assert verify(twin(0), X, W).dmas == 1
+    with pytest.raises(UnwrittenReadError, match=r"nothing wrote o_ref\[64:128, 0:128\]"):
+        verify(twin(128), X, W)  # copies rows 192:256 of h into rows 64:128
+
+
 def test_garbage_into_a_kernels_control_data_is_a_read() -> None:
     """A kernel output passed on as another kernel's scalar-prefetch operand steers
     that kernel (its index maps, its control flow): all of it is read."""
