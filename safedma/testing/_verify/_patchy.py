@@ -27,13 +27,32 @@ _MAX_RUNS = 4096  # contiguous runs of a box mapped through a reshape, one by on
 
 class Patchy(Unknown):
     """Vector data of ``shape`` outside the kernels of which only ``written`` holds
-    data some kernel wrote; the rest is garbage from ``root`` (R6 messages)."""
+    data some kernel wrote; the rest is garbage that ``origin`` left (a kernel's
+    output), passed on first by ``prim`` at ``where``, from ``root`` (R6 messages)."""
 
-    __slots__ = ("shape", "written", "note", "root")
+    __slots__ = ("shape", "written", "origin", "prim", "where", "root")
 
-    def __init__(self, shape: tuple[int, ...], written: list[Box], note: str, root: str) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        written: list[Box],
+        origin: str,
+        prim: str,
+        where: str,
+        root: str,
+    ) -> None:
         super().__init__("vector data")
-        self.shape, self.written, self.note, self.root = shape, written, note, root
+        self.shape, self.written, self.root = shape, written, root
+        self.origin, self.prim, self.where = origin, prim, where
+
+    @property
+    def note(self) -> str:
+        return f" (garbage {self.origin}, passed on by {self.prim} at {self.where} outside the kernels)"
+
+    def located(self, where: str) -> Patchy:
+        """The same value, passed on at ``where`` (the user's call of a jax function
+        whose own lines, like ``silu``'s, are not the user's)."""
+        return Patchy(self.shape, self.written, self.origin, self.prim, where, self.root)
 
 
 def carry(

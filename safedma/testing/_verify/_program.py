@@ -536,8 +536,9 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return None
-            return _call_gen(body, vals, outs, env, ctx)
+            return _call_then(body, vals, outs, env, ctx, eqn, where)
 
+        where: list[str] = []  # the call's line, found when first needed
         return op
 
     def cond(self, eqn: Any) -> Op:
@@ -951,31 +952,30 @@ def _keeps_garbage(
             return g  # not an XLA operation after all (never for these primitives)
         ins: list[tuple[tuple[int, ...], list[Box] | None]] = []
         arrays: list[DimMap | None] = []
-        note = root = ""
+        first: Patchy | None = None
         for k, x in slots:
             v = env[x]
             shape = tuple(int(d) for d in eqn.invars[k].aval.shape)
             written = _written(ctx.machine, v)
-            if written is not None and not note:
+            if written is not None and first is None:
                 if isinstance(v, Patchy):
-                    note, root = v.note, v.root
+                    first = v
                 else:
                     if not where:
+                        # "<mul>" inside a jax function (silu): its call names the line
                         where.append(location(eqn))
                     m, buf = ctx.machine, v.buffer
                     made = m.made_by.get(buf.ident, "a kernel")
-                    note = (
-                        f" (garbage {made} left in its output {buf.name}, passed on by "
-                        f"{eqn.primitive.name} at {where[0]} outside the kernels)"
-                    )
                     root = m.garbage_root.get(buf.ident) or f"{buf.name} of {made}"
+                    origin = f"{made} left in its output {buf.name}"
+                    first = Patchy((), [], origin, eqn.primitive.name, where[0], root)
             ins.append((shape, written))
             arrays.append(None if maps is None else maps[k])
-        if note:
+        if first is not None:
             written = carry(eqn, None if maps is None else arrays, ins)
             if written is not None:
                 shape = tuple(int(d) for d in eqn.outvars[0].aval.shape)
-                env[out] = Patchy(shape, written, note, root)
+                env[out] = Patchy(shape, written, first.origin, first.prim, first.where, first.root)
         return None
 
     return keeps
@@ -1092,6 +1092,27 @@ def _call_gen(body: Compiled, vals: list[Any], outs: list[int], env: list[Any], 
     res = yield from run(body, vals, ctx)
     for s, v in zip(outs, res):
         env[s] = v
+    return None
+
+
+def _call_then(
+    body: Compiled,
+    vals: list[Any],
+    outs: list[int],
+    env: list[Any],
+    ctx: Ctx,
+    eqn: Any,
+    where: list[str],
+) -> Gen:
+    """A call's body, then its garbage-holding results named at the call's line when
+    the body's own lines are not the user's (``_patchy.Patchy.located``)."""
+    yield from _call_gen(body, vals, outs, env, ctx)
+    for s in outs:
+        v = env[s]
+        if isinstance(v, Patchy) and v.where.startswith("<"):
+            if not where:
+                where.append(location(eqn))
+            env[s] = v.located(where[0])
     return None
 
 

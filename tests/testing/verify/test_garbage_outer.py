@@ -13,11 +13,14 @@ docs/verify.md, garbage outside the kernels.
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -117,6 +120,32 @@ def test_padded_moe_returning_the_padding_is_reported() -> None:
 
     with pytest.raises(UnwrittenReadError, match=r"o_ref\[192:256, 0:128\]"):
         verify(moe, X, W, W)
+
+
+MEGABLOX = "jax.experimental.pallas.ops.tpu.megablox.gmm"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sliced", [True, False])
+def test_jax_megablox_padded_moe(sliced: bool) -> None:
+    """jax's own grouped matmul in the padded MoE: 192 routed rows of 256 (groups
+    64, 0, 64, 64), ``gmm -> silu -> gmm``. Slicing the padding off is clean (R6 before
+    this rule); returning it is R6 for the rows no group covers."""
+    gmm_ops = importlib.import_module(MEGABLOX)
+    sizes = np.array([64, 0, 64, 64], np.int32)
+    tiling = (TM, K, K)
+
+    def moe(x: jax.Array, w1: jax.Array, w2: jax.Array, groups: jax.Array) -> jax.Array:
+        h = jax.nn.silu(gmm_ops.gmm(x, w1, groups, tiling=tiling))
+        y: jax.Array = gmm_ops.gmm(h, w2, groups, tiling=tiling)
+        return y[:REAL] if sliced else y
+
+    experts = jax.ShapeDtypeStruct((4, K, K), F32)
+    if sliced:
+        assert verify(moe, X, experts, experts, sizes).invocations == 1
+        return
+    with pytest.raises(UnwrittenReadError, match=r"nothing wrote out\[192:256, 0:128\]"):
+        verify(moe, X, experts, experts, sizes)
 
 
 # ---------------------------------------------------------------- element-wise chains
@@ -285,11 +314,17 @@ def test_a_later_kernel_that_copies_only_written_rows_is_clean() -> None:
 
 def test_a_later_kernel_that_stores_loaded_garbage_where_it_is_read_is_reported() -> None:
     def program(x: jax.Array, w: jax.Array) -> jax.Array:
-        h = jax.nn.silu(gmm(x, w, REAL // TM))
+        h = jax.nn.silu(gmm(x, w, REAL // TM))  # SILU
         return shift(h, M // TM)  # tile 3 loads garbage and stores it; all is returned
 
-    with pytest.raises(UnwrittenReadError, match="the pipeline copies out"):
+    with pytest.raises(UnwrittenReadError) as err:
         verify(program, X, W)
+    text = str(err.value)
+    assert "the pipeline copies out" in text, text
+    # the note says where the garbage left the first kernel and which line passed it on
+    silu = marker_line(__file__, "# SILU")
+    assert re.search(rf"passed on by \w+ at {re.escape(__file__)}:{silu} ", text), text
+    assert "Fix: write o_ref of kernel kernel at" in text, text
 
 
 def test_a_later_kernel_that_stores_loaded_garbage_where_nothing_reads_it_is_clean() -> None:
