@@ -373,7 +373,12 @@ def _frame(
                     desc.param_names[pos],
                     shape=ints(block["array_shape"]),
                 )
-            if src is not None:
+            if type(src) is RefVal and not src.steps:
+                # aliased: blocks never copied out keep the input, its garbage too (in
+                # place, the output is the input's memory and holds what it holds)
+                if src.buffer is not res:
+                    _keep_input(m, src.buffer, res)
+            elif src is not None:
                 m.mark_written(res)  # aliased: blocks never copied out keep the input
             sh.results[j] = res
             sh.outer_out.append(res)
@@ -747,6 +752,22 @@ def _copy_in(
     m.store_garbage(_full(buf), note, m.root_of(src))
     for part in carried(written, box, buf.full_box()):
         m.mark_written(buf, part)
+
+
+def _keep_input(m: Any, src: Buffer, res: Buffer) -> None:
+    """An output aliased to input ``src`` starts as ``src``: what nothing wrote in it
+    (garbage an earlier kernel left) stays unwritten where no block is copied out."""
+    m.mark_written(res)
+    history = m.histories.get(src.ident)
+    full = src.full_box()
+    written: list[tuple[tuple[int, int], ...]] | None = (
+        [] if history is None else history.coverage.parts(full)
+    )
+    if written is None or full != res.full_box():
+        return
+    m.store_garbage(_full(res), m.partly_from.get(src.ident, ""), m.root_of(src))
+    for part in written:
+        m.mark_written(res, part)
 
 
 def _unread(desc: KernelDesc, k: int, box: tuple[tuple[int, int], ...] | None) -> bool:

@@ -128,9 +128,9 @@ def dim_maps(eqn: Any) -> list[DimMap | None] | None:
 
 
 def kernel_inputs(eqn: Any) -> frozenset[int]:
-    """The operands of a ``pallas_call`` that are its data inputs (not scalar-prefetch,
-    grid sizes, captured refs or inputs aliased to an output): the kernel receives
-    their contents, garbage included, in its input buffers."""
+    """The operands of a ``pallas_call`` that are its data inputs (not scalar-prefetch
+    operands, grid sizes or captured refs): the kernel receives their contents,
+    garbage included, in its input buffers (or in an output aliased to one)."""
     if eqn.primitive.name != "pallas_call":
         return frozenset()
     try:
@@ -142,11 +142,7 @@ def kernel_inputs(eqn: Any) -> frozenset[int]:
         consts = extra if extra > 0 and extra == len(jaxpr.constvars) else 0
         if len(eqn.invars) != consts + lead + n_in:
             return frozenset()
-        # aliases count operands after the captured refs and grid sizes
-        aliased = {int(i) for i, _ in kp["aliases"]}
-        first = consts + int(kp["num_dynamic_grid_bounds"])
-        n_index = int(kp["num_index_operands"])
-        return frozenset(first + n_index + k for k in range(n_in) if n_index + k not in aliased)
+        return frozenset(range(consts + lead, consts + lead + n_in))
     except (KeyError, TypeError, ValueError, AttributeError):
         return frozenset()
 
