@@ -354,7 +354,9 @@ def _frame(
         args.append(RefVal(buf))
         fr.blocked.append((j, buf, is_out))
         if not is_out and isinstance(src, RefVal) and not src.steps:
-            fr.sources[j] = src.buffer  # each block copied in carries its garbage
+            history = m.histories.get(src.buffer.ident)
+            if history is None or not history.coverage.covers(src.buffer.full_box()):
+                fr.sources[j] = src.buffer  # each block copied in carries its garbage
         if not is_out and buf.values is not None:
             # an SMEM block: each step holds its window of the operand's values
             fr.smem_blocks.append((j, buf, known_values(src, block["array_shape"])))
@@ -440,7 +442,8 @@ def _steps(
                 view = _full(buf)
                 # a block the program never reads may carry garbage out (padding rows
                 # a later kernel skips, sliced off at the end): judged where it is read
-                unread = _unread(desc, j - desc.n_in, visit[j][0])
+                block = visit[j][0]
+                unread = _unread(desc, j - desc.n_in, block) and _fits(block, buf)
                 if not unread:
                     m.check_written(
                         p,
@@ -733,11 +736,15 @@ def _copy_in(
     """Pallas copies block ``box`` of ``src`` into input block ``buf``: the parts of it
     nothing wrote (garbage an earlier kernel left, docs/verify.md) stay unwritten. A
     block whose place is not known (``box`` None) reads all of ``src``."""
-    if box is None:
+    if box is None or not _fits(box, buf):
+        # which block, or which of its rows, is not known (a partial block at the end:
+        # Pallas pads it): the copy reads all of the block's part of the array
+        whole = src.full_box() if box is None else box
+        view = View(src, whole, tuple(hi - lo for lo, hi in whole), src.itemsize)
         m.check_written(
             p,
-            _full(src),
-            "the pipeline copies a block (which, the verifier does not know) in from",
+            view,
+            "the pipeline copies a block in from",
             desc.where,
             "Write every part of an array a later kernel reads in blocks.",
         )
@@ -752,6 +759,16 @@ def _copy_in(
     m.store_garbage(_full(buf), note, m.root_of(src))
     for part in carried(written, box, buf.full_box()):
         m.mark_written(buf, part)
+
+
+def _fits(box: tuple[tuple[int, int], ...] | None, buf: Buffer) -> bool:
+    """Whether block ``box`` of an array has the extents of block buffer ``buf`` (unit
+    dimensions aside), so ``carried`` maps its parts exactly (not a partial block)."""
+    if box is None:
+        return False
+    a = [hi - lo for lo, hi in box if hi - lo != 1]
+    b = [n for n in buf.shape if n != 1]
+    return a == b
 
 
 def _keep_input(m: Any, src: Buffer, res: Buffer) -> None:
