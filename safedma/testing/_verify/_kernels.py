@@ -33,7 +33,7 @@ from safedma.testing._verify._program import (
 )
 from safedma.testing._verify._output_reads import kernel_inputs
 from safedma.testing._verify._patchy import Patchy, materialize
-from safedma.testing._verify._regions import Buffer, Coverage, View, carried, overlaps
+from safedma.testing._verify._regions import Buffer, Coverage, View, overlaps
 from safedma.testing._verify._report import (
     VerificationUnsupportedError,
     VerifiedRaceError,
@@ -428,7 +428,7 @@ def _steps(
                 m.access(p, view, True, "copies the next input block into", desc.where)
                 src = fr.sources.get(j)
                 if src is not None:
-                    _copy_in(m, p, desc, src, box, buf)
+                    _copy_in(m, p, desc, j, src, box, buf)
             elif j not in visit:
                 box = block_box(desc, ctx, j, point, fr.prefetch)
                 check_revisit(ctx, desc, fr.visits, j, box, point)
@@ -443,7 +443,7 @@ def _steps(
                 # a block the program never reads may carry garbage out (padding rows
                 # a later kernel skips, sliced off at the end): judged where it is read
                 block = visit[j][0]
-                unread = _unread(desc, j - desc.n_in, block) and _fits(block, buf)
+                unread = _unread(desc, j - desc.n_in, block) and _kept(desc, j, buf) is not None
                 if not unread:
                     m.check_written(
                         p,
@@ -462,7 +462,7 @@ def _steps(
                     block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
                     m.access(p, block_view, True, "copies an output block into", desc.where)
                 if unread and box is not None:
-                    _copy_out(m, buf, box, sh.results[j])
+                    _copy_out(m, desc, j, buf, box, sh.results[j])
                 else:
                     m.mark_written(sh.results[j], box)
                 if hint:
@@ -729,21 +729,19 @@ def _copy_in(
     m: Any,
     p: int,
     desc: KernelDesc,
+    j: int,
     src: Buffer,
     box: tuple[tuple[int, int], ...] | None,
     buf: Buffer,
 ) -> None:
     """Pallas copies block ``box`` of ``src`` into input block ``buf``: the parts of it
-    nothing wrote (garbage an earlier kernel left, docs/verify.md) stay unwritten. A
-    block whose place is not known (``box`` None) reads all of ``src``."""
-    if box is None or not _fits(box, buf):
-        # which block, or which of its rows, is not known (a partial block at the end:
-        # Pallas pads it): the copy reads all of the block's part of the array
-        whole = src.full_box() if box is None else box
-        view = View(src, whole, tuple(hi - lo for lo, hi in whole), src.itemsize)
+    nothing wrote (garbage an earlier kernel left, docs/verify.md rule 12) stay
+    unwritten. A block whose place is not known reads all of ``src``."""
+    kept = _kept(desc, j, buf)
+    if box is None or kept is None:
         m.check_written(
             p,
-            view,
+            _full(src),
             "the pipeline copies a block in from",
             desc.where,
             "Write every part of an array a later kernel reads in blocks.",
@@ -755,20 +753,19 @@ def _copy_in(
     )
     if written is None:
         return  # all of it written (the block was marked written by the copy)
-    note = m.partly_from.get(src.ident, "")
-    m.store_garbage(_full(buf), note, m.root_of(src))
-    for part in carried(written, box, buf.full_box()):
-        m.mark_written(buf, part)
+    m.store_garbage(_full(buf), m.partly_from.get(src.ident, ""), m.root_of(src))
+    # the padding of a partial block past the array's end stays unwritten (Pallas
+    # leaves it unspecified): a block whose rows are all garbage is all garbage
+    for part in written:
+        m.mark_written(buf, tuple((part[d][0] - box[d][0], part[d][1] - box[d][0]) for d in kept))
 
 
-def _fits(box: tuple[tuple[int, int], ...] | None, buf: Buffer) -> bool:
-    """Whether block ``box`` of an array has the extents of block buffer ``buf`` (unit
-    dimensions aside), so ``carried`` maps its parts exactly (not a partial block)."""
-    if box is None:
-        return False
-    a = [hi - lo for lo, hi in box if hi - lo != 1]
-    b = [n for n in buf.shape if n != 1]
-    return a == b
+def _kept(desc: KernelDesc, j: int, buf: Buffer) -> list[int] | None:
+    """The dimensions of blocked operand ``j``'s array its block buffer ``buf`` keeps
+    (the squeezed ones dropped), or None when they do not match the buffer."""
+    kinds = tuple(desc.blocks[j].get("block_kinds", ()))
+    kept = [d for d, k in enumerate(kinds) if k != "squeezed"]
+    return kept if len(kept) == len(buf.shape) and kinds else None
 
 
 def _keep_input(m: Any, src: Buffer, res: Buffer) -> None:
@@ -800,13 +797,22 @@ def _unread(desc: KernelDesc, k: int, box: tuple[tuple[int, int], ...] | None) -
     return not any(overlaps(box, r) for r in read)
 
 
-def _copy_out(m: Any, buf: Buffer, box: tuple[tuple[int, int], ...], res: Buffer) -> None:
-    """Copy output block ``buf`` out to ``box`` of ``res``, garbage included."""
+def _copy_out(
+    m: Any,
+    desc: KernelDesc,
+    j: int,
+    buf: Buffer,
+    box: tuple[tuple[int, int], ...],
+    res: Buffer,
+) -> None:
+    """Copy output block ``buf`` out to ``box`` of ``res``, garbage included (the
+    padding of a partial block at the array's end is dropped)."""
     history = m.histories.get(buf.ident)
     written: list[tuple[tuple[int, int], ...]] | None = (
         [] if history is None else history.coverage.parts(buf.full_box())
     )
-    if written is None:
+    kept = _kept(desc, j, buf)
+    if written is None or kept is None:
         m.mark_written(res, box)
         return
     m.store_garbage(
@@ -814,8 +820,13 @@ def _copy_out(m: Any, buf: Buffer, box: tuple[tuple[int, int], ...], res: Buffer
         m.partly_from.get(buf.ident, ""),
         m.root_of(buf),
     )
-    for part in carried(written, buf.full_box(), box):
-        m.mark_written(res, part)
+    for part in written:
+        out = list(box)
+        for i, d in enumerate(kept):
+            lo, hi = part[i][0] + box[d][0], part[i][1] + box[d][0]
+            out[d] = (max(lo, box[d][0]), min(hi, box[d][1]))
+        if all(hi > lo for lo, hi in out):
+            m.mark_written(res, tuple(out))
 
 
 def _fresh_block(m: Any, buf: Buffer) -> None:

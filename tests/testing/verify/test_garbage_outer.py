@@ -317,6 +317,53 @@ def test_an_xla_matmul_between_two_kernels_carries_the_garbage_rows() -> None:
         verify(twin(128), X, W)  # copies rows 192:256 of h into rows 64:128
 
 
+def _ragged(x: jax.Array, real: int) -> jax.Array:
+    """A (200, K) array whose rows ``real:`` a kernel never writes, then the element-wise
+    kernel over 64-row blocks: the last block (rows 192:200) is partial."""
+
+    def first(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref.at[pl.ds(0, real)], o_ref.at[pl.ds(0, real)], sem)
+        copy.start()
+        copy.wait()
+
+    h: jax.Array = pl.pallas_call(
+        first,
+        in_specs=[ANY],
+        out_specs=ANY,
+        out_shape=jax.ShapeDtypeStruct((200, K), F32),
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+    )(x)
+
+    def add(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + 1.0
+
+    out: jax.Array = pl.pallas_call(
+        add,
+        grid=(4,),
+        in_specs=[pl.BlockSpec((TM, K), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((TM, K), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((200, K), F32),
+    )(jnp.exp(h))
+    return out
+
+
+@pytest.mark.parametrize("real", [192, 196])
+def test_garbage_in_a_partial_last_block_sliced_off_is_clean(real: int) -> None:
+    """Garbage rows ``real:200`` reach the second kernel's partial last block (rows
+    192:200 of a 64-row block); the program slices them off."""
+    x = jax.ShapeDtypeStruct((200, K), F32)
+    assert verify(lambda v: _ragged(v, real)[:real], x).dmas == 1
+
+
+def test_a_partial_last_block_of_garbage_returned_is_reported() -> None:
+    """All of the last block's rows are garbage: the kernel stores garbage into the
+    output rows the program returns."""
+    x = jax.ShapeDtypeStruct((200, K), F32)
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(lambda v: _ragged(v, 192), x)
+    assert "the pipeline copies out" in str(err.value), str(err.value)
+
+
 def test_garbage_into_a_kernels_control_data_is_a_read() -> None:
     """A kernel output passed on as another kernel's scalar-prefetch operand steers
     that kernel (its index maps, its control flow): all of it is read."""
