@@ -3,11 +3,13 @@
 Why: an output part nothing wrote (R6) is a mistake only where the program reads it
 (a wrapper slices off padding rows, or overwrites them with ``.at[8:].set(0)``). One
 backward pass over the outer jaxpr pulls each read back through layout equations
-(slice, transpose, reshape), element-wise equations (each element of the result reads
-the same element of its operands), calls (jit, custom_jvp) placement primitives and
+(slice, transpose, reshape), equations whose result elements each read a box of each
+operand (element-wise ones; contractions, reductions and broadcasts along the
+dimensions they keep: ``dim_maps``), calls (jit, custom_jvp), placement primitives and
 window overwrites. A kernel's data input reads nothing here: the garbage reaches the
-kernel's input buffer (``_program.Patchy``) and the kernel's own rules judge its
-reads. Any other use (a contraction, a reduction, a gather) reads all of an array.
+kernel's input buffer (``_patchy.Patchy``) and the kernel's own rules judge its reads.
+Any other use (the program's results, a gather, a loop, a scalar-prefetch operand)
+reads all of an array. docs/verify.md, rule 12.
 """
 
 from __future__ import annotations

@@ -303,9 +303,11 @@ class Compiler:
         c.nslots = len(self.slots)
 
     def read_boxes(self, v: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
-        """The parts of array ``v`` this program can read, when only layout equations
-        (``slice``, ``transpose``, ``reshape``) lead from it to every use that reads
-        it (a wrapper that drops a kernel's padding rows); None: all of it."""
+        """The parts of array ``v`` this program reads, when only layout, element-wise,
+        row-keeping (a contraction over other dimensions) equations and calls lead from
+        it to every use that reads it (a wrapper that drops a kernel's padding rows);
+        None: all of it; (): none (only kernels' data inputs take it, docs/verify.md
+        rule 12)."""
         return self._reads().get(v)
 
     def _reads(self) -> dict[Any, tuple[Box, ...] | None]:
