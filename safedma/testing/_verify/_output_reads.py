@@ -84,7 +84,7 @@ _REDUCTIONS = frozenset(
 def dim_maps(eqn: Any) -> list[DimMap | None] | None:
     """How each element of a one-result equation depends on its operands, dimension by
     dimension (None per literal operand), for element-wise equations, ``dot_general``,
-    reductions and ``broadcast_in_dim``; None for any other equation. Garbage in an
+    reductions, ``squeeze`` and ``broadcast_in_dim``; None for any other equation. Garbage in an
     operand reaches the result elements along the mapped dimensions (``_patchy``)."""
     name = eqn.primitive.name
     if len(eqn.outvars) != 1:
@@ -97,8 +97,9 @@ def dim_maps(eqn: Any) -> list[DimMap | None] | None:
                 return None
             same = tuple((d, False) for d in range(len(out_shape)))
             return [None if sh is None else (() if sh == () else same) for sh in shapes]
-        if name in _REDUCTIONS and len(shapes) == 1 and shapes[0] is not None:
-            axes = {int(a) for a in eqn.params["axes"]}
+        if name in (*_REDUCTIONS, "squeeze") and len(shapes) == 1 and shapes[0] is not None:
+            # a squeezed dimension has size 1: "reading all of it" is exact
+            axes = {int(a) for a in eqn.params["dimensions" if name == "squeeze" else "axes"]}
             kept = iter(range(len(out_shape)))
             return [
                 tuple(None if d in axes else (next(kept), False) for d in range(len(shapes[0])))

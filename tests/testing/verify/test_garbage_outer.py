@@ -288,6 +288,7 @@ ROW_KEEPING: dict[str, Callable[[jax.Array], jax.Array]] = {
     "reduction over columns": lambda h: jnp.sum(h, axis=1)[:REAL],
     "argmax over columns": lambda h: jnp.argmax(h, axis=-1)[:REAL],
     "broadcast": lambda h: jnp.broadcast_to(h[:, None, :], (M, 2, K))[:REAL],
+    "squeeze": lambda h: jnp.squeeze(h[:, None, :], axis=1)[:REAL],
 }
 
 
