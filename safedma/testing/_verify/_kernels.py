@@ -33,7 +33,14 @@ from safedma.testing._verify._program import (
 )
 from safedma.testing._verify._output_reads import kernel_inputs
 from safedma.testing._verify._patchy import Patchy, materialize
-from safedma.testing._verify._regions import Buffer, Coverage, View, overlaps
+from safedma.testing._verify._regions import Buffer, Coverage, View
+from safedma.testing._verify._block_garbage import (
+    copy_in,
+    copy_out,
+    keep_input,
+    kept_dims,
+    never_read,
+)
 from safedma.testing._verify._report import (
     VerificationUnsupportedError,
     VerifiedRaceError,
@@ -379,7 +386,7 @@ def _frame(
                 # aliased: blocks never copied out keep the input, its garbage too (in
                 # place, the output is the input's memory and holds what it holds)
                 if src.buffer is not res:
-                    _keep_input(m, src.buffer, res)
+                    keep_input(m, src.buffer, res)
             elif src is not None:
                 m.mark_written(res)  # aliased: blocks never copied out keep the input
             sh.results[j] = res
@@ -428,7 +435,7 @@ def _steps(
                 m.access(p, view, True, "copies the next input block into", desc.where)
                 src = fr.sources.get(j)
                 if src is not None:
-                    _copy_in(m, p, desc, j, src, box, buf)
+                    copy_in(m, p, desc, j, src, box, buf)
             elif j not in visit:
                 box = block_box(desc, ctx, j, point, fr.prefetch)
                 check_revisit(ctx, desc, fr.visits, j, box, point)
@@ -443,7 +450,7 @@ def _steps(
                 # a block the program never reads may carry garbage out (padding rows
                 # a later kernel skips, sliced off at the end): judged where it is read
                 block = visit[j][0]
-                unread = _unread(desc, j - desc.n_in, block) and _kept(desc, j, buf) is not None
+                unread = never_read(desc, j, block) and kept_dims(desc, j, buf) is not None
                 if not unread:
                     m.check_written(
                         p,
@@ -462,7 +469,7 @@ def _steps(
                     block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
                     m.access(p, block_view, True, "copies an output block into", desc.where)
                 if unread and box is not None:
-                    _copy_out(m, desc, j, buf, box, sh.results[j])
+                    copy_out(m, desc, j, buf, box, sh.results[j])
                 else:
                     m.mark_written(sh.results[j], box)
                 if hint:
@@ -723,110 +730,6 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
             )
         grid.append(int(value))
     return tuple(grid)
-
-
-def _copy_in(
-    m: Any,
-    p: int,
-    desc: KernelDesc,
-    j: int,
-    src: Buffer,
-    box: tuple[tuple[int, int], ...] | None,
-    buf: Buffer,
-) -> None:
-    """Pallas copies block ``box`` of ``src`` into input block ``buf``: the parts of it
-    nothing wrote (garbage an earlier kernel left, docs/verify.md rule 12) stay
-    unwritten. A block whose place is not known reads all of ``src``."""
-    kept = _kept(desc, j, buf)
-    if box is None or kept is None:
-        m.check_written(
-            p,
-            _full(src),
-            "the pipeline copies a block in from",
-            desc.where,
-            "Write every part of an array a later kernel reads in blocks.",
-        )
-        return
-    history = m.histories.get(src.ident)
-    written: list[tuple[tuple[int, int], ...]] | None = (
-        [] if history is None else history.coverage.parts(box)
-    )
-    if written is None:
-        return  # all of it written (the block was marked written by the copy)
-    m.store_garbage(_full(buf), m.partly_from.get(src.ident, ""), m.root_of(src))
-    # the padding of a partial block past the array's end stays unwritten (Pallas
-    # leaves it unspecified): a block whose rows are all garbage is all garbage
-    for part in written:
-        m.mark_written(buf, tuple((part[d][0] - box[d][0], part[d][1] - box[d][0]) for d in kept))
-
-
-def _kept(desc: KernelDesc, j: int, buf: Buffer) -> list[int] | None:
-    """The dimensions of blocked operand ``j``'s array its block buffer ``buf`` keeps
-    (the squeezed ones dropped), or None when they do not match the buffer."""
-    kinds = tuple(desc.blocks[j].get("block_kinds", ()))
-    kept = [d for d, k in enumerate(kinds) if k != "squeezed"]
-    return kept if len(kept) == len(buf.shape) and kinds else None
-
-
-def _keep_input(m: Any, src: Buffer, res: Buffer) -> None:
-    """An output aliased to input ``src`` starts as ``src``: what nothing wrote in it
-    (garbage an earlier kernel left) stays unwritten where no block is copied out."""
-    m.mark_written(res)
-    history = m.histories.get(src.ident)
-    full = src.full_box()
-    written: list[tuple[tuple[int, int], ...]] | None = (
-        [] if history is None else history.coverage.parts(full)
-    )
-    if written is None or full != res.full_box():
-        return
-    m.store_garbage(_full(res), m.partly_from.get(src.ident, ""), m.root_of(src))
-    for part in written:
-        m.mark_written(res, part)
-
-
-def _unread(desc: KernelDesc, k: int, box: tuple[tuple[int, int], ...] | None) -> bool:
-    """Whether the program reads no part of output ``k``'s block ``box`` (None: the
-    block's place is not known, so it counts as read)."""
-    if box is None:
-        return False
-    if _dropped(desc, k):
-        return True
-    read = desc.out_read[k] if k < len(desc.out_read) else None
-    if read is None or any(len(r) != len(box) for r in read):
-        return False
-    return not any(overlaps(box, r) for r in read)
-
-
-def _copy_out(
-    m: Any,
-    desc: KernelDesc,
-    j: int,
-    buf: Buffer,
-    box: tuple[tuple[int, int], ...],
-    res: Buffer,
-) -> None:
-    """Copy output block ``buf`` out to ``box`` of ``res``, garbage included (the
-    padding of a partial block at the array's end is dropped)."""
-    history = m.histories.get(buf.ident)
-    written: list[tuple[tuple[int, int], ...]] | None = (
-        [] if history is None else history.coverage.parts(buf.full_box())
-    )
-    kept = _kept(desc, j, buf)
-    if written is None or kept is None:
-        m.mark_written(res, box)
-        return
-    m.store_garbage(
-        View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize),
-        m.partly_from.get(buf.ident, ""),
-        m.root_of(buf),
-    )
-    for part in written:
-        out = list(box)
-        for i, d in enumerate(kept):
-            lo, hi = part[i][0] + box[d][0], part[i][1] + box[d][0]
-            out[d] = (max(lo, box[d][0]), min(hi, box[d][1]))
-        if all(hi > lo for lo, hi in out):
-            m.mark_written(res, tuple(out))
 
 
 def _fresh_block(m: Any, buf: Buffer) -> None:
