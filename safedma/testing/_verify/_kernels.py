@@ -31,7 +31,16 @@ from safedma.testing._verify._program import (
     register,
     run,
 )
+from safedma.testing._verify._output_reads import kernel_inputs
+from safedma.testing._verify._patchy import Patchy, materialize
 from safedma.testing._verify._regions import Buffer, Coverage, View
+from safedma.testing._verify._block_garbage import (
+    copy_in,
+    copy_out,
+    keep_input,
+    kept_dims,
+    never_read,
+)
 from safedma.testing._verify._report import (
     VerificationUnsupportedError,
     VerifiedRaceError,
@@ -123,6 +132,7 @@ class KernelDesc:
         )
         self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
         self.out_dropped: list[bool] = []  # outputs the program never reads
+        self.out_read_by: list[str] = []  # the operation that reads each output ("")
 
 
 class KernelRun:
@@ -220,11 +230,23 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
     # what the program around the kernel reads of each output (None: all of it)
     desc.out_read = [c.read_boxes(v) for v in eqn.outvars]
     desc.out_dropped = [not c.is_read(v) for v in eqn.outvars]
+    desc.out_read_by = [c.read_by(v) for v in eqn.outvars]
     ins = [c.reader(a) for a in eqn.invars]
     outs = c.outs(eqn)
+    inputs = kernel_inputs(eqn)
+    first = len(eqn.invars) - desc.n_index - desc.n_in
 
     def op(env: list[Any], ctx: Ctx) -> Gen:
         operands = [r(env) for r in ins]
+        for k in inputs:
+            v = operands[k]
+            if isinstance(v, Patchy):
+                # an input that holds garbage from an earlier kernel: the kernel's own
+                # rules judge its reads of it (docs/verify.md, garbage outside kernels)
+                pos = k - first
+                ref = ctx.engine.input_value(ctx.p, eqn.invars[k].aval, None, desc.param_names[pos])
+                materialize(ctx.machine, ref.buffer, v)
+                operands[k] = ref
         _check_in_flight_operands(desc, operands, ctx.engine.labels)
         return _run_kernel(ctx, desc, operands, outs, env)
 
@@ -258,6 +280,8 @@ class _Frame:
         # blocked output j -> block box -> (first, last) grid point of its visit
         self.visits: dict[int, dict[tuple[tuple[int, int], ...], tuple[Any, Any]]] = {}
         self.leftover = False  # a semaphore of this core's was not back to zero at its exit
+        # blocked input j -> the array its blocks are copied from (garbage moves with them)
+        self.sources: dict[int, Buffer] = {}
 
 
 def _frame(
@@ -336,6 +360,10 @@ def _frame(
         )
         args.append(RefVal(buf))
         fr.blocked.append((j, buf, is_out))
+        if not is_out and isinstance(src, RefVal) and not src.steps:
+            history = m.histories.get(src.buffer.ident)
+            if history is None or not history.coverage.covers(src.buffer.full_box()):
+                fr.sources[j] = src.buffer  # each block copied in carries its garbage
         if not is_out and buf.values is not None:
             # an SMEM block: each step holds its window of the operand's values
             fr.smem_blocks.append((j, buf, known_values(src, block["array_shape"])))
@@ -354,7 +382,12 @@ def _frame(
                     desc.param_names[pos],
                     shape=ints(block["array_shape"]),
                 )
-            if src is not None:
+            if type(src) is RefVal and not src.steps:
+                # aliased: blocks never copied out keep the input, its garbage too (in
+                # place, the output is the input's memory and holds what it holds)
+                if src.buffer is not res:
+                    keep_input(m, src.buffer, res)
+            elif src is not None:
                 m.mark_written(res)  # aliased: blocks never copied out keep the input
             sh.results[j] = res
             sh.outer_out.append(res)
@@ -397,9 +430,12 @@ def _steps(
         ctx.grid_point = point
         for j, buf, is_out in fr.blocked:
             if not is_out:
-                block_box(desc, ctx, j, point, fr.prefetch)  # in bounds
+                box = block_box(desc, ctx, j, point, fr.prefetch)  # in bounds
                 view = _full(buf)
                 m.access(p, view, True, "copies the next input block into", desc.where)
+                src = fr.sources.get(j)
+                if src is not None:
+                    copy_in(m, p, desc, j, src, box, buf)
             elif j not in visit:
                 box = block_box(desc, ctx, j, point, fr.prefetch)
                 check_revisit(ctx, desc, fr.visits, j, box, point)
@@ -411,13 +447,18 @@ def _steps(
         for j, buf, is_out in fr.blocked:
             if is_out and (nxt is None or block_changes(desc, ctx, j, point, nxt, fr.prefetch)):
                 view = _full(buf)
-                m.check_written(
-                    p,
-                    view,
-                    "the pipeline copies out",
-                    desc.where,
-                    "Write every output block before the grid step ends." + hint,
-                )
+                # a block the program never reads may carry garbage out (padding rows
+                # a later kernel skips, sliced off at the end): judged where it is read
+                block = visit[j][0]
+                unread = never_read(desc, j, block) and kept_dims(desc, j, buf) is not None
+                if not unread:
+                    m.check_written(
+                        p,
+                        view,
+                        "the pipeline copies out",
+                        desc.where,
+                        "Write every output block before the grid step ends." + hint,
+                    )
                 m.access(p, view, False, "copies the output block out of", desc.where)
                 # the block index is the same at every point of the visit: so is the box
                 box, began = visit.pop(j)
@@ -427,7 +468,10 @@ def _steps(
                     res = sh.results[j]
                     block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
                     m.access(p, block_view, True, "copies an output block into", desc.where)
-                m.mark_written(sh.results[j], box)
+                if unread and box is not None:
+                    copy_out(m, desc, j, buf, box, sh.results[j])
+                else:
+                    m.mark_written(sh.results[j], box)
                 if hint:
                     fr.copied_out.setdefault(j, []).append((box, point))
                 if not last:
@@ -520,6 +564,8 @@ def _run_kernel(
     helpers_left = any(f is not None and f.leftover for f in done.values())
     _returns(ctx, desc, sh, len(m.leftovers) == before and not helpers_left)
     returned = frozenset(b.ident for b in sh.outer_out if b.sem_kind is not None)
+    for buf in sh.outer_out:
+        m.made_by[buf.ident] = f"kernel {desc.name} at {desc.where}"
     for s, buf in zip(outs, sh.outer_out):
         writes = _in_flight_writes(m, buf) if returned else []
         env[s] = (
@@ -645,6 +691,8 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
                 views = [
                     View(buf, box, tuple(hi - lo for lo, hi in box), buf.itemsize) for box in read
                 ]
+            reader = desc.out_read_by[k] if k < len(desc.out_read_by) else ""
+            where = f"{desc.where}, read by {reader}" if reader else desc.where
             for part in views:
                 eng.deferred.append(
                     functools.partial(
@@ -652,7 +700,7 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
                         p,
                         part,
                         "the kernel returns output",
-                        desc.where,
+                        where,
                         "Write (or copy into) every part of each output before the "
                         "kernel returns, or alias it to an input (a remote copy into it "
                         "must be waited, wait_recv, before the kernel returns).",

@@ -3,8 +3,13 @@
 Why: an output part nothing wrote (R6) is a mistake only where the program reads it
 (a wrapper slices off padding rows, or overwrites them with ``.at[8:].set(0)``). One
 backward pass over the outer jaxpr pulls each read back through layout equations
-(slice, transpose, reshape), placement primitives and window overwrites; any other
-use reads all of an array.
+(slice, transpose, reshape), equations whose result elements each read a box of each
+operand (element-wise ones; contractions, reductions and broadcasts along the
+dimensions they keep: ``dim_maps``), calls (jit, custom_jvp), placement primitives and
+window overwrites. A kernel's data input reads nothing here: the garbage reaches the
+kernel's input buffer (``_patchy.Patchy``) and the kernel's own rules judge its reads.
+Any other use (the program's results, a gather, a loop, a scalar-prefetch operand)
+reads all of an array. docs/verify.md, rule 12.
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ import numpy as np
 from safedma.testing._verify import _jax
 from safedma.testing._verify._regions import subtract
 
-__all__ = ["PLACEMENT", "OutReads", "layout_reads"]
+__all__ = [
+    "CALLS",
+    "ELEMENTWISE",
+    "PLACEMENT",
+    "DimMap",
+    "OutReads",
+    "Reader",
+    "dim_maps",
+    "kernel_inputs",
+    "layout_reads",
+]
 
 # Primitives that only place or annotate an array (no read of its data by a kernel
 # of XLA's own): a DMA future's destination may pass through them to its done kernel.
@@ -28,6 +43,112 @@ PLACEMENT = frozenset(
 _Box = tuple[tuple[int, int], ...]
 _LAYOUT = ("slice", "transpose", "reshape")
 
+# Element-wise primitives: each element of the result depends on the same element of
+# each operand of the result's shape only (scalar operands are read whole), so garbage
+# stays in its rows; the forward side (``_program.Patchy``) follows the same set.
+ELEMENTWISE = frozenset(
+    """add sub mul div rem max min neg abs sign floor ceil round is_finite exp exp2 log
+    log1p expm1 tanh logistic sqrt rsqrt cbrt pow integer_pow square sin cos tan asin
+    acos atan atan2 sinh cosh asinh acosh atanh erf erfc erf_inv lgamma digamma
+    nextafter eq ne lt le gt ge and or not xor shift_left shift_right_logical
+    shift_right_arithmetic population_count clz select_n clamp convert_element_type
+    reduce_precision copy copy_p real imag conj""".split()
+)
+
+# Calls whose body the walk runs with the caller's values (``_program._BUILDERS``):
+# the parameter holding the body.
+CALLS = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "remat2": "jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+}
+
+
+# Per dimension of an operand: the result dimension it runs along and whether it is a
+# size-1 dimension stretched over it (broadcast); None where the equation mixes along
+# it (a contracted or reduced dimension: each result element reads all of it).
+DimMap = tuple[tuple[int, bool] | None, ...]
+
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax "
+    "argmin".split()
+)
+
+
+def dim_maps(eqn: Any) -> list[DimMap | None] | None:
+    """How each element of a one-result equation depends on its operands, dimension by
+    dimension (None per literal operand), for element-wise equations, ``dot_general``,
+    reductions, ``squeeze`` and ``broadcast_in_dim``; None for any other equation. Garbage in an
+    operand reaches the result elements along the mapped dimensions (``_patchy``)."""
+    name = eqn.primitive.name
+    if len(eqn.outvars) != 1:
+        return None
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    shapes = [None if _jax.is_literal(a) else tuple(a.aval.shape) for a in eqn.invars]
+    try:
+        if name in ELEMENTWISE:
+            if any(sh not in (None, (), out_shape) for sh in shapes):
+                return None
+            same = tuple((d, False) for d in range(len(out_shape)))
+            return [None if sh is None else (() if sh == () else same) for sh in shapes]
+        if name in (*_REDUCTIONS, "squeeze") and len(shapes) == 1 and shapes[0] is not None:
+            # a squeezed dimension has size 1: "reading all of it" is exact
+            axes = {int(a) for a in eqn.params["dimensions" if name == "squeeze" else "axes"]}
+            kept = iter(range(len(out_shape)))
+            return [
+                tuple(None if d in axes else (next(kept), False) for d in range(len(shapes[0])))
+            ]
+        if name == "dot_general" and len(shapes) == 2 and None not in shapes:
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            nb = len(lb)
+            maps: list[DimMap | None] = []
+            offset = nb
+            for sh, contract, batch in ((shapes[0], lc, lb), (shapes[1], rc, rb)):
+                assert sh is not None
+                free = [d for d in range(len(sh)) if d not in contract and d not in batch]
+                m: list[tuple[int, bool] | None] = [None] * len(sh)
+                for i, d in enumerate(batch):
+                    m[int(d)] = (i, False)
+                for i, d in enumerate(free):
+                    m[d] = (offset + i, False)
+                offset += len(free)
+                maps.append(tuple(m))
+            return maps
+        if name == "broadcast_in_dim" and shapes and shapes[0] is not None:
+            dims = [int(d) for d in eqn.params["broadcast_dimensions"]]
+            sh = shapes[0]
+            first = tuple((o, sh[i] == 1 and out_shape[o] != 1) for i, o in enumerate(dims))
+            return [first, *([None] * (len(shapes) - 1))] if len(shapes) == 1 else None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None
+    return None
+
+
+def kernel_inputs(eqn: Any) -> frozenset[int]:
+    """The operands of a ``pallas_call`` that are its data inputs (not scalar-prefetch
+    operands, grid sizes or captured refs): the kernel receives their contents,
+    garbage included, in its input buffers (or in an output aliased to one)."""
+    if eqn.primitive.name != "pallas_call":
+        return frozenset()
+    try:
+        kp = _jax.kernel_params(eqn)
+        jaxpr = _jax.jaxpr_of(kp["jaxpr"])[0]
+        lead = int(kp["num_dynamic_grid_bounds"]) + int(kp["num_index_operands"])
+        n_in = int(kp["num_inputs"])
+        extra = len(eqn.invars) - lead - n_in
+        consts = extra if extra > 0 and extra == len(jaxpr.constvars) else 0
+        if len(eqn.invars) != consts + lead + n_in:
+            return frozenset()
+        return frozenset(range(consts + lead, consts + lead + n_in))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return frozenset()
+
 
 _MAX_READ_BOXES = 8  # past this many disjoint reads of one array, their bounding box
 
@@ -35,77 +156,139 @@ _MAX_READ_BOXES = 8  # past this many disjoint reads of one array, their boundin
 OutReads = tuple[tuple[bool, tuple[_Box, ...] | None], ...] | None
 
 
-def layout_reads(jaxpr: Any, out_reads: OutReads = None) -> dict[Any, tuple[_Box, ...] | None]:
-    """Per variable, the boxes of what the program reads of it (None: all of it).
+# Who reads a variable: (whether it reads all of it, the equation, or None for the
+# program's result), for messages.
+Reader = tuple[bool, Any]
 
-    One backward pass: a layout equation pulls each box its output is read in back to
-    its operand; any other use (an equation, a jaxpr output) reads all of it. Reads
-    through several layout equations (two slices of one output) stay separate boxes,
-    so the part between them is not counted as read; past ``_MAX_READ_BOXES`` they
-    merge into their bounding box. A variable no equation uses is absent (its caller
-    treats that as all of it). ``out_reads`` says what the caller reads of each result
-    (a nested jit's results, read through the caller's own layout equations)."""
-    reads: dict[Any, tuple[_Box, ...] | None] = {}
+
+def layout_reads(
+    jaxpr: Any,
+    out_reads: OutReads = None,
+    by: dict[Any, Reader] | None = None,
+    out_by: list[Reader | None] | None = None,
+) -> dict[Any, tuple[_Box, ...] | None]:
+    """Per variable, the boxes of what the program reads of it (None: all of it; ():
+    used, but only by kernels' data inputs, which read it themselves).
+
+    One backward pass: a layout or element-wise equation pulls each box its output is
+    read in back to its operands, a call pulls its results' reads through its body;
+    any other use (an equation, a jaxpr output) reads all of it. Reads through several
+    layout equations (two slices of one output) stay separate boxes, so the part
+    between them is not counted as read; past ``_MAX_READ_BOXES`` they merge into
+    their bounding box. A variable no equation uses is absent (its caller treats that
+    as all of it). ``out_reads`` says what the caller reads of each result (a nested
+    jit's results, read through the caller's own layout equations), ``out_by`` who.
+    ``by`` receives, per variable, the equation whose use reads it (messages)."""
+    r = _Reads(by if by is not None else {})
     for k, a in enumerate(jaxpr.outvars):
-        if _jax.is_literal(a):
-            continue
         read, boxes = (True, None) if out_reads is None else out_reads[k]
         if not read:
             continue  # the caller drops this result
+        reader = out_by[k] if out_by is not None else None
+        r.add(a, boxes, reader or (boxes is None, None))
+    defs = {v: e for e in jaxpr.eqns for v in e.outvars}
+    for eqn in reversed(jaxpr.eqns):
+        if _carried(eqn, r):
+            continue
+        window = _overwritten(eqn, defs)
+        if window is not None:
+            # out.at[8:].set(0): the update's window of the operand is not read
+            out = eqn.outvars[0]
+            if out in r.reads:
+                whole = (tuple((0, int(d)) for d in out.aval.shape),)
+                got = r.reads[out]
+                left = tuple(
+                    p for b in (whole if got is None else got) for p in subtract(b, window)
+                )
+                if left:
+                    r.add(eqn.invars[0], left, r.by.get(out))
+                for a in eqn.invars[1:]:
+                    r.add(a, None, (True, eqn))
+            continue
+        if eqn.primitive.name in PLACEMENT and len(eqn.invars) == len(eqn.outvars):
+            # each result is its operand (Compiler.placement): read as much of it
+            for a, out in zip(eqn.invars, eqn.outvars):
+                if out in r.reads:
+                    r.add(a, r.reads[out], r.by.get(out))
+            continue
+        if eqn.primitive.name in _LAYOUT and len(eqn.outvars) == 1 and len(eqn.invars) == 1:
+            out = eqn.outvars[0]
+            if out not in r.reads:
+                continue  # the result is never used: this use reads nothing
+            pulled = _pull_back_all(eqn, r.reads[out])
+            r.add(eqn.invars[0], pulled, r.by.get(out) if pulled is not None else (True, eqn))
+            continue
+        for a in eqn.invars:
+            r.add(a, None, (True, eqn))
+    return r.reads
+
+
+class _Reads:
+    """The reads found so far (``layout_reads``) and who reads each variable."""
+
+    def __init__(self, by: dict[Any, Reader]) -> None:
+        self.reads: dict[Any, tuple[_Box, ...] | None] = {}
+        self.by = by
+
+    def add(self, a: Any, boxes: tuple[_Box, ...] | None, reader: Reader | None) -> None:
+        """Count ``boxes`` of ``a`` as read (None: all of it; (): used, nothing read)
+        by ``reader`` (kept when it is the first, or the first to read all of it)."""
+        if _jax.is_literal(a):
+            return
+        reads = self.reads
         if a not in reads:
             reads[a] = boxes
         else:
             prev = reads[a]
             reads[a] = None if prev is None or boxes is None else _union(prev, boxes)
-    defs = {v: e for e in jaxpr.eqns for v in e.outvars}
-    for eqn in reversed(jaxpr.eqns):
-        window = _overwritten(eqn, defs)
-        if window is not None:
-            # out.at[8:].set(0): the update's window of the operand is not read
-            out = eqn.outvars[0]
-            if out in reads:
-                whole = (tuple((0, int(d)) for d in out.aval.shape),)
-                left = tuple(p for b in (reads[out] or whole) for p in subtract(b, window))
-                a = eqn.invars[0]
-                if left and not _jax.is_literal(a):
-                    prev = reads.get(a, ())
-                    reads[a] = None if prev is None else _union(prev, left)
-                for a in eqn.invars[1:]:
-                    if not _jax.is_literal(a):
-                        reads[a] = None
-            continue
-        if eqn.primitive.name in PLACEMENT and len(eqn.invars) == len(eqn.outvars):
-            # each result is its operand (Compiler.placement): read as much of it
-            for a, out in zip(eqn.invars, eqn.outvars):
-                if _jax.is_literal(a) or out not in reads:
-                    continue
-                got = reads[out]
-                if a not in reads:
-                    reads[a] = got
-                else:
-                    prev = reads[a]
-                    reads[a] = None if got is None or prev is None else _union(prev, got)
-            continue
-        pulled: tuple[_Box, ...] | None = None
-        skip = False
-        if eqn.primitive.name in _LAYOUT and len(eqn.outvars) == 1 and len(eqn.invars) == 1:
-            out = eqn.outvars[0]
-            if out not in reads:
-                skip = True  # the result is never used: this use reads nothing
-            else:
-                pulled = _pull_back_all(eqn, reads[out])
-        for a in eqn.invars:
-            if skip or _jax.is_literal(a):
+        if reader is not None and (a not in self.by or (reader[0] and not self.by[a][0])):
+            self.by[a] = reader
+
+
+def _carried(eqn: Any, r: _Reads) -> bool:
+    """Pull the reads of an element-wise equation's result, a call's results or a
+    kernel's data inputs back to their operands; False for any other equation."""
+    maps = dim_maps(eqn)
+    if maps is not None:
+        out = eqn.outvars[0]
+        if out not in r.reads:
+            return True  # the result is never used: this use reads nothing
+        got = r.reads[out]
+        whole = tuple((0, int(d)) for d in out.aval.shape)
+        for a, m in zip(eqn.invars, maps):
+            if m is None:
                 continue
-            if pulled is None:
-                reads[a] = None
-            elif a not in reads:
-                reads[a] = pulled
-            else:
-                old = reads[a]
-                if old is not None:
-                    reads[a] = _union(old, pulled)
-    return reads
+            shape = tuple(int(d) for d in a.aval.shape)
+            boxes = tuple(_pulled(m, shape, b) for b in ((whole,) if got is None else got))
+            # an equation that mixes along a dimension is the one that reads it all
+            mixes = any(d is None for d in m)
+            r.add(a, boxes, (True, eqn) if mixes else r.by.get(out))
+        return True
+    key = CALLS.get(eqn.primitive.name)
+    if key is not None and key in eqn.params:
+        inner = _jax.jaxpr_of(eqn.params[key])[0]
+        if len(inner.invars) != len(eqn.invars) or len(inner.outvars) != len(eqn.outvars):
+            return False
+        out_reads = tuple((o in r.reads, r.reads.get(o)) for o in eqn.outvars)
+        sub_by: dict[Any, Reader] = {}
+        sub = layout_reads(inner, out_reads, sub_by, [r.by.get(o) for o in eqn.outvars])
+        for a, b in zip(eqn.invars, inner.invars):
+            if b in sub:  # absent: the body never uses it
+                r.add(a, sub[b], sub_by.get(b))
+        return True
+    inputs = kernel_inputs(eqn)
+    if inputs:
+        for k, a in enumerate(eqn.invars):
+            r.add(a, () if k in inputs else None, None if k in inputs else (True, eqn))
+        return True
+    return False
+
+
+def _pulled(m: DimMap, shape: tuple[int, ...], box: _Box) -> _Box:
+    """The box of an operand that result ``box`` reads, by the operand's dimension map."""
+    if any(hi <= lo for lo, hi in box):
+        return tuple((0, 0) for _ in shape)
+    return tuple((0, n) if d is None else ((0, 1) if d[1] else box[d[0]]) for d, n in zip(m, shape))
 
 
 def _overwritten(eqn: Any, defs: dict[Any, Any]) -> _Box | None:

@@ -29,7 +29,15 @@ from safedma.testing._verify._report import (
     VerifiedRaceError,
     VerifyKernelError,
 )
-from safedma.testing._verify._output_reads import PLACEMENT, OutReads, layout_reads
+from safedma.testing._verify._output_reads import (
+    PLACEMENT,
+    OutReads,
+    DimMap,
+    Reader,
+    dim_maps,
+    layout_reads,
+)
+from safedma.testing._verify._patchy import Patchy, carry
 from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule, unknown_result
 from safedma.testing._verify._semantics import Blocked, Machine
 from safedma.testing._verify._termination import memory_free, same_state
@@ -281,6 +289,7 @@ class Compiler:
         self.jaxpr = jaxpr
         self.out_reads = out_reads
         self._slice_reads: dict[Any, tuple[Box, ...] | None] | None = None
+        self._read_by: dict[Any, Reader] = {}
         self.slots: dict[Any, int] = {}
         self.compiled = c = Compiled()
         for v in jaxpr.constvars:
@@ -294,19 +303,32 @@ class Compiler:
         c.nslots = len(self.slots)
 
     def read_boxes(self, v: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
-        """The parts of array ``v`` this program can read, when only layout equations
-        (``slice``, ``transpose``, ``reshape``) lead from it to every use that reads
-        it (a wrapper that drops a kernel's padding rows); None: all of it."""
+        """The parts of array ``v`` this program reads, when only layout, element-wise,
+        row-keeping (a contraction over other dimensions) equations and calls lead from
+        it to every use that reads it (a wrapper that drops a kernel's padding rows);
+        None: all of it; (): none (only kernels' data inputs take it, docs/verify.md
+        rule 12)."""
+        return self._reads().get(v)
+
+    def _reads(self) -> dict[Any, tuple[Box, ...] | None]:
         if self._slice_reads is None:
-            self._slice_reads = layout_reads(self.jaxpr, self.out_reads)
-        return self._slice_reads.get(v)
+            self._slice_reads = layout_reads(self.jaxpr, self.out_reads, self._read_by)
+        return self._slice_reads
+
+    def read_by(self, v: Any) -> str:
+        """Who reads array ``v`` outside the kernels, for messages ("" when it is only
+        the program's result, or a kernel's)."""
+        self._reads()
+        reader = self._read_by.get(v)
+        if reader is None or reader[1] is None:
+            return ""
+        eqn = reader[1]
+        return f"{eqn.primitive.name} at {location(eqn)}"
 
     def is_read(self, v: Any) -> bool:
         """Whether this program reads array ``v`` at all (a kernel output the wrapper
         drops is not: no equation uses it and the program does not return it)."""
-        if self._slice_reads is None:
-            self._slice_reads = layout_reads(self.jaxpr, self.out_reads)
-        return v in self._slice_reads
+        return v in self._reads()
 
     def slot(self, v: Any) -> int:
         s = self.slots.get(v)
@@ -355,7 +377,13 @@ class Compiler:
         if not arrays:
             return op
         starts = [self.atom(a) for a in eqn.invars[1:]]  # a dynamic_slice's
-        return _outside_reads(eqn, arrays, starts, op)
+        op = _outside_reads(eqn, arrays, starts, op)
+        maps = dim_maps(eqn)
+        if maps is not None or (
+            eqn.primitive.name in ("slice", "transpose", "reshape") and len(eqn.invars) == 1
+        ):
+            return _keeps_garbage(eqn, maps, arrays, self.outs(eqn)[0], op)
+        return op
 
     def placement(self, eqn: Any) -> Op:
         """A placement primitive outside kernels (``PLACEMENT``): each result is its
@@ -510,8 +538,9 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return None
-            return _call_gen(body, vals, outs, env, ctx)
+            return _call_then(body, vals, outs, env, ctx, eqn, where)
 
+        where: list[str] = []  # the call's line, found when first needed
         return op
 
     def cond(self, eqn: Any) -> Op:
@@ -911,6 +940,65 @@ def _outside_reads(
     return reads
 
 
+def _keeps_garbage(
+    eqn: Any, maps: list[DimMap | None] | None, slots: list[tuple[int, int]], out: int, op: Op
+) -> Op:
+    """``op``, whose result keeps the garbage of its operands in place (element-wise)
+    or moves it (slice, transpose, reshape): a :class:`Patchy` value when some part
+    of it holds garbage from a kernel's output (``_patchy``)."""
+    where: list[str] = []
+
+    def keeps(env: list[Any], ctx: Ctx) -> Gen | None:
+        g = op(env, ctx)
+        if g is not None:
+            return g  # not an XLA operation after all (never for these primitives)
+        ins: list[tuple[tuple[int, ...], list[Box] | None]] = []
+        arrays: list[DimMap | None] = []
+        first: Patchy | None = None
+        for k, x in slots:
+            v = env[x]
+            shape = tuple(int(d) for d in eqn.invars[k].aval.shape)
+            written = _written(ctx.machine, v)
+            if written is not None and first is None:
+                if isinstance(v, Patchy):
+                    first = v
+                else:
+                    if not where:
+                        # "<mul>" inside a jax function (silu): its call names the line
+                        where.append(location(eqn))
+                    m, buf = ctx.machine, v.buffer
+                    made = m.made_by.get(buf.ident, "a kernel")
+                    root = m.garbage_root.get(buf.ident) or f"{buf.name} of {made}"
+                    origin = f"{made} left in its output {buf.name}"
+                    first = Patchy((), [], origin, eqn.primitive.name, where[0], root)
+            ins.append((shape, written))
+            arrays.append(None if maps is None else maps[k])
+        if first is not None:
+            written = carry(eqn, None if maps is None else arrays, ins)
+            if written is not None:
+                shape = tuple(int(d) for d in eqn.outvars[0].aval.shape)
+                env[out] = Patchy(shape, written, first.origin, first.prim, first.where, first.root)
+        return None
+
+    return keeps
+
+
+def _written(m: Machine, v: Any) -> list[Box] | None:
+    """The written boxes of an outer array (a kernel's output or a Patchy value);
+    None when all of it is written."""
+    if isinstance(v, Patchy):
+        return v.written
+    if type(v) is not RefVal or v.steps or v.buffer.sem_kind is not None:
+        return None
+    buf = v.buffer
+    history = m.histories.get(buf.ident)
+    if history is None:
+        return []
+    if history.coverage.covers(buf.full_box()):
+        return None
+    return list(history.coverage.boxes)
+
+
 def _in_flight_read(
     ctx: Ctx, v: InFlight, box: Box, copy: str, eqn: Any, where: str
 ) -> VerifiedRaceError:
@@ -1006,6 +1094,27 @@ def _call_gen(body: Compiled, vals: list[Any], outs: list[int], env: list[Any], 
     res = yield from run(body, vals, ctx)
     for s, v in zip(outs, res):
         env[s] = v
+    return None
+
+
+def _call_then(
+    body: Compiled,
+    vals: list[Any],
+    outs: list[int],
+    env: list[Any],
+    ctx: Ctx,
+    eqn: Any,
+    where: list[str],
+) -> Gen:
+    """A call's body, then its garbage-holding results named at the call's line when
+    the body's own lines are not the user's (``_patchy.Patchy.located``)."""
+    yield from _call_gen(body, vals, outs, env, ctx)
+    for s in outs:
+        v = env[s]
+        if isinstance(v, Patchy) and v.where.startswith("<"):
+            if not where:
+                where.append(location(eqn))
+            env[s] = v.located(where[0])
     return None
 
 

@@ -245,6 +245,8 @@ class Machine:
         self.partly_from: dict[int, str] = {}
         # the buffer nothing wrote that garbage in a buffer came from (by copies/stores)
         self.garbage_root: dict[int, str] = {}
+        # buffer ident -> the kernel call that returned it (garbage outside the kernels)
+        self.made_by: dict[int, str] = {}
         # clock at each kernel call's entry and exit, by call number
         self.entry: list[dict[int, int]] = [{} for _ in labels]
         self.cores = 1  # participants per device (pl.kernel over a TensorCoreMesh)
