@@ -355,7 +355,7 @@ class Model:
                 sem.issuers = sem.issuers[left]
             # the oldest clock still kept: the likeliest to be known by now (one check
             # per wait keeps pace with the contributions a credit ring leaves pending)
-            for c in sem.pending:
+            for c in sem.pending if len(sem.pending) > 1 else ():
                 if c.clock is not None:
                     if (self.rows >= c.of(self.devs)).all():
                         c.clock = None
@@ -364,6 +364,17 @@ class Model:
             credit = sem.credit[self.devs, slot]
         sem.credit[self.devs, slot] = credit - amount
         sem.last_wait[self.devs, slot] = self.own()
+
+    def _acquire(self, waiters: Ints, c: _Contribution, issuers: Ints) -> None:
+        """``waiters`` learn the clock ``c`` carries to them (nothing when each is its issuer:
+        its own past clock, which its row already holds; the per-device model skips it too)."""
+        assert c.clock is not None
+        if (issuers == waiters).all():
+            return
+        if len(waiters) == self.n:  # every device: in place, no gathered copy of the rows
+            np.maximum(self.rows, c.clock[c.rows_of], out=self.rows)
+            return
+        self.rows[waiters] = np.maximum(self.rows[waiters], c.of(waiters))
 
     def _learn(
         self,
@@ -382,7 +393,7 @@ class Model:
             for i in np.flatnonzero(h.any(axis=1)):
                 if cands[i].clock is not None:
                     w = who[h[i]]
-                    self.rows[w] = np.maximum(self.rows[w], cands[i].of(w))
+                    self._acquire(w, cands[i], sem.issuers[i][w])
             return
         a = amounts[:, learn]
         issuers = sem.issuers[:, learn]
@@ -397,7 +408,7 @@ class Model:
                 w = who[reach == j]
                 chosen = cands[int(j)]
                 if chosen.clock is not None:
-                    self.rows[w] = np.maximum(self.rows[w], chosen.of(w))
+                    self._acquire(w, chosen, sem.issuers[int(j)][w])
             return
         # (candidate, waiter, participant); a dropped clock, which the waiter already knows,
         # counts as the waiter's own row: the learned clock, once joined with the
