@@ -81,39 +81,31 @@ def _prove(
     cores: int,
     deadline: float,
 ) -> Outcome:
-    if cores != 1 or not axis_names or consts:
+    if cores != 1 or not axis_names:
         raise Bail("not a program of a one-core mesh")
-    eqns = list(body.eqns)
-    if len(eqns) != 1 or eqns[0].primitive.name != "pallas_call":
-        raise Bail("the device program is not exactly one pallas_call")
-    eqn = eqns[0]
-    if list(eqn.invars) != list(body.invars) or list(eqn.outvars) != list(body.outvars):
-        raise Bail("the kernel's operands are not the device program's own")
-    desc = KernelDesc(eqn)
-    if (
-        desc.grid
-        or desc.n_index
-        or desc.aliases
-        or desc.n_dynamic
-        or desc.core_axes
-        or desc.n_consts
-        or desc.params["vmapped_dims"]
-    ):
-        raise Bail("a grid, prefetch operands, aliases or a core mesh")
-    walk = LockstepWalk(desc, axis_names, axis_sizes, deadline)
-    inputs: list[DataBuf] | None = None
-    for _ in range(invocations):  # the program run back to back: the same input arrays
-        inputs = walk.run_kernel(inputs)
+    walk = LockstepWalk(axis_names, axis_sizes, deadline)
+    for _ in range(invocations):  # the program run back to back
+        walk.run_program(body)
     return Outcome(walk.model, walk.all_sems)
 
 
-class LockstepWalk:
-    """The kernel body evaluated once for every device (values are arrays over devices)."""
+# primitives that call a jaxpr once, as a function: their kernels run in program order
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
+_CALL_JAXPRS = ("jaxpr", "call_jaxpr", "fun_jaxpr")  # the parameter holding the callee
+_KERNELS = ("pallas_call", "mpmd_map")
 
-    def __init__(
-        self, desc: KernelDesc, names: tuple[str, ...], sizes: tuple[int, ...], deadline: float
-    ) -> None:
-        self.desc = desc
+
+class LockstepWalk:
+    """The device program evaluated once for every device (values are arrays over devices).
+
+    Between kernels nothing needs modelling: every kernel must leave every output written
+    and every access settled on its own device before it returns (or the path gives up),
+    so the XLA operations around the kernels read defined data, and a later kernel's
+    remote accesses are ordered after its target entered it (R10), hence after that
+    target left the earlier kernels. Each kernel call gets fresh buffers.
+    """
+
+    def __init__(self, names: tuple[str, ...], sizes: tuple[int, ...], deadline: float) -> None:
         self.names, self.sizes = names, sizes
         self.n = math.prod(sizes)
         self.model = Model(self.n)
@@ -122,25 +114,62 @@ class LockstepWalk:
         self.deadline = deadline
         self.all_sems: list[SemBuf] = []  # every call's, for the report
         self.sems: list[SemBuf] = []  # the current call's
-        self.barrier_sem: SemBuf | None = None  # outlives the call
-        self._plans: dict[int, _Plan] = {}
-        # values of the kernel jaxpr's own constants (arrays it closes over)
-        self.consts = [
-            literal(c) for c in _jax.jaxpr_of(desc.params["jaxpr"])[1]
-        ]  # per jaxpr walked (by id; the plan keeps it)
+        self.barrier_sems: dict[object, SemBuf] = {}  # by collective id: they outlive calls
+        self._descs: dict[int, KernelDesc] = {}  # per pallas_call equation (by id)
+        self._plans: dict[int, _Plan] = {}  # per jaxpr walked (by id; the plan keeps it)
+        self.desc: KernelDesc | None = None  # the kernel being walked
+        self.consts: list[object] = []  # its jaxpr's own constants
+
+    def run_program(self, jaxpr: Any) -> None:
+        """The kernels of ``jaxpr`` in program order; other operations are skipped."""
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name == "pallas_call":
+                self.run_kernel(self._desc(eqn))
+            elif name in _CALLS:
+                key = next((k for k in _CALL_JAXPRS if k in eqn.params), None)
+                if key is None:
+                    raise Bail(f"the call {name}")
+                self.run_program(_jax.jaxpr_of(eqn.params[key])[0])
+            elif name in _KERNELS or any(
+                e.primitive.name in _KERNELS
+                for sub in _jax.sub_jaxprs(eqn.params)
+                for e in _jax.all_eqns(_jax.jaxpr_of(sub)[0])
+            ):
+                raise Bail(f"kernels inside {name}")
+            elif eqn.effects:
+                raise Bail(f"the program's {name}")
+
+    def _desc(self, eqn: Any) -> KernelDesc:
+        desc = self._descs.get(id(eqn))
+        if desc is None:
+            desc = KernelDesc(eqn)
+            if (
+                desc.grid
+                or desc.n_index
+                or desc.aliases
+                or desc.n_dynamic
+                or desc.core_axes
+                or desc.n_consts
+                or desc.params["vmapped_dims"]
+            ):
+                raise Bail("a grid, prefetch operands, aliases or a core mesh")
+            self._descs[id(eqn)] = desc
+        return desc
 
     # ------------------------------------------------------------------ kernel
 
-    def run_kernel(self, inputs: list[DataBuf] | None) -> list[DataBuf]:
-        """One call of the kernel: fresh outputs, scratch and semaphores; ``inputs`` are the
-        input buffers of an earlier call (the same arrays), or None for new ones. Returns
-        the input buffers."""
-        desc, m = self.desc, self.model
+    def run_kernel(self, desc: KernelDesc) -> None:
+        """One call of a kernel: fresh buffers and semaphores (a barrier semaphore is the
+        program's, by collective id)."""
+        m = self.model
+        self.desc = desc
+        self.consts = [literal(c) for c in _jax.jaxpr_of(desc.params["jaxpr"])[1]]
         args: list[Any] = []
         copied_in: list[DataBuf] = []
         data: list[DataBuf] = []
         outputs: list[DataBuf] = []
-        sems: list[SemBuf] = [] if self.barrier_sem is None else [self.barrier_sem]
+        sems: list[SemBuf] = []
         first_out = desc.n_in
         first_scratch = desc.n_in + desc.n_out
         for k, aval in enumerate(desc.avals):
@@ -156,10 +185,7 @@ class LockstepWalk:
                 args.append(Ref(sem))
                 continue
             space = self._space(k, aval)
-            if inputs is not None and k < first_out:
-                buf = inputs[k]
-            else:
-                buf = DataBuf(name, shape, _itemsize(aval), space, k < first_out, self.n)
+            buf = DataBuf(name, shape, _itemsize(aval), space, k < first_out, self.n)
             data.append(buf)
             if first_out <= k < first_scratch:
                 outputs.append(buf)
@@ -174,8 +200,9 @@ class LockstepWalk:
         self.sems = sems
         with np.errstate(all="ignore"):  # int32 wrap-around, as on the TPU's scalar unit
             self.eval_jaxpr(desc.jaxpr, self.consts, args)
-        if self.barrier_sem is not None and self.barrier_sem not in sems:
-            sems.append(self.barrier_sem)
+        barrier = self.barrier_sems.get(desc.collective_id)
+        if barrier is not None:
+            sems.append(barrier)
         for sem in sems:
             m.empty_at_exit(sem)
         for buf in data:
@@ -184,11 +211,11 @@ class LockstepWalk:
             if not buf.written.all():
                 raise Bail(f"output {buf.name} not written everywhere")
         m.release()  # leaving the kernel is a point of its own (the per-device walk's too)
-        return data[:first_out]
 
     def _space(self, k: int, aval: Any) -> str:
         """The memory space of operand ``k``, or Bail for those the path does not model."""
         desc = self.desc
+        assert desc is not None
         if k >= desc.n_in + desc.n_out:
             space = _jax.memory_space(aval)
             if space not in ("VMEM", "ANY", "HBM"):

@@ -136,15 +136,15 @@ def _semaphore_wait(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
 
 
 def _barrier_semaphore(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
-    cid = w.desc.collective_id
+    cid = None if w.desc is None else w.desc.collective_id
     if cid is None:
         raise Bail("a barrier semaphore with no collective_id")
-    if w.barrier_sem is None:
-        w.barrier_sem = SemBuf(
-            f"the barrier semaphore (collective_id={cid})", (), "BARRIER", True, w.n
-        )
-        w.all_sems.append(w.barrier_sem)
-    return [Ref(w.barrier_sem)]
+    sem = w.barrier_sems.get(cid)
+    if sem is None:
+        sem = SemBuf(f"the barrier semaphore (collective_id={cid})", (), "BARRIER", True, w.n)
+        w.barrier_sems[cid] = sem
+        w.all_sems.append(sem)
+    return [Ref(sem)]
 
 
 def _access(

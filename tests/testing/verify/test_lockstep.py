@@ -198,6 +198,28 @@ def test_calls_back_to_back_are_proved_with_the_walks_report(
     assert proved == walked and proved.invocations == 3
 
 
+def _two_kernels_and_xla_around(x: jax.Array) -> jax.Array:
+    """A reshape before, an all-gather, an add between, a ring permute, a slice after."""
+    y = sk.all_gather(x.reshape(x.shape), axis="x") + 1.0
+    z = sk.ppermute(y, axis="x", shift=3, collective_id=5)
+    return z[: x.shape[0]]
+
+
+def test_a_device_program_of_several_kernels_and_xla_operations_is_proved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = jax.ShapeDtypeStruct((8 * 16, 128), jnp.float32)
+    run = functools.partial(
+        verify, _two_kernels_and_xla_around, x, mesh=abstract_mesh((8,), ("x",))
+    )
+    monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "off")
+    walked = run()
+    monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "on")
+    proved = run()
+    assert _api._LAST_LOCKSTEP[0] == ""
+    assert proved == walked and len(proved.kernels) == 2
+
+
 def test_a_bad_mode_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "fast")
     x = jax.ShapeDtypeStruct((8 * 16, 128), jnp.float32)
