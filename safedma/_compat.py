@@ -56,6 +56,7 @@ __all__ = [
     "ALLOCATED_INSIDE",
     "allocated_inside",
     "is_block_argument",
+    "outer_ref",
     "same_ref_type",
     "frame_parent",
     "frame_kind",
@@ -430,11 +431,97 @@ def _block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
         if len(body.constvars) == 0 and len(body.invars) >= n:
             return [(body, list(range(n)) + [-1] * (len(body.invars) - n))]
         return None
+    if name == "emit_pipeline":
+        body = inner(params["body_jaxpr"])
+        consts = _pipeline_consts(params, n)
+        if consts is None or len(consts) != len(body.constvars):
+            return None
+        # The body's inputs are its closed-over refs, then the pipeline's own buffers.
+        return [(body, consts + [-1] * len(body.invars))]
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         if key in params and isinstance(inner(params[key]), _jax_core.Jaxpr):
             body = inner(params[key])
             if len(body.invars) == n:
                 return [(body, [-1] * len(body.constvars) + list(range(n)))]
+    return None
+
+
+def _pipeline_consts(params: Mapping[str, Any], n: int) -> list[int] | None:
+    """The operand positions of an ``emit_pipeline`` equation's body constants (the refs
+    the body closes over, its jaxpr's constvars in order), or None if not found.
+
+    With ``jax_use_emit_pipeline_primitive`` the body is traced to a jaxpr of its own and
+    the pipeline is one equation. jax 0.10.2 binds ``(*index-map consts, *grid bounds,
+    *offsets, *body consts, *refs)`` with ``body_consts_len`` and ``args_tree`` the refs';
+    jax 0.12 binds one flattened ``EmitPipelinePrimitiveArgs`` whose ``body_consts``
+    field, unflattened from ``args_tree``, gives the positions. Private in both;
+    tests/core/test_false_alarms_s10.py pins it on both versions."""
+    tree = params.get("args_tree")
+    if tree is None:
+        return None
+    try:
+        if "body_consts_len" in params:
+            count, refs = int(params["body_consts_len"]), int(tree.num_leaves)
+            return list(range(n - refs - count, n - refs))
+        args = tree.unflatten(list(range(n)))
+        positions = getattr(args, "body_consts", None)
+        return None if positions is None else [int(k) for k in positions]
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _operand_of(var: object, eqn: Any) -> int | None:
+    """The position of the operand of ``eqn`` that block input ``var`` (a variable of a
+    block of ``eqn``, at any depth) receives; -1 if ``var`` is made inside (a
+    ``run_scoped`` allocation, a value a block computes), None if it is not found."""
+    blocks = _block_inputs(eqn)
+    for jaxpr, positions in blocks or ():
+        inputs = [*jaxpr.constvars, *jaxpr.invars]
+        at = {id(v): i for i, v in enumerate(inputs)}
+        if id(var) in at:
+            i = at[id(var)]
+            return positions[i] if i < len(positions) else -1
+        for nested in jaxpr.eqns:
+            if not any(True for _ in _sub_jaxprs(nested.params)):
+                continue
+            k = _operand_of(var, nested)
+            if k is None:
+                continue
+            if k < 0 or id(nested.invars[k]) not in at:
+                return -1
+            i = at[id(nested.invars[k])]
+            return positions[i] if i < len(positions) else -1
+    return None
+
+
+def outer_ref(ref: object, frame: object, since: int = 0) -> object | None:
+    """The ref of ``frame`` (or of a trace enclosing it) that ``ref``'s root stands for:
+    the root itself if it lives there; if it is a block's argument (a loop carry, a
+    branch operand, a ref an ``emit_pipeline`` passes its step), the operand the block
+    received, followed out through every block between; None if the root was allocated
+    inside (``run_scoped``) or the blocks cannot be followed.
+
+    jax makes a new tracer for each operand a block receives, so a semaphore passed into
+    a ``cond``, a ``fori_loop`` carry or a pipeline's loop has a new identity there; the
+    tracer's jaxpr variable (``tracer.val``, private, jax 0.10.2 and 0.12 alike) is an
+    input of the block's jaxpr inside the equation the block became in ``frame`` (from
+    its ``since``-th equation on), whose operand at that position is the outer ref."""
+    root = root_of(ref)
+    if not allocated_inside(root, frame):
+        return root
+    var = getattr(root, "val", None)
+    if var is None:
+        return None
+    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+    for entry in entries[since:]:
+        eqn = _dereference(entry)
+        if eqn is None or not any(True for _ in _sub_jaxprs(eqn.params)):
+            continue
+        k = _operand_of(var, eqn)
+        if k is None:
+            continue
+        operands: list[object] = list(eqn.in_tracers)
+        return operands[k] if 0 <= k < len(operands) else None
     return None
 
 

@@ -79,6 +79,12 @@ class _Obligation:
     waited: dict[Side, list[_Wait]]
     # The bodies it was started in and not waited in, innermost first (see _hand_over).
     bodies: tuple[str, ...] = ()
+    # Its description when handed over, fixed by the body that started it (whose refs'
+    # names the enclosing body may not know); None: ``describe()`` as it is.
+    described: str | None = None
+
+    def text(self) -> str:
+        return self.described if self.described is not None else self.describe()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +149,19 @@ def _slots_meet(a: _Slot, b: _Slot) -> bool:
     return a.positions is None or b.positions is None or not a.positions.isdisjoint(b.positions)
 
 
+def _named_in(slot: _Slot, frame: object, since: int) -> _Slot:
+    """``slot`` named by the semaphore of ``frame`` (from its ``since``-th equation on) it
+    stands for: a loop's or branch's argument followed out to the operand it received
+    (``_compat.outer_ref``). Unchanged where it cannot be followed (then only the same
+    tracer names it)."""
+    if slot.root in (_ANY_SEMAPHORE, _ALLOCATED_INSIDE) or slot.ref is None:
+        return slot
+    outer = _compat.outer_ref(slot.ref, frame, since)
+    if outer is None:
+        return slot._replace(aliased=False)
+    return _Slot(id(outer), slot.positions, outer)
+
+
 def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
     """Whether ``sem`` could be one of the semaphores ``slots`` name: the per-slot match
     every question of this ledger (is a copy covered, started, waited?) comes down to."""
@@ -192,7 +211,7 @@ class Ledger:
         # the order they were started.
         left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
-        named: list[_Slot] = []  # those that name their semaphore (see _hand_over)
+        named: list[_Slot] | None = None  # those that name their semaphore (see _hand_over)
         for ob in self.obligations:
             missing: list[Side] = []
             for side, sem in ob.sems.items():
@@ -202,8 +221,14 @@ class Ledger:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots(self.begins_at)
-                    named = [s for s in elsewhere if s.root != _ALLOCATED_INSIDE and not s.aliased]
-                if not _on_slot(sem, named if ob.bodies else elsewhere):
+                if not ob.bodies:
+                    covered = _on_slot(sem, elsewhere)
+                else:
+                    # A copy handed over: both sides named by this body's semaphores.
+                    if named is None:
+                        named = [self._named(s) for s in elsewhere if s.root != _ALLOCATED_INSIDE]
+                    covered = any(_slots_meet(self._named(_slot(sem)), s) for s in named)
+                if not covered:
                     missing.append(side)
             if missing and self._hand_over(ob, kernel_name):
                 continue
@@ -212,7 +237,7 @@ class Ledger:
                 inside = (
                     " in the body " + " inside ".join(map(repr, ob.bodies)) if ob.bodies else ""
                 )
-                key = (ob.describe() + inside, ob.started_at, calls)
+                key = (ob.text() + inside, ob.started_at, calls)
                 left[key] = left.get(key, 0) + 1
         if left:
             count = sum(left.values())
@@ -228,31 +253,33 @@ class Ledger:
                 f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
 
+    def _named(self, slot: _Slot) -> _Slot:
+        return _named_in(slot, self.frame, self.begins_at)
+
     def _hand_over(self, ob: _Obligation, kernel_name: str) -> bool:
         """Leave a copy this body does not wait to the body it runs inside: a copy an
         emit_pipeline step starts may be waited by the kernel after the pipeline, as a copy
         a loop iteration starts may be waited after the loop.
 
-        Not a copy on a semaphore allocated inside this body (it is gone outside), nor on a
-        loop's or branch's argument (a new tracer: outside it could only be matched by
-        type). There, only waits that name the copy's semaphore stand for it (check_all_
-        waited: safedma's waits by slot, raw waits on that semaphore), never a raw wait
-        matched by type or as one on some scoped semaphore: the pipeline's own waits on its
-        buffers' semaphores are such waits in the enclosing frame."""
+        Not a copy on a semaphore allocated inside this body (it is gone outside). There,
+        only waits that name the copy's semaphore stand for it (check_all_waited: safedma's
+        waits by slot, raw waits on that semaphore), never a raw wait matched by type or as
+        one on some scoped semaphore: the pipeline's own waits on its buffers' semaphores
+        are such waits in the enclosing frame. A loop's or branch's argument (a cond
+        operand, a fori_loop carry, a ref the pipeline passes through its loop) is named
+        there by the operand it received (``_named_in``), followed out when the enclosing
+        body checks, once jax has made those blocks equations of its frame."""
         parent = self.parent
         if parent is None:
             return False
-        roots = [_compat.root_of(s) for s in ob.sems.values()]
         if any(
-            _compat.is_block_argument(root) or _compat.allocated_inside(root, self.frame)
-            for root in roots
+            _compat.outer_ref(sem, self.frame, self.begins_at) is None for sem in ob.sems.values()
         ):
             return False
         parent.keep_alive.extend(ob.sems.values())
         # Described now: the refs are named by this body's parameters, which the
         # enclosing body may not know (a ref the pipeline hands the body).
-        text = ob.describe()
-        ob.describe = lambda: text
+        ob.described = ob.text()
         ob.bodies = (*ob.bodies, kernel_name)
         parent.obligations.append(ob)
         return True
