@@ -62,6 +62,7 @@ __all__ = [
     "frame_kind",
     "static_positions",
     "barrier_tags_supported",
+    "waits_compare_shapes",
     "auto_collective_ids",
     "NOT_FOUND",
     "enclosing_pallas_call_params",
@@ -202,6 +203,17 @@ def is_static_size(size: object) -> bool:
     dynamic one ("DMA source and target shape mismatch"), whatever the run-time value.
     """
     return not isinstance(size, bool) and bool(_jax_core.is_dim(size))
+
+
+def waits_compare_shapes() -> bool:
+    """Whether Mosaic verifies a DMA *wait*'s source and target shapes as it does a
+    start's (a size fixed while tracing opposite a traced one is rejected).
+
+    jax 0.10.2 lowers a wait to ``tpu.wait_dma2``, whose verifier does not compare them;
+    0.12 lowers it to ``tpu.wait_dma`` (the start's operands), whose verifier does
+    ("DMA source and target shape mismatch"). tests/core/test_false_alarms_s10.py pins
+    this against the raw lowering on both versions."""
+    return JAX_VERSION >= (0, 12)
 
 
 def static_int(value: object) -> int | None:

@@ -10,6 +10,7 @@ mistake must still be stopped at trace time, naming the user's line.
   once per pass of a loop or in one branch of the grid).
 * ``jax_use_emit_pipeline_primitive``: the pipeline is one equation whose body jaxpr the
   raw-wait reader now follows.
+* T1 on a descriptor that is only waited (jax 0.10.2's wait does not compare shapes).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from safedma import _compat
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
-from tests.support.source_lines import line_in
+from tests.support.source_lines import line_in, raising_lines
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 STEPS, ROWS, LANES = 4, 8, 128
@@ -194,3 +196,62 @@ def test_a_prefetch_the_steps_only_poll_is_t7(pipeline_kind: str) -> None:
     text = str(err.value)
     assert text.startswith("kernel 'kernel'"), text
     assert f"called from {__file__}:{line_in(_prefetch, '# PREFETCH')}" in text, text
+
+
+# --- T1 on a descriptor only waited --------------------------------------------------------
+
+
+SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
+N = jax.ShapeDtypeStruct((1,), jnp.int32)
+
+
+def _wait_only(safe: bool, seed: str = "") -> Any:
+    """A copy of the first ``ROWS`` rows into ``buf`` (both sizes static), waited through a
+    descriptor that names the source window with the row count read from SMEM (a traced
+    size opposite ``buf``'s static one: the same byte count at run time). Seed
+    ``started``: the copy is *started* with that descriptor."""
+
+    def kernel(n_ref: Any, x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
+        window = x_hbm.at[pl.ds(0, n_ref[0])]
+        if safe:
+            start = sd.LocalCopy(x_hbm.at[pl.ds(0, ROWS)], buf, sem)
+            if seed == "started":
+                start = sd.LocalCopy(window, buf, sem)
+            start.start()  # START
+            sd.LocalCopy(window, buf, sem).started_elsewhere().wait()  # WAIT ONLY
+        else:
+            pltpu.make_async_copy(x_hbm.at[pl.ds(0, ROWS)], buf, sem).start()
+            pltpu.make_async_copy(window, buf, sem).wait()
+        o_hbm[...] = buf[...]
+
+    entry: Any = sd.pallas_call if safe else pl.pallas_call
+    return entry(
+        kernel,
+        in_specs=[SMEM, ANY],
+        out_specs=pl.BlockSpec((ROWS, LANES), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((ROWS, LANES), jnp.float32),
+        grid=(1,),
+        scratch_shapes=[pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA(())],
+    )
+
+
+def test_a_wait_only_descriptor_with_a_traced_size_is_checked_as_its_jax_lowers_it() -> None:
+    # Before session 10, T1 on jax 0.10.2, whose wait (tpu.wait_dma2) lowers it; jax 0.12's
+    # wait (tpu.wait_dma) is verified like a start and rejects it, raw too.
+    if _compat.waits_compare_shapes():
+        with pytest.raises(Exception, match="DMA source and target shape mismatch"):
+            mosaic_text(_wait_only(RAW), N, X, mesh=_v5p())
+        with pytest.raises(sd.CopyShapeMismatchError) as err:
+            mosaic_text(_wait_only(SAFE), N, X, mesh=_v5p())
+        assert line_in(_wait_only, "# WAIT ONLY") in raising_lines(err, __file__)
+    else:
+        assert_same_mosaic(_wait_only(SAFE), _wait_only(RAW), N, X, mesh=_v5p())
+
+
+def test_a_start_with_a_traced_size_opposite_a_static_one_is_t1_at_the_start() -> None:
+    with pytest.raises(sd.CopyShapeMismatchError, match=r"\(\?, 128\) and \(8, 128\)") as err:
+        mosaic_text(_wait_only(SAFE, "started"), N, X, mesh=_v5p())
+    assert "slice the destination with the same traced size" in str(err.value)
+    # Built (jax 0.12, where a wait would fail too) or started (jax 0.10.2): the user's line.
+    line = "sd.LocalCopy(window" if _compat.waits_compare_shapes() else "# START"
+    assert line_in(_wait_only, line) in raising_lines(err, __file__)
