@@ -52,6 +52,7 @@ __all__ = [
     "indexes_by_array",
     "is_tensor_core_mesh",
     "raw_dma_waits",
+    "raw_waited_inside",
     "traced_so_far",
     "ALLOCATED_INSIDE",
     "allocated_inside",
@@ -668,6 +669,41 @@ def raw_dma_waits(
             if not any(_is_semaphore(a) for a in operands):
                 found.append((ALLOCATED_INSIDE, None))
     return found
+
+
+def _raw_waited_vars(jaxpr: Any, is_own_file: Callable[[str], bool], found: set[int]) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dma_wait" and not _emitted_from(eqn, is_own_file):
+            try:
+                args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
+            except (KeyError, TypeError, ValueError):
+                continue
+            roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
+            found.update(id(a) for a in roots if _is_semaphore_var(a))
+        for sub in _sub_jaxprs(eqn.params):
+            _raw_waited_vars(sub, is_own_file, found)
+
+
+def raw_waited_inside(
+    frame: object, is_own_file: Callable[[str], bool], since: int = 0
+) -> Callable[[object], bool]:
+    """Whether a ref made inside a block traced into ``frame`` (a ``run_scoped``
+    allocation, a block's argument: see :func:`outer_ref`) is waited by a raw ``dma_wait``
+    inside the blocks of ``frame``'s equations (from the ``since``-th on), by the identity
+    of its jaxpr variable (``tracer.val``, any slot of it). raw_dma_waits can only say "a
+    semaphore allocated inside" of such a wait; this names the very one."""
+    found: set[int] = set()
+    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+    for entry in entries[since:]:
+        eqn = _dereference(entry)
+        for sub in _sub_jaxprs(eqn.params) if eqn is not None else ():
+            _raw_waited_vars(sub, is_own_file, found)
+
+    def waited(ref: object) -> bool:
+        var = getattr(root_of(ref), "val", None)
+        return var is not None and allocated_inside(root_of(ref), frame) and id(var) in found
+
+    return waited
 
 
 def is_block_argument(ref: object) -> bool:

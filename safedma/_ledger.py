@@ -31,7 +31,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import NamedTuple
 
 from safedma import _compat
@@ -212,6 +212,7 @@ class Ledger:
         left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
         named: list[_Slot] | None = None  # those that name their semaphore (see _hand_over)
+        waited_inside: Callable[[object], bool] = bool
         for ob in self.obligations:
             missing: list[Side] = []
             for side, sem in ob.sems.items():
@@ -224,10 +225,15 @@ class Ledger:
                 if not ob.bodies:
                     covered = _on_slot(sem, elsewhere)
                 else:
-                    # A copy handed over: both sides named by this body's semaphores.
+                    # A copy handed over: both sides named by this body's semaphores, or
+                    # a raw wait inside a block on the very semaphore a block allocated.
                     if named is None:
                         named = [self._named(s) for s in elsewhere if s.root != _ALLOCATED_INSIDE]
-                    covered = any(_slots_meet(self._named(_slot(sem)), s) for s in named)
+                        waited_inside = _compat.raw_waited_inside(
+                            self.frame, is_library_file, self.begins_at
+                        )
+                    mine = self._named(_slot(sem))
+                    covered = any(_slots_meet(mine, s) for s in named) or waited_inside(mine.ref)
                 if not covered:
                     missing.append(side)
             if missing and self._hand_over(ob, kernel_name):

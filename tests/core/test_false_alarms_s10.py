@@ -75,7 +75,8 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
     """Sum the row blocks of ``x`` in ``acc`` across a pipeline; its last step starts the
     accumulator's copy to ``o``, waited after the pipeline. The pipeline runs in a block
     that receives the semaphores as its argument (``where``: a ``lax.cond`` branch, both
-    branches of a ``lax.switch``, a ``fori_loop`` of two passes carrying them)."""
+    branches of a ``lax.switch``, a ``fori_loop`` of two passes carrying them), or in a
+    ``run_scoped`` block that allocates them."""
     emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
 
     def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
@@ -106,6 +107,8 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
             lax.cond(pl.program_id(0) == 0, one_pass, lambda sems: None, sems)
         elif where == "switch":
             lax.switch(pl.program_id(0), [one_pass, one_pass], sems)
+        elif where == "scoped":  # semaphores of the run_scoped block around the pipeline
+            pl.run_scoped(one_pass, pltpu.SemaphoreType.DMA((2,)))
         else:
 
             def twice(i: Any, sems: Any) -> Any:
@@ -118,7 +121,7 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
     return _call(kernel, safe, scratch)
 
 
-WHERE = ["cond", "switch", "fori_loop"]
+WHERE = ["cond", "switch", "fori_loop", "scoped"]
 
 
 @pytest.mark.parametrize("wait", ["started_elsewhere", "raw"])
@@ -127,7 +130,8 @@ def test_a_write_back_on_a_semaphore_passed_into_a_block_matches_raw(
     where: str, wait: str, pipeline_kind: str
 ) -> None:
     # Before session 10: T7 in the body (the semaphore, a new tracer in the block, was
-    # not handed to the kernel: outside, only its type could match it).
+    # not handed to the kernel: outside, only its type could match it); scoped: T7 in the
+    # kernel with the raw wait (a wait on "some scoped semaphore" there).
     assert_same_mosaic(_passed_in(SAFE, where, wait), _passed_in(RAW, where, wait), X, mesh=_v5p())
 
 
