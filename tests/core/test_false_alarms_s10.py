@@ -75,8 +75,9 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
     """Sum the row blocks of ``x`` in ``acc`` across a pipeline; its last step starts the
     accumulator's copy to ``o``, waited after the pipeline. The pipeline runs in a block
     that receives the semaphores as its argument (``where``: a ``lax.cond`` branch, both
-    branches of a ``lax.switch``, a ``fori_loop`` of two passes carrying them), or in a
-    ``run_scoped`` block that allocates them."""
+    branches of a ``lax.switch``, a ``fori_loop`` of two passes carrying them), in a
+    ``run_scoped`` block that allocates them, or in the kernel with the last step passing
+    them into a ``lax.cond`` of its own (``body_cond``)."""
     emit: Any = sd.emit_pipeline if safe else pltpu.emit_pipeline
 
     def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
@@ -90,9 +91,13 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
 
                 acc[...] += x_ref[...]
 
-                @pl.when(step == STEPS - 1)
-                def _() -> None:
+                def last(sems: Any) -> None:
                     _copy(safe, acc, o_hbm.at[pl.ds(0, ROWS)], sems.at[0])  # LAST STEP
+
+                if where == "body_cond":  # the step passes them into its own branch
+                    lax.cond(step == STEPS - 1, last, lambda sems: None, sems)
+                else:
+                    pl.when(step == STEPS - 1)(lambda: last(sems))
 
             emit(body, grid=(STEPS,), in_specs=[BLOCK])(x_hbm)
             if seed == "wait_dropped":
@@ -109,6 +114,8 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
             lax.switch(pl.program_id(0), [one_pass, one_pass], sems)
         elif where == "scoped":  # semaphores of the run_scoped block around the pipeline
             pl.run_scoped(one_pass, pltpu.SemaphoreType.DMA((2,)))
+        elif where == "body_cond":
+            one_pass(sems)
         else:
 
             def twice(i: Any, sems: Any) -> Any:
@@ -121,7 +128,7 @@ def _passed_in(safe: bool, where: str, wait: str = "started_elsewhere", seed: st
     return _call(kernel, safe, scratch)
 
 
-WHERE = ["cond", "switch", "fori_loop", "scoped"]
+WHERE = ["cond", "switch", "fori_loop", "scoped", "body_cond"]
 
 
 @pytest.mark.parametrize("wait", ["started_elsewhere", "raw"])
