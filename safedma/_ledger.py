@@ -21,8 +21,9 @@ Semaphores are compared per *slot*: a wait on ``sems.at[0]`` never stands for
 a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
 the wait may stand for any copy on that array (no error). Where the array is a
 loop body's or branch's argument (a new tracer for whichever semaphore was
-passed in, as ``emit_pipeline`` passes its buffered refs), it may stand for any
-array of its type.
+passed in, as ``emit_pipeline`` passes its buffered refs), it is followed out to
+the operand it received once the body is traced (``_compat.outer_ref``); where it
+cannot be, it may stand for any array of its type.
 """
 
 from __future__ import annotations
@@ -149,14 +150,14 @@ def _slots_meet(a: _Slot, b: _Slot) -> bool:
     return a.positions is None or b.positions is None or not a.positions.isdisjoint(b.positions)
 
 
-def _named_in(slot: _Slot, frame: object, since: int) -> _Slot:
-    """``slot`` named by the semaphore of ``frame`` (from its ``since``-th equation on) it
-    stands for: a loop's or branch's argument followed out to the operand it received
-    (``_compat.outer_ref``). Unchanged where it cannot be followed (then only the same
-    tracer names it)."""
+def _named_in(slot: _Slot, outer_of: Callable[[object], object | None]) -> _Slot:
+    """``slot`` named by the semaphore of the body's frame it stands for: a loop's or
+    branch's argument followed out to the operand it received (``outer_of``:
+    ``_compat.outer_ref`` in that frame). Unchanged where it cannot be followed (then only
+    the same tracer names it)."""
     if slot.root in (_ANY_SEMAPHORE, _ALLOCATED_INSIDE) or slot.ref is None:
         return slot
-    outer = _compat.outer_ref(slot.ref, frame, since)
+    outer = outer_of(slot.ref)
     if outer is None:
         return slot._replace(aliased=False)
     return _Slot(id(outer), slot.positions, outer)
@@ -195,6 +196,8 @@ class Ledger:
     begins_at: int = 0
     # The jax trace the body began in (see _hand_over).
     frame: object = None
+    # Semaphores followed out to this frame's (see _outer_ref), by the id of their root.
+    outer_refs: dict[int, object | None] = dataclasses.field(default_factory=dict[int, object])
 
     def chain(self) -> Iterator[Ledger]:
         """This ledger and those of the bodies it runs inside, innermost first."""
@@ -223,7 +226,7 @@ class Ledger:
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots(self.begins_at)
                 if not ob.bodies:
-                    covered = _on_slot(sem, elsewhere)
+                    covered = self._covers(sem, elsewhere)
                 else:
                     # A copy handed over: both sides named by this body's semaphores, or
                     # a raw wait inside a block on the very semaphore a block allocated.
@@ -260,7 +263,39 @@ class Ledger:
             )
 
     def _named(self, slot: _Slot) -> _Slot:
-        return _named_in(slot, self.frame, self.begins_at)
+        return _named_in(slot, self._outer_ref)
+
+    def _outer_ref(self, ref: object) -> object | None:
+        """``_compat.outer_ref`` in this body's frame, once per root (it walks the frame's
+        jaxprs); only while the body checks, when the frame's equations are final."""
+        root = _compat.root_of(ref)
+        if id(root) not in self.outer_refs:
+            self.keep_alive.append(root)
+            self.outer_refs[id(root)] = _compat.outer_ref(root, self.frame, self.begins_at)
+        return self.outer_refs[id(root)]
+
+    def _covers(self, sem: object, slots: list[_Slot]) -> bool:
+        """Whether a wait of ``slots`` may stand for a copy on ``sem`` (see _on_slot), once
+        the body is traced: a loop's or branch's argument matched only by its type is
+        followed out to the operand it received (``_named``), and where both sides are
+        followed, only the same semaphore slot meets (a copy on ``s.at[0]`` of a branch
+        argument ``s`` is not waited by a wait on ``sems.at[1]`` after the branch)."""
+        mine = _slot(sem)
+        for other in slots:
+            if not _on_slot(sem, [other]):
+                continue
+            if mine.root == other.root or _ANY_SEMAPHORE in (mine.root, other.root):
+                return True
+            if other.root == _ALLOCATED_INSIDE:
+                return True
+            a, b = self._named(mine), self._named(other)
+            if _compat.allocated_inside(a.ref, self.frame) or _compat.allocated_inside(
+                b.ref, self.frame
+            ):
+                return True  # not followed out: its type is all that is known
+            if _slots_meet(a, b):
+                return True
+        return False
 
     def _hand_over(self, ob: _Obligation, kernel_name: str) -> bool:
         """Leave a copy this body does not wait to the body it runs inside: a copy an
@@ -278,9 +313,7 @@ class Ledger:
         parent = self.parent
         if parent is None:
             return False
-        if any(
-            _compat.outer_ref(sem, self.frame, self.begins_at) is None for sem in ob.sems.values()
-        ):
+        if any(self._outer_ref(sem) is None for sem in ob.sems.values()):
             return False
         parent.keep_alive.extend(ob.sems.values())
         # Described now: the refs are named by this body's parameters, which the

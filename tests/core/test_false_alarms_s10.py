@@ -266,3 +266,53 @@ def test_a_start_with_a_traced_size_opposite_a_static_one_is_t1_at_the_start() -
     # Built (jax 0.12, where a wait would fail too) or started (jax 0.10.2): the user's line.
     line = "sd.LocalCopy(window" if _compat.waits_compare_shapes() else "# START"
     assert line_in(_wait_only, line) in raising_lines(err, __file__)
+
+
+# --- a copy on a branch's or loop's argument, waited after it on the array it received ----
+
+
+def _started_in_a_block(where: str, wait: str, slot: int) -> Any:
+    """A copy started on ``s.at[0]`` where ``s`` is a ``lax.cond`` branch's operand or a
+    ``fori_loop`` carry (the kernel's ``sems``), waited after the block on ``sems.at[slot]``
+    (through safedma or raw)."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+        src, dst = x_hbm.at[pl.ds(0, ROWS)], o_hbm.at[pl.ds(0, ROWS)]
+
+        def start(s: Any) -> None:
+            sd.LocalCopy(src, dst, s.at[0]).start()  # IN THE BLOCK
+
+        if where == "cond":
+            lax.cond(pl.program_id(0) == 0, start, lambda s: None, sems)
+        else:
+
+            def once(i: Any, s: Any) -> Any:
+                start(s)
+                return s
+
+            lax.fori_loop(0, 1, once, sems)
+        if wait == "raw":
+            pltpu.make_async_copy(src, dst, sems.at[slot]).wait()
+        else:
+            sd.LocalCopy(src, dst, sems.at[slot]).started_elsewhere().wait()
+        del acc
+
+    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    return _call(kernel, SAFE, scratch)
+
+
+@pytest.mark.parametrize("wait", ["started_elsewhere", "raw"])
+@pytest.mark.parametrize("where", ["cond", "fori_loop"])
+def test_a_copy_on_a_block_argument_waited_after_the_block_traces(where: str, wait: str) -> None:
+    assert "wait_dma" in mosaic_text(_started_in_a_block(where, wait, 0), X, mesh=_v5p())
+
+
+@pytest.mark.parametrize("wait", ["started_elsewhere", "raw"])
+@pytest.mark.parametrize("where", ["cond", "fori_loop"])
+def test_a_copy_on_a_block_argument_waited_on_the_other_slot_is_t7(where: str, wait: str) -> None:
+    # A miss before session 10: a block's argument met any semaphore of its type, at any
+    # slot; it is now followed out to the array it received, so the slots are compared.
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_started_in_a_block(where, wait, 1), X, mesh=_v5p())
+    text = str(err.value)
+    assert f"started at {__file__}:{line_in(_started_in_a_block, '# IN THE BLOCK')}" in text
