@@ -316,3 +316,30 @@ def test_a_copy_on_a_block_argument_waited_on_the_other_slot_is_t7(where: str, w
         mosaic_text(_started_in_a_block(where, wait, 1), X, mesh=_v5p())
     text = str(err.value)
     assert f"started at {__file__}:{line_in(_started_in_a_block, '# IN THE BLOCK')}" in text
+
+
+def _view_into_a_branch(slot: int) -> Any:
+    """A window ``sems.at[pl.ds(1, 2)]`` passed into a branch, whose copy is on its first
+    semaphore (``sems`` slot 1); waited after the branch on ``sems.at[slot]``."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+        src, dst = x_hbm.at[pl.ds(0, ROWS)], o_hbm.at[pl.ds(0, ROWS)]
+
+        def start(window: Any) -> None:
+            sd.LocalCopy(src, dst, window.at[0]).start()  # IN THE WINDOW
+
+        lax.cond(pl.program_id(0) == 0, start, lambda window: None, sems.at[pl.ds(1, 2)])
+        sd.LocalCopy(src, dst, sems.at[slot]).started_elsewhere().wait()
+        del acc
+
+    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((3,))]
+    return _call(kernel, SAFE, scratch)
+
+
+def test_a_copy_on_a_window_passed_into_a_branch_is_paired_by_its_slot_in_the_array() -> None:
+    assert "wait_dma" in mosaic_text(_view_into_a_branch(1), X, mesh=_v5p())
+    for slot in (0, 2):
+        with pytest.raises(sd.CopyNeverWaitedError) as err:
+            mosaic_text(_view_into_a_branch(slot), X, mesh=_v5p())
+        where = f"{__file__}:{line_in(_view_into_a_branch, '# IN THE WINDOW')}"
+        assert f"started at {where}" in str(err.value)
