@@ -276,24 +276,27 @@ class Ledger:
 
     def _covers(self, sem: object, slots: list[_Slot]) -> bool:
         """Whether a wait of ``slots`` may stand for a copy on ``sem`` (see _on_slot), once
-        the body is traced: a loop's or branch's argument matched only by its type is
-        followed out to the operand it received (``_named``), and where both sides are
-        followed, only the same semaphore slot meets (a copy on ``s.at[0]`` of a branch
-        argument ``s`` is not waited by a wait on ``sems.at[1]`` after the branch)."""
+        the body is traced. A ref of a block nested in the body (a loop's or branch's
+        argument, a ``jax.jit`` helper's parameter) is followed out to the operand it
+        received (``_named``); where both sides are followed, only the same semaphore slot
+        meets (a copy on ``s.at[0]`` of a branch argument ``s`` is not waited by a wait on
+        ``sems.at[1]`` after the branch, and is by one on ``sems.at[0]``); where one is not,
+        a block's argument meets any semaphore of its type, as before."""
         mine = _slot(sem)
         for other in slots:
-            if not _on_slot(sem, [other]):
-                continue
-            if mine.root == other.root or _ANY_SEMAPHORE in (mine.root, other.root):
+            if _ANY_SEMAPHORE in (mine.root, other.root):
+                return True
+            met = _on_slot(sem, [other])
+            if met and (mine.root == other.root or other.root == _ALLOCATED_INSIDE):
                 return True
             if other.root == _ALLOCATED_INSIDE:
-                return True
+                continue
             a, b = self._named(mine), self._named(other)
-            if _compat.allocated_inside(a.ref, self.frame) or _compat.allocated_inside(
-                b.ref, self.frame
-            ):
-                return True  # not followed out: its type is all that is known
-            if _slots_meet(a, b):
+            followed = not (
+                _compat.allocated_inside(a.ref, self.frame)
+                or _compat.allocated_inside(b.ref, self.frame)
+            )
+            if (met and not followed) or (followed and _slots_meet(a, b)):
                 return True
         return False
 

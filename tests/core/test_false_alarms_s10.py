@@ -343,3 +343,41 @@ def test_a_copy_on_a_window_passed_into_a_branch_is_paired_by_its_slot_in_the_ar
             mosaic_text(_view_into_a_branch(slot), X, mesh=_v5p())
         where = f"{__file__}:{line_in(_view_into_a_branch, '# IN THE WINDOW')}"
         assert f"started at {where}" in str(err.value)
+
+
+# --- a copy started in a jax.jit helper on its parameter, waited by the kernel ------------
+
+
+def _helper_starts(safe: bool, slot: int) -> Any:
+    """A ``jax.jit`` helper called in the kernel starts the copy on its semaphore
+    parameter ``s.at[0]`` (a new tracer in the helper's jaxpr, the kernel's ``sems``); the
+    kernel waits it after the call on ``sems.at[slot]``."""
+
+    def start(x: Any, o: Any, s: Any) -> None:
+        _copy(safe, x.at[pl.ds(0, ROWS)], o.at[pl.ds(0, ROWS)], s.at[0])
+
+    def kernel(x_hbm: Any, o_hbm: Any, acc: Any, sems: Any) -> None:
+        jax.jit(start)(x_hbm, o_hbm, sems)  # HELPER
+        src, dst = x_hbm.at[pl.ds(0, ROWS)], o_hbm.at[pl.ds(0, ROWS)]
+        if safe:
+            sd.LocalCopy(src, dst, sems.at[slot]).started_elsewhere().wait()
+        else:
+            pltpu.make_async_copy(src, dst, sems.at[slot]).wait()
+        del acc
+
+    scratch = [pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+    return _call(kernel, safe, scratch)
+
+
+def test_a_copy_a_jitted_helper_starts_waited_by_the_kernel_matches_raw() -> None:
+    # Before session 10: T7 (the helper's parameter is a tracer of its own jaxpr).
+    assert_same_mosaic(_helper_starts(SAFE, 0), _helper_starts(RAW, 0), X, mesh=_v5p())
+
+
+def test_a_copy_a_jitted_helper_starts_waited_on_the_other_slot_is_t7() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(_helper_starts(SAFE, 1), X, mesh=_v5p())
+    # jax's jit calls the helper: the chain of user lines ends at the helper's own line.
+    started = f"{__file__}:{line_in(_copy, '# STARTED')}"
+    helper = f"{__file__}:{line_in(_helper_starts, '_copy(safe, x.at')}"
+    assert f"started at {started} (called from {helper}" in str(err.value), err.value
