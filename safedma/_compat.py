@@ -690,8 +690,9 @@ def raw_waited_inside(
     """Whether a ref made inside a block traced into ``frame`` (a ``run_scoped``
     allocation, a block's argument: see :func:`outer_ref`) is waited by a raw ``dma_wait``
     inside the blocks of ``frame``'s equations (from the ``since``-th on), by the identity
-    of its jaxpr variable (``tracer.val``, any slot of it). raw_dma_waits can only say "a
-    semaphore allocated inside" of such a wait; this names the very one."""
+    of its jaxpr variable (``tracer.val``, private: see outer_ref; any slot of it).
+    raw_dma_waits can only say "a semaphore allocated inside" of such a wait; this names
+    the very one."""
     found: set[int] = set()
     entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
     for entry in entries[since:]:
