@@ -384,11 +384,13 @@ def _sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
                 yield jaxpr
 
 
-def _has_raw_wait(jaxpr: Any, is_own_file: Callable[[str], bool]) -> bool:
+def _has_raw_wait(
+    jaxpr: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
+) -> bool:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_wait" and not _emitted_from(eqn, is_own_file):
+        if eqn.primitive.name == primitive and not _emitted_from(eqn, is_own_file):
             return True
-        if any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+        if any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
             return True
     return False
 
@@ -539,7 +541,7 @@ def outer_ref(ref: object, frame: object, since: int = 0) -> object | None:
 
 
 def _raw_waited_operands(
-    eqn: Any, is_own_file: Callable[[str], bool]
+    eqn: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
 ) -> tuple[set[int], bool] | None:
     """The operands of ``eqn`` whose semaphores a raw ``dma_wait`` inside its blocks waits,
     and whether one waits a semaphore allocated inside; None when a block on the way is
@@ -550,7 +552,7 @@ def _raw_waited_operands(
     operands: set[int] = set()
     inside = False
     for jaxpr, positions in blocks:
-        found = _raw_waited_inputs(jaxpr, is_own_file)
+        found = _raw_waited_inputs(jaxpr, is_own_file, primitive)
         if found is None:
             return None
         inputs, allocated = found
@@ -564,7 +566,7 @@ def _raw_waited_operands(
 
 
 def _raw_waited_inputs(
-    jaxpr: Any, is_own_file: Callable[[str], bool]
+    jaxpr: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
 ) -> tuple[set[int], bool] | None:
     """Positions (constvars then invars) of ``jaxpr``'s inputs that raw waits inside it
     wait, and whether one waits a semaphore allocated inside it; None: not followed."""
@@ -572,7 +574,7 @@ def _raw_waited_inputs(
     inputs: set[int] = set()
     inside = False
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_wait":
+        if eqn.primitive.name == primitive:
             if _emitted_from(eqn, is_own_file):
                 continue
             try:
@@ -589,9 +591,9 @@ def _raw_waited_inputs(
                 else:
                     inside = True
             continue
-        if not any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+        if not any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
             continue
-        nested = _raw_waited_operands(eqn, is_own_file)
+        nested = _raw_waited_operands(eqn, is_own_file, primitive)
         if nested is None:
             return None
         operands, allocated = nested
@@ -626,11 +628,12 @@ def traced_so_far(frame: object) -> int:
 
 
 def raw_dma_waits(
-    frame: object, is_own_file: Callable[[str], bool], since: int = 0
+    frame: object, is_own_file: Callable[[str], bool], since: int = 0, primitive: str = "dma_wait"
 ) -> list[RawWait]:
     """The semaphores waited by ``dma_wait``s traced into ``frame`` (from its ``since``-th
     equation on) that were not emitted from a file ``is_own_file`` accepts (safedma's own
-    waits)."""
+    waits). ``primitive="dma_start"``: the semaphores of raw starts, read the same way
+    (both primitives carry their operands' pytree as ``tree``, jax 0.10.2 and 0.12)."""
     found: list[RawWait] = []
     entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
     for entry in entries[since:]:
@@ -638,7 +641,7 @@ def raw_dma_waits(
         if eqn is None:
             continue
         operands: list[object] = list(eqn.in_tracers)
-        if eqn.primitive.name == "dma_wait":
+        if eqn.primitive.name == primitive:
             if _emitted_from(eqn, is_own_file):
                 continue
             try:
@@ -648,14 +651,14 @@ def raw_dma_waits(
                 continue
             views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
             found += [(root_of(view), view) for view in views] or [(None, None)]
-        elif any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+        elif any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
             # A block sees an outer semaphore only as an operand (jax passes closed-over
             # refs in). The waits inside are followed back to the operands they wait
             # (any slot of each: the index inside is not mapped); a wait on a semaphore
             # allocated inside (a run_scoped, an emit_pipeline's own) is never a
             # kernel-level one. Where a block cannot be followed, every semaphore the
             # block receives counts as waited.
-            followed = _raw_waited_operands(eqn, is_own_file)
+            followed = _raw_waited_operands(eqn, is_own_file, primitive)
             if followed is None:
                 roots = [root_of(a) for a in operands if _is_semaphore(a)]
                 found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]

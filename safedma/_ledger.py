@@ -120,7 +120,7 @@ _ALLOCATED_INSIDE = -2
 meet every slot of such a semaphore, and none of the body's own (see _on_slot)."""
 
 
-def _raw_wait_slots(since: int = 0) -> list[_Slot]:
+def _raw_wait_slots(since: int = 0, primitive: str = "dma_wait") -> list[_Slot]:
     """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far
     (from the ``since``-th equation of its frame: where the body began).
 
@@ -129,7 +129,7 @@ def _raw_wait_slots(since: int = 0) -> list[_Slot]:
     """
     slots: list[_Slot] = []
     frame = _compat.current_frame()
-    for root, view in _compat.raw_dma_waits(frame, is_library_file, since):
+    for root, view in _compat.raw_dma_waits(frame, is_library_file, since, primitive):
         if root is _compat.ALLOCATED_INSIDE:
             slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
@@ -226,7 +226,7 @@ class Ledger:
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots(self.begins_at)
                 if not ob.bodies:
-                    covered = self._covers(sem, elsewhere)
+                    covered = self.covers(sem, elsewhere)
                 else:
                     # A copy handed over: both sides named by this body's semaphores, or
                     # a raw wait inside a block on the very semaphore a block allocated.
@@ -274,7 +274,7 @@ class Ledger:
             self.outer_refs[id(root)] = _compat.outer_ref(root, self.frame, self.begins_at)
         return self.outer_refs[id(root)]
 
-    def _covers(self, sem: object, slots: list[_Slot]) -> bool:
+    def covers(self, sem: object, slots: list[_Slot]) -> bool:
         """Whether a wait of ``slots`` may stand for a copy on ``sem`` (see _on_slot), once
         the body is traced. A ref of a block nested in the body (a loop's or branch's
         argument, a ``jax.jit`` helper's parameter) is followed out to the operand it
@@ -404,7 +404,13 @@ def started_on(sem: object) -> bool:
     ledger = _current.get()
     if ledger is None:
         return True
-    return _on_slot(sem, (_slot(s) for ob in ledger.obligations for s in ob.sems.values()))
+    started = [s for ob in ledger.obligations for s in ob.sems.values()]
+    # Raw pltpu starts count too (the body's jaxpr says what is started); a copy on a ref a
+    # nested block received (a jax.jit helper's parameter) is followed out (covers).
+    raw = _raw_wait_slots(ledger.begins_at, "dma_start")
+    if _on_slot(sem, [*map(_slot, started), *raw]):
+        return True
+    return any(ledger.covers(s, [_slot(sem)]) for s in started)
 
 
 def waited_on(sem: object) -> bool:
@@ -414,7 +420,8 @@ def waited_on(sem: object) -> bool:
         return True
     waited = [w.sem for w in ledger.elsewhere]
     waited += [s for ob in ledger.obligations for side, s in ob.sems.items() if ob.waited[side]]
-    return _on_slot(sem, map(_slot, waited))
+    # Raw pltpu waits count as they do for T7: the body's jaxpr says what is waited.
+    return _on_slot(sem, [*map(_slot, waited), *_raw_wait_slots(ledger.begins_at)])
 
 
 # ------------------------------------------------------------------ control flow

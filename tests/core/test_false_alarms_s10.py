@@ -381,3 +381,60 @@ def test_a_copy_a_jitted_helper_starts_waited_on_the_other_slot_is_t7() -> None:
     started = f"{__file__}:{line_in(_copy, '# STARTED')}"
     helper = f"{__file__}:{line_in(_helper_starts, '_copy(safe, x.at')}"
     assert f"started at {started} (called from {helper}" in str(err.value), err.value
+
+
+# --- a DMA future whose kernels start or wait in raw pltpu, or through a jitted helper ----
+
+
+def _future_start(how: str) -> Callable[..., None]:
+    def start(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        if how == "raw":
+            pltpu.make_async_copy(x_ref, o_ref, sem).start()
+        elif how == "helper":
+
+            def helper(x: Any, o: Any, s: Any) -> None:
+                sd.LocalCopy(x, o, s).start()
+
+            jax.jit(helper)(x_ref, o_ref, sem)
+        elif how != "nothing":
+            sd.LocalCopy(x_ref, o_ref, sem).start()
+
+    return start
+
+
+def _future_done(how: str) -> Callable[..., None]:
+    def done(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        if how == "raw":
+            pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+        elif how != "nothing":
+            sd.LocalCopy(x_ref, o_ref, sem).started_elsewhere().wait()
+
+    return done
+
+
+def _future(start: str, done: str) -> Callable[..., jax.Array]:
+    @sd.checked_futures
+    def f(x: jax.Array) -> jax.Array:
+        shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        future = sd.start_async(_future_start(start), x, dst=shape)
+        return sd.finish_async(_future_done(done), future)
+
+    return f
+
+
+@pytest.mark.parametrize(("start", "done"), [("raw", "safe"), ("safe", "raw"), ("helper", "safe")])
+def test_a_future_started_or_finished_in_raw_pltpu_or_a_helper_traces(
+    start: str, done: str
+) -> None:
+    # Before session 10: FutureNotWaitedError (the start and done kernels' checks counted
+    # only safedma's own starts and waits, and no copy on a helper's parameter).
+    assert jax.eval_shape(_future(start, done), X).shape == X.shape
+
+
+@pytest.mark.parametrize(("start", "done"), [("nothing", "raw"), ("raw", "nothing")])
+def test_a_future_whose_kernel_starts_or_waits_nothing_is_still_refused(
+    start: str, done: str
+) -> None:
+    kernel = "start kernel" if start == "nothing" else "done kernel"
+    with pytest.raises(sd.FutureNotWaitedError, match=kernel):
+        jax.eval_shape(_future(start, done), X)
