@@ -30,6 +30,7 @@ __all__ = [
     "check_data_ref",
     "check_semaphore",
     "check_same_layout",
+    "check_static_sizes",
     "check_priority",
     "check_add",
     "check_no_add",
@@ -133,8 +134,12 @@ def _static_against_traced(src: tuple[object, ...], dst: tuple[object, ...]) -> 
     return None
 
 
-def check_same_layout(src: object, dst: object, what: str) -> None:
-    """Source and destination of a copy must agree in shape and dtype (T1, T2)."""
+def check_same_layout(src: object, dst: object, what: str, *, sizes: bool = True) -> None:
+    """Source and destination of a copy must agree in shape and dtype (T1, T2).
+
+    ``sizes``: also reject a size fixed while tracing opposite a traced one
+    (:func:`check_static_sizes`); False for a descriptor that may only be waited, where
+    the jax version's wait lowering does not compare the two shapes."""
     src_shape, src_dtype = _compat.ref_layout(src)
     dst_shape, dst_dtype = _compat.ref_layout(dst)
     if _shapes_differ(src_shape, dst_shape):
@@ -145,6 +150,24 @@ def check_same_layout(src: object, dst: object, what: str) -> None:
             "slice one side with .at[pl.ds(start, size)] (or reshape the buffer) so both "
             "shapes match."
         )
+    if sizes:
+        check_static_sizes(src, dst, what)
+    if src_dtype != dst_dtype:
+        raise CopyDtypeMismatchError(
+            f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
+            f"different dtypes {src_dtype} and {dst_dtype}. A DMA does not convert: copy "
+            "into a buffer of the source's dtype and convert with .astype() in the kernel."
+        )
+
+
+def check_static_sizes(src: object, dst: object, what: str) -> None:
+    """No dimension of a copy may be fixed while tracing on one side and traced on the
+    other (T1): Mosaic's verifier rejects the copy's start, and on jax versions whose
+    wait lowering compares the shapes (``_compat.waits_compare_shapes``) its wait too."""
+    src_shape, _ = _compat.ref_layout(src)
+    dst_shape, _ = _compat.ref_layout(dst)
+    if len(src_shape) != len(dst_shape):
+        return  # check_same_layout's
     axis = _static_against_traced(src_shape, dst_shape)
     if axis is not None:
         static, traced = ("source", "destination")
@@ -158,12 +181,6 @@ def check_same_layout(src: object, dst: object, what: str) -> None:
             '("DMA source and target shape mismatch") even when the two sizes are equal '
             f"at run time: slice the {static} with the same traced size "
             "(.at[pl.ds(start, size)]), or give both sides a Python int size."
-        )
-    if src_dtype != dst_dtype:
-        raise CopyDtypeMismatchError(
-            f"{what}: source {describe_ref(src)} and destination {describe_ref(dst)} have "
-            f"different dtypes {src_dtype} and {dst_dtype}. A DMA does not convert: copy "
-            "into a buffer of the source's dtype and convert with .astype() in the kernel."
         )
 
 

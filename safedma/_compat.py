@@ -52,15 +52,18 @@ __all__ = [
     "indexes_by_array",
     "is_tensor_core_mesh",
     "raw_dma_waits",
+    "raw_waited_inside",
     "traced_so_far",
     "ALLOCATED_INSIDE",
     "allocated_inside",
     "is_block_argument",
+    "outer_ref",
     "same_ref_type",
     "frame_parent",
     "frame_kind",
     "static_positions",
     "barrier_tags_supported",
+    "waits_compare_shapes",
     "auto_collective_ids",
     "NOT_FOUND",
     "enclosing_entry",
@@ -202,6 +205,17 @@ def is_static_size(size: object) -> bool:
     dynamic one ("DMA source and target shape mismatch"), whatever the run-time value.
     """
     return not isinstance(size, bool) and bool(_jax_core.is_dim(size))
+
+
+def waits_compare_shapes() -> bool:
+    """Whether Mosaic verifies a DMA *wait*'s source and target shapes as it does a
+    start's (a size fixed while tracing opposite a traced one is rejected).
+
+    jax 0.10.2 lowers a wait to ``tpu.wait_dma2``, whose verifier does not compare them;
+    0.12 lowers it to ``tpu.wait_dma`` (the start's operands), whose verifier does
+    ("DMA source and target shape mismatch"). tests/core/test_false_alarms_s10.py pins
+    this against the raw lowering on both versions."""
+    return JAX_VERSION >= (0, 12)
 
 
 def static_int(value: object) -> int | None:
@@ -371,11 +385,13 @@ def _sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
                 yield jaxpr
 
 
-def _has_raw_wait(jaxpr: Any, is_own_file: Callable[[str], bool]) -> bool:
+def _has_raw_wait(
+    jaxpr: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
+) -> bool:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_wait" and not _emitted_from(eqn, is_own_file):
+        if eqn.primitive.name == primitive and not _emitted_from(eqn, is_own_file):
             return True
-        if any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+        if any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
             return True
     return False
 
@@ -431,6 +447,13 @@ def _block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
         if len(body.constvars) == 0 and len(body.invars) >= n:
             return [(body, list(range(n)) + [-1] * (len(body.invars) - n))]
         return None
+    if name == "emit_pipeline":
+        body = inner(params["body_jaxpr"])
+        consts = _pipeline_consts(params, n)
+        if consts is None or len(consts) != len(body.constvars):
+            return None
+        # The body's inputs are its closed-over refs, then the pipeline's own buffers.
+        return [(body, consts + [-1] * len(body.invars))]
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         if key in params and isinstance(inner(params[key]), _jax_core.Jaxpr):
             body = inner(params[key])
@@ -439,8 +462,87 @@ def _block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
     return None
 
 
+def _pipeline_consts(params: Mapping[str, Any], n: int) -> list[int] | None:
+    """The operand positions of an ``emit_pipeline`` equation's body constants (the refs
+    the body closes over, its jaxpr's constvars in order), or None if not found.
+
+    With ``jax_use_emit_pipeline_primitive`` the body is traced to a jaxpr of its own and
+    the pipeline is one equation. jax 0.10.2 binds ``(*index-map consts, *grid bounds,
+    *offsets, *body consts, *refs)`` with ``body_consts_len`` and ``args_tree`` the refs';
+    jax 0.12 binds one flattened ``EmitPipelinePrimitiveArgs`` whose ``body_consts``
+    field, unflattened from ``args_tree``, gives the positions. Private in both;
+    tests/core/test_false_alarms_s10.py pins it on both versions."""
+    tree = params.get("args_tree")
+    if tree is None:
+        return None
+    try:
+        if "body_consts_len" in params:
+            count, refs = int(params["body_consts_len"]), int(tree.num_leaves)
+            return list(range(n - refs - count, n - refs))
+        args = tree.unflatten(list(range(n)))
+        positions = getattr(args, "body_consts", None)
+        return None if positions is None else [int(k) for k in positions]
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _operand_of(var: object, eqn: Any) -> int | None:
+    """The position of the operand of ``eqn`` that block input ``var`` (a variable of a
+    block of ``eqn``, at any depth) receives; -1 if ``var`` is made inside (a
+    ``run_scoped`` allocation, a value a block computes), None if it is not found."""
+    blocks = _block_inputs(eqn)
+    for jaxpr, positions in blocks or ():
+        inputs = [*jaxpr.constvars, *jaxpr.invars]
+        at = {id(v): i for i, v in enumerate(inputs)}
+        if id(var) in at:
+            i = at[id(var)]
+            return positions[i] if i < len(positions) else -1
+        for nested in jaxpr.eqns:
+            if not any(True for _ in _sub_jaxprs(nested.params)):
+                continue
+            k = _operand_of(var, nested)
+            if k is None:
+                continue
+            if k < 0 or id(nested.invars[k]) not in at:
+                return -1
+            i = at[id(nested.invars[k])]
+            return positions[i] if i < len(positions) else -1
+    return None
+
+
+def outer_ref(ref: object, frame: object, since: int = 0) -> object | None:
+    """The ref of ``frame`` (or of a trace enclosing it) that ``ref``'s root stands for:
+    the root itself if it lives there; if it is a block's argument (a loop carry, a
+    branch operand, a ref an ``emit_pipeline`` passes its step), the operand the block
+    received, followed out through every block between; None if the root was allocated
+    inside (``run_scoped``) or the blocks cannot be followed.
+
+    jax makes a new tracer for each operand a block receives, so a semaphore passed into
+    a ``cond``, a ``fori_loop`` carry or a pipeline's loop has a new identity there; the
+    tracer's jaxpr variable (``tracer.val``, private, jax 0.10.2 and 0.12 alike) is an
+    input of the block's jaxpr inside the equation the block became in ``frame`` (from
+    its ``since``-th equation on), whose operand at that position is the outer ref."""
+    root = root_of(ref)
+    if not allocated_inside(root, frame):
+        return root
+    var = getattr(root, "val", None)
+    if var is None:
+        return None
+    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+    for entry in entries[since:]:
+        eqn = _dereference(entry)
+        if eqn is None or not any(True for _ in _sub_jaxprs(eqn.params)):
+            continue
+        k = _operand_of(var, eqn)
+        if k is None:
+            continue
+        operands: list[object] = list(eqn.in_tracers)
+        return operands[k] if 0 <= k < len(operands) else None
+    return None
+
+
 def _raw_waited_operands(
-    eqn: Any, is_own_file: Callable[[str], bool]
+    eqn: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
 ) -> tuple[set[int], bool] | None:
     """The operands of ``eqn`` whose semaphores a raw ``dma_wait`` inside its blocks waits,
     and whether one waits a semaphore allocated inside; None when a block on the way is
@@ -451,7 +553,7 @@ def _raw_waited_operands(
     operands: set[int] = set()
     inside = False
     for jaxpr, positions in blocks:
-        found = _raw_waited_inputs(jaxpr, is_own_file)
+        found = _raw_waited_inputs(jaxpr, is_own_file, primitive)
         if found is None:
             return None
         inputs, allocated = found
@@ -465,7 +567,7 @@ def _raw_waited_operands(
 
 
 def _raw_waited_inputs(
-    jaxpr: Any, is_own_file: Callable[[str], bool]
+    jaxpr: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
 ) -> tuple[set[int], bool] | None:
     """Positions (constvars then invars) of ``jaxpr``'s inputs that raw waits inside it
     wait, and whether one waits a semaphore allocated inside it; None: not followed."""
@@ -473,7 +575,7 @@ def _raw_waited_inputs(
     inputs: set[int] = set()
     inside = False
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_wait":
+        if eqn.primitive.name == primitive:
             if _emitted_from(eqn, is_own_file):
                 continue
             try:
@@ -492,9 +594,9 @@ def _raw_waited_inputs(
                 else:
                     inside = True
             continue
-        if not any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+        if not any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
             continue
-        nested = _raw_waited_operands(eqn, is_own_file)
+        nested = _raw_waited_operands(eqn, is_own_file, primitive)
         if nested is None:
             return None
         operands, allocated = nested
@@ -538,11 +640,12 @@ def traced_so_far(frame: object) -> int:
 
 
 def raw_dma_waits(
-    frame: object, is_own_file: Callable[[str], bool], since: int = 0
+    frame: object, is_own_file: Callable[[str], bool], since: int = 0, primitive: str = "dma_wait"
 ) -> list[RawWait]:
     """The semaphores waited by ``dma_wait``s traced into ``frame`` (from its ``since``-th
     equation on) that were not emitted from a file ``is_own_file`` accepts (safedma's own
-    waits)."""
+    waits). ``primitive="dma_start"``: the semaphores of raw starts, read the same way
+    (both primitives carry their operands' pytree as ``tree``, jax 0.10.2 and 0.12)."""
     found: list[RawWait] = []
     entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
     for entry in entries[since:]:
@@ -550,7 +653,7 @@ def raw_dma_waits(
         if eqn is None:
             continue
         operands: list[object] = list(eqn.in_tracers)
-        if eqn.primitive.name == "dma_wait":
+        if eqn.primitive.name == primitive:
             if _emitted_from(eqn, is_own_file):
                 continue
             try:
@@ -562,14 +665,14 @@ def raw_dma_waits(
                 continue
             views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
             found += [(root_of(view), view) for view in views] or [(None, None)]
-        elif any(_has_raw_wait(sub, is_own_file) for sub in _sub_jaxprs(eqn.params)):
+        elif any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
             # A block sees an outer semaphore only as an operand (jax passes closed-over
             # refs in). The waits inside are followed back to the operands they wait
             # (any slot of each: the index inside is not mapped); a wait on a semaphore
             # allocated inside (a run_scoped, an emit_pipeline's own) is never a
             # kernel-level one. Where a block cannot be followed, every semaphore the
             # block receives counts as waited.
-            followed = _raw_waited_operands(eqn, is_own_file)
+            followed = _raw_waited_operands(eqn, is_own_file, primitive)
             if followed is None:
                 roots = [root_of(a) for a in operands if _is_semaphore(a)]
                 found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]
@@ -583,6 +686,42 @@ def raw_dma_waits(
             if not any(_is_semaphore(a) for a in operands):
                 found.append((ALLOCATED_INSIDE, None))
     return found
+
+
+def _raw_waited_vars(jaxpr: Any, is_own_file: Callable[[str], bool], found: set[int]) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dma_wait" and not _emitted_from(eqn, is_own_file):
+            try:
+                args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
+            except (KeyError, TypeError, ValueError):
+                continue
+            roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
+            found.update(id(a) for a in roots if _is_semaphore_var(a))
+        for sub in _sub_jaxprs(eqn.params):
+            _raw_waited_vars(sub, is_own_file, found)
+
+
+def raw_waited_inside(
+    frame: object, is_own_file: Callable[[str], bool], since: int = 0
+) -> Callable[[object], bool]:
+    """Whether a ref made inside a block traced into ``frame`` (a ``run_scoped``
+    allocation, a block's argument: see :func:`outer_ref`) is waited by a raw ``dma_wait``
+    inside the blocks of ``frame``'s equations (from the ``since``-th on), by the identity
+    of its jaxpr variable (``tracer.val``, private: see outer_ref; any slot of it).
+    raw_dma_waits can only say "a semaphore allocated inside" of such a wait; this names
+    the very one."""
+    found: set[int] = set()
+    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+    for entry in entries[since:]:
+        eqn = _dereference(entry)
+        for sub in _sub_jaxprs(eqn.params) if eqn is not None else ():
+            _raw_waited_vars(sub, is_own_file, found)
+
+    def waited(ref: object) -> bool:
+        var = getattr(root_of(ref), "val", None)
+        return var is not None and allocated_inside(root_of(ref), frame) and id(var) in found
+
+    return waited
 
 
 def is_block_argument(ref: object) -> bool:

@@ -44,6 +44,7 @@ from safedma._checks import (
     check_priority,
     check_push_stream,
     check_same_layout,
+    check_static_sizes,
     check_semaphore,
 )
 from safedma._compat import AsyncCopyDescriptor, SemaphoreKind
@@ -101,7 +102,10 @@ _INCOMING_HINTS = MISSING_OPERATIONS["IncomingHandle"]
 def _check_copy_refs(src: object, dst: object, what: str) -> None:
     check_data_ref(src, f"{what} source")
     check_data_ref(dst, f"{what} destination")
-    check_same_layout(src, dst, what)
+    # A static size opposite a traced one fails a start on every jax version, a wait only
+    # where the wait lowering compares shapes: a descriptor only ever waited (through
+    # started_elsewhere() / incoming()) is checked by start() on the others.
+    check_same_layout(src, dst, what, sizes=_compat.waits_compare_shapes())
 
 
 class Handle:
@@ -256,6 +260,7 @@ class LocalCopy:
         or gather-add); anywhere else it is rejected at trace time (T5).
         """
         check_priority(priority, remote=False)
+        check_static_sizes(self.src, self.dst, "LocalCopy")
         check_add(add, self.src, self.dst)
         descriptor = _compat.make_local_descriptor(self.src, self.dst, self.sem)
         handle = self._handle(descriptor, started_elsewhere=False)
@@ -385,6 +390,7 @@ class RemoteCopy(Generic[SendSemState, TargetState]):
     ) -> RemoteHandle:
         """Start sending; wait through the returned handle (remote copies take priority 0)."""
         check_priority(priority, remote=True)
+        check_static_sizes(self.src, self.dst, "RemoteCopy")
         check_no_add(add)
         descriptor = self._descriptor("start")
         state = self._state(started_elsewhere=False)

@@ -21,8 +21,9 @@ Semaphores are compared per *slot*: a wait on ``sems.at[0]`` never stands for
 a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
 the wait may stand for any copy on that array (no error). Where the array is a
 loop body's or branch's argument (a new tracer for whichever semaphore was
-passed in, as ``emit_pipeline`` passes its buffered refs), it may stand for any
-array of its type.
+passed in, as ``emit_pipeline`` passes its buffered refs), it is followed out to
+the operand it received once the body is traced (``_compat.outer_ref``); where it
+cannot be, it may stand for any array of its type.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import NamedTuple
 
 from safedma import _compat
@@ -79,6 +80,12 @@ class _Obligation:
     waited: dict[Side, list[_Wait]]
     # The bodies it was started in and not waited in, innermost first (see _hand_over).
     bodies: tuple[str, ...] = ()
+    # Its description when handed over, fixed by the body that started it (whose refs'
+    # names the enclosing body may not know); None: ``describe()`` as it is.
+    described: str | None = None
+
+    def text(self) -> str:
+        return self.described if self.described is not None else self.describe()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +120,7 @@ _ALLOCATED_INSIDE = -2
 meet every slot of such a semaphore, and none of the body's own (see _on_slot)."""
 
 
-def _raw_wait_slots(since: int = 0) -> list[_Slot]:
+def _raw_wait_slots(since: int = 0, primitive: str = "dma_wait") -> list[_Slot]:
     """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far
     (from the ``since``-th equation of its frame: where the body began).
 
@@ -122,7 +129,7 @@ def _raw_wait_slots(since: int = 0) -> list[_Slot]:
     """
     slots: list[_Slot] = []
     frame = _compat.current_frame()
-    for root, view in _compat.raw_dma_waits(frame, is_library_file, since):
+    for root, view in _compat.raw_dma_waits(frame, is_library_file, since, primitive):
         if root is _compat.ALLOCATED_INSIDE:
             slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
@@ -141,6 +148,19 @@ def _slots_meet(a: _Slot, b: _Slot) -> bool:
         # A block's argument may be any semaphore of its type passed in (see _Slot).
         return (a.aliased or b.aliased) and _compat.same_ref_type(a.ref, b.ref)
     return a.positions is None or b.positions is None or not a.positions.isdisjoint(b.positions)
+
+
+def _named_in(slot: _Slot, outer_of: Callable[[object], object | None]) -> _Slot:
+    """``slot`` named by the semaphore of the body's frame it stands for: a loop's or
+    branch's argument followed out to the operand it received (``outer_of``:
+    ``_compat.outer_ref`` in that frame). Unchanged where it cannot be followed (then only
+    the same tracer names it)."""
+    if slot.root in (_ANY_SEMAPHORE, _ALLOCATED_INSIDE) or slot.ref is None:
+        return slot
+    outer = outer_of(slot.ref)
+    if outer is None:
+        return slot._replace(aliased=False)
+    return _Slot(id(outer), slot.positions, outer)
 
 
 def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
@@ -176,6 +196,8 @@ class Ledger:
     begins_at: int = 0
     # The jax trace the body began in (see _hand_over).
     frame: object = None
+    # Semaphores followed out to this frame's (see _outer_ref), by the id of their root.
+    outer_refs: dict[int, object | None] = dataclasses.field(default_factory=dict[int, object])
 
     def chain(self) -> Iterator[Ledger]:
         """This ledger and those of the bodies it runs inside, innermost first."""
@@ -192,7 +214,8 @@ class Ledger:
         # the order they were started.
         left: dict[tuple[str, SourceLine, str], int] = {}
         elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
-        named: list[_Slot] = []  # those that name their semaphore (see _hand_over)
+        named: list[_Slot] | None = None  # those that name their semaphore (see _hand_over)
+        waited_inside: Callable[[object], bool] = bool
         for ob in self.obligations:
             missing: list[Side] = []
             for side, sem in ob.sems.items():
@@ -202,8 +225,19 @@ class Ledger:
                     elsewhere = [_slot(w.sem) for w in self.elsewhere]
                     elsewhere += [_slot(sem) for sem in self.settled]
                     elsewhere += _raw_wait_slots(self.begins_at)
-                    named = [s for s in elsewhere if s.root != _ALLOCATED_INSIDE and not s.aliased]
-                if not _on_slot(sem, named if ob.bodies else elsewhere):
+                if not ob.bodies:
+                    covered = self.covers(sem, elsewhere)
+                else:
+                    # A copy handed over: both sides named by this body's semaphores, or
+                    # a raw wait inside a block on the very semaphore a block allocated.
+                    if named is None:
+                        named = [self._named(s) for s in elsewhere if s.root != _ALLOCATED_INSIDE]
+                        waited_inside = _compat.raw_waited_inside(
+                            self.frame, is_library_file, self.begins_at
+                        )
+                    mine = self._named(_slot(sem))
+                    covered = any(_slots_meet(mine, s) for s in named) or waited_inside(mine.ref)
+                if not covered:
                     missing.append(side)
             if missing and self._hand_over(ob, kernel_name):
                 continue
@@ -212,7 +246,7 @@ class Ledger:
                 inside = (
                     " in the body " + " inside ".join(map(repr, ob.bodies)) if ob.bodies else ""
                 )
-                key = (ob.describe() + inside, ob.started_at, calls)
+                key = (ob.text() + inside, ob.started_at, calls)
                 left[key] = left.get(key, 0) + 1
         if left:
             count = sum(left.values())
@@ -228,31 +262,66 @@ class Ledger:
                 f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
 
+    def _named(self, slot: _Slot) -> _Slot:
+        return _named_in(slot, self._outer_ref)
+
+    def _outer_ref(self, ref: object) -> object | None:
+        """``_compat.outer_ref`` in this body's frame, once per root (it walks the frame's
+        jaxprs); only while the body checks, when the frame's equations are final."""
+        root = _compat.root_of(ref)
+        if id(root) not in self.outer_refs:
+            self.keep_alive.append(root)
+            self.outer_refs[id(root)] = _compat.outer_ref(root, self.frame, self.begins_at)
+        return self.outer_refs[id(root)]
+
+    def covers(self, sem: object, slots: list[_Slot]) -> bool:
+        """Whether a wait of ``slots`` may stand for a copy on ``sem`` (see _on_slot), once
+        the body is traced. A ref of a block nested in the body (a loop's or branch's
+        argument, a ``jax.jit`` helper's parameter) is followed out to the operand it
+        received (``_named``); where both sides are followed, only the same semaphore slot
+        meets (a copy on ``s.at[0]`` of a branch argument ``s`` is not waited by a wait on
+        ``sems.at[1]`` after the branch, and is by one on ``sems.at[0]``); where one is not,
+        a block's argument meets any semaphore of its type, as before."""
+        mine = _slot(sem)
+        for other in slots:
+            if _ANY_SEMAPHORE in (mine.root, other.root):
+                return True
+            met = _on_slot(sem, [other])
+            if met and (mine.root == other.root or other.root == _ALLOCATED_INSIDE):
+                return True
+            if other.root == _ALLOCATED_INSIDE:
+                continue
+            a, b = self._named(mine), self._named(other)
+            followed = not (
+                _compat.allocated_inside(a.ref, self.frame)
+                or _compat.allocated_inside(b.ref, self.frame)
+            )
+            if (met and not followed) or (followed and _slots_meet(a, b)):
+                return True
+        return False
+
     def _hand_over(self, ob: _Obligation, kernel_name: str) -> bool:
         """Leave a copy this body does not wait to the body it runs inside: a copy an
         emit_pipeline step starts may be waited by the kernel after the pipeline, as a copy
         a loop iteration starts may be waited after the loop.
 
-        Not a copy on a semaphore allocated inside this body (it is gone outside), nor on a
-        loop's or branch's argument (a new tracer: outside it could only be matched by
-        type). There, only waits that name the copy's semaphore stand for it (check_all_
-        waited: safedma's waits by slot, raw waits on that semaphore), never a raw wait
-        matched by type or as one on some scoped semaphore: the pipeline's own waits on its
-        buffers' semaphores are such waits in the enclosing frame."""
+        Not a copy on a semaphore allocated inside this body (it is gone outside). There,
+        only waits that name the copy's semaphore stand for it (check_all_waited: safedma's
+        waits by slot, raw waits on that semaphore), never a raw wait matched by type or as
+        one on some scoped semaphore: the pipeline's own waits on its buffers' semaphores
+        are such waits in the enclosing frame. A loop's or branch's argument (a cond
+        operand, a fori_loop carry, a ref the pipeline passes through its loop) is named
+        there by the operand it received (``_named_in``), followed out when the enclosing
+        body checks, once jax has made those blocks equations of its frame."""
         parent = self.parent
         if parent is None:
             return False
-        roots = [_compat.root_of(s) for s in ob.sems.values()]
-        if any(
-            _compat.is_block_argument(root) or _compat.allocated_inside(root, self.frame)
-            for root in roots
-        ):
+        if any(self._outer_ref(sem) is None for sem in ob.sems.values()):
             return False
         parent.keep_alive.extend(ob.sems.values())
         # Described now: the refs are named by this body's parameters, which the
         # enclosing body may not know (a ref the pipeline hands the body).
-        text = ob.describe()
-        ob.describe = lambda: text
+        ob.described = ob.text()
         ob.bodies = (*ob.bodies, kernel_name)
         parent.obligations.append(ob)
         return True
@@ -335,7 +404,13 @@ def started_on(sem: object) -> bool:
     ledger = _current.get()
     if ledger is None:
         return True
-    return _on_slot(sem, (_slot(s) for ob in ledger.obligations for s in ob.sems.values()))
+    started = [s for ob in ledger.obligations for s in ob.sems.values()]
+    # Raw pltpu starts count too (the body's jaxpr says what is started); a copy on a ref a
+    # nested block received (a jax.jit helper's parameter) is followed out (covers).
+    raw = _raw_wait_slots(ledger.begins_at, "dma_start")
+    if _on_slot(sem, [*map(_slot, started), *raw]):
+        return True
+    return any(ledger.covers(s, [_slot(sem)]) for s in started)
 
 
 def waited_on(sem: object) -> bool:
@@ -345,7 +420,8 @@ def waited_on(sem: object) -> bool:
         return True
     waited = [w.sem for w in ledger.elsewhere]
     waited += [s for ob in ledger.obligations for side, s in ob.sems.items() if ob.waited[side]]
-    return _on_slot(sem, map(_slot, waited))
+    # Raw pltpu waits count as they do for T7: the body's jaxpr says what is waited.
+    return _on_slot(sem, [*map(_slot, waited), *_raw_wait_slots(ledger.begins_at)])
 
 
 # ------------------------------------------------------------------ control flow
