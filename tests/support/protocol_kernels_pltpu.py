@@ -12,9 +12,11 @@ editing it cannot silently detach a test from its line.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -383,3 +385,28 @@ def chunked_ring(
         else:
             copy.wait_recv()
     _write_out(buf, o_ref, out_sem)
+
+
+def chunked_ring_program(shift: int, chunks: int, slots: int, **bug: int) -> Any:
+    """A per-device function running :func:`chunked_ring` (HBM operands, a VMEM receive
+    buffer, ``slots`` send and receive DMA semaphores, one for the copy-out); ``bug`` seeds
+    ``drop`` or ``shifted``."""
+    kernel = functools.partial(chunked_ring, shift=shift, chunks=chunks, slots=slots, **bug)
+    functools.update_wrapper(kernel, chunked_ring)
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+
+    def per_device(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[hbm],
+            out_specs=hbm,
+            scratch_shapes=[
+                pltpu.VMEM(x.shape, x.dtype),
+                pltpu.SemaphoreType.DMA((slots,)),
+                pltpu.SemaphoreType.DMA((slots,)),
+                pltpu.SemaphoreType.DMA(()),
+            ],
+        )(x)
+
+    return per_device

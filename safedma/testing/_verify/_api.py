@@ -315,20 +315,27 @@ def verify(
         proved.signals,
     ):
         raise AssertionError(f"the lockstep path counted differently: {proved}")
-    peaks: dict[str, int] = {}
-    for s in m.sems.values():
-        key = s.buffer.name
-        peaks[key] = max(peaks.get(key, 0), s.peak)
-    kernels = _kernel_labels(_kernel_names(body))
+    peaks = [(s.buffer.name, s.peak) for s in m.sems.values()]
+    return _report(engine.devices, body, invocations, m, peaks)
+
+
+def _report(
+    devices: int, body: Any, invocations: int, counts: Any, peaks: list[tuple[str, int]]
+) -> VerifyReport:
+    """The report of either path: ``counts`` has dmas, remote_dmas, waits and signals;
+    ``peaks`` the most in flight of each semaphore of each call (the most per name)."""
+    most: dict[str, int] = {}
+    for name, peak in peaks:
+        most[name] = max(most.get(name, 0), peak)
     return VerifyReport(
-        devices=engine.devices,
-        kernels=kernels,
+        devices=devices,
+        kernels=_kernel_labels(_kernel_names(body)),
         invocations=invocations,
-        dmas=m.dmas,
-        remote_dmas=m.remote_dmas,
-        waits=m.waits,
-        signals=m.signals,
-        max_bytes_in_flight=peaks,
+        dmas=int(counts.dmas),
+        remote_dmas=int(counts.remote_dmas),
+        waits=int(counts.waits),
+        signals=int(counts.signals),
+        max_bytes_in_flight=most,
     )
 
 
@@ -351,22 +358,9 @@ def _lockstep_mode() -> str:
 def _lockstep_report(
     fast: _lockstep.Outcome, body: Any, sizes: tuple[int, ...], invocations: int
 ) -> VerifyReport:
-    m = fast.model
-    assert m is not None
-    peaks: dict[str, int] = {}
-    for s in fast.sems:  # one semaphore per call: the most of any call, as the walk reports
-        if s.touched:
-            peaks[s.name] = max(peaks.get(s.name, 0), s.peak)
-    return VerifyReport(
-        devices=math.prod(sizes),
-        kernels=_kernel_labels(_kernel_names(body)),
-        invocations=invocations,
-        dmas=m.dmas,
-        remote_dmas=m.remote_dmas,
-        waits=m.waits,
-        signals=m.signals,
-        max_bytes_in_flight=peaks,
-    )
+    assert fast.model is not None
+    peaks = [(s.name, s.peak) for s in fast.sems if s.touched]
+    return _report(math.prod(sizes), body, invocations, fast.model, peaks)
 
 
 def _walk(

@@ -99,25 +99,7 @@ def test_the_collectives_are_proved_by_the_lockstep_path_alone(
 
 
 def _ring(seed: dict[str, int]) -> Callable[..., Any]:
-    kernel = functools.partial(raw.chunked_ring, shift=1, chunks=3, slots=2, **seed)
-    functools.update_wrapper(kernel, raw.chunked_ring)
-
-    def per_device(x: jax.Array) -> jax.Array:
-        out: jax.Array = pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=[
-                pltpu.VMEM(x.shape, x.dtype),
-                pltpu.SemaphoreType.DMA((2,)),
-                pltpu.SemaphoreType.DMA((2,)),
-                pltpu.SemaphoreType.DMA(()),
-            ],
-        )(x)
-        return out
-
-    return per_device
+    return raw.chunked_ring_program(1, 3, 2, **seed)
 
 
 @pytest.mark.parametrize("seed", [{"drop": 1}, {"shifted": 0}, {"shifted": 2}])

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import safedma.kernels as sk
@@ -38,25 +37,7 @@ def verify(fn: Any, n: int, block: tuple[int, int]) -> Any:
 
 
 def chunked(shift: int, chunks: int, slots: int, **bug: int) -> Any:
-    kernel = functools.partial(raw.chunked_ring, shift=shift, chunks=chunks, slots=slots, **bug)
-    functools.update_wrapper(kernel, raw.chunked_ring)
-
-    def per_device(x: jax.Array) -> jax.Array:
-        out: jax.Array = pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=[
-                pltpu.VMEM(x.shape, x.dtype),
-                pltpu.SemaphoreType.DMA((slots,)),
-                pltpu.SemaphoreType.DMA((slots,)),
-                pltpu.SemaphoreType.DMA(()),
-            ],
-        )(x)
-        return out
-
-    return per_device
+    return raw.chunked_ring_program(shift, chunks, slots, **bug)
 
 
 rings = st.integers(2, 16)
