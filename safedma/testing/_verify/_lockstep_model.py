@@ -348,11 +348,11 @@ class Model:
             credit = sem.credit[self.devs, slot] + landed
             sem.in_flight[self.devs, slot] -= landed
             sem.amounts = np.where(guaranteed, 0, sem.amounts)
-            left = sem.amounts.any(axis=1)
-            if not left.all():
-                sem.pending = [c for c, keep in zip(cands, left) if keep]
-                sem.amounts, sem.slots = sem.amounts[left], sem.slots[left]
-                sem.issuers = sem.issuers[left]
+            kept = np.flatnonzero(sem.amounts.any(axis=1))
+            if len(kept) < len(cands):
+                sem.pending = [cands[int(i)] for i in kept]
+                sem.amounts, sem.slots = sem.amounts[kept], sem.slots[kept]
+                sem.issuers = sem.issuers[kept]
             # the oldest clock still kept: the likeliest to be known by now (one check
             # per wait keeps pace with the contributions a credit ring leaves pending)
             for c in sem.pending if len(sem.pending) > 1 else ():
