@@ -75,7 +75,8 @@ class DataBuf:
 
     def refine(self, starts: list[Ints], sizes: list[int]) -> None:
         for d, (start, size) in enumerate(zip(starts, sizes)):
-            g = int(np.gcd.reduce(np.concatenate([start, [self.cell[d], size]])))
+            values: Ints = np.concatenate([start, np.asarray([self.cell[d], size], dtype=np.int64)])
+            g = math.gcd(*(int(v) for v in np.unique(values)))
             if g == self.cell[d]:
                 continue
             factor = self.cell[d] // g
@@ -317,7 +318,7 @@ class Model:
         sem.issuers = np.vstack([sem.issuers, issuer[None]])
         sem.touched = True
         sem.in_flight[self.devs, slot] += amount
-        sem.peak = max(sem.peak, int(sem.totals(slot).max()))
+        sem.peak = max(sem.peak, int(np.max(sem.totals(slot))))
 
     def wait(self, sem: SemBuf, slot: Ints, amount: Ints) -> None:
         """Rule 4 on every device at once: a contribution is guaranteed iff the wait
