@@ -266,7 +266,11 @@ class LockstepWalk:
     def ints(self, x: Any, what: str) -> Ints:
         if isinstance(x, (Vec, Ref)) or x is None:
             raise Bail(f"{what} is not a known scalar")
-        return np.broadcast_to(np.asarray(x, dtype=np.int64), (self.n,))
+        a = np.asarray(x)
+        if a.shape == (self.n,):
+            same: Ints = a.astype(np.int64, copy=False)  # callers never write into it
+            return same
+        return np.full(self.n, int(a), dtype=np.int64)  # 0-d: the same on every device
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:

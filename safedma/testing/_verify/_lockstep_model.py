@@ -75,7 +75,10 @@ class DataBuf:
 
     def refine(self, starts: list[Ints], sizes: list[int]) -> None:
         for d, (start, size) in enumerate(zip(starts, sizes)):
-            values: Ints = np.concatenate([start, np.asarray([self.cell[d], size], dtype=np.int64)])
+            cell = self.cell[d]
+            if size % cell == 0 and not (start % cell).any():
+                continue  # the window is whole cells already (almost every access)
+            values: Ints = np.concatenate([start, np.asarray([cell, size], dtype=np.int64)])
             g = math.gcd(*(int(v) for v in np.unique(values)))
             if g == self.cell[d]:
                 continue

@@ -54,7 +54,7 @@ def literal(value: object) -> object:
 def as_dtype(value: object, aval: object) -> object:
     """``value`` in the dtype of ``aval`` (jax's result dtype: int32 wraps around)."""
     dtype: object = getattr(aval, "dtype", None)
-    if dtype is None:
+    if dtype is None or getattr(value, "dtype", None) == dtype:
         return value
     try:
         out: np.ndarray[Any, Any] = np.asarray(value).astype(np.dtype(cast(Any, dtype)))
