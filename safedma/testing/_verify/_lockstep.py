@@ -1,4 +1,4 @@
-"""verify's lockstep path: one walk of the kernel for every device at once.
+"""verify's lockstep path: one walk of the device program for every device at once.
 
 Why: most collective kernels are SPMD programs whose control flow is the same on
 every device (loop bounds and branch predicates depend on the step, not on the
@@ -8,10 +8,12 @@ proves a protocol clean or gives up (``Bail``), and verify then walks the progra
 device as before; so it decides nothing the per-device walk would decide otherwise,
 and every message still comes from the per-device walk.
 
-It gives up on: more than one kernel call, a grid, scalar-prefetch or SMEM operands,
-aliases, TensorCore meshes or megacore splits, several invocations, control flow that
-differs between devices, remote targets that are not a permutation of the devices,
-ref views other than slices and indices, and every primitive it does not list.
+It walks the kernels of the device program in program order (XLA operations between
+them need no model: see :class:`LockstepWalk`) and gives up on: kernels inside control
+flow, a grid, scalar-prefetch or SMEM operands, aliases, TensorCore meshes or megacore
+splits, DMA futures, control flow that differs between devices, remote targets that are
+not a permutation of the devices, ref views other than slices and indices, and every
+primitive it does not list.
 """
 
 from __future__ import annotations
