@@ -259,6 +259,7 @@ def verify(
         op_values, op_specs = outer
     proved: VerifyReport | None = None
     mode = _lockstep_mode()
+    _LAST_LOCKSTEP[0] = "not tried (no shard_map, or SAFEDMA_VERIFY_LOCKSTEP=off)"
     if found is not None and mode != "off":
         fast = _lockstep.prove(
             body, consts, names, sizes, invocations, cores, budget.deadline, mode == "check"
