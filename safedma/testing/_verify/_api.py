@@ -262,7 +262,7 @@ def verify(
     _LAST_LOCKSTEP[0] = "not tried (no shard_map, or SAFEDMA_VERIFY_LOCKSTEP=off)"
     if found is not None and mode != "off":
         fast = _lockstep.prove(
-            body, consts, names, sizes, invocations, cores, budget.deadline, mode == "check"
+            body, names, sizes, invocations, cores, budget.deadline, mode == "check"
         )
         _LAST_LOCKSTEP[0] = fast.reason
         if fast.model is not None:

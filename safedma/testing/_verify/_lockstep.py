@@ -28,7 +28,7 @@ import numpy as np
 from safedma.testing._verify import _jax
 from safedma.testing._verify._kernels import KernelDesc
 from safedma.testing._verify._lockstep_model import Bail, DataBuf, Ints, Model, SemBuf
-from safedma.testing._verify._lockstep_ops import CONTROL, EFFECTS, HARMLESS
+from safedma.testing._verify._lockstep_ops import CONTROL, EFFECTS, HARMLESS, callee
 from safedma.testing._verify._lockstep_values import (
     SCALAR,
     VEC,
@@ -51,7 +51,6 @@ class Outcome:
 
 def prove(
     body: Any,
-    consts: Sequence[Any],
     axis_names: tuple[str, ...],
     axis_sizes: tuple[int, ...],
     invocations: int,
@@ -59,13 +58,19 @@ def prove(
     deadline: float,
     strict: bool = False,
 ) -> Outcome:
-    """Walk the device program ``body`` (a shard_map body) in lockstep on every device.
+    """Walk the device program ``body`` (a shard_map body) in lockstep on every device,
+    ``invocations`` times back to back.
 
     An error of the path itself (a case its rules mishandle) also gives up, so the
     per-device walk still answers; ``strict`` (the suite's check mode) raises it instead.
     """
     try:
-        return _prove(body, consts, axis_names, axis_sizes, invocations, cores, deadline)
+        if cores != 1 or not axis_names:
+            raise Bail("not a program of a one-core mesh")
+        walk = LockstepWalk(axis_names, axis_sizes, deadline)
+        for _ in range(invocations):
+            walk.run_program(body)
+        return Outcome(walk.model, walk.all_sems)
     except Bail as why:
         return Outcome(None, [], str(why))
     except Exception as err:
@@ -74,26 +79,8 @@ def prove(
         return Outcome(None, [], f"the lockstep path failed ({type(err).__name__}: {err})")
 
 
-def _prove(
-    body: Any,
-    consts: Sequence[Any],
-    axis_names: tuple[str, ...],
-    axis_sizes: tuple[int, ...],
-    invocations: int,
-    cores: int,
-    deadline: float,
-) -> Outcome:
-    if cores != 1 or not axis_names:
-        raise Bail("not a program of a one-core mesh")
-    walk = LockstepWalk(axis_names, axis_sizes, deadline)
-    for _ in range(invocations):  # the program run back to back
-        walk.run_program(body)
-    return Outcome(walk.model, walk.all_sems)
-
-
 # primitives that call a jaxpr once, as a function: their kernels run in program order
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
-_CALL_JAXPRS = ("jaxpr", "call_jaxpr", "fun_jaxpr")  # the parameter holding the callee
 _KERNELS = ("pallas_call", "mpmd_map")
 
 
@@ -129,10 +116,7 @@ class LockstepWalk:
             if name == "pallas_call":
                 self.run_kernel(self._desc(eqn))
             elif name in _CALLS:
-                key = next((k for k in _CALL_JAXPRS if k in eqn.params), None)
-                if key is None:
-                    raise Bail(f"the call {name}")
-                self.run_program(_jax.jaxpr_of(eqn.params[key])[0])
+                self.run_program(_jax.jaxpr_of(callee(eqn))[0])
             elif name in _KERNELS or any(
                 e.primitive.name in _KERNELS
                 for sub in _jax.sub_jaxprs(eqn.params)

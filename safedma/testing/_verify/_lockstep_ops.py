@@ -20,7 +20,7 @@ from safedma.testing._verify._lockstep_values import VEC, Ref, Vec, as_dtype, li
 if TYPE_CHECKING:
     from safedma.testing._verify._lockstep import LockstepWalk
 
-__all__ = ["CONTROL", "EFFECTS", "HARMLESS"]
+__all__ = ["CONTROL", "EFFECTS", "HARMLESS", "callee"]
 
 Rule = Callable[["LockstepWalk", Any, list[Any]], list[Any]]
 
@@ -238,11 +238,16 @@ def _same_value(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b)))
 
 
-def _call(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+def callee(eqn: Any) -> Any:
+    """The jaxpr a call-like equation (jit, closed_call, custom_jvp/vjp, remat) runs."""
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         if key in eqn.params:
-            return w.sub(eqn.params[key], ins)
+            return eqn.params[key]
     raise Bail(f"the call {eqn.primitive.name}")
+
+
+def _call(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+    return w.sub(callee(eqn), ins)
 
 
 def _axis_index(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
