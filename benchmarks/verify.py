@@ -10,10 +10,10 @@ Three measurements, all on CPU with no TPU:
    its own process under a time budget, and is timed including tracing
    (best and median wall time of ``reps`` calls, and the best process CPU
    time: on a shared machine wall time includes waiting for a core), and the
-   process's peak resident memory (devices^2 clock entries and access records; before
-   verify bounded its rule-6 wait records, session 7, it grew as devices^3). The
+   process's peak resident memory (devices^2 clock entries and access records; verify
+   bounds its rule-6 wait records, without which it would grow as devices^3). The
    growth exponents are the log-log slopes of time against devices (1-D rings, where
-   steps grow with devices) and against steps at 256 devices. Goal (issue 14): under 2 s at
+   steps grow with devices) and against steps at 256 devices. Goal: under 2 s at
    256 devices.
 2. **verify against simulate** on 8 simulated CPU devices, both including
    tracing, interleaved A/B (repetition ``i`` runs verify first for even

@@ -98,8 +98,8 @@ def _run_ring() -> bool:
     return same
 
 
-SEED_MISTAKE = textwrap.dedent('''\
-    """The seed's mistake: a semaphore's value passed as the send semaphore."""
+S1_MISTAKE = textwrap.dedent('''\
+    """S1: a semaphore's value passed as the send semaphore."""
     from jax.experimental import pallas as pl
 
     import safedma as sd
@@ -115,12 +115,12 @@ SEED_MISTAKE = textwrap.dedent('''\
 
 
 def _run_mypy() -> bool:
-    print("\nmypy --strict on a kernel with the seed's mistake:")
+    print("\nmypy --strict on a kernel with mistake S1 (a semaphore's value as the semaphore):")
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "seed_kernel.py")
+        path = os.path.join(tmp, "s1_kernel.py")
         with open(path, "w") as f:
-            f.write(SEED_MISTAKE)
-        print(textwrap.indent(SEED_MISTAKE, "    | ", lambda line: True), end="")
+            f.write(S1_MISTAKE)
+        print(textwrap.indent(S1_MISTAKE, "    | ", lambda line: True), end="")
         result = subprocess.run(
             [
                 sys.executable,
@@ -137,7 +137,7 @@ def _run_mypy() -> bool:
             check=False,
         )
     errors = [
-        line.replace(path, "seed_kernel.py")
+        line.replace(path, "s1_kernel.py")
         for line in result.stdout.splitlines()
         if ": error:" in line
     ]

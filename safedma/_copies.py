@@ -111,7 +111,7 @@ def _check_copy_refs(src: object, dst: object, what: str) -> None:
 class Handle:
     """A started (or started-elsewhere) copy: the only thing that can be waited.
 
-    Each wait is recorded by the kernel scope (see :mod:`safedma._ledger`)
+    Each wait is recorded by the kernel scope (the trace-time checks of T7 and T8)
     and returns the ref it made safe to use.
     """
 

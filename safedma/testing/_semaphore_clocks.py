@@ -6,7 +6,7 @@ semaphore therefore all count as complete after the wait of any one of them
 (jax's TODO: "model happens-before more precisely for the case where
 semaphores are over-signaled").  On a TPU a semaphore is a counter: a wait for
 n returns once n units have landed, and copies still in flight may not have
-(MISUSE R9).  A read of a copy's destination after only the OTHER copies'
+(R9 in docs/catalogue.md).  A read of a copy's destination after only the OTHER copies'
 waits ran clean, the copy being executed eagerly in the simulation.
 
 :class:`FifoClocks` replaces a semaphore's ``clocks`` list: each signal is kept

@@ -14,7 +14,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted(
-    [REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "benchmarks" / "README.md"]
+    [
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+        REPO / "CHANGELOG.md",
+        *(REPO / "docs").rglob("*.md"),
+        REPO / "benchmarks" / "README.md",
+    ]
 )
 # [text](target) not preceded by "!" (images are links too, so keep them).
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

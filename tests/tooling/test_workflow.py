@@ -90,3 +90,47 @@ def test_editable_install_is_visible_to_type_checkers() -> None:
         for line in Path(str(dist.locate_file(pth))).read_text().splitlines()
     }
     assert any((Path(e) / "safedma" / "__init__.py").exists() for e in entries), entries
+
+
+def _ci_workflow() -> dict[str, object]:
+    yaml = pytest.importorskip("yaml")  # PyYAML, in the dev environments through mkdocs
+    loaded = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _steps(job: dict[str, object]) -> str:
+    steps = job.get("steps")
+    assert isinstance(steps, list)
+    return "\n".join(str(step.get("run", "")) for step in steps if isinstance(step, dict))
+
+
+def test_ci_workflow_runs_lint_both_environments_and_the_manual() -> None:
+    """The forge's CI runs what a developer runs: ./dev lint, ./dev test on py311 and
+    py312, ./dev docs build; the slow tests on a schedule."""
+    jobs = _ci_workflow()["jobs"]
+    assert isinstance(jobs, dict)
+    runs = {name: _steps(job) for name, job in jobs.items()}
+    assert any(re.search(r"\./dev lint\b", r) for r in runs.values()), runs
+    assert any(re.search(r"\./dev docs build\b", r) for r in runs.values()), runs
+    for lane in ("not slow", "slow"):
+        (job_name,) = [
+            n for n, r in runs.items() if re.search(rf'\./dev test .*-m "?{lane}"?(\s|$)', r)
+        ]
+        matrix = jobs[job_name]["strategy"]["matrix"]["env"]
+        assert sorted(matrix) == ["py311", "py312"], (job_name, matrix)
+        assert "${{ matrix.env }}" in runs[job_name]
+
+
+def test_ci_workflow_names_only_dev_commands_that_exist() -> None:
+    dev = (REPO / "dev").read_text()
+    commands = set(re.findall(r'^    "(\w+)": \(cmd_\w+,', dev, re.M))
+    assert {"lint", "test", "docs"} <= commands, commands
+    jobs = _ci_workflow()["jobs"]
+    assert isinstance(jobs, dict)
+    text = "\n".join(_steps(job) for job in jobs.values())
+    used = set(re.findall(r"\./dev (\w+)", text))
+    assert used and used <= commands, sorted(used - commands)
+    envs = set(re.findall(r'^ENVS = \{"(py\d+)".*"(py\d+)"', dev, re.M)[0])
+    named = set(re.findall(r"\bpy3\d\d\b", (REPO / ".github" / "workflows" / "ci.yml").read_text()))
+    assert named <= envs, sorted(named - envs)

@@ -3,13 +3,13 @@
 
 The DMA and semaphore functions take safedma's brands (``safedma.DataRef``,
 ``SemRef``, ``RegularSem``, ``BarrierSem``) instead of jax's ``Any``, so raw
-pltpu kernels whose parameters are annotated with the brands get the S-row
-checks of MISUSE.md. A stub replaces the whole module, so every other public
+pltpu kernels whose parameters are annotated with the brands get the static
+checks of safedma's mistake catalogue (rows S1-S8, docs/catalogue.md). A stub replaces the whole module, so every other public
 name is re-exported from the jax module that defines it and keeps jax's type.
 
 One file serves both jax versions (no ``sys.version_info``): a name or
 parameter that exists in only one version is declared, unless accepting it
-would be a MISUSE row; each such difference is listed with its reason in
+would let a catalogue mistake through; each such difference is listed with its reason in
 ``stubs/stubtest/`` (allowlist-*.txt, names-*.txt). Names deprecated in 0.10.2 and removed in
 0.12 (``pltpu.semaphore_signal`` and friends, ``pltpu.HOST``) are left out,
 so code still using them is flagged before the upgrade breaks it.

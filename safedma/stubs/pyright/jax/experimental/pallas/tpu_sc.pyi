@@ -4,8 +4,8 @@
 safedma types nothing here. The stub exists because pyright and basedpyright,
 given a ``jax/experimental/pallas`` tree on ``stubPath``, look for
 ``from jax.experimental.pallas import tpu_sc`` only in that tree: without this file
-that import is "unknown import symbol" and every ``plsc.`` name ``Unknown`` (10 of
-the held-out vLLM / tokamax kernel files, docs/held-out.md). Each name is
+that import is "unknown import symbol" and every ``plsc.`` name ``Unknown`` (as
+in 10 production kernel files of vLLM tpu-inference and tokamax). Each name is
 re-exported from the jax module that defines it, so it keeps jax's own type.
 """
 
