@@ -71,10 +71,7 @@ def _in_children(names: list[str]) -> Any:
 
     run = run_on_chip(names, say=lambda line: print(line, flush=True))
     if run.platform != "tpu":
-        pytest.skip(
-            f"{run.no_tpu} (a child process could not take the chip; if this pytest process "
-            "already holds it, run `pytest tests/tpu` on its own)"
-        )
+        pytest.skip(f"{run.no_tpu} (asked in a child process; one process at a time holds a chip)")
     return run
 
 
