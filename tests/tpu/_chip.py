@@ -77,7 +77,7 @@ def assert_equal_trees(got: Any, want: Any, what: str) -> None:
 
     got_leaves, got_tree = jax.tree.flatten(got)
     want_leaves, want_tree = jax.tree.flatten(want)
-    assert got_tree == want_tree, f"{what}: output structure {got_tree} != {want_tree}"
+    assert str(got_tree) == str(want_tree), f"{what}: output structure {got_tree} != {want_tree}"
     for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape and g.dtype == w.dtype, (

@@ -66,7 +66,7 @@ def _hbm_call(
     """``sd.pallas_call`` of ``kernel`` with input and output in HBM, shaped like the input."""
 
     def run(x: jax.Array) -> jax.Array:
-        return sd.pallas_call(
+        out: jax.Array = sd.pallas_call(
             kernel,
             jax.ShapeDtypeStruct(x.shape, x.dtype),
             in_specs=[HBM],
@@ -74,6 +74,7 @@ def _hbm_call(
             scratch_shapes=scratch,
             **options,
         )(x)
+        return out
 
     return run
 
