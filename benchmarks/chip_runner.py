@@ -214,6 +214,9 @@ def _drive(
             event = child.next(timeout)
         except queue.Empty:
             child.kill()
+            if stage is not None and stage["stage"] == "done":  # every case reported
+                run.notes.append(f"a child did not exit within {timeout:.0f} s of its last case")
+                return finished, None
             if stage is None:
                 run.no_tpu = run.no_tpu or f"a child did not start within {STARTUP_S:.0f} s"
                 return finished, None
