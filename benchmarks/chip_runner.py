@@ -218,7 +218,10 @@ def _drive(
                 run.notes.append(f"a child did not exit within {timeout:.0f} s of its last case")
                 return finished, None
             if stage is None:
-                run.no_tpu = run.no_tpu or f"a child did not start within {STARTUP_S:.0f} s"
+                if run.platform is None:
+                    run.no_tpu = run.no_tpu or f"a child did not start within {STARTUP_S:.0f} s"
+                else:
+                    run.notes.append(f"a child stopped reporting after {', '.join(finished)}")
                 return finished, None
             name = stage["case"]
             if stage["stage"] == "run":
