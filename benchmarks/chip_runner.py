@@ -207,6 +207,7 @@ def _drive(
     early, the case it stopped in."""
     finished: list[str] = []
     stage: dict[str, Any] | None = None
+    ready = False
     timeout = STARTUP_S
     started = time.monotonic()
     while True:
@@ -218,7 +219,8 @@ def _drive(
                 run.notes.append(f"a child did not exit within {timeout:.0f} s of its last case")
                 return finished, None
             if stage is None:
-                if run.platform is None:
+                if not ready:
+                    run.platform = None if run.platform != "tpu" else "none"
                     run.no_tpu = run.no_tpu or f"a child did not start within {STARTUP_S:.0f} s"
                 else:
                     run.notes.append(f"a child stopped reporting after {', '.join(finished)}")
@@ -253,6 +255,7 @@ def _drive(
         kind = event["event"]
         started = time.monotonic()
         if kind == "ready":
+            ready = True
             run.platform = event["platform"]
             run.device_kind = event.get("device_kind", "")
             run.versions = event.get("versions", {})
