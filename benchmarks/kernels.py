@@ -329,6 +329,12 @@ CASES: tuple[KernelCase, ...] = (
         _block(128, 128),
     ),
     KernelCase(
+        "bench.hbm_to_hbm",
+        "benchmarks/tpu_kernels.py",
+        *_bench("hbm_to_hbm"),
+        _block(8192, 128),
+    ),
+    KernelCase(
         "bench.remote_copy",
         "benchmarks/tpu_kernels.py",
         *_bench("remote_copy", repeats=4),

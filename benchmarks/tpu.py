@@ -9,7 +9,14 @@ With a TPU (``jax.devices()[0].platform == "tpu"``; run with
   copy at the smallest size) and bandwidth, safedma and twin;
 * the registry's collective kernels (ppermute, all-gather, reduce-scatter,
   all-reduce) against their pltpu twins and ``jax.lax``, as bytes of
-  per-device input per second.
+  per-device input per second;
+* on one chip, safedma's pipeline, page gather, HBM->HBM copy and read
+  streaming against the raw, BlockSpec and XLA programs doing the same work
+  on the same bytes (benchmarks/tpu_compare.py), as a fraction of the chip's
+  nominal HBM bandwidth, with time ratios safedma / each.
+
+Remote copies and collectives need at least 2 chips; on one chip they are
+listed as "needs at least 2 TPU chips", not timed.
 
 Every timing is the median wall time of ``reps`` calls after a compile and
 ``warmup`` untimed calls, each call waited with ``block_until_ready``; the
@@ -37,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from benchmarks import tpu_compare
 from benchmarks import tpu_kernels as sdk
 from benchmarks import tpu_kernels_pltpu as twin
 from benchmarks._common import Spread, heading, table
@@ -366,6 +374,14 @@ def run(
         rows = _timed(programs, reps, warmup)
         print()
         print(_timing_table(rows))
+        heading("4b. One chip: safedma against raw pltpu, BlockSpec and XLA on the same bytes")
+        print(
+            f"each comparison's variants interleaved, {reps} repetitions after {warmup} "
+            "warm-up calls; time ratio safedma / variant per repetition (above 1: safedma "
+            "slower)",
+            flush=True,
+        )
+        compared = tpu_compare.run_timed(reps, warmup, quick)
         return {
             "tpu_present": True,
             "device_kind": jax.devices()[0].device_kind,
@@ -373,7 +389,9 @@ def run(
             "reps": reps,
             "warmup": warmup,
             "results": rows,
+            "comparisons": compared,
             "not_built": missing,
+            "ok": compared["ok"],
         }
     print(
         f"{NO_TPU} (jax.devices()[0].platform is {jax.devices()[0].platform!r}). "
@@ -412,6 +430,24 @@ def run(
     print(f"(generated code size of the compile-only build for {topology}, per program)")
     built = sum("generated_code_size_in_bytes" in r for r in rows)
     print(f"\n{built} of {len(rows)} programs compile for {topology}; timing skipped (no TPU)")
+    compared = tpu_compare.compile_only(topology)
+    print()
+    print(
+        table(
+            ["4b. comparison (compile-only)", "size/device", "variant", f"code {topology}"],
+            [
+                [
+                    r["comparison"],
+                    _size(r["size"]),
+                    r["variant"],
+                    f"{r['generated_code_size_in_bytes']} B"
+                    if "generated_code_size_in_bytes" in r
+                    else f"does not compile: {r['compile_error'][:80]}",
+                ]
+                for r in compared
+            ],
+        )
+    )
     checks = _interpret_checks()
     print()
     print(
@@ -440,6 +476,7 @@ def run(
         "message": NO_TPU,
         "topology": topology,
         "compile_only": rows,
+        "comparisons_compile_only": compared,
         "interpret_checks": checks,
         "not_built": missing,
         "ok": all(c.get("ok", True) for c in checks),

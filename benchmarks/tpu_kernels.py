@@ -10,6 +10,8 @@ uses to keep a DMA engine busy.
   chunks of at most :data:`MAX_CHUNK_BYTES` into two VMEM slots.
 * :func:`vmem_to_hbm`: VMEM -> HBM, one VMEM chunk written over the ``size``
   bytes of the output per repetition.
+* :func:`hbm_to_hbm`: one HBM -> HBM DMA of the whole input (no VMEM), the
+  copy XLA's ``jnp.copy`` is compared with.
 * :func:`remote_copy`: this device's block to the next device along ``x``,
   one copy (both sides waited) per repetition, each into its own block of
   the neighbour's output, after a neighbour barrier.
@@ -101,6 +103,11 @@ def vmem_to_hbm_kernel(
     jax.lax.fori_loop(0, total, step, None)
 
 
+def hbm_to_hbm_kernel(x_hbm: sd.DataRef, o_hbm: sd.DataRef, sem: sd.SemRef) -> None:
+    """One DMA from HBM to HBM, waited."""
+    sd.LocalCopy(x_hbm, o_hbm, sem).start().wait()
+
+
 def remote_copy_kernel(
     x_hbm: sd.DataRef,
     o_hbm: sd.DataRef,
@@ -161,6 +168,18 @@ def vmem_to_hbm(x: jax.Array, *, size_bytes: int, repeats: int = 1) -> jax.Array
         scratch_shapes=[sd.vmem((rows, 128), x.dtype), sd.dma_semaphores(2)],
         name="vmem_to_hbm",
     )(x[:rows])
+
+
+def hbm_to_hbm(x: jax.Array) -> jax.Array:
+    """A copy of ``x`` made by one DMA, HBM to HBM."""
+    return sd.pallas_call(
+        hbm_to_hbm_kernel,
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[sd.dma_semaphore()],
+        name="hbm_to_hbm",
+    )(x)
 
 
 def remote_copy(x: jax.Array, *, repeats: int = 1) -> jax.Array:

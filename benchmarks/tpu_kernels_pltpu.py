@@ -81,6 +81,12 @@ def vmem_to_hbm_kernel(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any, *, repeats: 
     jax.lax.fori_loop(0, total, step, None)
 
 
+def hbm_to_hbm_kernel(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+    c = pltpu.make_async_copy(x_hbm, o_hbm, sem)
+    c.start()
+    c.wait()
+
+
 def remote_copy_kernel(
     x_hbm: Any, o_hbm: Any, send_sem: Any, recv_sem: Any, *, repeats: int
 ) -> None:
@@ -137,6 +143,18 @@ def vmem_to_hbm(x: jax.Array, *, size_bytes: int, repeats: int = 1) -> jax.Array
         scratch_shapes=[pltpu.VMEM((rows, 128), x.dtype), pltpu.SemaphoreType.DMA((2,))],
         name="vmem_to_hbm",
     )(x[:rows])
+    return result
+
+
+def hbm_to_hbm(x: jax.Array) -> jax.Array:
+    result: jax.Array = pl.pallas_call(
+        hbm_to_hbm_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[HBM],
+        out_specs=HBM,
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+        name="hbm_to_hbm",
+    )(x)
     return result
 
 
