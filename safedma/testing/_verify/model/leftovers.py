@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from safedma.testing._verify._semantics import Contribution, SemState
+from safedma.testing._verify.model.semantics import Contribution, SemState
 
 __all__ = ["Kind", "kind_of", "origin", "partial_wait", "phrase"]
 

@@ -6,11 +6,33 @@ import functools
 from collections.abc import Iterable
 from typing import Any, cast
 
-
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
-from safedma.testing._verify import _jax, _megacore
-from safedma.testing._verify._blocks import (
+from safedma.testing._verify.errors import (
+    VerificationUnsupportedError,
+    VerifiedRaceError,
+)
+from safedma.testing._verify.model.leftovers import Kind, kind_of, partial_wait, phrase
+from safedma.testing._verify.model.regions import Buffer, Coverage, View
+from safedma.testing._verify.model.semantics import Blocked, SemState
+from safedma.testing._verify.program.compiler import (
+    Compiler,
+    register,
+    run,
+)
+from safedma.testing._verify.program.context import Ctx, Gen, InFlight, Op, RefVal
+from safedma.testing._verify.program.output_reads import kernel_inputs
+from safedma.testing._verify.program.patchy import Patchy, materialize
+from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk import megacore as _megacore
+from safedma.testing._verify.walk.block_garbage import (
+    copy_in,
+    copy_out,
+    keep_input,
+    kept_dims,
+    never_read,
+)
+from safedma.testing._verify.walk.blocks import (
     block_box,
     block_changes,
     check_revisit,
@@ -19,120 +41,10 @@ from safedma.testing._verify._blocks import (
     ints,
     known_values,
 )
-from safedma.testing._verify._program import (
-    Ctx,
-    Gen,
-    InFlight,
-    Op,
-    RefVal,
-    Compiler,
-    location,
-    compile_jaxpr,
-    register,
-    run,
-)
-from safedma.testing._verify._output_reads import kernel_inputs
-from safedma.testing._verify._patchy import Patchy, materialize
-from safedma.testing._verify._regions import Buffer, Coverage, View
-from safedma.testing._verify._block_garbage import (
-    copy_in,
-    copy_out,
-    keep_input,
-    kept_dims,
-    never_read,
-)
-from safedma.testing._verify._report import (
-    VerificationUnsupportedError,
-    VerifiedRaceError,
-)
-from safedma.testing._verify._scalars import Unknown
-from safedma.testing._verify._leftovers import Kind, kind_of, partial_wait, phrase
-from safedma.testing._verify._semantics import Blocked, SemState
+from safedma.testing._verify.walk.engine import engine_of
+from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
-__all__ = ["KernelRun", "describe_leftover", "parameter_names"]
-
-
-def parameter_names(
-    names: tuple[str, ...], avals: list[Any], groups: tuple[tuple[str, int], ...]
-) -> tuple[list[str], list[bool]]:
-    """Each kernel parameter's name for messages, and whether its ``def`` named it.
-
-    Why: a kernel written as ``def kernel(*args)`` (vLLM's RPA forwards its
-    operands that way) has no parameter names, and "operand 16" does not tell
-    the author which buffer a message is about. Such a parameter is named by
-    its role among the call's operands (``groups``: role, count, in order), its
-    position and its type, e.g. ``scratch 2 (parameter 16: vmem float32[2,128])``.
-    """
-    by_position: list[str] = []
-    if all(n >= 0 for _, n in groups) and sum(n for _, n in groups) == len(avals):
-        for role, count in groups:
-            by_position.extend(f"{role} {k}" for k in range(count))
-    else:
-        by_position = [f"operand {i}" for i in range(len(avals))]
-    result: list[str] = []
-    named: list[bool] = []
-    for i, aval in enumerate(avals):
-        if i < len(names):
-            result.append(names[i])
-            named.append(True)
-            continue
-        space = str(getattr(aval, "memory_space", "") or "")
-        inner = str(getattr(aval, "inner_aval", aval))
-        typed = f"{space} {inner}" if space and "sem" not in inner else inner
-        result.append(f"{by_position[i]} (parameter {i}: {typed})")
-        named.append(False)
-    return result, named
-
-
-class KernelDesc:
-    """What every participant needs to know about one ``pallas_call`` equation."""
-
-    def __init__(self, eqn: Any) -> None:
-        kp = _jax.kernel_params(eqn)
-        self.params = kp
-        jaxpr, consts = _jax.jaxpr_of(kp["jaxpr"])
-        self.jaxpr = jaxpr
-        # Refs the kernel closes over (a stateful pallas_call inside run_state) are
-        # the kernel jaxpr's constvars, fed by the equation's first operands.
-        operands = int(kp["num_dynamic_grid_bounds"]) + int(kp["num_index_operands"])
-        extra = len(eqn.invars) - operands - int(kp["num_inputs"])
-        self.n_consts = extra if extra > 0 and extra == len(jaxpr.constvars) else 0
-        self.body = compile_jaxpr(
-            jaxpr, consts, consts_are_args=self.n_consts > 0, kernel_body=True
-        )
-        self.where = location(eqn)
-        self.avals: list[Any] = [v.aval for v in jaxpr.invars]
-        roles = (
-            ("scalar-prefetch operand", int(kp["num_index_operands"])),
-            ("input", int(kp["num_inputs"])),
-            ("output", int(kp["num_outputs"])),
-            ("scratch", int(kp["num_scratch"])),
-        )
-        self.param_names, self.param_named = parameter_names(
-            _jax.kernel_param_names(jaxpr), self.avals, roles
-        )
-        self.name = kp["name"] or "kernel"
-        self.n_index = int(kp["num_index_operands"])
-        self.n_in = int(kp["num_inputs"])
-        self.n_out = int(kp["num_outputs"])
-        self.n_scratch = int(kp["num_scratch"])
-        self.grid: tuple[int, ...] = tuple(int(g) for g in kp["grid"])  # -1: dynamic
-        self.index_maps = [compile_jaxpr(*_jax.jaxpr_of(b["index_map"])) for b in kp["blocks"]]
-        self.blocks = kp["blocks"]
-        self.aliases = {int(o): int(i) for i, o in kp["aliases"]}
-        self.barrier = kp["collective_id"] is None and not kp["skip_device_barrier"]
-        self.collective_id = kp["collective_id"]
-        self.n_dynamic = int(kp["num_dynamic_grid_bounds"])
-        self.core_axes = _jax.core_mesh_axes(kp["mesh"])
-        self.semantics: tuple[str, ...] = tuple(kp["semantics"])
-        vmapped = set(kp["vmapped_dims"])
-        # program_id axis -> grid dimension (jax.vmap adds dimensions the kernel skips)
-        self.grid_axes: tuple[int, ...] | None = (
-            tuple(d for d in range(len(self.grid)) if d not in vmapped) if vmapped else None
-        )
-        self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
-        self.out_dropped: list[bool] = []  # outputs the program never reads
-        self.out_read_by: list[str] = []  # the operation that reads each output ("")
+__all__ = ["KernelRun", "describe_leftover"]
 
 
 class KernelRun:
@@ -147,7 +59,7 @@ class KernelRun:
 
     def scoped_buffer(self, ctx: Ctx, key: object, aval: Any, where: str) -> Buffer:
         name = f"a run_scoped buffer at {where}"
-        buf = ctx.engine.buffer(ctx.p, ("s", self.instance, key), aval, name)
+        buf = engine_of(ctx).buffer(ctx.p, ("s", self.instance, key), aval, name)
         return buf
 
     def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
@@ -156,13 +68,13 @@ class KernelRun:
     def barrier_semaphore(self, ctx: Ctx, where: str, tagged: bool) -> Buffer:
         if self.desc.collective_id is None and not tagged and not auto_collective_ids():
             raise MissingCollectiveIdError.in_raw_kernel(where)
-        buf = ctx.engine.barrier_buffer(ctx.p, self.desc.collective_id)
+        buf = engine_of(ctx).barrier_buffer(ctx.p, self.desc.collective_id)
         self.barrier_buf = buf
         return buf
 
 
 def describe_leftover(ctx: Ctx, s: SemState) -> str:
-    eng = ctx.engine
+    eng = engine_of(ctx)
     label = eng.labels[s.buffer.owner]
     unit = " bytes" if s.kind == "DMA" else ""
     total = s.total()
@@ -244,7 +156,9 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
                 # an input that holds garbage from an earlier kernel: the kernel's own
                 # rules judge its reads of it (docs/verify.md, garbage outside kernels)
                 pos = k - first
-                ref = ctx.engine.input_value(ctx.p, eqn.invars[k].aval, None, desc.param_names[pos])
+                ref = engine_of(ctx).input_value(
+                    ctx.p, eqn.invars[k].aval, None, desc.param_names[pos]
+                )
                 materialize(ctx.machine, ref.buffer, v)
                 operands[k] = ref
         _check_in_flight_operands(desc, operands, ctx.engine.labels)
@@ -296,7 +210,7 @@ def _frame(
     shared operands (``shared`` None) and registers them for the device's other
     ``cores``; each core gets its own scalar-prefetch copies, pipeline buffers and
     scratch."""
-    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    eng, m, p = engine_of(ctx), ctx.machine, ctx.p
     instance = run_.instance
     first = shared is None
     sh = _Shared() if shared is None else shared
@@ -484,7 +398,7 @@ def _split(
 ) -> tuple[tuple[int, ...], list[_megacore.CorePart]] | None:
     """(split dimensions, each core's grid points) on a megacore chip, or None when
     the kernel runs on one core (no megacore, or no leading "parallel" dimension)."""
-    chip = ctx.engine.chip
+    chip = engine_of(ctx).chip
     if chip is None or chip.cores < 2:
         return None
     dims = _megacore.split_dims(desc.semantics, desc.name, desc.where)
@@ -503,7 +417,7 @@ def _split(
 def _run_kernel(
     ctx: Ctx, desc: KernelDesc, operands: list[Any], outs: list[int], env: list[Any]
 ) -> Gen:
-    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    eng, m, p = engine_of(ctx), ctx.machine, ctx.p
     instance = m.enter(p)
     run_ = KernelRun(desc, instance)
     grid = _grid(desc, operands)
@@ -598,7 +512,7 @@ def _core_part(
 ) -> Gen:
     """Core ``q``'s part of a megacore-split kernel call: its own scratch, semaphores
     and pipeline over ``points``, the device's shared operands."""
-    eng, m = ctx0.engine, ctx0.machine
+    eng, m = engine_of(ctx0), ctx0.machine
     ctx = Ctx(q, eng, dict(ctx0.axis_index))
     instance = cast(KernelRun, ctx0.kernel).instance
     m.enter(q, instance)
@@ -661,7 +575,7 @@ def _dropped(desc: KernelDesc, k: int) -> bool:
 
 def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
     """The kernel returns its outputs: each is read, and must have been written."""
-    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    eng, m, p = engine_of(ctx), ctx.machine, ctx.p
     # A copy left in flight is reported as the leftover semaphore it causes; a kernel
     # that returns semaphores returns copies in flight (DMA futures): their buffers
     # are checked where the kernel that waits them reads or returns them.

@@ -8,7 +8,7 @@ reshape moves it; such a result is a :class:`Patchy` value that knows which part
 hold written data. A kernel that takes it as a data input gets those parts as written
 in its input buffer and the rest as unwritten, so its own rules judge what it reads.
 What the program reads of an array otherwise is judged at the kernel that returned it
-(``_output_reads.layout_reads`` follows the same equations backwards).
+(``output_reads.layout_reads`` follows the same equations backwards).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from safedma.testing._verify._output_reads import DimMap
-from safedma.testing._verify._regions import Box, Coverage, View, is_empty, subtract
-from safedma.testing._verify._scalars import Unknown
+from safedma.testing._verify.model.regions import Box, Coverage, View, is_empty, subtract
+from safedma.testing._verify.program.output_reads import DimMap
+from safedma.testing._verify.program.scalars import Unknown
 
 __all__ = ["Patchy", "carry", "holes", "materialize"]
 

@@ -11,21 +11,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify._program import Ctx, RefVal, run_plain
-from safedma.testing._verify._regions import Buffer
-from safedma.testing._verify._report import (
+from safedma.testing._verify.errors import (
     OutOfBoundsDmaError,
     VerificationUnsupportedError,
     VerifyKernelError,
 )
-from safedma.testing._verify._scalars import Unknown
-
-if TYPE_CHECKING:
-    from safedma.testing._verify._kernels import KernelDesc
+from safedma.testing._verify.model.regions import Buffer
+from safedma.testing._verify.program.compiler import run_plain
+from safedma.testing._verify.program.context import Ctx, RefVal
+from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
 __all__ = [
     "block_box",

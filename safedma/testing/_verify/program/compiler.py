@@ -1,19 +1,27 @@
-"""Jaxprs compiled once into lists of small closures, run per device as generators.
+"""Jaxprs compiled once into lists of small closures, run per participant as generators.
 
-An op is ``op(env, ctx)``; it returns None, or a generator when it may block
-(a wait) or runs a sub-program (cond, loops, calls). Only scalars are
-computed; vectors are :data:`VECTOR`; refs are :class:`RefVal`.
+An op is ``op(env, ctx)`` (``context.Op``); it returns None, or a generator when it
+may block (a wait) or runs a sub-program (cond, loops, calls). Only scalars are
+computed; vectors are :data:`VECTOR`; refs are ``context.RefVal``. The walk adds the
+rules of the primitives that touch its state with :func:`register`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._regions import (
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.errors import (
+    OutOfBoundsDmaError,
+    SemaphoreIndexError,
+    VerificationUnsupportedError,
+    VerifiedRaceError,
+    VerifyKernelError,
+)
+from safedma.testing._verify.model.regions import (
     Box,
     Buffer,
     RegionError,
@@ -22,87 +30,33 @@ from safedma.testing._verify._regions import (
     overlaps,
     resolve,
 )
-from safedma.testing._verify._report import (
-    OutOfBoundsDmaError,
-    SemaphoreIndexError,
-    VerificationUnsupportedError,
-    VerifiedRaceError,
-    VerifyKernelError,
-)
-from safedma.testing._verify._output_reads import (
+from safedma.testing._verify.model.semantics import Machine
+from safedma.testing._verify.model.termination import memory_free, same_state
+from safedma.testing._verify.program.context import Ctx, Gen, InFlight, Op, RefVal
+from safedma.testing._verify.program.output_reads import (
     PLACEMENT,
-    OutReads,
     DimMap,
+    OutReads,
     Reader,
     dim_maps,
     layout_reads,
 )
-from safedma.testing._verify._patchy import Patchy, carry
-from safedma.testing._verify._scalars import VECTOR, Unknown, scalar_rule, unknown_result
-from safedma.testing._verify._semantics import Blocked, Machine
-from safedma.testing._verify._termination import memory_free, same_state
+from safedma.testing._verify.program.patchy import Patchy, carry
+from safedma.testing._verify.program.scalars import VECTOR, Unknown, scalar_rule, unknown_result
 
-if TYPE_CHECKING:
-    from safedma.testing._verify._engine import Engine
-
-__all__ = ["RefVal", "Compiled", "compile_jaxpr", "run", "Ctx"]
-
-Gen = Generator[Blocked, None, Any]
-Op = Callable[[list[Any], "Ctx"], "Gen | None"]
-
-
-class RefVal:
-    """A ref in the program: a buffer and the concrete transforms applied so far."""
-
-    __slots__ = ("buffer", "steps")
-
-    def __init__(self, buffer: Buffer, steps: tuple[tuple[str, object], ...] = ()) -> None:
-        self.buffer, self.steps = buffer, steps
-
-
-class InFlight(RefVal):
-    """A kernel's output that a copy still writes when the kernel returns it beside the
-    copy's semaphore (a DMA future's destination). Only a kernel may take it on (the one
-    that waits the copy); an operation of the program around the kernels that reads it
-    may run as soon as the starting kernel returned, before any wait (XLA orders by
-    data, and the copy is no data dependence), so it reads what the copy is writing."""
-
-    __slots__ = ("copy", "kernel", "write", "sems", "boxes")
-
-    def __init__(
-        self,
-        buffer: Buffer,
-        copy: str,
-        kernel: str,
-        write: Any,
-        sems: frozenset[int],
-        boxes: tuple[tuple[Box, str], ...] = (),
-    ) -> None:
-        super().__init__(buffer)
-        self.copy, self.kernel = copy, kernel
-        self.write = write  # the copy's pending write (settled once a wait guarantees it)
-        self.sems = sems  # the semaphores the starting kernel returned with it
-        # every region a copy still writes as the kernel returns it, with the copy's line
-        self.boxes = boxes
-
-
-class Ctx:
-    """What one participant's program sees: its position, the machine, the current kernel."""
-
-    def __init__(self, p: int, engine: Engine, axis_index: dict[str, int]) -> None:
-        self.p = p
-        self.engine = engine
-        self.machine: Machine = engine.machine
-        self.axis_index = axis_index
-        self.grid_point: tuple[int, ...] = ()
-        self.grid: tuple[int, ...] = ()
-        self.grid_names: tuple[str, ...] = ()
-        self.kernel: Any = None
-        self.scoped_counts: dict[int, int] = {}
-        self.core_sizes: dict[str, int] = {}  # axes of the pl.kernel mesh being run
-        # the grid dimension of each program_id axis: jax.vmap adds grid dimensions the
-        # kernel's program_id does not count (None: every dimension is the kernel's)
-        self.grid_axes: tuple[int, ...] | None = None
+__all__ = [
+    "Compiled",
+    "Compiler",
+    "cast_to",
+    "compile_jaxpr",
+    "kernel_of",
+    "location",
+    "need_int",
+    "register",
+    "run",
+    "run_plain",
+    "view_of",
+]
 
 
 class Compiled:
@@ -597,7 +551,7 @@ class Compiler:
         outs = self.outs(eqn)
         where = location(eqn)
         # a loop whose condition and next state are functions of its state alone: the
-        # same state after an iteration means it never ends (_termination.py)
+        # same state after an iteration means it never ends (model/termination.py)
         stateless = memory_free(_jax.jaxpr_of(p["cond_jaxpr"])[0]) and memory_free(
             _jax.jaxpr_of(p["body_jaxpr"])[0]
         )
@@ -945,7 +899,7 @@ def _keeps_garbage(
 ) -> Op:
     """``op``, whose result keeps the garbage of its operands in place (element-wise)
     or moves it (slice, transpose, reshape): a :class:`Patchy` value when some part
-    of it holds garbage from a kernel's output (``_patchy``)."""
+    of it holds garbage from a kernel's output (``patchy``)."""
     where: list[str] = []
 
     def keeps(env: list[Any], ctx: Ctx) -> Gen | None:
@@ -1107,7 +1061,7 @@ def _call_then(
     where: list[str],
 ) -> Gen:
     """A call's body, then its garbage-holding results named at the call's line when
-    the body's own lines are not the user's (``_patchy.Patchy.located``)."""
+    the body's own lines are not the user's (``patchy.Patchy.located``)."""
     yield from _call_gen(body, vals, outs, env, ctx)
     for s in outs:
         v = env[s]

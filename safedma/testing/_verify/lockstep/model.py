@@ -1,6 +1,6 @@
 """The protocol model of verify's lockstep path: every device's state as numpy arrays.
 
-Why: the per-device model (``_semantics.py``) handles one event of one device per
+Why: the per-device model (``model/semantics.py``) handles one event of one device per
 Python call, about 130 us per DMA whatever the mesh; a 256-device ring makes 65536
 DMAs. In lockstep every device runs the same event at once, so one numpy operation
 over the devices replaces 256 Python calls.
@@ -326,7 +326,7 @@ class Model:
     def wait(self, sem: SemBuf, slot: Ints, amount: Ints) -> None:
         """Rule 4 on every device at once: a contribution is guaranteed iff the wait
         cannot do without it; the waiter learns what every subset of the candidates
-        that could have released it has in common (``_clocks.learned``)."""
+        that could have released it has in common (``model/clocks.learned``)."""
         if (slot < 0).any() or (slot >= sem.count).any():
             raise Bail(f"a semaphore index outside {sem.name}")
         total = sem.totals(slot)

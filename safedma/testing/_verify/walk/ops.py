@@ -6,12 +6,15 @@ import math
 from collections.abc import Callable
 from typing import Any, cast
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._program import (
-    Ctx,
-    Gen,
-    Op,
-    RefVal,
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.errors import (
+    OutOfBoundsDmaError,
+    VerificationUnsupportedError,
+    VerifyKernelError,
+)
+from safedma.testing._verify.model.regions import View
+from safedma.testing._verify.model.semantics import Blocked, Machine, SemState
+from safedma.testing._verify.program.compiler import (
     Compiler,
     kernel_of,
     location,
@@ -19,14 +22,9 @@ from safedma.testing._verify._program import (
     register,
     view_of,
 )
-from safedma.testing._verify._regions import View
-from safedma.testing._verify._report import (
-    OutOfBoundsDmaError,
-    VerificationUnsupportedError,
-    VerifyKernelError,
-)
-from safedma.testing._verify._scalars import VECTOR, Garbage, Unknown
-from safedma.testing._verify._semantics import Blocked, Machine, SemState
+from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
+from safedma.testing._verify.program.scalars import VECTOR, Garbage, Unknown
+from safedma.testing._verify.walk.engine import engine_of
 
 __all__: list[str] = []
 
@@ -46,7 +44,7 @@ def _need_ref(r: Any, what: str, where: str) -> RefVal:
 
 def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
     """The participant a remote op addresses (mesh dict/tuple form, or logical id)."""
-    eng = ctx.engine
+    eng = engine_of(ctx)
     if device_id is None:
         return ctx.p
     names = eng.axis_names
@@ -132,7 +130,7 @@ def _mesh_target(ctx: Ctx, device_id: dict[object, object]) -> int | None:
             return None
     flat = 0
     here = ctx.axis_index
-    for n in ctx.engine.axis_names:
+    for n in engine_of(ctx).axis_names:
         size = sizes[n]
         v = device_id.get(n)
         flat = flat * size + (here[n] if v is None else cast(int, v) % size)
@@ -141,7 +139,7 @@ def _mesh_target(ctx: Ctx, device_id: dict[object, object]) -> int | None:
 
 def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:
     key = (ref.buffer.ident, ref.steps, owner)
-    cache = ctx.engine.sem_cache
+    cache = engine_of(ctx).sem_cache
     hit = cache.get(key)
     if hit is not None:
         return hit
@@ -153,7 +151,7 @@ def _sem_state(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemS
 def _sem_state_uncached(ctx: Ctx, ref: RefVal, owner: int, where: str, what: str) -> SemState:
     buf = ref.buffer
     if owner != buf.owner:
-        buf = ctx.engine.counterpart(buf, owner)
+        buf = engine_of(ctx).counterpart(buf, owner)
         ref = RefVal(buf, ref.steps)
     view = view_of(ref, where, what, ctx.engine.labels[ctx.p])
     if view.shape != ():
@@ -182,7 +180,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
                 f"a copy started with add=True (it adds its source into the destination) "
                 f"at {where}; the verifier models copies that overwrite only"
             )
-        eng = ctx.engine
+        eng = engine_of(ctx)
         label = eng.labels[ctx.p]
         target = _target(ctx, g_dev(env), id_type, where)
         s = _need_ref(g_src(env), "the copy source", where)
@@ -301,7 +299,7 @@ def _dma_wait(c: Compiler, eqn: Any) -> Op:
         label = ctx.engine.labels[ctx.p]
         ref = _need_ref(g_ref(env), "the waited copy", where)
         if ref.buffer.owner != ctx.p:
-            ref = RefVal(ctx.engine.counterpart(ref.buffer, ctx.p), ref.steps)
+            ref = RefVal(engine_of(ctx).counterpart(ref.buffer, ctx.p), ref.steps)
         try:
             nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
         except OutOfBoundsDmaError:
@@ -346,16 +344,16 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
         device_id = g_dev(env)
         target = _target(ctx, device_id, id_type, where)
         if g_core is not None:
-            if isinstance(device_id, dict) and ctx.engine.core_axis in device_id:
+            if isinstance(device_id, dict) and engine_of(ctx).core_axis in device_id:
                 raise VerifyKernelError(
                     f"signal at {where} names a core both by core_index and by the "
-                    f"{ctx.engine.core_axis!r} axis of its device_id (jax refuses both)"
+                    f"{engine_of(ctx).core_axis!r} axis of its device_id (jax refuses both)"
                 )
             target = _on_core(ctx, target, need_int(g_core(env), "a core index"), where)
         ref = _need_ref(g_sem(env), "the signalled semaphore", where)
         barrier = ref.buffer.sem_kind == "BARRIER"
         if target != ctx.p:
-            eng = ctx.engine
+            eng = engine_of(ctx)
             # A semaphore passed between kernels exists from the call that returned
             # it: the signal needs the target inside that call or after it.
             future = any(b is ref.buffer for b in eng.futures)

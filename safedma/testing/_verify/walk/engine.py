@@ -12,20 +12,20 @@ from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._leftovers import partial_wait
-from safedma.testing._verify._megacore import Chip
-from safedma.testing._verify._program import Ctx, Gen, RefVal
-from safedma.testing._verify._regions import Buffer
-from safedma.testing._verify._semantics import Blocked, Machine, SemState
-from safedma.testing._verify._termination import Budget
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.errors import VerificationUnsupportedError
+from safedma.testing._verify.model.leftovers import partial_wait
+from safedma.testing._verify.model.regions import Buffer
+from safedma.testing._verify.model.semantics import Blocked, Machine, SemState
+from safedma.testing._verify.model.termination import Budget
+from safedma.testing._verify.program.context import Ctx, Gen, RefVal
+from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk.megacore import Chip
 
-__all__ = ["Engine", "collector_paused"]
+__all__ = ["Engine", "collector_paused", "engine_of"]
 
-_MAX_KNOWN = 1 << 16
-_IDS = itertools.count(
-    1
-)  # buffer identities, unique in the process (views are cached by them)  # elements of a concrete operand kept as known scalars
+_MAX_KNOWN = 1 << 16  # elements of a concrete operand kept as known scalars
+_IDS = itertools.count(1)  # buffer identities, unique in the process (views are cached by them)
 
 
 @contextlib.contextmanager
@@ -72,7 +72,7 @@ class Engine:
         self.cores = cores
         self.core_axis = core_axis
         # the TPU the mesh names (None: unnamed); on a megacore chip a pallas_call's
-        # "parallel" grid dimensions are split between its cores (_megacore.py)
+        # "parallel" grid dimensions are split between its cores (megacore.py)
         self.chip: Chip | None = None
         self._jobs: dict[int, Generator[Blocked, None, Any] | None] = {}
         self._finished: set[int] = set()
@@ -161,8 +161,6 @@ class Engine:
             return buf  # the cores of a device share its HBM
         role = self._roles.get(buf.ident)
         if role is None:
-            from safedma.testing._verify._report import VerificationUnsupportedError
-
             raise VerificationUnsupportedError(
                 f"a remote copy or signal addresses {buf.name}, which is not a kernel operand, "
                 "scratch buffer or semaphore; the verifier cannot find it on the other device"
@@ -220,8 +218,6 @@ class Engine:
             if values is not None and len(values) == math.prod(buf.shape):
                 buf.values = list[object](values)
             else:
-                from safedma.testing._verify._scalars import Unknown
-
                 why = (
                     f"the contents of operand {name} (pass it as a concrete array, "
                     "not a ShapeDtypeStruct)"
@@ -417,3 +413,13 @@ class Engine:
         err = m.leftover_error()
         if err is not None:
             raise err
+
+
+def engine_of(ctx: Ctx) -> Engine:
+    """The engine that runs ``ctx``'s participant.
+
+    The program layer knows the run only as a ``context.World`` (what its own ops read);
+    the walk's rules need the rest of the engine (buffers, counterparts, barriers), and
+    every ``Ctx`` of a walk is built by an :class:`Engine` (``Engine.core_ctx``,
+    ``face.api``): so this is a narrowing, not a conversion."""
+    return cast(Engine, ctx.engine)

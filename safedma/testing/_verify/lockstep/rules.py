@@ -2,27 +2,34 @@
 
 Each rule takes the walk, the equation and its operand values (arrays over the
 devices) and returns its results; anything it cannot decide the way the per-device
-rules (``_ops.py``, ``_program.py``) would raises ``Bail``.
+rules (``walk/ops.py``, ``program/compiler.py``) would raises ``Bail``.
+:func:`handler` picks each equation's rule for the walk.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._lockstep_model import Bail, SemBuf
-from safedma.testing._verify._lockstep_values import VEC, Ref, Vec, as_dtype, literal
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.lockstep.model import Bail, SemBuf
+from safedma.testing._verify.lockstep.values import (
+    SCALAR,
+    VEC,
+    Ref,
+    Vec,
+    as_dtype,
+    is_scalar,
+    literal,
+)
+from safedma.testing._verify.lockstep.walker import Handler, LockstepWalk, callee
 
-if TYPE_CHECKING:
-    from safedma.testing._verify._lockstep import LockstepWalk
+__all__ = ["CONTROL", "EFFECTS", "HARMLESS", "handler"]
 
-__all__ = ["CONTROL", "EFFECTS", "HARMLESS", "callee"]
-
-Rule = Callable[["LockstepWalk", Any, list[Any]], list[Any]]
+Rule = Handler
 
 
 def _reader(eqn: Any, ins: list[Any]) -> Callable[[Any], Any]:
@@ -238,14 +245,6 @@ def _same_value(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b)))
 
 
-def callee(eqn: Any) -> Any:
-    """The jaxpr a call-like equation (jit, closed_call, custom_jvp/vjp, remat) runs."""
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        if key in eqn.params:
-            return eqn.params[key]
-    raise Bail(f"the call {eqn.primitive.name}")
-
-
 def _call(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
     return w.sub(callee(eqn), ins)
 
@@ -280,3 +279,49 @@ CONTROL: dict[str, Rule] = {
     "custom_vjp_call": _call,
     "axis_index": _axis_index,
 }
+
+
+# ---------------------------------------------------------------------- dispatch
+
+
+def handler(eqn: Any) -> Handler:
+    """The rule the walk applies to ``eqn``: its own, a scalar rule, vector data, or a
+    refusal (``Bail`` when reached) for what the path does not model."""
+    name = eqn.primitive.name
+    rule = EFFECTS.get(name) or CONTROL.get(name)
+    if rule is not None:
+        return rule
+    if eqn.effects and name not in HARMLESS:
+        return _refused(f"the primitive {name}")
+    outs = eqn.outvars
+    if any(_jax.is_ref_aval(v.aval) for v in outs):
+        return _refused(f"the primitive {name} making a ref")
+    if not all(is_scalar(v.aval) for v in outs):
+        return _vector
+    fn = SCALAR.get(name)
+    if fn is None:
+        return _refused(f"the scalar primitive {name}")
+    aval = outs[0].aval
+
+    def scalar(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+        for x in ins:
+            if isinstance(x, (Vec, Ref)):
+                return _vector(w, eqn, ins)
+        return [as_dtype(fn(eqn, ins), aval)]
+
+    return scalar
+
+
+def _vector(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+    """Vector results (never computed); a ref among the operands is a use not modelled."""
+    for x in ins:
+        if isinstance(x, Ref):
+            raise Bail(f"the primitive {eqn.primitive.name} on a ref")
+    return [VEC for _ in eqn.outvars]
+
+
+def _refused(why: str) -> Handler:
+    def refuse(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+        raise Bail(why)
+
+    return refuse

@@ -3,7 +3,7 @@
 Why: most collective kernels are SPMD programs whose control flow is the same on
 every device (loop bounds and branch predicates depend on the step, not on the
 device). Such a kernel is walked once, each scalar a numpy array over the devices
-and each DMA, wait and signal one array operation of ``_lockstep_model``. The path
+and each DMA, wait and signal one array operation of ``lockstep/model.py``. The path
 proves a protocol clean or gives up (``Bail``), and verify then walks the program per
 device as before; so it decides nothing the per-device walk would decide otherwise,
 and every message still comes from the per-device walk.
@@ -25,58 +25,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._kernels import KernelDesc
-from safedma.testing._verify._lockstep_model import Bail, DataBuf, Ints, Model, SemBuf
-from safedma.testing._verify._lockstep_ops import CONTROL, EFFECTS, HARMLESS, callee
-from safedma.testing._verify._lockstep_values import (
-    SCALAR,
-    VEC,
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.lockstep.model import Bail, DataBuf, Ints, Model, SemBuf
+from safedma.testing._verify.lockstep.values import (
     Ref,
     Vec,
-    as_dtype,
-    is_scalar,
     literal,
 )
+from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
-__all__ = ["LockstepWalk", "Outcome", "prove"]
-
-
-class Outcome:
-    """What a lockstep run proved (the counts of verify's report), or why it gave up."""
-
-    def __init__(self, model: Model | None, sems: list[SemBuf], reason: str = "") -> None:
-        self.model, self.sems, self.reason = model, sems, reason
-
-
-def prove(
-    body: Any,
-    axis_names: tuple[str, ...],
-    axis_sizes: tuple[int, ...],
-    invocations: int,
-    cores: int,
-    deadline: float,
-    strict: bool = False,
-) -> Outcome:
-    """Walk the device program ``body`` (a shard_map body) in lockstep on every device,
-    ``invocations`` times back to back.
-
-    An error of the path itself (a case its rules mishandle) also gives up, so the
-    per-device walk still answers; ``strict`` (the suite's check mode) raises it instead.
-    """
-    try:
-        if cores != 1 or not axis_names:
-            raise Bail("not a program of a one-core mesh")
-        walk = LockstepWalk(axis_names, axis_sizes, deadline)
-        for _ in range(invocations):
-            walk.run_program(body)
-        return Outcome(walk.model, walk.all_sems)
-    except Bail as why:
-        return Outcome(None, [], str(why))
-    except Exception as err:
-        if strict:
-            raise
-        return Outcome(None, [], f"the lockstep path failed ({type(err).__name__}: {err})")
+__all__ = ["Handler", "LockstepWalk", "callee"]
 
 
 # primitives that call a jaxpr once, as a function: their kernels run in program order
@@ -94,8 +52,15 @@ class LockstepWalk:
     target left the earlier kernels. Each kernel call gets fresh buffers.
     """
 
-    def __init__(self, names: tuple[str, ...], sizes: tuple[int, ...], deadline: float) -> None:
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        sizes: tuple[int, ...],
+        deadline: float,
+        handler_of: Callable[[Any], Handler],
+    ) -> None:
         self.names, self.sizes = names, sizes
+        self.handler_of = handler_of  # each equation's rule (``rules.handler``)
         self.n = math.prod(sizes)
         self.model = Model(self.n)
         self.devs: Ints = self.model.devs
@@ -225,7 +190,7 @@ class LockstepWalk:
     def eval_jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         plan = self._plans.get(id(jaxpr))
         if plan is None:
-            plan = self._plans[id(jaxpr)] = _Plan(jaxpr)
+            plan = self._plans[id(jaxpr)] = _Plan(jaxpr, self.handler_of)
         env: dict[Any, Any] = dict(zip(plan.constvars, consts))
         env.update(zip(plan.invars, args))
         for eqn, operands, handler, outvars in plan.steps:
@@ -394,6 +359,14 @@ class LockstepWalk:
 # ---------------------------------------------------------------------- helpers
 
 
+def callee(eqn: Any) -> Any:
+    """The jaxpr a call-like equation (jit, closed_call, custom_jvp/vjp, remat) runs."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        if key in eqn.params:
+            return eqn.params[key]
+    raise Bail(f"the call {eqn.primitive.name}")
+
+
 def _itemsize(aval: Any) -> int:
     dtype = getattr(getattr(aval, "inner_aval", aval), "dtype", None)
     if dtype is None:
@@ -412,12 +385,12 @@ class _Plan:
     """A jaxpr prepared once for the walk: each equation's handler and its operands
     (literals already converted), so a loop body costs one dict lookup per operand."""
 
-    def __init__(self, jaxpr: Any) -> None:
+    def __init__(self, jaxpr: Any, handler_of: Callable[[Any], Handler]) -> None:
         self.jaxpr = jaxpr  # kept alive: plans are cached by id
         self.constvars = list(jaxpr.constvars)
         self.invars = list(jaxpr.invars)
         self.steps = [
-            (eqn, _operands(eqn.invars), _handler(eqn), list(eqn.outvars)) for eqn in jaxpr.eqns
+            (eqn, _operands(eqn.invars), handler_of(eqn), list(eqn.outvars)) for eqn in jaxpr.eqns
         ]
         self.outvars = _operands(jaxpr.outvars)
 
@@ -426,44 +399,3 @@ def _operands(atoms: Sequence[Any]) -> list[tuple[bool, Any]]:
     return [
         (False, literal(_jax.literal_value(a))) if _jax.is_literal(a) else (True, a) for a in atoms
     ]
-
-
-def _handler(eqn: Any) -> Handler:
-    name = eqn.primitive.name
-    rule = EFFECTS.get(name) or CONTROL.get(name)
-    if rule is not None:
-        return rule
-    if eqn.effects and name not in HARMLESS:
-        return _refused(f"the primitive {name}")
-    outs = eqn.outvars
-    if any(_jax.is_ref_aval(v.aval) for v in outs):
-        return _refused(f"the primitive {name} making a ref")
-    if not all(is_scalar(v.aval) for v in outs):
-        return _vector
-    fn = SCALAR.get(name)
-    if fn is None:
-        return _refused(f"the scalar primitive {name}")
-    aval = outs[0].aval
-
-    def scalar(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
-        for x in ins:
-            if isinstance(x, (Vec, Ref)):
-                return _vector(w, eqn, ins)
-        return [as_dtype(fn(eqn, ins), aval)]
-
-    return scalar
-
-
-def _vector(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
-    """Vector results (never computed); a ref among the operands is a use not modelled."""
-    for x in ins:
-        if isinstance(x, Ref):
-            raise Bail(f"the primitive {eqn.primitive.name} on a ref")
-    return [VEC for _ in eqn.outvars]
-
-
-def _refused(why: str) -> Handler:
-    def refuse(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
-        raise Bail(why)
-
-    return refuse

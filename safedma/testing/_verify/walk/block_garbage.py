@@ -9,12 +9,10 @@ reported; an output aliased to an input starts as that input, garbage included.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from safedma.testing._verify._regions import Box, Buffer, View, overlaps
-
-if TYPE_CHECKING:
-    from safedma.testing._verify._kernels import KernelDesc
+from safedma.testing._verify.model.regions import Box, Buffer, View, overlaps
+from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
 __all__ = ["copy_in", "copy_out", "keep_input", "kept_dims", "never_read"]
 

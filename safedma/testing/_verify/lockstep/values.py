@@ -14,8 +14,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._lockstep_model import Bail, DataBuf, SemBuf
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.lockstep.model import Bail, DataBuf, SemBuf
 
 __all__ = ["SCALAR", "VEC", "Ref", "Vec", "as_dtype", "is_scalar", "literal"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from safedma.testing._errors import SimulationTimeoutError
-from safedma.testing._verify import _jax
+from safedma.testing._verify import jax_internals as _jax
 
 __all__ = ["Budget", "VerificationTimeoutError", "memory_free", "same_state"]
 

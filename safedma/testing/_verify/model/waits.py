@@ -28,8 +28,8 @@ from typing import Protocol
 
 import numpy as np
 
-from safedma.testing._verify._clocks import Clock
-from safedma.testing._verify._clocks import learned as clocks_learned
+from safedma.testing._verify.model.clocks import Clock
+from safedma.testing._verify.model.clocks import learned as clocks_learned
 
 __all__ = ["Counted", "Early", "Hints", "Outcome", "WaitRecord", "learned_clock", "outcome"]
 

@@ -7,7 +7,7 @@ backward pass over the outer jaxpr pulls each read back through layout equations
 operand (element-wise ones; contractions, reductions and broadcasts along the
 dimensions they keep: ``dim_maps``), calls (jit, custom_jvp), placement primitives and
 window overwrites. A kernel's data input reads nothing here: the garbage reaches the
-kernel's input buffer (``_patchy.Patchy``) and the kernel's own rules judge its reads.
+kernel's input buffer (``patchy.Patchy``) and the kernel's own rules judge its reads.
 Any other use (the program's results, a gather, a loop, a scalar-prefetch operand)
 reads all of an array. docs/verify.md, rule 12.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._regions import subtract
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.model.regions import subtract
 
 __all__ = [
     "CALLS",
@@ -45,7 +45,7 @@ _LAYOUT = ("slice", "transpose", "reshape")
 
 # Element-wise primitives: each element of the result depends on the same element of
 # each operand of the result's shape only (scalar operands are read whole), so garbage
-# stays in its rows; the forward side (``_program.Patchy``) follows the same set.
+# stays in its rows; the forward side (``patchy.Patchy``) follows the same set.
 ELEMENTWISE = frozenset(
     """add sub mul div rem max min neg abs sign floor ceil round is_finite exp exp2 log
     log1p expm1 tanh logistic sqrt rsqrt cbrt pow integer_pow square sin cos tan asin
@@ -55,7 +55,7 @@ ELEMENTWISE = frozenset(
     reduce_precision copy copy_p real imag conj""".split()
 )
 
-# Calls whose body the walk runs with the caller's values (``_program._BUILDERS``):
+# Calls whose body the walk runs with the caller's values (``compiler._BUILDERS``):
 # the parameter holding the body.
 CALLS = {
     "pjit": "jaxpr",
@@ -85,7 +85,7 @@ def dim_maps(eqn: Any) -> list[DimMap | None] | None:
     """How each element of a one-result equation depends on its operands, dimension by
     dimension (None per literal operand), for element-wise equations, ``dot_general``,
     reductions, ``squeeze`` and ``broadcast_in_dim``; None for any other equation. Garbage in an
-    operand reaches the result elements along the mapped dimensions (``_patchy``)."""
+    operand reaches the result elements along the mapped dimensions (``patchy``)."""
     name = eqn.primitive.name
     if len(eqn.outvars) != 1:
         return None

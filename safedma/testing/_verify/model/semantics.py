@@ -13,7 +13,7 @@ Rules (docs/verify.md gives the sources):
   rest stay pending (R7/R9). If the wait still needs pending ones, the waiter
   learns what all of them have in common (the meet of their clocks). P counts
   every contribution not ordered after the wait, including ones this schedule
-  issues later (found when they arrive, then replayed: see _waits.py).
+  issues later (found when they arrive, then replayed: see waits.py).
 * A copy's source read and destination write are pending from its start until
   a wait guarantees them; any conflicting access meanwhile is a race.
 """
@@ -26,8 +26,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from safedma.testing._verify._clocks import Clock, Clocks
-from safedma.testing._verify._regions import (
+from safedma.testing._verify.errors import (
+    DeadlockError,
+    SignalAfterExitError,
+    UnwrittenReadError,
+    VerifiedLeftoverError,
+    VerifiedRaceError,
+    VerifyKernelError,
+)
+from safedma.testing._verify.model.clocks import Clock, Clocks
+from safedma.testing._verify.model.regions import (
     Box,
     Buffer,
     Coverage,
@@ -36,15 +44,7 @@ from safedma.testing._verify._regions import (
     contains,
     overlaps,
 )
-from safedma.testing._verify._report import (
-    DeadlockError,
-    SignalAfterExitError,
-    UnwrittenReadError,
-    VerifiedLeftoverError,
-    VerifiedRaceError,
-    VerifyKernelError,
-)
-from safedma.testing._verify._waits import Early, Hints, Outcome, WaitRecord, outcome
+from safedma.testing._verify.model.waits import Early, Hints, Outcome, WaitRecord, outcome
 
 __all__ = ["Machine", "Dma", "SemState", "Blocked", "LooseMiss", "PruneMiss"]
 
@@ -496,7 +496,7 @@ class Machine:
     def _early(self, sem: SemState, c: Contribution) -> None:
         """Rule 6 (docs/verify.md): ``c`` counts at every past wait it is not ordered after.
 
-        A wait whose outcome that changes becomes a hint for the next walk (_waits.py).
+        A wait whose outcome that changes becomes a hint for the next walk (waits.py).
         Newest first: ``c`` ordered after a wait is ordered after the earlier waits of
         the same waiter too.
         """

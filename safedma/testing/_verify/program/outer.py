@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from safedma.testing._verify import _jax
+from safedma.testing._verify import jax_internals as _jax
 
 __all__ = ["shard_map_operands"]
 

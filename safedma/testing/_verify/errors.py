@@ -1,4 +1,4 @@
-"""The verifier's report and errors.
+"""The errors verify raises, from any of its passes.
 
 Errors subclass the simulation errors of the same class (a race is a
 :class:`RaceDetectedError` whichever tool found it), so one ``pytest.raises``
@@ -6,9 +6,6 @@ serves both; the new classes cover what ``simulate`` cannot see.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Mapping
 
 from safedma import _errors as _trace_errors
 from safedma.testing._errors import (
@@ -28,7 +25,6 @@ __all__ = [
     "VerificationUnsupportedError",
     "VerifiedLeftoverError",
     "VerifiedRaceError",
-    "VerifyReport",
     "VerifyKernelError",
 ]
 
@@ -89,34 +85,3 @@ class VerificationUnsupportedError(SimulationError):
 
 class VerifyKernelError(KernelFailedError):
     """The kernel program is invalid on some device (mismatched copy sizes, bad device id)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyReport:
-    """What :func:`verify` proved: counts over every device and kernel call.
-
-    ``max_bytes_in_flight`` maps "kernel: semaphore" to the most bytes (or
-    signals) pending on any one device at once.
-    """
-
-    devices: int
-    kernels: tuple[str, ...]
-    invocations: int
-    dmas: int
-    remote_dmas: int
-    waits: int
-    signals: int
-    max_bytes_in_flight: Mapping[str, int]
-
-    def __str__(self) -> str:
-        lines = [
-            f"verified: {len(self.kernels)} kernel(s) {', '.join(self.kernels)} on "
-            f"{self.devices} device(s), {self.invocations} invocation(s)",
-            f"  {self.dmas} DMAs ({self.remote_dmas} remote), {self.waits} waits, "
-            f"{self.signals} signals",
-        ]
-        if self.max_bytes_in_flight:
-            lines.append("  most in flight per semaphore:")
-            for name, amount in sorted(self.max_bytes_in_flight.items()):
-                lines.append(f"    {name}: {amount}")
-        return "\n".join(lines)

@@ -20,14 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from safedma.testing._user_frames import traceback_frames, user_frame_of
-
 # Why: Var/Literal/Jaxpr/ClosedJaxpr are the program representation itself.
 from jax._src import core as _core
 
 # Why: the semaphore dtypes tell DMA, REGULAR and BARRIER semaphores apart.
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas.mosaic import core as _mosaic_core
+
+from safedma.testing._user_frames import traceback_frames, user_frame_of
 
 __all__ = [
     "Jaxpr",

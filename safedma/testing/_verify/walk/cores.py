@@ -15,23 +15,22 @@ from typing import Any, cast
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
-from safedma.testing._verify import _jax
-from safedma.testing._verify._kernels import describe_leftover, parameter_names
-from safedma.testing._verify._program import (
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.errors import VerificationUnsupportedError
+from safedma.testing._verify.model.regions import Buffer, View
+from safedma.testing._verify.model.semantics import Blocked
+from safedma.testing._verify.program.compiler import (
     Compiler,
-    Ctx,
-    Gen,
-    Op,
-    RefVal,
     compile_jaxpr,
     location,
     register,
     run,
 )
-from safedma.testing._verify._regions import Buffer, View
-from safedma.testing._verify._report import VerificationUnsupportedError
-from safedma.testing._verify._scalars import Unknown
-from safedma.testing._verify._semantics import Blocked
+from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
+from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk.engine import engine_of
+from safedma.testing._verify.walk.kernel_desc import parameter_names
+from safedma.testing._verify.walk.kernels import describe_leftover
 
 __all__ = ["mesh_cores"]
 
@@ -119,7 +118,7 @@ class _Run:
         self.sems: list[Buffer] = []
 
     def scoped_buffer(self, ctx: Ctx, key: object, aval: Any, where: str) -> Buffer:
-        return ctx.engine.buffer(
+        return engine_of(ctx).buffer(
             ctx.p, ("s", self.instance, key), aval, f"a run_scoped buffer at {where}"
         )
 
@@ -133,11 +132,11 @@ class _Run:
         cid = self.desc.collective_id
         if cid is None and not tagged and not auto_collective_ids():
             raise MissingCollectiveIdError.in_raw_kernel(where, entry="pl.kernel")
-        return ctx.engine.barrier_buffer(ctx.p, cid)
+        return engine_of(ctx).barrier_buffer(ctx.p, cid)
 
 
 def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal]) -> Gen:
-    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    eng, m, p = engine_of(ctx), ctx.machine, ctx.p
     run_ = _Run(desc, instance)
     saved = (ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts)
     ctx.kernel, ctx.grid, ctx.grid_point, ctx.grid_names, ctx.scoped_counts = (
@@ -177,7 +176,7 @@ def _mpmd_map(c: Compiler, eqn: Any) -> Op:
 
 
 def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env: list[Any]) -> Gen:
-    eng, m, p = ctx.engine, ctx.machine, ctx.p
+    eng, m, p = engine_of(ctx), ctx.machine, ctx.p
     if eng.cores != desc.cores:
         raise VerificationUnsupportedError(
             f"pl.kernel meshes with different core counts in one program ({desc.where})"

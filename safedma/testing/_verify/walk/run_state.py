@@ -13,17 +13,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from safedma.testing._verify import _jax
-from safedma.testing._verify._program import (
-    Compiler,
-    Ctx,
-    Gen,
-    Op,
-    RefVal,
-    compile_jaxpr,
-    register,
-    run,
-)
+from safedma.testing._verify import jax_internals as _jax
+from safedma.testing._verify.program.compiler import Compiler, compile_jaxpr, register, run
+from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
+from safedma.testing._verify.walk.engine import engine_of
 
 
 def _host(x: object) -> np.ndarray[Any, Any] | None:
@@ -47,7 +40,7 @@ def _run_state(c: Compiler, eqn: Any) -> Op:
             if isinstance(x, RefVal):
                 refs.append(x)  # an array a kernel returned: the ref starts as it
                 continue
-            refs.append(ctx.engine.input_value(ctx.p, aval, _host(x), f"run_state ref {k}"))
+            refs.append(engine_of(ctx).input_value(ctx.p, aval, _host(x), f"run_state ref {k}"))
         yield from run(body, refs, ctx)
         for s, ref in zip(outs, refs):
             env[s] = ref

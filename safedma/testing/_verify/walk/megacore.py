@@ -22,8 +22,8 @@ from typing import Any
 from jax.sharding import AbstractMesh
 
 from safedma.testing._mosaic import TPU_GENERATIONS
-from safedma.testing._verify._blocks import grid_point_at, grid_points
-from safedma.testing._verify._report import VerificationUnsupportedError, VerifiedRaceError
+from safedma.testing._verify.errors import VerificationUnsupportedError, VerifiedRaceError
+from safedma.testing._verify.walk.blocks import grid_point_at, grid_points
 
 __all__ = [
     "Chip",
