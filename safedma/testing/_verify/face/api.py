@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast, get_args
 
 import jax
 import numpy as np
@@ -29,7 +29,15 @@ from safedma.testing._verify.walk import run_state as run_state  # registers run
 from safedma.testing._verify.walk.cores import mesh_cores  # also registers mpmd_map
 from safedma.testing._verify.walk.engine import Engine
 
-__all__ = ["verify"]
+__all__ = ["LOCKSTEP_VARIABLE", "LockstepMode", "verify"]
+
+LockstepMode = Literal["on", "off", "check"]
+"""How verify uses its lockstep path: "on" (prove an SPMD program in one walk for every
+device, and walk it per device only when that path gives up), "off" (always walk per
+device), "check" (where the lockstep path proves a program, walk it per device too and
+fail loudly if the two disagree: how the test suite cross-checks the fast path)."""
+
+LOCKSTEP_VARIABLE = "SAFEDMA_VERIFY_LOCKSTEP"  # lockstep's default when the keyword is None
 
 
 def verify(
@@ -40,6 +48,7 @@ def verify(
     out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
     invocations: int = 1,
     timeout_s: float = 600.0,
+    lockstep: LockstepMode | None = None,
 ) -> VerifyReport:
     """Prove the DMA/semaphore protocol of every Pallas TPU kernel ``fn`` runs, on every device.
 
@@ -53,9 +62,13 @@ def verify(
     still going after ``timeout_s`` seconds (tracing included) stops with
     :class:`~safedma.testing.SimulationTimeoutError` naming the loop, device and
     iteration it was in; a ``while`` loop that can never end is reported at once.
+    ``lockstep`` is "on", "off" or "check" (:data:`LockstepMode`); None takes the
+    ``SAFEDMA_VERIFY_LOCKSTEP`` environment variable, else "on". Every mode gives the
+    same answer; "off" and "check" only take longer.
     Raises a :class:`~safedma.testing.SimulationError` subclass naming the
     device, the semaphore or buffer, the kernel line and the fix.
     """
+    mode = _lockstep_mode(lockstep, os.environ.get(LOCKSTEP_VARIABLE))
     if invocations < 1:
         raise ValueError(f"invocations must be at least 1, got {invocations}")
     if not timeout_s > 0:
@@ -70,8 +83,7 @@ def verify(
         cores = chip.cores  # a megacore split: each TensorCore is a participant
     compiled = compile_jaxpr(body, program.consts, outer=True)
     proved: VerifyReport | None = None
-    mode = _lockstep_mode()
-    _LAST_LOCKSTEP[0] = "not tried (no shard_map, or SAFEDMA_VERIFY_LOCKSTEP=off)"
+    _LAST_LOCKSTEP[0] = f"not tried (no shard_map, or lockstep={mode!r})"
     if program.has_shard_map and mode != "off":
         fast = _lockstep.prove(
             body, names, sizes, invocations, cores, budget.deadline, mode == "check"
@@ -138,14 +150,29 @@ _MAX_WALKS = 12
 _LAST_LOCKSTEP: list[str] = [""]
 
 
-def _lockstep_mode() -> str:
-    """``SAFEDMA_VERIFY_LOCKSTEP``: "on" (default), "off" (always walk per device), or
-    "check" (when the lockstep path proves a program, walk it per device too and fail
-    loudly if the two disagree: how the test suite cross-checks the fast path)."""
-    mode = os.environ.get("SAFEDMA_VERIFY_LOCKSTEP", "on").strip().lower() or "on"
-    if mode not in ("on", "off", "check"):
-        raise ValueError(f"SAFEDMA_VERIFY_LOCKSTEP must be on, off or check, not {mode!r}")
-    return mode
+_LOCKSTEP_MODES: tuple[LockstepMode, ...] = get_args(LockstepMode)
+
+
+def _lockstep_mode(keyword: object, variable: str | None) -> LockstepMode:
+    """The mode verify runs in: the ``lockstep`` keyword, else the environment
+    variable's value (``variable``, read by :func:`verify` once per call), else "on"."""
+    allowed = ", ".join(repr(m) for m in _LOCKSTEP_MODES[:-1]) + f" or {_LOCKSTEP_MODES[-1]!r}"
+    if keyword is None:
+        value: object = (variable or "").strip().lower() or "on"
+        wrong = (
+            f"the environment variable {LOCKSTEP_VARIABLE} (verify's default lockstep mode) "
+            f"must be {allowed}, or unset"
+        )
+    else:
+        value = keyword
+        wrong = (
+            f"verify's lockstep keyword must be {allowed}, or None for the environment "
+            f"variable {LOCKSTEP_VARIABLE}'s mode"
+        )
+    for mode in _LOCKSTEP_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"{wrong}, not {value!r}")
 
 
 def _lockstep_report(
