@@ -28,6 +28,7 @@ from safedma._errors import SafeDmaError
 from safedma.testing import _diagnosis as diagnosis
 from safedma.testing import _interpret_probes as probes
 from safedma.testing import _meshes as meshes
+from safedma.testing import _progress
 from safedma.testing._errors import (
     ConcurrentInterpretError,
     KernelFailedError,
@@ -78,6 +79,7 @@ class SimulationConfig:
     out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None
     timeout_s: float = 60.0
     uninitialized_memory: Literal["nan", "zero"] = "nan"
+    progress: bool | None = None  # the progress line: None when stderr is a terminal
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -157,9 +159,11 @@ def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike], config: Simu
             "global state, so simulations must run one at a time"
         )
     try:
-        with deferred_interrupts():
-            probes.warm_up()
-        return _run(fn, args, config)
+        with _progress.Progress("safedma simulate", config.progress) as line:
+            line.status("preparing interpret mode")
+            with deferred_interrupts():
+                probes.warm_up()
+            return _run(fn, args, config, line)
     finally:
         _busy.release()
 
@@ -224,7 +228,12 @@ def _unjitted(program: Callable[..., T]) -> Callable[..., T]:
 _JIT_TYPE: type = type(jax.jit(lambda: None))  # pyright: ignore[reportUnknownMemberType]
 
 
-def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:
+def _run(
+    fn: Callable[..., T],
+    args: Sequence[ArrayLike],
+    config: SimulationConfig,
+    line: _progress.Progress,
+) -> T:
     devices = meshes.DeviceNames(config.mesh)
     program, placed = _program(fn, args, config)
     params = probes.strict_interpret_params(config.uninitialized_memory)
@@ -241,6 +250,7 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         pltpu.reset_tpu_interpret_mode_state()
 
         body = _unjitted(program)
+        line.status("tracing and compiling the program for interpret mode")
 
         def fresh(*flat: object) -> T:
             # A new function each time: no jit cache entry traced elsewhere is reused.
@@ -281,6 +291,12 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         run = _Run(compiled, placed, installed, devices, config, many)
         entries = probes.DMA_CLOCK_ENTRIES
         while True:
+            again = (
+                ""
+                if entries == probes.DMA_CLOCK_ENTRIES
+                else f" again ({entries} clock entries for copies)"
+            )
+            line.status(_run_status(recorder, f"running in interpret mode{again}"))
             value, error = run.execute(recorder, entries)
             short = installed.clock_shortages
             if not short:
@@ -298,6 +314,11 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         if error is not None:
             raise error
     return cast(T, value)
+
+
+def _run_status(recorder: Recorder, what: str) -> Callable[[], str]:
+    """What the progress line says while the run goes (read at each redraw)."""
+    return lambda: f"{what}: {recorder.progress()}"
 
 
 def _more_entries(entries: int, short: int) -> int:

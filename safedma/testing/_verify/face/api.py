@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from safedma.testing import _progress
 from safedma.testing._errors import SimulationError
 from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.errors import DeadlockError, VerificationUnsupportedError
@@ -49,6 +50,7 @@ def verify(
     invocations: int = 1,
     timeout_s: float = 600.0,
     lockstep: LockstepMode | None = None,
+    progress: bool | None = None,
 ) -> VerifyReport:
     """Prove the DMA/semaphore protocol of every Pallas TPU kernel ``fn`` runs, on every device.
 
@@ -64,7 +66,9 @@ def verify(
     iteration it was in; a ``while`` loop that can never end is reported at once.
     ``lockstep`` is "on", "off" or "check" (:data:`LockstepMode`); None takes the
     ``SAFEDMA_VERIFY_LOCKSTEP`` environment variable, else "on". Every mode gives the
-    same answer; "off" and "check" only take longer.
+    same answer; "off" and "check" only take longer. ``progress`` shows what the walk
+    is doing on a line of stderr once it has run for two seconds (erased at the end):
+    True always, False never, None when stderr is a terminal.
     Raises a :class:`~safedma.testing.SimulationError` subclass naming the
     device, the semaphore or buffer, the kernel line and the fix.
     """
@@ -74,7 +78,22 @@ def verify(
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     budget = Budget(timeout_s)
-    program = trace(fn, args, mesh, in_specs, out_specs)
+    with _progress.Progress("safedma verify", progress) as line:
+        line.status("tracing the program")
+        program = trace(fn, args, mesh, in_specs, out_specs)
+        return _prove(program, mesh, invocations, mode, budget, line)
+
+
+def _prove(
+    program: DeviceProgram,
+    mesh: Any,
+    invocations: int,
+    mode: LockstepMode,
+    budget: Budget,
+    line: _progress.Progress,
+) -> VerifyReport:
+    """The report of ``program``: proved by the lockstep path, walked per device, or
+    both (``mode``); ``line`` says which is running."""
     body, names, sizes = program.body, program.axis_names, program.axis_sizes
     core_axis, cores = _cores_in(body)
     ambient = jax.sharding.get_abstract_mesh()
@@ -85,6 +104,7 @@ def verify(
     proved: VerifyReport | None = None
     _LAST_LOCKSTEP[0] = f"not tried (no shard_map, or lockstep={mode!r})"
     if program.has_shard_map and mode != "off":
+        line.status(f"proving the protocol in lockstep on {math.prod(sizes)} devices")
         fast = _lockstep.prove(
             body, names, sizes, invocations, cores, budget.deadline, mode == "check"
         )
@@ -104,6 +124,7 @@ def verify(
         engine.machine.prune = prune
         if not loose_kept:
             engine.machine.keep_loose(None)
+        line.status(_walk_status(engine, hints.walks))
         try:
             try:
                 _walk(engine, compiled, program, invocations)
@@ -145,6 +166,19 @@ def verify(
 
 
 _MAX_WALKS = 12
+
+
+def _walk_status(engine: Engine, walk: int) -> Callable[[], str]:
+    """What the progress line says during a per-device walk (read at each redraw)."""
+    unit = "devices" if engine.cores == 1 else "cores"
+    again = f" (walk {walk}: with what the last walk learned)" if walk > 1 else ""
+    total = engine.participants
+
+    def status() -> str:
+        return f"walking each device's program{again}: {engine.finished} of {total} {unit} done"
+
+    return status
+
 
 # why the last call's lockstep path gave up ("" when it proved the program); tests read it
 _LAST_LOCKSTEP: list[str] = [""]

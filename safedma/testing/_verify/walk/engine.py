@@ -86,6 +86,7 @@ class Engine:
         # checks that wait for every participant to finish (outputs nothing wrote)
         self.deferred: list[Callable[[], None]] = []
         self.participants = self.devices * cores
+        self.finished = 0  # participants whose program ended (the progress line reads it)
         self.labels = [self._label(p) for p in range(self.participants)]
         self.machine = Machine(self.labels)
         self.machine.cores = cores
@@ -388,6 +389,7 @@ class Engine:
                 b = next(programs[p])
             except StopIteration:
                 done.append(p)
+                self.finished += 1
                 continue
             blocked[p] = b
         for check in self.deferred:
