@@ -29,6 +29,7 @@ __all__ = [
     "ALLOCATED_INSIDE",
     "RawWait",
     "allocated_inside",
+    "block_inputs",
     "is_block_argument",
     "outer_ref",
     "raw_dma_waits",
@@ -82,7 +83,7 @@ def _is_semaphore(value: object) -> bool:
     return _compat.is_ref(value) and _compat.ref_kind(value) is not SemaphoreKind.DATA
 
 
-def _block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
+def block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
     """Each block of ``eqn`` with, for each of its inputs (constvars then invars), the
     position of the operand of ``eqn`` it receives (-1: none, e.g. a ``run_scoped``
     allocation or a loop counter); None for a primitive whose blocks are not known here."""
@@ -130,7 +131,7 @@ def _operand_of(var: object, eqn: Any) -> int | None:
     """The position of the operand of ``eqn`` that block input ``var`` (a variable of a
     block of ``eqn``, at any depth) receives; -1 if ``var`` is made inside (a
     ``run_scoped`` allocation, a value a block computes), None if it is not found."""
-    blocks = _block_inputs(eqn)
+    blocks = block_inputs(eqn)
     for jaxpr, positions in blocks or ():
         inputs = [*jaxpr.constvars, *jaxpr.invars]
         at = {id(v): i for i, v in enumerate(inputs)}
@@ -185,7 +186,7 @@ def _raw_waited_operands(
     """The operands of ``eqn`` whose semaphores a raw ``dma_wait`` inside its blocks waits,
     and whether one waits a semaphore allocated inside; None when a block on the way is
     not known (the caller then assumes every semaphore operand)."""
-    blocks = _block_inputs(eqn)
+    blocks = block_inputs(eqn)
     if blocks is None:
         return None
     operands: set[int] = set()

@@ -38,6 +38,7 @@ from safedma.testing._errors import (
     SimulationUnsupportedError,
 )
 from safedma.testing._interrupts import deferred_interrupts
+from safedma.testing._kernel_names import KernelNames
 from safedma.testing._recorder import Blocked, Recorder
 from safedma.testing._uninterpretable import has_kernel, interpreter_limit
 from safedma.testing._uninterpretable import refuse_uninterpretable
@@ -260,6 +261,8 @@ def _run(
             traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
             # Lines for the equations jax traced inside its own helpers (sync_copy).
             located.enter_context(probes.enclosing_lines(traced.jaxpr))
+            # The kernels' parameter names, for the messages (read only if one is needed).
+            names = KernelNames(traced.jaxpr)
             # Refused before lowering: jax fails inside the lowering otherwise.
             refuse_uninterpretable(traced.jaxpr)
             try:
@@ -288,7 +291,7 @@ def _run(
                 and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
 
-        run = _Run(compiled, placed, installed, devices, config, many)
+        run = _Run(compiled, placed, installed, devices, config, many, names)
         entries = probes.DMA_CLOCK_ENTRIES
         while True:
             again = (
@@ -350,7 +353,9 @@ class _Run:
         devices: meshes.DeviceNames,
         config: SimulationConfig,
         many: bool,
+        names: KernelNames,
     ) -> None:
+        self._names = names
         self._compiled = compiled
         self._placed = placed
         self._installed = installed
@@ -391,6 +396,7 @@ class _Run:
                         installed,
                         devices,
                         config,
+                        self._names,
                         many_devices_on_old_jax=self._many,
                     )
                 except BaseException:
@@ -403,7 +409,7 @@ class _Run:
                 if outcome.done.is_set():
                     worker.join(_GRACE_S)
                     _drain(recorder, _GRACE_S)
-                error = _classify(recorder, devices, verdict, outcome)
+                error = _classify(recorder, devices, verdict, outcome, self._names)
                 clean = error is None
             finally:
                 if not clean:
@@ -418,6 +424,7 @@ def _watch(
     installed: probes.Installed,
     devices: meshes.DeviceNames,
     config: SimulationConfig,
+    names: KernelNames,
     *,
     many_devices_on_old_jax: bool = False,
 ) -> SimulationError | None:
@@ -444,11 +451,13 @@ def _watch(
             since = None if blocked is None else (now, blocked)
         elif now - since[0] >= _CONFIRM_S:
             verdict: SimulationError = diagnosis.unsatisfiable_error(
-                recorder, blocked.waits, devices, config.timeout_s, now - start
+                recorder, blocked.waits, devices, config.timeout_s, now - start, names
             )
             return _stopped(verdict, _stop(recorder, outcome, installed, str(verdict)))
         if now >= deadline:
-            running = diagnosis.timeout_error(recorder, devices, config.timeout_s, stopped=True)
+            running = diagnosis.timeout_error(
+                recorder, devices, config.timeout_s, stopped=True, names=names
+            )
             if many_devices_on_old_jax and not recorder.waiting():
                 running = SimulationTimeoutError(
                     f"{running}\n\nOn jax {jax.__version__} with 8 or more devices, a "
@@ -528,10 +537,12 @@ def _classify(
     devices: meshes.DeviceNames,
     verdict: SimulationError | None,
     outcome: _Outcome,
+    names: KernelNames,
 ) -> BaseException | None:
     """The error to raise for this run, root cause first, or None if it was clean."""
     if recorder.races:
-        return _chain(RaceDetectedError(recorder.races), outcome.error)
+        races = [dataclasses.replace(r, name=names.buffer(r)) for r in recorder.races]
+        return _chain(RaceDetectedError(races), outcome.error)
     if recorder.failure is not None:
         return diagnosis.failure_error(recorder.failure, devices)
     if verdict is not None:
@@ -544,7 +555,7 @@ def _classify(
                 err,
             )
         return err
-    return diagnosis.leftover_error(recorder, devices)
+    return diagnosis.leftover_error(recorder, devices, names)
 
 
 def _chain(error: SimulationError, cause: BaseException | None) -> SimulationError:

@@ -209,7 +209,7 @@ def _private_imports(tree: ast.AST) -> Iterator[tuple[str, str | None, str]]:
 
 def _names_jax_internals(tree: ast.AST) -> bool:
     return any(True for _ in _private_imports(tree)) or any(
-        c.value.startswith("jax._src") for c in _code_strings(tree)
+        str(c.value).startswith("jax._src") for c in _code_strings(tree)
     )
 
 
@@ -244,9 +244,9 @@ def test_every_private_name_a_seam_reads_from_jax_exists(seam: str) -> None:
         bound[local] = value
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            owner = bound.get(node.value.id)
-            if owner is not None:
-                assert hasattr(owner, node.attr), f"{seam}: {node.value.id}.{node.attr}"
+            holder = bound.get(node.value.id)
+            if holder is not None:
+                assert hasattr(holder, node.attr), f"{seam}: {node.value.id}.{node.attr}"
     # modules looked up by name at run time (safedma.testing._private.private_module)
     from safedma.testing._private import private_module
 

@@ -2,8 +2,9 @@
 
 The passes, one subpackage each, each importing only those listed before it:
 
-* ``jax_internals`` and ``errors``: every jax internal verify reads (each with its
-  reason), and the errors every pass raises.
+* ``jax_internals``, ``errors`` and ``naming``: every jax internal verify reads (each
+  with its reason), the errors every pass raises, and how messages name a kernel's
+  buffers and semaphores (simulate names them the same way).
 * ``model``: the TPU DMA/semaphore protocol, with no jaxpr in it: buffers and the
   regions views cover, vector clocks, what a wait guarantees, semaphores and copies in
   flight, what a leftover count is made of, and verify's time budget.

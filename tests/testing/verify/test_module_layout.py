@@ -31,9 +31,9 @@ import safedma
 ROOT = Path(safedma.__file__).resolve().parent
 
 # verify's passes, bottom first: each imports only those before it (docs in
-# safedma/testing/_verify/__init__.py). The first two are single modules.
+# safedma/testing/_verify/__init__.py). The first three are single modules.
 VERIFY = "safedma.testing._verify"
-PASSES = ("jax_internals", "errors", "model", "program", "walk", "lockstep", "face")
+PASSES = ("jax_internals", "errors", "naming", "model", "program", "walk", "lockstep", "face")
 
 Edges = dict[str, dict[str, int]]  # module -> {imported module: line of the first import}
 

@@ -29,7 +29,7 @@ from safedma.testing._verify.program.compiler import (
 from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.program.scalars import Unknown
 from safedma.testing._verify.walk.engine import engine_of
-from safedma.testing._verify.walk.kernel_desc import parameter_names
+from safedma.testing._verify.naming import parameter_names
 from safedma.testing._verify.walk.kernels import describe_leftover
 
 __all__ = ["mesh_cores"]

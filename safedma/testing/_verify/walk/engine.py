@@ -14,6 +14,7 @@ import numpy as np
 
 from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.errors import VerificationUnsupportedError
+from safedma.testing._verify.naming import element_name
 from safedma.testing._verify.model.leftovers import partial_wait
 from safedma.testing._verify.model.regions import Buffer
 from safedma.testing._verify.model.semantics import Blocked, Machine, SemState
@@ -275,11 +276,7 @@ class Engine:
         )
 
     def sem_name(self, s: SemState) -> str:
-        buf = s.buffer
-        if not buf.shape:
-            return buf.name
-        idx = np.unravel_index(s.index, buf.shape)
-        return f"{buf.name}[{', '.join(str(int(i)) for i in idx)}]"
+        return element_name(s.buffer.name, s.buffer.shape, s.index)
 
     def outer_value(
         self, p: int, aval: Any, value: np.ndarray[Any, Any] | None, name: str
