@@ -71,7 +71,7 @@ def _verify() -> Callable[..., Any]:
     try:
         from safedma.testing import verify
     except ImportError:  # until the face exports it
-        from safedma.testing._verify._api import verify
+        from safedma.testing._verify.face.api import verify
     fn: Callable[..., Any] = verify
     return fn
 
@@ -176,7 +176,7 @@ def _child(kind: str, label: str, reps: int) -> None:
         cpu.append(_LAST_CPU[0])
     import resource  # POSIX only, like the rest of the scale table's child processes
 
-    from safedma.testing._verify import _api
+    from safedma.testing._verify.face import api as _api
 
     gave_up = _api._LAST_LOCKSTEP[0]
 

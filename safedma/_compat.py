@@ -1,13 +1,22 @@
-"""Everything that depends on the jax version or on jax internals, in one place.
+"""The typed API's and the trace checks' seam: every jax version difference and every
+jax internal they use, in one place, each private name with a comment saying why.
 
 safedma supports jax 0.10.2 through 0.12.x. The public pltpu calls it lowers
 to have the same spelling across that range as long as the deprecated
 ``device_id_type`` argument is never passed (0.12 warns on it; the default is
 the mesh form in both) and the ``pltpu.semaphore_*`` aliases removed in 0.12
 are avoided (``pl.semaphore_*`` exists in both). What cannot be done through
-public APIs -- recognising a ref and its semaphore kind, and reading the mesh
-axes in scope -- is done here, and ``tests/test_compat.py`` fails loudly if a
-jax release moves any of it.
+public APIs -- recognising a ref and its semaphore kind, reading the mesh axes
+and the kernel entry in scope, the traces of control flow, the equations of a body
+being traced -- is done here, and only the reading: what is built on it lives with
+the check that uses it (the raw-wait analysis in ``_raw_waits.py``, beside the ledger).
+``tests/core/test_compat.py`` fails loudly if a jax release moves any of it, and checks
+that no other module of the typed API imports ``jax._src``.
+
+The testing helpers have seams of their own: simulate's
+``safedma/testing/_interpret_probes.py``, verify's
+``safedma/testing/_verify/jax_internals.py``, the Mosaic and compile-only builds'
+``safedma/testing/_mosaic.py`` (``_compile.py`` uses public jax only).
 """
 
 from __future__ import annotations
@@ -51,13 +60,17 @@ __all__ = [
     "current_frame",
     "indexes_by_array",
     "is_tensor_core_mesh",
-    "raw_dma_waits",
-    "raw_waited_inside",
     "traced_so_far",
-    "ALLOCATED_INSIDE",
-    "allocated_inside",
-    "is_block_argument",
-    "outer_ref",
+    "traced_eqns",
+    "operand_tracers",
+    "trace_of",
+    "jaxpr_var_of",
+    "is_jaxpr",
+    "sub_jaxprs",
+    "emitted_from",
+    "is_semaphore_var",
+    "view_base",
+    "pipeline_body_consts",
     "same_ref_type",
     "frame_parent",
     "frame_kind",
@@ -105,6 +118,8 @@ class SemaphoreKind(enum.Enum):
     BARRIER = "BARRIER semaphore"
 
 
+# Private: the semaphore dtypes a ref's dtype is compared with; pltpu.SemaphoreType
+# builds scratch of them but exposes no dtype (jax 0.10.2 and 0.12 alike).
 _DMA_DTYPE: Any = _mosaic_core.dma_semaphore
 _REGULAR_DTYPE: Any = _pallas_core.semaphore
 _BARRIER_DTYPE: Any = _pallas_core.barrier_semaphore
@@ -112,6 +127,8 @@ _BARRIER_DTYPE: Any = _pallas_core.barrier_semaphore
 
 def is_ref(value: object) -> bool:
     """True for a Pallas ref (a kernel argument, scratch, or a ``.at[...]`` view)."""
+    # Private: TransformedRef (a view) and AbstractRef (a ref's aval) have no public
+    # name in jax 0.10.2; isinstance on them is the one sure test.
     if isinstance(value, _state_types.TransformedRef):
         return True
     return isinstance(getattr(value, "aval", None), _state_types.AbstractRef)
@@ -159,6 +176,7 @@ def root_of(ref: object) -> object:
     ``pl.select_ref`` makes a view over a tuple of candidates; its root is the
     first candidate's (candidates are checked to be of one kind and layout).
     """
+    # Private: a TransformedRef keeps the ref it views as ``.ref`` (see is_ref).
     if isinstance(ref, _state_types.TransformedRef):
         inner = cast(object, ref.ref)
         if isinstance(inner, tuple):
@@ -182,9 +200,11 @@ def ref_layout(ref: object) -> tuple[tuple[object, ...], object]:
     For the common view, one ``.at[...]`` index of a kernel ref, the shape
     comes from the indexer and the dtype from the root ref: asking the view
     itself computes its whole abstract type, which was the largest part of
-    safedma's trace-time cost per copy. ``tests/test_compat.py`` checks the
+    safedma's trace-time cost per copy. ``tests/core/test_compat.py`` checks the
     two agree.
     """
+    # Private: a view's transforms; NDIndexer and Slice are how jax records ``.at[...]``
+    # (jax 0.10.2 and 0.12 alike), and reading them is what makes this fast.
     if isinstance(ref, _state_types.TransformedRef):
         transforms = ref.transforms
         if len(transforms) == 1 and isinstance(transforms[0], _state_indexing.NDIndexer):
@@ -204,6 +224,7 @@ def is_static_size(size: object) -> bool:
     traced in a kernel), and Mosaic's DMA verifier rejects a static dimension opposite a
     dynamic one ("DMA source and target shape mismatch"), whatever the run-time value.
     """
+    # Private: core.is_dim is the rule jax's own Slice applies (see above).
     return not isinstance(size, bool) and bool(_jax_core.is_dim(size))
 
 
@@ -229,6 +250,7 @@ def static_int(value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
+    # Private: a tracer's get_const(), the one record of the literal it stands for.
     get_const = getattr(value, "get_const", None)
     if get_const is None:
         if getattr(value, "shape", None) == () and hasattr(value, "__index__"):
@@ -259,6 +281,7 @@ def view_selections(ref: object) -> tuple[tuple[int, ...], list[tuple[int, objec
     """
     root = root_of(ref)
     shape = tuple(int(d) for d in getattr(root, "shape", ()))
+    # Private: NDIndexer and Slice, the record of each ``.at[...]`` (see ref_layout).
     if not isinstance(ref, _state_types.TransformedRef):
         return shape, []
     positions: list[tuple[int, object, int]] = []
@@ -281,7 +304,8 @@ def view_selections(ref: object) -> tuple[tuple[int, ...], list[tuple[int, objec
     return shape, positions
 
 
-# Unannotated in jax; typed here so callers need no mypy configuration.
+# Private: the axis environment is the only record of the shard_map axes in scope while
+# a body is traced (jax.lax.axis_size needs a name); unannotated in jax, typed here.
 _get_axis_env: Callable[[], Any] = _jax_core.get_axis_env
 
 
@@ -326,82 +350,106 @@ def current_frame() -> object:
     return _trace_context.trace
 
 
-# Unannotated in jax; typed here so the lookup costs nothing per call.
+# Private: core.trace_ctx (see the note above); unannotated in jax, typed here so the
+# lookup costs nothing per call.
 _trace_context: Any = _jax_core.trace_ctx
 
 
-# Waits written in raw pltpu inside a checked kernel. The ledger pairs only
-# the waits made through safedma; a body that starts a copy with safedma and
-# waits it with ``pltpu.make_async_copy(...).wait()`` is correct, and the
-# truth is in the body's jaxpr: its ``dma_wait`` equations. jax keeps the
-# equations traced so far on the trace's frame (``frame.tracing_eqns``: the
-# equations or weak references to them, holding the operand tracers as
-# ``in_tracers``); waits inside ``cond`` / loops / ``run_scoped`` sit in the
-# closed jaxprs of those equations' params. A wait is safedma's own when the
-# innermost frame of its source traceback outside jax is in a file the caller's
-# ``is_own_file`` accepts. tests/core/test_raw_waits.py pins all of this on
-# both jax versions.
-
-RawWait: TypeAlias = "tuple[object | None, object | None]"
-"""A raw wait's semaphore as ``(root, view)``: ``view`` None means any slot of
-``root``; ``root`` None means a semaphore the check cannot name (any);
-``root`` :data:`ALLOCATED_INSIDE` means any semaphore allocated inside a block."""
-
-ALLOCATED_INSIDE: object = object()
-"""The root of raw waits in a block that receives no semaphore: they wait semaphores
-allocated inside blocks (``run_scoped``), never one the kernel body was given."""
+def frame_parent(frame: object) -> object | None:
+    """The trace enclosing ``frame`` (None at the top)."""
+    # Private: a trace's ``parent_trace`` (see the note above).
+    parent: object | None = getattr(frame, "parent_trace", None)
+    return parent
 
 
-def allocated_inside(value: object, frame: object) -> bool:
-    """Whether ``value`` is a tracer of a block nested in ``frame`` (a ref a ``run_scoped``
-    allocated), not of ``frame`` or an enclosing trace (a kernel parameter, scratch, or
-    a ref an enclosing body closes over)."""
+def frame_kind(frame: object) -> FlowKind:
+    """Whether ``frame`` is a branch, a loop body, a run-once body or something else."""
+    # Private: ``frame.debug_info.traced_for`` (see the note above).
+    debug_info = getattr(getattr(frame, "frame", None), "debug_info", None)
+    return _KINDS.get(str(getattr(debug_info, "traced_for", "")), FlowKind.OTHER)
+
+
+# Kernel bodies as jax traces them, for the raw-wait analysis (safedma/_raw_waits.py):
+# the equations traced so far into a trace's frame, the tracers they hold, the trace
+# that made a tracer and its jaxpr variable, the closed jaxprs in an equation's params,
+# and who emitted an equation. No public API exposes any of it while a body is being
+# traced; tests/core/test_raw_waits.py and tests/core/test_compat.py pin it on both
+# supported jax versions.
+
+
+def traced_eqns(frame: object, since: int = 0) -> list[Any]:
+    """The equations traced into ``frame`` so far, from its ``since``-th on (those only
+    a dead weak reference is left of are skipped)."""
+    # Private: a DynamicJaxprTrace's ``frame.tracing_eqns`` holds the equations (or weak
+    # references to them) as they are traced, jax 0.10.2 and 0.12 alike.
+    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+    found: list[Any] = []
+    for entry in entries[since:]:
+        if isinstance(entry, weakref.ReferenceType):
+            entry = cast("weakref.ReferenceType[object]", entry)()
+        if entry is not None:
+            found.append(entry)
+    return found
+
+
+def traced_so_far(frame: object) -> int:
+    """How many equations have been traced into ``frame``: where a body nested in
+    enclosing code (an ``emit_pipeline`` body) begins in its frame."""
+    # Private: the frame's ``tracing_eqns`` (see traced_eqns), jax 0.10.2 and 0.12 alike.
+    return len(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
+
+
+def operand_tracers(eqn: Any) -> list[object]:
+    """The tracers a traced (not yet finished) equation takes, one per operand."""
+    # Private: an equation being traced holds its operands as ``in_tracers`` (its
+    # ``invars`` are only made when the trace ends), jax 0.10.2 and 0.12 alike.
+    return list(getattr(eqn, "in_tracers", ()))
+
+
+def trace_of(value: object) -> object | None:
+    """The trace that made tracer ``value`` (None for a value that is no tracer)."""
     # Private: a tracer's ``_trace`` is the only record of the trace that made it (jax
-    # 0.10.2 and 0.12 alike); a non-tracer has none and is never allocated inside.
-    trace = getattr(value, "_trace", None)
-    if trace is None:
-        return False
-    enclosing: object | None = frame
-    while enclosing is not None:
-        if trace is enclosing:
-            return False
-        enclosing = frame_parent(enclosing)
-    return True
+    # 0.10.2 and 0.12 alike).
+    return getattr(value, "_trace", None)
 
 
-def _emitted_from(eqn: Any, is_own_file: Callable[[str], bool]) -> bool:
+def jaxpr_var_of(tracer: object) -> object | None:
+    """The jaxpr variable a tracer of a trace being recorded stands for (None if none)."""
+    # Private: a DynamicJaxprTracer's ``val`` is its variable in the jaxpr being built
+    # (jax 0.10.2 and 0.12 alike); it is how an operand of a block is found again inside
+    # the block's jaxpr.
+    return getattr(tracer, "val", None)
+
+
+def is_jaxpr(value: object) -> bool:
+    """Whether ``value`` is an open jaxpr (a ``ClosedJaxpr``'s ``.jaxpr``)."""
+    # Private: the Jaxpr class has no public home in jax 0.10.2 (jax.extend.core has it
+    # from 0.12).
+    return isinstance(value, _jax_core.Jaxpr)
+
+
+def sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
+    """The open jaxprs among an equation's params (branches, bodies, called jaxprs)."""
+    for value in params.values():
+        items = cast("Sequence[object]", value) if isinstance(value, Sequence) else (value,)
+        for item in items:
+            jaxpr = getattr(item, "jaxpr", item)
+            if is_jaxpr(jaxpr):
+                yield jaxpr
+
+
+def emitted_from(eqn: Any, is_own_file: Callable[[str], bool]) -> bool:
     """Whether the innermost frame outside jax that traced ``eqn`` is in an own file."""
+    # Private: an equation's ``source_info.traceback`` and source_info_util.user_frame,
+    # the frame jax itself names in errors (jax 0.10.2 and 0.12 alike).
     traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)
     frame = _source_info.user_frame(traceback) if traceback is not None else None
     return frame is not None and is_own_file(str(frame.file_name))
 
 
-def _sub_jaxprs(params: Mapping[str, Any]) -> Generator[Any, None, None]:
-    for value in params.values():
-        items = cast("Sequence[object]", value) if isinstance(value, Sequence) else (value,)
-        for item in items:
-            jaxpr = getattr(item, "jaxpr", item)
-            if isinstance(jaxpr, _jax_core.Jaxpr):
-                yield jaxpr
-
-
-def _has_raw_wait(
-    jaxpr: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
-) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == primitive and not _emitted_from(eqn, is_own_file):
-            return True
-        if any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
-            return True
-    return False
-
-
-def _is_semaphore(value: object) -> bool:
-    return is_ref(value) and ref_kind(value) is not SemaphoreKind.DATA
-
-
-def _is_semaphore_var(var: object) -> bool:
+def is_semaphore_var(var: object) -> bool:
     """Whether a jaxpr variable is a semaphore ref (a ``dma_wait``'s semaphore operand)."""
+    # Private: AbstractRef, the aval of a ref, has no public name in jax 0.10.2.
     aval = getattr(var, "aval", None)
     if not isinstance(aval, _state_types.AbstractRef):
         return False
@@ -411,58 +459,15 @@ def _is_semaphore_var(var: object) -> bool:
     return dtype is not None and _kind_of_dtype(dtype) is not SemaphoreKind.DATA
 
 
-def _var_root(value: object) -> object:
+def view_base(value: object) -> object:
     """The variable under a view of it in a jaxpr (``sems.at[i]`` is a TransformedRef)."""
+    # Private: TransformedRef (see root_of).
     while isinstance(value, _state_types.TransformedRef):
         value = value.ref
     return value
 
 
-def _block_inputs(eqn: Any) -> list[tuple[Any, list[int]]] | None:
-    """Each block of ``eqn`` with, for each of its inputs (constvars then invars), the
-    position of the operand of ``eqn`` it receives (-1: none, e.g. a ``run_scoped``
-    allocation or a loop counter); None for a primitive whose blocks are not known here."""
-    name, params, n = eqn.primitive.name, eqn.params, len(eqn.invars)
-
-    def inner(value: object) -> Any:
-        return getattr(value, "jaxpr", value)
-
-    if name == "cond":
-        return [
-            (inner(b), [-1] * len(inner(b).constvars) + list(range(1, n)))
-            for b in params["branches"]
-        ]
-    if name == "while":
-        cn, bn = params["cond_nconsts"], params["body_nconsts"]
-        body, cond = inner(params["body_jaxpr"]), inner(params["cond_jaxpr"])
-        carry = list(range(cn + bn, n))
-        return [
-            (body, [-1] * len(body.constvars) + list(range(cn, cn + bn)) + carry),
-            (cond, [-1] * len(cond.constvars) + list(range(cn)) + carry),
-        ]
-    if name == "run_scoped":
-        body = inner(params["jaxpr"])
-        if len(body.constvars) == n:  # the closed-over refs, then the allocations
-            return [(body, list(range(n)) + [-1] * len(body.invars))]
-        if len(body.constvars) == 0 and len(body.invars) >= n:
-            return [(body, list(range(n)) + [-1] * (len(body.invars) - n))]
-        return None
-    if name == "emit_pipeline":
-        body = inner(params["body_jaxpr"])
-        consts = _pipeline_consts(params, n)
-        if consts is None or len(consts) != len(body.constvars):
-            return None
-        # The body's inputs are its closed-over refs, then the pipeline's own buffers.
-        return [(body, consts + [-1] * len(body.invars))]
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        if key in params and isinstance(inner(params[key]), _jax_core.Jaxpr):
-            body = inner(params[key])
-            if len(body.invars) == n:
-                return [(body, [-1] * len(body.constvars) + list(range(n)))]
-    return None
-
-
-def _pipeline_consts(params: Mapping[str, Any], n: int) -> list[int] | None:
+def pipeline_body_consts(params: Mapping[str, Any], n: int) -> list[int] | None:
     """The operand positions of an ``emit_pipeline`` equation's body constants (the refs
     the body closes over, its jaxpr's constvars in order), or None if not found.
 
@@ -470,8 +475,9 @@ def _pipeline_consts(params: Mapping[str, Any], n: int) -> list[int] | None:
     the pipeline is one equation. jax 0.10.2 binds ``(*index-map consts, *grid bounds,
     *offsets, *body consts, *refs)`` with ``body_consts_len`` and ``args_tree`` the refs';
     jax 0.12 binds one flattened ``EmitPipelinePrimitiveArgs`` whose ``body_consts``
-    field, unflattened from ``args_tree``, gives the positions. Private in both;
-    tests/core/test_false_alarms_s10.py pins it on both versions."""
+    field, unflattened from ``args_tree``, gives the positions. Private in both (the
+    params of a private primitive); tests/core/test_false_alarms_s10.py pins it on both
+    versions."""
     tree = params.get("args_tree")
     if tree is None:
         return None
@@ -486,274 +492,14 @@ def _pipeline_consts(params: Mapping[str, Any], n: int) -> list[int] | None:
         return None
 
 
-def _operand_of(var: object, eqn: Any) -> int | None:
-    """The position of the operand of ``eqn`` that block input ``var`` (a variable of a
-    block of ``eqn``, at any depth) receives; -1 if ``var`` is made inside (a
-    ``run_scoped`` allocation, a value a block computes), None if it is not found."""
-    blocks = _block_inputs(eqn)
-    for jaxpr, positions in blocks or ():
-        inputs = [*jaxpr.constvars, *jaxpr.invars]
-        at = {id(v): i for i, v in enumerate(inputs)}
-        if id(var) in at:
-            i = at[id(var)]
-            return positions[i] if i < len(positions) else -1
-        for nested in jaxpr.eqns:
-            if not any(True for _ in _sub_jaxprs(nested.params)):
-                continue
-            k = _operand_of(var, nested)
-            if k is None:
-                continue
-            if k < 0 or id(nested.invars[k]) not in at:
-                return -1
-            i = at[id(nested.invars[k])]
-            return positions[i] if i < len(positions) else -1
-    return None
-
-
-def outer_ref(ref: object, frame: object, since: int = 0) -> object | None:
-    """The ref of ``frame`` (or of a trace enclosing it) that ``ref``'s root stands for:
-    the root itself if it lives there; if it is a block's argument (a loop carry, a
-    branch operand, a ref an ``emit_pipeline`` passes its step), the operand the block
-    received, followed out through every block between; None if the root was allocated
-    inside (``run_scoped``) or the blocks cannot be followed.
-
-    jax makes a new tracer for each operand a block receives, so a semaphore passed into
-    a ``cond``, a ``fori_loop`` carry or a pipeline's loop has a new identity there; the
-    tracer's jaxpr variable (``tracer.val``, private, jax 0.10.2 and 0.12 alike) is an
-    input of the block's jaxpr inside the equation the block became in ``frame`` (from
-    its ``since``-th equation on), whose operand at that position is the outer ref."""
-    root = root_of(ref)
-    if not allocated_inside(root, frame):
-        return root
-    var = getattr(root, "val", None)
-    if var is None:
-        return None
-    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
-    for entry in entries[since:]:
-        eqn = _dereference(entry)
-        if eqn is None or not any(True for _ in _sub_jaxprs(eqn.params)):
-            continue
-        k = _operand_of(var, eqn)
-        if k is None:
-            continue
-        operands: list[object] = list(eqn.in_tracers)
-        return operands[k] if 0 <= k < len(operands) else None
-    return None
-
-
-def _raw_waited_operands(
-    eqn: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
-) -> tuple[set[int], bool] | None:
-    """The operands of ``eqn`` whose semaphores a raw ``dma_wait`` inside its blocks waits,
-    and whether one waits a semaphore allocated inside; None when a block on the way is
-    not known (the caller then assumes every semaphore operand)."""
-    blocks = _block_inputs(eqn)
-    if blocks is None:
-        return None
-    operands: set[int] = set()
-    inside = False
-    for jaxpr, positions in blocks:
-        found = _raw_waited_inputs(jaxpr, is_own_file, primitive)
-        if found is None:
-            return None
-        inputs, allocated = found
-        inside = inside or allocated
-        for k in inputs:
-            if k < len(positions) and positions[k] >= 0:
-                operands.add(positions[k])
-            else:
-                inside = True  # a block's own allocation or a value it makes
-    return operands, inside
-
-
-def _raw_waited_inputs(
-    jaxpr: Any, is_own_file: Callable[[str], bool], primitive: str = "dma_wait"
-) -> tuple[set[int], bool] | None:
-    """Positions (constvars then invars) of ``jaxpr``'s inputs that raw waits inside it
-    wait, and whether one waits a semaphore allocated inside it; None: not followed."""
-    index = {id(v): i for i, v in enumerate([*jaxpr.constvars, *jaxpr.invars])}
-    inputs: set[int] = set()
-    inside = False
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == primitive:
-            if _emitted_from(eqn, is_own_file):
-                continue
-            try:
-                args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
-            except (KeyError, TypeError, ValueError):
-                return None
-            if _waits_no_semaphore(args):
-                continue
-            roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
-            sems = [a for a in roots if _is_semaphore_var(a)]
-            if not sems:
-                return None
-            for sem in sems:
-                if id(sem) in index:
-                    inputs.add(index[id(sem)])
-                else:
-                    inside = True
-            continue
-        if not any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
-            continue
-        nested = _raw_waited_operands(eqn, is_own_file, primitive)
-        if nested is None:
-            return None
-        operands, allocated = nested
-        inside = inside or allocated
-        for k in operands:
-            var = eqn.invars[k]
-            if id(var) in index:
-                inputs.add(index[id(var)])
-            else:
-                inside = True
-    return inputs, inside
-
-
-def _waits_no_semaphore(args: object) -> bool:
-    """Whether a ``dma_wait``'s operands (jax's ``(src, dst, sem, src_sem, device_id)``
-    tree, 0.10.2 and 0.12 alike) hold no semaphore: jax 0.12's fence for SparseCore push
-    streams (``make_async_copy(src, dst).wait()``, ``sem=None``). It waits no semaphore
-    slot, so it stands for no copy on one."""
-    parts = cast("tuple[object, ...]", args) if isinstance(args, tuple) else ()
-    return len(parts) == 5 and parts[2] is None and parts[3] is None
-
-
-def _dereference(entry: object) -> Any:
-    """A traced equation, or None if only a dead weak reference to it is left."""
-    if isinstance(entry, weakref.ReferenceType):
-        return cast("weakref.ReferenceType[object]", entry)()
-    return entry
-
-
-# Unannotated in jax's pytree module as seen by some checkers; typed here.
-_tree_unflatten = cast(
-    "Callable[[object, list[object]], object]", getattr(jax.tree_util, "tree_unflatten")
-)
-
-
-def traced_so_far(frame: object) -> int:
-    """How many equations have been traced into ``frame`` (see raw_dma_waits): where a
-    body nested in enclosing code (an ``emit_pipeline`` body) begins in its frame."""
-    # Private: the frame's ``tracing_eqns`` (see the note above), jax 0.10.2 and 0.12 alike.
-    return len(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
-
-
-def raw_dma_waits(
-    frame: object, is_own_file: Callable[[str], bool], since: int = 0, primitive: str = "dma_wait"
-) -> list[RawWait]:
-    """The semaphores waited by ``dma_wait``s traced into ``frame`` (from its ``since``-th
-    equation on) that were not emitted from a file ``is_own_file`` accepts (safedma's own
-    waits). ``primitive="dma_start"``: the semaphores of raw starts, read the same way
-    (both primitives carry their operands' pytree as ``tree``, jax 0.10.2 and 0.12)."""
-    found: list[RawWait] = []
-    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
-    for entry in entries[since:]:
-        eqn = _dereference(entry)
-        if eqn is None:
-            continue
-        operands: list[object] = list(eqn.in_tracers)
-        if eqn.primitive.name == primitive:
-            if _emitted_from(eqn, is_own_file):
-                continue
-            try:
-                args = _tree_unflatten(eqn.params["tree"], operands)
-            except (KeyError, TypeError, ValueError):
-                found.append((None, None))
-                continue
-            if _waits_no_semaphore(args):
-                continue
-            views = [a for a in cast("tuple[object, ...]", args) if _is_semaphore(a)]
-            found += [(root_of(view), view) for view in views] or [(None, None)]
-        elif any(_has_raw_wait(sub, is_own_file, primitive) for sub in _sub_jaxprs(eqn.params)):
-            # A block sees an outer semaphore only as an operand (jax passes closed-over
-            # refs in). The waits inside are followed back to the operands they wait
-            # (any slot of each: the index inside is not mapped); a wait on a semaphore
-            # allocated inside (a run_scoped, an emit_pipeline's own) is never a
-            # kernel-level one. Where a block cannot be followed, every semaphore the
-            # block receives counts as waited.
-            followed = _raw_waited_operands(eqn, is_own_file, primitive)
-            if followed is None:
-                roots = [root_of(a) for a in operands if _is_semaphore(a)]
-                found += [(root, None) for root in roots] or [(ALLOCATED_INSIDE, None)]
-                continue
-            waited, _ = followed
-            found += [
-                (root_of(operands[i]), None)
-                for i in sorted(waited)
-                if i < len(operands) and _is_semaphore(operands[i])
-            ]
-            if not any(_is_semaphore(a) for a in operands):
-                found.append((ALLOCATED_INSIDE, None))
-    return found
-
-
-def _raw_waited_vars(jaxpr: Any, is_own_file: Callable[[str], bool], found: set[int]) -> None:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dma_wait" and not _emitted_from(eqn, is_own_file):
-            try:
-                args = _tree_unflatten(eqn.params["tree"], list(eqn.invars))
-            except (KeyError, TypeError, ValueError):
-                continue
-            roots = [_var_root(a) for a in cast("tuple[object, ...]", args)]
-            found.update(id(a) for a in roots if _is_semaphore_var(a))
-        for sub in _sub_jaxprs(eqn.params):
-            _raw_waited_vars(sub, is_own_file, found)
-
-
-def raw_waited_inside(
-    frame: object, is_own_file: Callable[[str], bool], since: int = 0
-) -> Callable[[object], bool]:
-    """Whether a ref made inside a block traced into ``frame`` (a ``run_scoped``
-    allocation, a block's argument: see :func:`outer_ref`) is waited by a raw ``dma_wait``
-    inside the blocks of ``frame``'s equations (from the ``since``-th on), by the identity
-    of its jaxpr variable (``tracer.val``, private: see outer_ref; any slot of it).
-    raw_dma_waits can only say "a semaphore allocated inside" of such a wait; this names
-    the very one."""
-    found: set[int] = set()
-    entries: list[object] = list(getattr(getattr(frame, "frame", None), "tracing_eqns", ()))
-    for entry in entries[since:]:
-        eqn = _dereference(entry)
-        for sub in _sub_jaxprs(eqn.params) if eqn is not None else ():
-            _raw_waited_vars(sub, is_own_file, found)
-
-    def waited(ref: object) -> bool:
-        var = getattr(root_of(ref), "val", None)
-        return var is not None and allocated_inside(root_of(ref), frame) and id(var) in found
-
-    return waited
-
-
-def is_block_argument(ref: object) -> bool:
-    """Whether ``ref`` is a tracer a loop body or branch received as an argument: jax makes
-    a new tracer for each operand or carry it passes in explicitly (``emit_pipeline``
-    passes its buffered refs to its loop and ``pl.when`` blocks that way), so the tracer
-    is some outer ref under a new identity. A ref a block closes over keeps its own
-    tracer; one a ``run_scoped`` allocates is new, not an alias."""
-    # Private: a tracer's ``_trace`` (see allocated_inside), jax 0.10.2 and 0.12 alike.
-    trace = getattr(ref, "_trace", None)
-    return trace is not None and frame_kind(trace) in (FlowKind.LOOP, FlowKind.BRANCH)
-
-
 def same_ref_type(a: object, b: object) -> bool:
     """Whether two refs have one type (shape, dtype or semaphore kind, memory space)."""
     return str(getattr(a, "aval", a)) == str(getattr(b, "aval", b))
 
 
-def frame_parent(frame: object) -> object | None:
-    """The trace enclosing ``frame`` (None at the top)."""
-    parent: object | None = getattr(frame, "parent_trace", None)
-    return parent
-
-
-def frame_kind(frame: object) -> FlowKind:
-    """Whether ``frame`` is a branch, a loop body, a run-once body or something else."""
-    debug_info = getattr(getattr(frame, "frame", None), "debug_info", None)
-    return _KINDS.get(str(getattr(debug_info, "traced_for", "")), FlowKind.OTHER)
-
-
 def _static_int(value: object) -> int | None:
     # Python ints become constant tracers inside a kernel; their value is kept.
+    # Private: the Tracer class and its get_const() (jax 0.10.2 and 0.12 alike).
     if isinstance(value, _jax_core.Tracer):
         get_const: Callable[[], object] | None = getattr(value, "get_const", None)  # pyright: ignore[reportUnknownArgumentType]
         value = get_const() if get_const is not None else None
@@ -767,6 +513,7 @@ def _static_int(value: object) -> int | None:
 
 def _indexers(ref: object) -> list[Any] | None:
     """The ``.at[...]`` indexers of a view, outermost first; None if it has other transforms."""
+    # Private: NDIndexer (see ref_layout).
     transforms: tuple[Any, ...] = tuple(getattr(ref, "transforms", ()))
     if not all(isinstance(t, _state_indexing.NDIndexer) for t in transforms):
         return None
@@ -774,6 +521,7 @@ def _indexers(ref: object) -> list[Any] | None:
 
 
 def _static_index(item: Any) -> int | slice | None:
+    # Private: Slice, an indexer's record of a ``pl.ds`` (see ref_layout).
     if isinstance(item, _indexing.Slice):
         start, size = _static_int(item.start), _static_int(item.size)
         if start is None or size is None:
@@ -931,7 +679,8 @@ _ENTRY_NAMES = {
 
 # The two avals jax's ScratchShape protocol asks a scratch declaration for:
 # safedma.Scratch declares them (for type checkers only) so grid specs typed
-# with ScratchShapeTree (PrefetchScalarGridSpec) accept typed scratch.
+# with ScratchShapeTree (PrefetchScalarGridSpec) accept typed scratch. Private: jax's
+# protocol names these classes, which have no public spelling in jax 0.10.2.
 ArrayAval: TypeAlias = _jax_core.AbstractValue
 RefAval: TypeAlias = "_state_types.AbstractRef | _state_types.TransformedRef"
 

@@ -22,7 +22,7 @@ a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
 the wait may stand for any copy on that array (no error). Where the array is a
 loop body's or branch's argument (a new tracer for whichever semaphore was
 passed in, as ``emit_pipeline`` passes its buffered refs), it is followed out to
-the operand it received once the body is traced (``_compat.outer_ref``); where it
+the operand it received once the body is traced (``_raw_waits.outer_ref``); where it
 cannot be, it may stand for any array of its type.
 """
 
@@ -35,7 +35,7 @@ import enum
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import NamedTuple
 
-from safedma import _compat
+from safedma import _compat, _raw_waits
 from safedma._compat import FlowKind
 from safedma._describe import Describe, SourceLine, call_site, copies_of, is_library_file
 from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
@@ -110,7 +110,7 @@ class _Slot(NamedTuple):
 
 def _slot(sem: object) -> _Slot:
     root = _compat.root_of(sem)
-    return _Slot(id(root), _compat.static_positions(sem), root, _compat.is_block_argument(root))
+    return _Slot(id(root), _compat.static_positions(sem), root, _raw_waits.is_block_argument(root))
 
 
 _ANY_SEMAPHORE = -1
@@ -129,14 +129,14 @@ def _raw_wait_slots(since: int = 0, primitive: str = "dma_wait") -> list[_Slot]:
     """
     slots: list[_Slot] = []
     frame = _compat.current_frame()
-    for root, view in _compat.raw_dma_waits(frame, is_library_file, since, primitive):
-        if root is _compat.ALLOCATED_INSIDE:
+    for root, view in _raw_waits.raw_dma_waits(frame, is_library_file, since, primitive):
+        if root is _raw_waits.ALLOCATED_INSIDE:
             slots.append(_Slot(_ALLOCATED_INSIDE, None))
         elif root is None:
             slots.append(_Slot(_ANY_SEMAPHORE, None))
         else:
             positions = None if view is None else _compat.static_positions(view)
-            slots.append(_Slot(id(root), positions, root, _compat.is_block_argument(root)))
+            slots.append(_Slot(id(root), positions, root, _raw_waits.is_block_argument(root)))
     return slots
 
 
@@ -153,7 +153,7 @@ def _slots_meet(a: _Slot, b: _Slot) -> bool:
 def _named_in(slot: _Slot, outer_of: Callable[[object], object | None]) -> _Slot:
     """``slot`` named by the semaphore of the body's frame it stands for: a loop's or
     branch's argument followed out to the operand it received (``outer_of``:
-    ``_compat.outer_ref`` in that frame). Unchanged where it cannot be followed (then only
+    ``_raw_waits.outer_ref`` in that frame). Unchanged where it cannot be followed (then only
     the same tracer names it)."""
     if slot.root in (_ANY_SEMAPHORE, _ALLOCATED_INSIDE) or slot.ref is None:
         return slot
@@ -169,7 +169,7 @@ def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
     slot = _slot(sem)
     for other in slots:
         if other.root == _ALLOCATED_INSIDE:
-            if _compat.allocated_inside(_compat.root_of(sem), _compat.current_frame()):
+            if _raw_waits.allocated_inside(_compat.root_of(sem), _compat.current_frame()):
                 return True
         elif _slots_meet(slot, other):
             return True
@@ -232,7 +232,7 @@ class Ledger:
                     # a raw wait inside a block on the very semaphore a block allocated.
                     if named is None:
                         named = [self._named(s) for s in elsewhere if s.root != _ALLOCATED_INSIDE]
-                        waited_inside = _compat.raw_waited_inside(
+                        waited_inside = _raw_waits.raw_waited_inside(
                             self.frame, is_library_file, self.begins_at
                         )
                     mine = self._named(_slot(sem))
@@ -266,12 +266,12 @@ class Ledger:
         return _named_in(slot, self._outer_ref)
 
     def _outer_ref(self, ref: object) -> object | None:
-        """``_compat.outer_ref`` in this body's frame, once per root (it walks the frame's
+        """``_raw_waits.outer_ref`` in this body's frame, once per root (it walks the frame's
         jaxprs); only while the body checks, when the frame's equations are final."""
         root = _compat.root_of(ref)
         if id(root) not in self.outer_refs:
             self.keep_alive.append(root)
-            self.outer_refs[id(root)] = _compat.outer_ref(root, self.frame, self.begins_at)
+            self.outer_refs[id(root)] = _raw_waits.outer_ref(root, self.frame, self.begins_at)
         return self.outer_refs[id(root)]
 
     def covers(self, sem: object, slots: list[_Slot]) -> bool:
@@ -293,8 +293,8 @@ class Ledger:
                 continue
             a, b = self._named(mine), self._named(other)
             followed = not (
-                _compat.allocated_inside(a.ref, self.frame)
-                or _compat.allocated_inside(b.ref, self.frame)
+                _raw_waits.allocated_inside(a.ref, self.frame)
+                or _raw_waits.allocated_inside(b.ref, self.frame)
             )
             if (met and not followed) or (followed and _slots_meet(a, b)):
                 return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from safedma.testing import _interpret_probes as probes
+from safedma.testing._kernel_names import KernelNames
 from safedma.testing._errors import (
     KernelFailedError,
     LeftoverSemaphore,
@@ -119,7 +120,18 @@ def _leftover_hint(
     return "a copy signalled it, but safedma saw none start on this device"
 
 
-def leftover_error(recorder: Recorder, devices: DeviceNames) -> LeftoverSemaphoreError | None:
+def _lines(recorder: Recorder, run: int, sem: int, device: int) -> list[str | None]:
+    """The user's lines of the copies and signals that reached semaphore ``sem``."""
+    return [
+        location
+        for role in ("recv", "send", "signal")
+        for _, location in recorder.copies(run, sem, role, device)
+    ]
+
+
+def leftover_error(
+    recorder: Recorder, devices: DeviceNames, names: KernelNames
+) -> LeftoverSemaphoreError | None:
     """R2/R4: every semaphore not back to zero once every device had finished."""
     reports: list[LeftoverSemaphore] = []
     for run, item in sorted(
@@ -135,6 +147,11 @@ def leftover_error(recorder: Recorder, devices: DeviceNames) -> LeftoverSemaphor
                 kind=kind,
                 count=item.count,
                 hint=_leftover_hint(recorder, run, item, kind, devices),
+                name=names.semaphore(
+                    item.semaphore_id,
+                    _lines(recorder, run, item.semaphore_id, item.device_id),
+                    item.is_barrier,
+                ),
             )
         )
     return LeftoverSemaphoreError(reports) if reports else None
@@ -165,7 +182,10 @@ def _stuck_hint(recorder: Recorder, run: int, w: probes.WaitStart, kind: Semapho
 
 
 def _stuck_waits(
-    recorder: Recorder, waits: Sequence[tuple[probes.WaitStart, int]], devices: DeviceNames
+    recorder: Recorder,
+    waits: Sequence[tuple[probes.WaitStart, int]],
+    devices: DeviceNames,
+    names: KernelNames,
 ) -> list[StuckWait]:
     reports: list[StuckWait] = []
     for w, count in sorted(
@@ -183,9 +203,16 @@ def _stuck_waits(
                 count=count,
                 location=w.location,
                 hint=_stuck_hint(recorder, run, w, kind),
+                name=_wait_name(recorder, w, names),
             )
         )
     return reports
+
+
+def _wait_name(recorder: Recorder, w: probes.WaitStart, names: KernelNames) -> str | None:
+    run = recorder.run_index(w.run)
+    lines = [w.location, *_lines(recorder, run, w.semaphore_id, w.device_id)]
+    return names.semaphore(w.semaphore_id, lines, w.is_barrier)
 
 
 def unsatisfiable_error(
@@ -194,13 +221,20 @@ def unsatisfiable_error(
     devices: DeviceNames,
     timeout_s: float,
     found_after_s: float,
+    names: KernelNames,
 ) -> UnsatisfiableWaitError:
     """R3: every device blocked, nothing left that could signal."""
-    return UnsatisfiableWaitError(_stuck_waits(recorder, waits, devices), timeout_s, found_after_s)
+    return UnsatisfiableWaitError(
+        _stuck_waits(recorder, waits, devices, names), timeout_s, found_after_s
+    )
 
 
 def timeout_error(
-    recorder: Recorder, devices: DeviceNames, timeout_s: float, stopped: bool
+    recorder: Recorder,
+    devices: DeviceNames,
+    timeout_s: float,
+    stopped: bool,
+    names: KernelNames,
 ) -> SimulationTimeoutError:
     """The kernel was still making progress when ``timeout_s`` ran out: slow, not stuck."""
     waits = {w.device_id: w for w in recorder.waiting()}
@@ -211,8 +245,9 @@ def timeout_error(
         if device in waits:
             w = waits[device]
             where = f" at {w.location}" if w.location else ""
+            name = _wait_name(recorder, w, names) or w.semaphore_id
             lines.append(
-                f"  {label} was waiting{where} on semaphore {w.semaphore_id} "
+                f"  {label} was waiting{where} on semaphore {name} "
                 "(a running device could still signal it)"
             )
         else:

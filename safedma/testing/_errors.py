@@ -60,7 +60,9 @@ class Race:
     ``DMA #n`` for a copy); ``buffer`` is interpret mode's key of the ref:
     ``(memory space, buffer id, owning device, core)``; ``report`` is
     interpret mode's own description of both accesses; ``other_location`` is
-    the user's line of the earlier access it raced with, when jax names one.
+    the user's line of the earlier access it raced with, when jax names one;
+    ``name`` the kernel parameter whose memory it is (``o_ref``), when the program
+    says.
     """
 
     access: Literal["read", "write"]
@@ -70,6 +72,7 @@ class Race:
     location: str | None
     report: str
     other_location: str | None = None
+    name: str | None = None
 
 
 def _raced_with_output_copy(report: str) -> bool:
@@ -97,6 +100,8 @@ class RaceDetectedError(SimulationError):
         # Spelled-out letters: "an HBM", "an SMEM", "a VMEM".
         article = "an" if space[:1] in tuple("AEFHILMNORSX") else "a"
         what = f"{article} {space} buffer" if space else "a buffer"
+        if first.name:
+            what = f"{space} buffer {first.name}" if space else f"buffer {first.name}"
         on = f" on {first.owner}" if first.owner else ""
         if first.location:
             where = f" at {first.location}"
@@ -136,7 +141,9 @@ class LeftoverSemaphore:
     """A semaphore whose count was not zero on a device when the kernel returned.
 
     ``count`` is in bytes for a DMA semaphore; ``kernel`` numbers the
-    interpreted kernels of the run from 0.
+    interpreted kernels of the run from 0; ``name`` is the kernel parameter
+    (``sems[1]``), when the program says, else messages use ``semaphore_id``
+    (interpret mode's number).
     """
 
     kernel: int
@@ -146,6 +153,7 @@ class LeftoverSemaphore:
     kind: SemaphoreKind
     count: int
     hint: str
+    name: str | None = None
 
 
 class LeftoverSemaphoreError(SimulationError):
@@ -158,7 +166,7 @@ class LeftoverSemaphoreError(SimulationError):
             unit = " bytes" if item.kind == "DMA" else ""
             kernel = f"kernel {item.kernel}, " if item.kernel else ""
             lines.append(
-                f"  {kernel}{item.device}: {item.kind} semaphore {item.semaphore_id} "
+                f"  {kernel}{item.device}: {item.kind} semaphore {item.name or item.semaphore_id} "
                 f"holds {item.count}{unit}: {item.hint}"
             )
         n = len(self.leftovers)
@@ -173,7 +181,8 @@ class StuckWait:
     """A device that was waiting on a semaphore nothing could signal any more.
 
     ``value`` (what the wait needs) and ``count`` (what the semaphore held)
-    are in bytes for a DMA wait.
+    are in bytes for a DMA wait; ``name`` is the kernel parameter waited on
+    (``sems[1]``), when the program says.
     """
 
     device_id: int
@@ -184,6 +193,7 @@ class StuckWait:
     count: int
     location: str | None
     hint: str
+    name: str | None = None
 
 
 class UnsatisfiableWaitError(SimulationError):
@@ -204,7 +214,7 @@ class UnsatisfiableWaitError(SimulationError):
             unit = " bytes" if w.kind == "DMA" else ""
             where = f" at {w.location}" if w.location else ""
             lines.append(
-                f"  {w.device} waits{where} on {w.kind} semaphore {w.semaphore_id} "
+                f"  {w.device} waits{where} on {w.kind} semaphore {w.name or w.semaphore_id} "
                 f"for {w.value}{unit}, the count is {w.count}: {w.hint}"
             )
         after = (

@@ -46,6 +46,7 @@ from safedma.testing._kernel_lines import enclosing_lines, sub_jaxprs, user_loca
 
 __all__ = [
     "DMA_CLOCK_ENTRIES",
+    "FIRST_SEMAPHORE_ID",
     "MAX_DMA_CLOCK_ENTRIES",
     "DmaStart",
     "Installed",
@@ -87,6 +88,12 @@ _RDS = f"{_INTERPRET}.race_detection_state"
 #: the earlier one completed (``_copy_clock_entries``); a run with more copies in
 #: flight at once than entries is run again with more (``_runner``).
 DMA_CLOCK_ENTRIES = 64
+
+#: The number interpret mode gives a kernel call's first semaphore operand; the others
+#: follow in operand order (``SharedMemory.next_semaphore_id`` starts there, jax 0.10.2
+#: and 0.12 alike). simulate names semaphores by it (``_kernel_names``); the naming
+#: tests (tests/testing/test_simulate_names.py) fail if jax numbers them otherwise.
+FIRST_SEMAPHORE_ID = 2000
 
 #: The most entries for copies a run gets: each recorded access keeps a clock of
 #: ``cores + entries`` 32-bit counts (4 KiB at this bound).

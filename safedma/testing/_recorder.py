@@ -60,6 +60,8 @@ class Recorder:
         self._failed_runs: set[int] = set()
         self._seen_errors: set[int] = set()
         self._last_seen: dict[int, str] = {}
+        self._copies = 0
+        self._signals = 0
         self.failure: Failure | None = None
         self.leftovers: list[tuple[int, probes.LeftoverCount]] = []
         self.races: list[Race] = []
@@ -90,6 +92,7 @@ class Recorder:
             run = self._run_index(dma.run)
             recv = (run, dma.recv_semaphore_id, "recv", dma.dst_device_id)
             self._dmas.setdefault(recv, Counter())[(dma.src_device_id, dma.location)] += 1
+            self._copies += 1
             if dma.send_semaphore_id is not None:
                 send = (run, dma.send_semaphore_id, "send", dma.src_device_id)
                 self._dmas.setdefault(send, Counter())[(dma.dst_device_id, dma.location)] += 1
@@ -103,6 +106,7 @@ class Recorder:
             run = self._run_index(signal.run)
             key = (run, signal.semaphore_id, "signal", signal.device_id)
             self._dmas.setdefault(key, Counter())[(signal.sender_device_id, signal.location)] += 1
+            self._signals += 1
             self._sequence += 1
 
     def device_thread(self, run: probes.InterpretRun, device_id: int) -> None:
@@ -174,6 +178,17 @@ class Recorder:
             return True
 
     # ---------------------------------------------- queries (simulating thread)
+    def progress(self) -> str:
+        """What the run has done so far, for simulate's progress line."""
+        with self._lock:
+            copies, signals, waiting = self._copies, self._signals, len(self._waits)
+            exits = len(self._exited)
+        # a copy's completion signals its semaphore too: signals count those
+        return (
+            f"copies started {copies}, semaphore signals {signals}, waits in progress "
+            f"{waiting}, kernel exits {exits}"
+        )
+
     def waiting(self) -> list[probes.WaitStart]:
         with self._lock:
             return list(self._waits.values())

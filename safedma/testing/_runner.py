@@ -28,6 +28,7 @@ from safedma._errors import SafeDmaError
 from safedma.testing import _diagnosis as diagnosis
 from safedma.testing import _interpret_probes as probes
 from safedma.testing import _meshes as meshes
+from safedma.testing import _progress
 from safedma.testing._errors import (
     ConcurrentInterpretError,
     KernelFailedError,
@@ -37,6 +38,7 @@ from safedma.testing._errors import (
     SimulationUnsupportedError,
 )
 from safedma.testing._interrupts import deferred_interrupts
+from safedma.testing._kernel_names import KernelNames
 from safedma.testing._recorder import Blocked, Recorder
 from safedma.testing._uninterpretable import has_kernel, interpreter_limit
 from safedma.testing._uninterpretable import refuse_uninterpretable
@@ -78,6 +80,7 @@ class SimulationConfig:
     out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None
     timeout_s: float = 60.0
     uninitialized_memory: Literal["nan", "zero"] = "nan"
+    progress: bool | None = None  # the progress line: None when stderr is a terminal
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -157,9 +160,11 @@ def run_simulation(fn: Callable[..., T], args: Sequence[ArrayLike], config: Simu
             "global state, so simulations must run one at a time"
         )
     try:
-        with deferred_interrupts():
-            probes.warm_up()
-        return _run(fn, args, config)
+        with _progress.Progress("safedma simulate", config.progress) as line:
+            line.status("preparing interpret mode")
+            with deferred_interrupts():
+                probes.warm_up()
+            return _run(fn, args, config, line)
     finally:
         _busy.release()
 
@@ -224,7 +229,12 @@ def _unjitted(program: Callable[..., T]) -> Callable[..., T]:
 _JIT_TYPE: type = type(jax.jit(lambda: None))  # pyright: ignore[reportUnknownMemberType]
 
 
-def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConfig) -> T:
+def _run(
+    fn: Callable[..., T],
+    args: Sequence[ArrayLike],
+    config: SimulationConfig,
+    line: _progress.Progress,
+) -> T:
     devices = meshes.DeviceNames(config.mesh)
     program, placed = _program(fn, args, config)
     params = probes.strict_interpret_params(config.uninitialized_memory)
@@ -241,6 +251,7 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         pltpu.reset_tpu_interpret_mode_state()
 
         body = _unjitted(program)
+        line.status("tracing and compiling the program for interpret mode")
 
         def fresh(*flat: object) -> T:
             # A new function each time: no jit cache entry traced elsewhere is reused.
@@ -250,6 +261,8 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
             traced = jax.jit(fresh).trace(*placed)  # pyright: ignore[reportUnknownMemberType]
             # Lines for the equations jax traced inside its own helpers (sync_copy).
             located.enter_context(probes.enclosing_lines(traced.jaxpr))
+            # The kernels' parameter names, for the messages (read only if one is needed).
+            names = KernelNames(traced.jaxpr)
             # Refused before lowering: jax fails inside the lowering otherwise.
             refuse_uninterpretable(traced.jaxpr)
             try:
@@ -278,9 +291,15 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
                 and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
 
-        run = _Run(compiled, placed, installed, devices, config, many)
+        run = _Run(compiled, placed, installed, devices, config, many, names)
         entries = probes.DMA_CLOCK_ENTRIES
         while True:
+            again = (
+                ""
+                if entries == probes.DMA_CLOCK_ENTRIES
+                else f" again ({entries} clock entries for copies)"
+            )
+            line.status(_run_status(recorder, f"running in interpret mode{again}"))
             value, error = run.execute(recorder, entries)
             short = installed.clock_shortages
             if not short:
@@ -298,6 +317,11 @@ def _run(fn: Callable[..., T], args: Sequence[ArrayLike], config: SimulationConf
         if error is not None:
             raise error
     return cast(T, value)
+
+
+def _run_status(recorder: Recorder, what: str) -> Callable[[], str]:
+    """What the progress line says while the run goes (read at each redraw)."""
+    return lambda: f"{what}: {recorder.progress()}"
 
 
 def _more_entries(entries: int, short: int) -> int:
@@ -329,7 +353,9 @@ class _Run:
         devices: meshes.DeviceNames,
         config: SimulationConfig,
         many: bool,
+        names: KernelNames,
     ) -> None:
+        self._names = names
         self._compiled = compiled
         self._placed = placed
         self._installed = installed
@@ -370,6 +396,7 @@ class _Run:
                         installed,
                         devices,
                         config,
+                        self._names,
                         many_devices_on_old_jax=self._many,
                     )
                 except BaseException:
@@ -382,7 +409,7 @@ class _Run:
                 if outcome.done.is_set():
                     worker.join(_GRACE_S)
                     _drain(recorder, _GRACE_S)
-                error = _classify(recorder, devices, verdict, outcome)
+                error = _classify(recorder, devices, verdict, outcome, self._names)
                 clean = error is None
             finally:
                 if not clean:
@@ -397,6 +424,7 @@ def _watch(
     installed: probes.Installed,
     devices: meshes.DeviceNames,
     config: SimulationConfig,
+    names: KernelNames,
     *,
     many_devices_on_old_jax: bool = False,
 ) -> SimulationError | None:
@@ -423,11 +451,13 @@ def _watch(
             since = None if blocked is None else (now, blocked)
         elif now - since[0] >= _CONFIRM_S:
             verdict: SimulationError = diagnosis.unsatisfiable_error(
-                recorder, blocked.waits, devices, config.timeout_s, now - start
+                recorder, blocked.waits, devices, config.timeout_s, now - start, names
             )
             return _stopped(verdict, _stop(recorder, outcome, installed, str(verdict)))
         if now >= deadline:
-            running = diagnosis.timeout_error(recorder, devices, config.timeout_s, stopped=True)
+            running = diagnosis.timeout_error(
+                recorder, devices, config.timeout_s, stopped=True, names=names
+            )
             if many_devices_on_old_jax and not recorder.waiting():
                 running = SimulationTimeoutError(
                     f"{running}\n\nOn jax {jax.__version__} with 8 or more devices, a "
@@ -507,10 +537,12 @@ def _classify(
     devices: meshes.DeviceNames,
     verdict: SimulationError | None,
     outcome: _Outcome,
+    names: KernelNames,
 ) -> BaseException | None:
     """The error to raise for this run, root cause first, or None if it was clean."""
     if recorder.races:
-        return _chain(RaceDetectedError(recorder.races), outcome.error)
+        races = [dataclasses.replace(r, name=names.buffer(r)) for r in recorder.races]
+        return _chain(RaceDetectedError(races), outcome.error)
     if recorder.failure is not None:
         return diagnosis.failure_error(recorder.failure, devices)
     if verdict is not None:
@@ -523,7 +555,7 @@ def _classify(
                 err,
             )
         return err
-    return diagnosis.leftover_error(recorder, devices)
+    return diagnosis.leftover_error(recorder, devices, names)
 
 
 def _chain(error: SimulationError, cause: BaseException | None) -> SimulationError:

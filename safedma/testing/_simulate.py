@@ -33,6 +33,7 @@ def simulate(
     out_specs: PartitionSpec | Sequence[PartitionSpec] | None = None,
     timeout_s: float = 60.0,
     uninitialized_memory: Literal["nan", "zero"] = "nan",
+    progress: bool | None = None,
 ) -> T:
     """Run ``fn(*args)`` in strict TPU interpret mode, so DMA misuse fails instead of passing.
 
@@ -66,6 +67,10 @@ def simulate(
     (64 at first); a run with more copies in flight at once runs again with
     more entries (``timeout_s`` counts each run on its own), and past 1024 it
     is refused with :class:`SimulationUnsupportedError`.
+
+    ``progress`` shows what the run is doing on a line of stderr once it has run for
+    two seconds (erased at the end): True always, False never, None when stderr is a
+    terminal.
     """
     config = SimulationConfig(
         mesh=mesh,
@@ -73,5 +78,6 @@ def simulate(
         out_specs=out_specs,
         timeout_s=timeout_s,
         uninitialized_memory=uninitialized_memory,
+        progress=progress,
     )
     return run_simulation(fn, args, config)

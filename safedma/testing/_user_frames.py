@@ -3,7 +3,7 @@
 Both tools name an equation by the first frame of its traceback outside jax, the
 standard library and safedma's library (``safedma/kernels/`` counts as user
 code), with the kernel lines that called it when that frame is a helper's. verify
-reads the frames from the jaxpr (``_verify/_jax.py`` re-exports these), simulate
+reads the frames from the jaxpr (``_verify/jax_internals.py`` re-exports these), simulate
 from the equations its interpreter runs (``_kernel_lines.py``).
 """
 

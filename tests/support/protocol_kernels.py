@@ -698,7 +698,7 @@ def verify(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         from safedma.testing import verify as run
     except ImportError:
-        from safedma.testing._verify._api import verify as run
+        from safedma.testing._verify.face.api import verify as run
     return run(fn, *args, **kwargs)
 
 

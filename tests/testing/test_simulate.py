@@ -227,7 +227,7 @@ def test_r1_destination_read_before_its_wait() -> None:
     scratch = [pltpu.VMEM(BLOCK, F32), pltpu.VMEM(BLOCK, F32), *dma()]
     with pytest.raises(
         RaceDetectedError,
-        match=r"data race \(R1\): a read of a VMEM buffer "
+        match=r"data race \(R1\): a read of VMEM buffer buf "
         r"on device 0 by device 0 at .*test_simulate.py:\d+.*kernel\)",
     ) as info:
         simulate(hbm_call(kernel, scratch), example(BLOCK))
@@ -251,7 +251,7 @@ def test_r1_source_overwritten_before_wait_send(mesh4: Mesh) -> None:
     scratch = [pltpu.VMEM(BLOCK, F32), *dma(3)]
     with pytest.raises(
         RaceDetectedError,
-        match=r"a write of a VMEM buffer on device \d "
+        match=r"a write of VMEM buffer src on device \d "
         r"\(x=\d\) by device \d \(x=\d\)",
     ) as info:
         simulate(hbm_call(kernel, scratch), example((32, 128)), mesh=mesh4)
@@ -268,7 +268,7 @@ def test_r1_copy_into_an_output_still_in_flight_when_the_body_returns() -> None:
 
     with pytest.raises(
         RaceDetectedError,
-        match=r"a read of an HBM buffer on device 0 by "
+        match=r"a read of HBM buffer o_ref on device 0 by "
         r"device 0 while copying the kernel's outputs back.*still in flight",
     ):
         simulate(hbm_call(kernel, dma()), example(BLOCK))
@@ -323,7 +323,7 @@ def test_r2_local_copy_never_waited() -> None:
     with pytest.raises(
         LeftoverSemaphoreError,
         match=r"1 semaphore count not back to zero.*\n"
-        rf"  device 0: DMA semaphore \d+ holds {BLOCK_BYTES} bytes: a copy "
+        rf"  device 0: DMA semaphore sem holds {BLOCK_BYTES} bytes: a copy "
         r"started at .*test_simulate.py:\d+.* was never waited",
     ) as info:
         simulate(hbm_call(kernel, scratch), example(BLOCK))
@@ -390,7 +390,7 @@ def test_r3_receiver_waits_for_a_send_that_never_comes(mesh4: Mesh) -> None:
         UnsatisfiableWaitError,
         match=(
             r"unsatisfiable wait \(R3\).*timeout_s=2 s.*\n  device 1 \(x=1\) waits at "
-            r".*test_simulate.py:\d+.* on DMA semaphore \d+ for 4096 bytes, the count is 0: "
+            r".*test_simulate.py:\d+.* on DMA semaphore recv for 4096 bytes, the count is 0: "
             r"no copy signalling this semaphore.*never comes"
         ),
     ) as info:
@@ -434,7 +434,7 @@ def test_r3_handle_waited_twice() -> None:
 
     with pytest.raises(
         UnsatisfiableWaitError,
-        match=r"device 0 waits .* on DMA semaphore \d+ "
+        match=r"device 0 waits .* on DMA semaphore sem "
         r"for 4096 bytes, the count is 0: more is waited than was copied "
         r"\(1 copy signalled it here\): a handle waited twice",
     ):
@@ -556,7 +556,7 @@ def test_r4_copy_left_in_flight_by_the_last_loop_iteration() -> None:
     x = example((40, 128))
     with pytest.raises(
         LeftoverSemaphoreError,
-        match=r"DMA semaphore \d+ holds 4096 bytes: a "
+        match=r"DMA semaphore sems\[0\] holds 4096 bytes: a "
         r"copy started at .* \(started 3 times\) was never waited.*left in "
         r"flight: wait for it after the loop \(R4\)",
     ) as info:

@@ -1,19 +1,25 @@
 """``safedma.testing.verify``: prove a kernel's DMA/semaphore protocol from its jaxpr.
 
-Modules, one job each: ``_jax`` (every jax internal used), ``_program``
-(jaxprs compiled to closures, scalars exact), ``_scalars`` (scalar rules),
-``_regions`` (buffer boxes of ref views), ``_clocks`` (vector clocks),
-``_semantics`` (the TPU DMA/semaphore model), ``_ops`` (memory and
-semaphore primitives), ``_kernels`` (one ``pallas_call`` per device, or per
-TensorCore of a megacore split), ``_blocks`` (the block each BlockSpec operand's
-index map names at a grid point: bounds, revisits, SMEM block values),
-``_megacore`` (which chips split which grid dimensions, and how), ``_engine``
-(participants, buffers, scheduler), ``_termination`` (loops that cannot end, the
-time budget), ``_report`` (report and errors), ``_api`` (:func:`verify`).
+The passes, one subpackage each, each importing only those listed before it:
+
+* ``jax_internals``, ``errors`` and ``naming``: every jax internal verify reads (each
+  with its reason), the errors every pass raises, and how messages name a kernel's
+  buffers and semaphores (simulate names them the same way).
+* ``model``: the TPU DMA/semaphore protocol, with no jaxpr in it: buffers and the
+  regions views cover, vector clocks, what a wait guarantees, semaphores and copies in
+  flight, what a leftover count is made of, and verify's time budget.
+* ``program``: the program read: jaxprs compiled into closures each participant runs,
+  exact scalars, the values around the kernels, and what that program reads of the
+  kernels' outputs.
+* ``walk``: the per-device walk: the engine (participants, buffers, scheduler) and the
+  rules it adds to the program: memory and semaphore operations, ``pallas_call``
+  (blocks, grids, the megacore split), ``pl.kernel`` over cores, ``run_state``.
+* ``lockstep``: the path that walks an SPMD program once for every device, proving it
+  clean or giving up so the per-device walk answers.
+* ``face``: :func:`verify` and its :class:`VerifyReport`.
 """
 
-from safedma.testing._verify._api import verify
-from safedma.testing._verify._report import (
+from safedma.testing._verify.errors import (
     DeadlockError,
     OutOfBoundsDmaError,
     SemaphoreIndexError,
@@ -23,8 +29,9 @@ from safedma.testing._verify._report import (
     VerifiedLeftoverError,
     VerifiedRaceError,
     VerifyKernelError,
-    VerifyReport,
 )
+from safedma.testing._verify.face.api import verify
+from safedma.testing._verify.face.report import VerifyReport
 
 __all__ = [
     "DeadlockError",

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from safedma.testing._verify._regions import (
+from safedma.testing._verify.model.regions import (
     Buffer,
     Coverage,
     RegionError,
     flat_to_box,
     resolve,
 )
-from safedma.testing._verify._semantics import Machine
+from safedma.testing._verify.model.semantics import Machine
 
 
 def _buf(shape: tuple[int, ...], itemsize: int = 4, sem: str | None = None) -> Buffer:

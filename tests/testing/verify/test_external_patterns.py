@@ -41,7 +41,7 @@ from safedma.testing import (
     abstract_mesh,
     verify,
 )
-from safedma.testing._verify._regions import Buffer, resolve
+from safedma.testing._verify.model.regions import Buffer, resolve
 
 F32 = jnp.float32
 HERE = r"test_external_patterns\.py:\d+"

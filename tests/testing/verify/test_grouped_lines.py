@@ -142,7 +142,7 @@ def test_leftovers_naming_each_devices_peer_are_one_line_with_an_example() -> No
     """A receive never waited names the copy's sender, a different device on each
     device of a ring: the lines differ only in device labels, so they are one line
     showing the first device's text."""
-    from safedma.testing._verify._semantics import _leftover_lines
+    from safedma.testing._verify.model.semantics import _leftover_lines
 
     labels = [f"device {i} (x={i})" for i in range(8)]
     items = [

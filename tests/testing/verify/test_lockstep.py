@@ -1,4 +1,4 @@
-"""verify's lockstep path (``_lockstep.py``): the per-device walk's answers, at pod scale.
+"""verify's lockstep path (``_verify/lockstep/``): the per-device walk's answers, at pod scale.
 
 The suite runs verify with ``SAFEDMA_VERIFY_LOCKSTEP=check`` (tests/conftest.py):
 wherever the lockstep path proves a program, the per-device walk runs too, and a
@@ -25,8 +25,9 @@ from jax.sharding import PartitionSpec as P
 
 import safedma.kernels as sk
 from safedma.testing import SimulationError, abstract_mesh, verify
-from safedma.testing._verify import _api, _clocks
-from safedma.testing._verify._lockstep_model import Model, SemBuf
+from safedma.testing._verify.face import api as _api
+from safedma.testing._verify.model import clocks as _clocks
+from safedma.testing._verify.lockstep.model import Model, SemBuf
 from tests.support import protocol_kernels_pltpu as raw
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)

@@ -47,7 +47,7 @@ from safedma.testing import (
     abstract_mesh,
     verify,
 )
-from safedma.testing._verify._megacore import CorePart, core_parts, describe_parts
+from safedma.testing._verify.walk.megacore import CorePart, core_parts, describe_parts
 from tests.support import jax_programs as jp
 from tests.support import protocol_kernels as pk
 from tests.testing.verify import test_jax_ops_kernels as ops
@@ -643,7 +643,7 @@ def _row_sum(x: jax.Array) -> jax.Array:
 def test_a_grid_dimension_added_by_vmap_is_parallel_and_split(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from safedma.testing._verify import _megacore
+    from safedma.testing._verify.walk import megacore as _megacore
 
     splits: list[tuple[tuple[int, ...], list[int]]] = []
 

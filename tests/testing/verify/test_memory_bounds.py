@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from safedma.testing._verify import _semantics
-from safedma.testing._verify._regions import Buffer
-from safedma.testing._verify._semantics import LooseMiss, Machine, PruneMiss
+from safedma.testing._verify.model import semantics as _semantics
+from safedma.testing._verify.model.regions import Buffer
+from safedma.testing._verify.model.semantics import LooseMiss, Machine, PruneMiss
 from tests.support import protocol_kernels as pk
 
 _TIGHT = {"_PRUNE_FROM": 1, "_LOOSE_KEPT": 0}

@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma.testing import RaceDetectedError, abstract_mesh, verify
-from safedma.testing._verify._clocks import learned
+from safedma.testing._verify.model.clocks import learned
 
 
 def _learned_by_sorting(clocks: list[np.ndarray], amounts: list[int], need: int) -> np.ndarray:
@@ -63,7 +63,7 @@ def test_learned_does_not_write_into_the_contributions_clocks() -> None:
 
 
 def test_clock_epochs_kept_as_ints_follow_the_rows() -> None:
-    from safedma.testing._verify._clocks import Clocks
+    from safedma.testing._verify.model.clocks import Clocks
 
     rng = np.random.default_rng(7)
     clocks = Clocks(5)
@@ -83,9 +83,10 @@ def test_clock_epochs_kept_as_ints_follow_the_rows() -> None:
 def test_a_view_cached_by_shape_names_the_buffer_it_is_asked_about() -> None:
     import pytest
 
-    from safedma.testing._verify._program import RefVal, view_of
-    from safedma.testing._verify._regions import Buffer
-    from safedma.testing._verify._report import OutOfBoundsDmaError
+    from safedma.testing._verify.program.compiler import view_of
+    from safedma.testing._verify.program.context import RefVal
+    from safedma.testing._verify.model.regions import Buffer
+    from safedma.testing._verify.errors import OutOfBoundsDmaError
 
     a = Buffer(9001, 0, "left", (64, 128), 4, "VMEM")
     b = Buffer(9002, 1, "right", (64, 128), 4, "VMEM")
@@ -101,9 +102,9 @@ def test_a_view_cached_by_shape_names_the_buffer_it_is_asked_about() -> None:
 
 
 def test_direct_mesh_addressing_matches_the_general_rule() -> None:
-    from safedma.testing._verify._engine import Engine
-    from safedma.testing._verify._ops import _target
-    from safedma.testing._verify._program import Ctx
+    from safedma.testing._verify.walk.engine import Engine
+    from safedma.testing._verify.walk.ops import _target
+    from safedma.testing._verify.program.context import Ctx
 
     class General(dict):  # type: ignore[type-arg]
         """Not exactly a dict: takes the general path of _target."""
@@ -125,8 +126,8 @@ def test_direct_mesh_addressing_matches_the_general_rule() -> None:
 
 
 def test_direct_windows_equal_the_general_resolution() -> None:
-    from safedma.testing._verify._program import _plain_window
-    from safedma.testing._verify._regions import Buffer, RegionError, resolve
+    from safedma.testing._verify.program.compiler import _plain_window
+    from safedma.testing._verify.model.regions import Buffer, RegionError, resolve
 
     rng = np.random.default_rng(3)
     direct = 0
@@ -164,7 +165,7 @@ def test_verify_turns_the_collector_back_on_even_after_an_error() -> None:
 
     import pytest
 
-    from safedma.testing._verify._engine import collector_paused as _collector_paused
+    from safedma.testing._verify.walk.engine import collector_paused as _collector_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError), _collector_paused():
@@ -184,8 +185,8 @@ def test_fast_scalar_ops_compute_what_the_general_path_does() -> None:
     import jax
     import jax.numpy as jnp
 
-    from safedma.testing._verify._program import compile_jaxpr, run_plain
-    from safedma.testing._verify._scalars import Unknown
+    from safedma.testing._verify.program.compiler import compile_jaxpr, run_plain
+    from safedma.testing._verify.program.scalars import Unknown
 
     def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, ...]:
         return (
@@ -256,8 +257,8 @@ def _random_waits(seed: int, general: bool) -> list[object]:
     """A random run of signals, local copies and waits on a small machine; what each step
     leaves behind. ``general``: every wait takes the general path (an empty hint entry
     for every wait number keeps it off the one-contribution direct path)."""
-    from safedma.testing._verify._regions import Buffer, View
-    from safedma.testing._verify._semantics import Machine
+    from safedma.testing._verify.model.regions import Buffer, View
+    from safedma.testing._verify.model.semantics import Machine
 
     rng = np.random.default_rng(seed)
     m = Machine(["a", "b", "c", "d"])

@@ -113,6 +113,6 @@ def test_the_timeout_must_be_positive(bad: float) -> None:
 
 @pytest.mark.parametrize("grid", [(), (3,), (2, 0), (2, 3, 2), (1, 1)])
 def test_grid_points_are_made_lazily_in_row_major_order(grid: tuple[int, ...]) -> None:
-    from safedma.testing._verify._blocks import grid_points
+    from safedma.testing._verify.walk.blocks import grid_points
 
     assert list(grid_points(grid)) == list(itertools.product(*[range(g) for g in grid]))

@@ -1,0 +1,1 @@
+"""verify's face: the :func:`verify` function and the report it returns."""

@@ -1,0 +1,7 @@
+"""verify's lockstep path: one walk of an SPMD device program for every device at once.
+
+``model`` (every device's protocol state as numpy arrays), ``values`` (scalars as
+arrays over the devices), ``walker`` (the walk itself: kernels, jaxprs, refs, device
+ids), ``rules`` (each primitive's rule), ``prove`` (the entry point: proved, or why it
+gave up).
+"""

@@ -1,0 +1,438 @@
+"""The protocol model of verify's lockstep path: every device's state as numpy arrays.
+
+Why: the per-device model (``model/semantics.py``) handles one event of one device per
+Python call, about 130 us per DMA whatever the mesh; a 256-device ring makes 65536
+DMAs. In lockstep every device runs the same event at once, so one numpy operation
+over the devices replaces 256 Python calls.
+
+This model proves a protocol sound and nothing else: whenever the per-device rules
+could say something other than "clean" (a wait that does not guarantee every
+contribution pending at it, a contribution that could count at an earlier wait,
+an access not ordered with a copy, data nothing wrote, a count left at exit, an
+address off the mesh or outside a buffer), it raises :class:`Bail` and verify walks
+the program per device, which finds and words the problem. The rules are those of
+docs/verify.md, restricted so that no judgement needs more than one schedule:
+
+- a lockstep run is one legal schedule of the per-device walk (all devices finish
+  event k before any starts event k + 1, and a wait only consumes contributions of
+  earlier events);
+- every wait guarantees every contribution pending at it (rule 4 with no choice),
+  and every contribution is ordered after the last wait of its semaphore (rule 6:
+  it cannot count at an earlier wait), so every schedule's waits see exactly these
+  candidates and learn exactly these clocks;
+- with every clock the same as the per-device model's, the race, R6, R10 and exit
+  checks below are the per-device checks, done as array comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Bail", "DataBuf", "Model", "SemBuf"]
+
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+Clock = npt.NDArray[np.int32]
+
+_READ_SLOTS = 4  # unordered reads kept per cell before the lockstep path gives up
+
+
+class Bail(Exception):
+    """The lockstep path cannot prove the protocol the way the per-device model would."""
+
+
+@dataclass
+class DataBuf:
+    """One data operand or scratch buffer of the kernel, on every device.
+
+    Regions are cells of a grid that is refined as accesses arrive (a cell is the
+    largest size dividing every window start and size seen along a dimension), so
+    a buffer of any byte size costs what its distinct windows need.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+    space: str
+    written_at_entry: bool
+    devices: int
+    cell: list[int] = field(default_factory=lambda: list[int]())
+    written: Bools = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    last_write: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    reads: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        dims = self.shape or (1,)
+        self.cell = list(dims)
+        grid = (self.devices,) + (1,) * len(dims)
+        self.written = np.full(grid, self.written_at_entry, dtype=bool)
+        self.last_write = np.full(grid, -1, dtype=np.int64)
+        self.reads = np.full(grid + (_READ_SLOTS,), -1, dtype=np.int64)
+
+    def refine(self, starts: list[Ints], sizes: list[int]) -> None:
+        for d, (start, size) in enumerate(zip(starts, sizes)):
+            cell = self.cell[d]
+            if size % cell == 0 and not (start % cell).any():
+                continue  # the window is whole cells already (almost every access)
+            values: Ints = np.concatenate([start, np.asarray([cell, size], dtype=np.int64)])
+            g = math.gcd(*(int(v) for v in np.unique(values)))
+            if g == self.cell[d]:
+                continue
+            factor = self.cell[d] // g
+            self.cell[d] = g
+            self.written = np.repeat(self.written, factor, axis=d + 1)
+            self.last_write = np.repeat(self.last_write, factor, axis=d + 1)
+            self.reads = np.repeat(self.reads, factor, axis=d + 1)
+
+    def cells(self, starts: list[Ints], sizes: list[int]) -> tuple[Ints, ...]:
+        """Index arrays (device, cell...) selecting every cell of each device's window."""
+        n = len(sizes)
+        index: list[Ints] = [np.arange(self.devices).reshape((-1,) + (1,) * n)]
+        for d, (start, size) in enumerate(zip(starts, sizes)):
+            k = size // self.cell[d]
+            shape = [1] * n
+            shape[d] = k
+            first = (start // self.cell[d]).reshape((-1,) + (1,) * n)
+            index.append(first + np.arange(k).reshape(shape))
+        return tuple(index)
+
+
+@dataclass
+class _Contribution:
+    """What a pending contribution carries besides its amounts (``SemBuf.amounts``)."""
+
+    # the issuer's clock for target t is clock[rows_of[t]] (a release's snapshot of every
+    # device's clock, shared by the contributions of one event, read lazily); None once
+    # every target knows all of it (learning it changes nothing then; dropping it keeps
+    # a never-guaranteed signal of a credit ring from holding a devices^2 snapshot each)
+    clock: Clock | None
+    rows_of: Ints
+    records: list[tuple[int, Ints]]  # (record id, owner per target) it settles when guaranteed
+
+    def of(self, targets: Ints) -> Clock:
+        """The clock each of ``targets`` would learn (the clock must not be dropped)."""
+        assert self.clock is not None
+        rows: Clock = self.clock[self.rows_of[targets]]
+        return rows
+
+
+@dataclass
+class SemBuf:
+    """A semaphore (array) of the kernel, on every device."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str  # "DMA" counts bytes; "REGULAR"/"BARRIER" count signals
+    barrier: bool
+    devices: int
+    credit: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    last_wait: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # the pending contributions, oldest first: row i of amounts/slots/issuers is
+    # pending[i]'s amount, semaphore index and issuer per target device (0: consumed there)
+    pending: list[_Contribution] = field(default_factory=lambda: list[_Contribution]())
+    peak: int = 0
+
+    def __post_init__(self) -> None:
+        self.count = math.prod(self.shape)
+        self.touched = False
+        self.credit = np.zeros((self.devices, self.count), dtype=np.int64)
+        # the sum of the pending contributions, per device and index
+        self.in_flight = np.zeros((self.devices, self.count), dtype=np.int64)
+        self.last_wait = np.zeros((self.devices, self.count), dtype=np.int64)
+        self.amounts = np.zeros((0, self.devices), dtype=np.int64)
+        self.slots = np.zeros((0, self.devices), dtype=np.int64)
+        self.issuers = np.zeros((0, self.devices), dtype=np.int64)
+
+    def totals(self, slot: Ints) -> Ints:
+        rows = np.arange(self.devices)
+        total: Ints = self.credit[rows, slot] + self.in_flight[rows, slot]
+        return total
+
+
+class Model:
+    """Clocks, semaphores and region histories of every device, as arrays."""
+
+    def __init__(self, devices: int) -> None:
+        self.n = devices
+        self.devs: Ints = np.arange(devices, dtype=np.int64)
+        self.rows: Clock = np.zeros((devices, devices), dtype=np.int32)
+        self.rows[self.devs, self.devs] = 1
+        self.entry: Ints = np.zeros(devices, dtype=np.int64)
+        # records: row r holds, per owner device, who settled it and at what epoch
+        # (-1: a copy no wait has guaranteed yet); an optional second settler
+        self._cap = 64
+        self.part = np.full((self._cap, devices), -1, dtype=np.int64)
+        self.at = np.zeros((self._cap, devices), dtype=np.int64)
+        self.alt_part = np.full((self._cap, devices), -1, dtype=np.int64)
+        self.alt_at = np.zeros((self._cap, devices), dtype=np.int64)
+        self.records = 0
+        self.dmas = 0
+        self.remote_dmas = 0
+        self.waits = 0
+        self.signals = 0
+
+    # ------------------------------------------------------------------ clocks
+
+    def own(self) -> Ints:
+        return self.rows[self.devs, self.devs].astype(np.int64)
+
+    def release(self) -> Clock:
+        """Every device hands on a copy of its clock and starts a new epoch."""
+        sent = self.rows.copy()
+        self.rows[self.devs, self.devs] += 1
+        return sent
+
+    def barrier(self) -> None:
+        joined = self.rows.max(axis=0)
+        self.rows[:] = joined
+        self.rows[self.devs, self.devs] += 1
+
+    def enter(self, device_barrier: bool) -> None:
+        self.entry = self.own()
+        if device_barrier and self.n > 1:
+            self.barrier()
+
+    def _ordered(self, accessor: Ints, ids: Ints, owner: Ints) -> Bools:
+        """Per element: is record ``ids`` (on ``owner``'s buffer) ordered before ``accessor``?"""
+        none = ids < 0
+        safe = np.where(none, 0, ids)
+        part = self.part[safe, owner]
+        at = self.at[safe, owner]
+        alt_part = self.alt_part[safe, owner]
+        alt_at = self.alt_at[safe, owner]
+        seen = (part >= 0) & (self.rows[accessor, np.maximum(part, 0)] >= at)
+        seen |= (alt_part >= 0) & (self.rows[accessor, np.maximum(alt_part, 0)] >= alt_at)
+        ordered: Bools = none | seen
+        return ordered
+
+    # ------------------------------------------------------------------ records
+
+    def new_record(self, accessor: Ints | None) -> int:
+        """A record of an access on every device: a plain access by ``accessor`` now,
+        or (None) a copy's pending access, settled later by the wait that guarantees it."""
+        r = self.records
+        if r == self._cap:
+            self._cap *= 2
+            for name in ("part", "at", "alt_part", "alt_at"):
+                old = getattr(self, name)
+                grown = np.full((self._cap, self.n), -1 if "part" in name else 0, dtype=np.int64)
+                grown[:r] = old
+                setattr(self, name, grown)
+        self.records += 1
+        if accessor is not None:
+            self.part[r] = accessor
+            self.at[r] = self.own()[accessor]
+        return r
+
+    def settle(self, record: int, owner: Ints, waiter: Ints) -> None:
+        """A wait by ``waiter`` guarantees a copy's access on ``owner``'s buffer (the first
+        settler orders it; a second, e.g. the receiver for a source read, is kept as an
+        alternative; later ones are dropped, which can only make the path give up)."""
+        epoch = self.own()[waiter]
+        part = self.part[record, owner]
+        fresh = part < 0
+        self.part[record, owner] = np.where(fresh, waiter, part)
+        self.at[record, owner] = np.where(fresh, epoch, self.at[record, owner])
+        other = ~fresh & (part != waiter) & (self.alt_part[record, owner] < 0)
+        if other.any():
+            self.alt_part[record, owner[other]] = waiter[other]
+            self.alt_at[record, owner[other]] = epoch[other]
+
+    def access(
+        self,
+        buf: DataBuf,
+        starts: list[Ints],
+        sizes: list[int],
+        accessor: Ints,
+        write: bool,
+        record: int,
+        needs_written: bool,
+    ) -> None:
+        """Check an access to every device's window of ``buf`` against its history, then
+        record it (``starts[d][o]``: device ``o``'s window start along dimension d)."""
+        if any(s == 0 for s in sizes):
+            return
+        for start, size, dim in zip(starts, sizes, buf.shape or (1,)):
+            if (start < 0).any() or (start + size > dim).any():
+                raise Bail(f"a window outside {buf.name}")
+        buf.refine(starts, sizes)
+        idx = buf.cells(starts, sizes)
+        owner = np.broadcast_to(idx[0], np.broadcast_shapes(*[i.shape for i in idx]))
+        who = accessor[owner]
+        if needs_written and not buf.written[idx].all():
+            raise Bail(f"a read of {buf.name} where nothing may have written")
+        if not self._ordered(who, buf.last_write[idx], owner).all():
+            raise Bail(f"an access to {buf.name} not ordered after its last write")
+        reads = buf.reads[idx]
+        if write:
+            if not self._ordered(who[..., None], reads, owner[..., None]).all():
+                raise Bail(f"a write to {buf.name} not ordered after its reads")
+            buf.last_write[idx] = record
+            buf.reads[idx] = -1
+            buf.written[idx] = True
+            return
+        free = (reads < 0) | self._ordered(who[..., None], reads, owner[..., None])
+        if not free.any(axis=-1).all():
+            raise Bail(f"more than {_READ_SLOTS} unordered reads of one part of {buf.name}")
+        first = free.argmax(axis=-1)
+        flat = reads.reshape(-1, _READ_SLOTS)
+        flat[np.arange(flat.shape[0]), first.reshape(-1)] = record
+        buf.reads[idx] = flat.reshape(reads.shape)
+
+    def settled_for_owner(self, buf: DataBuf) -> None:
+        """Exit: everything recorded on each device's ``buf`` is ordered before that device."""
+        owner = np.broadcast_to(
+            self.devs.reshape((-1,) + (1,) * (buf.last_write.ndim - 1)), buf.last_write.shape
+        )
+        if not self._ordered(owner, buf.last_write, owner).all():
+            raise Bail(f"{buf.name} may still be written when a device leaves the kernel")
+        if not self._ordered(owner[..., None], buf.reads, owner[..., None]).all():
+            raise Bail(f"{buf.name} may still be read when a device leaves the kernel")
+
+    # ------------------------------------------------------------------ semaphores
+
+    def contribute(
+        self,
+        sem: SemBuf,
+        slot: Ints,
+        amount: Ints,
+        clock: Clock,
+        records: list[tuple[int, Ints]],
+        issuer: Ints,
+        rows_of: Ints | None = None,
+    ) -> None:
+        """A contribution to ``sem[slot[t]]`` on every target t, issued by ``issuer[t]``,
+        carrying ``clock[rows_of[t]]`` (``rows_of`` None: ``clock[t]``)."""
+        if (amount <= 0).any():
+            raise Bail(f"an empty contribution to {sem.name}")
+        if (slot < 0).any() or (slot >= sem.count).any():
+            raise Bail(f"a semaphore index outside {sem.name}")
+        last = sem.last_wait[self.devs, slot]
+        rows = self.devs if rows_of is None else rows_of
+        if (clock[rows, self.devs] < last).any():
+            raise Bail(f"a contribution to {sem.name} that could count at an earlier wait")
+        sem.pending.append(_Contribution(clock, rows, records))
+        sem.amounts = np.vstack([sem.amounts, amount[None]])
+        sem.slots = np.vstack([sem.slots, slot[None]])
+        sem.issuers = np.vstack([sem.issuers, issuer[None]])
+        sem.touched = True
+        sem.in_flight[self.devs, slot] += amount
+        sem.peak = max(sem.peak, int(np.max(sem.totals(slot))))
+
+    def wait(self, sem: SemBuf, slot: Ints, amount: Ints) -> None:
+        """Rule 4 on every device at once: a contribution is guaranteed iff the wait
+        cannot do without it; the waiter learns what every subset of the candidates
+        that could have released it has in common (``model/clocks.learned``)."""
+        if (slot < 0).any() or (slot >= sem.count).any():
+            raise Bail(f"a semaphore index outside {sem.name}")
+        total = sem.totals(slot)
+        if (total < amount).any():
+            raise Bail(f"a wait on {sem.name} that lockstep cannot satisfy")
+        self.waits += self.n
+        cands = sem.pending
+        if cands:
+            hits = (sem.slots == slot) & (sem.amounts > 0)
+            amounts = np.where(hits, sem.amounts, 0)
+            guaranteed = hits & (total - amounts < amount)
+            need = amount - sem.credit[self.devs, slot]
+            learn = (need > 0) & hits.any(axis=0)
+            if learn.any():
+                self._learn(sem, hits, amounts, need, learn, guaranteed)
+            for i in np.flatnonzero(guaranteed.any(axis=1)):
+                records = cands[i].records
+                if records:
+                    who = self.devs[guaranteed[i]]
+                    for record, owner in records:
+                        self.settle(record, owner[who], who)
+            landed = (amounts * guaranteed).sum(axis=0)
+            credit = sem.credit[self.devs, slot] + landed
+            sem.in_flight[self.devs, slot] -= landed
+            sem.amounts = np.where(guaranteed, 0, sem.amounts)
+            kept = np.flatnonzero(sem.amounts.any(axis=1))
+            if len(kept) < len(cands):
+                sem.pending = [cands[int(i)] for i in kept]
+                sem.amounts, sem.slots = sem.amounts[kept], sem.slots[kept]
+                sem.issuers = sem.issuers[kept]
+            # the oldest clock still kept: the likeliest to be known by now (one check
+            # per wait keeps pace with the contributions a credit ring leaves pending)
+            for c in sem.pending if len(sem.pending) > 1 else ():
+                if c.clock is not None:
+                    if (self.rows >= c.of(self.devs)).all():
+                        c.clock = None
+                    break
+        else:
+            credit = sem.credit[self.devs, slot]
+        sem.credit[self.devs, slot] = credit - amount
+        sem.last_wait[self.devs, slot] = self.own()
+
+    def _acquire(self, waiters: Ints, c: _Contribution, issuers: Ints) -> None:
+        """``waiters`` learn the clock ``c`` carries to them (nothing when each is its issuer:
+        its own past clock, which its row already holds; the per-device model skips it too)."""
+        assert c.clock is not None
+        if (issuers == waiters).all():
+            return
+        if len(waiters) == self.n:  # every device: in place, no gathered copy of the rows
+            np.maximum(self.rows, c.clock[c.rows_of], out=self.rows)
+            return
+        self.rows[waiters] = np.maximum(self.rows[waiters], c.of(waiters))
+
+    def _learn(
+        self,
+        sem: SemBuf,
+        hits: Bools,
+        amounts: Ints,
+        need: Ints,
+        learn: Bools,
+        guaranteed: Bools,
+    ) -> None:
+        cands = sem.pending
+        who = self.devs[learn]
+        h = hits[:, learn]
+        if (guaranteed[:, learn] | ~h).all():
+            # every candidate is needed: the waiter learns each in full
+            for i in np.flatnonzero(h.any(axis=1)):
+                if cands[i].clock is not None:
+                    w = who[h[i]]
+                    self._acquire(w, cands[i], sem.issuers[i][w])
+            return
+        a = amounts[:, learn]
+        issuers = sem.issuers[:, learn]
+        first_issuer = issuers[h.argmax(axis=0), np.arange(len(who))]
+        if ((issuers == first_issuer) | ~h).all():
+            # one issuer per waiter: its contributions' clocks grow in the order they
+            # were issued (the pending order), so per participant the least clock at
+            # which the candidates reach the need is that of the first prefix (in
+            # issue order) that reaches it; one row per waiter.
+            reach = np.argmax(np.cumsum(a, axis=0) >= need[learn], axis=0)
+            for j in np.unique(reach):
+                w = who[reach == j]
+                chosen = cands[int(j)]
+                if chosen.clock is not None:
+                    self._acquire(w, chosen, sem.issuers[int(j)][w])
+            return
+        # (candidate, waiter, participant); a dropped clock, which the waiter already knows,
+        # counts as the waiter's own row: the learned clock, once joined with the
+        # waiter's row, is the same (raising a candidate to at most that row moves the
+        # least sufficient value only up to that row)
+        stack = np.stack([c.of(who) if c.clock is not None else self.rows[who] for c in cands])
+        keyed = np.where(h[..., None], stack, np.iinfo(stack.dtype).max)
+        order = np.argsort(keyed, axis=0, kind="stable")
+        values = np.take_along_axis(keyed, order, axis=0)
+        sizes = np.take_along_axis(np.broadcast_to(a[..., None], keyed.shape), order, axis=0)
+        sums = np.cumsum(sizes, axis=0)
+        first = np.argmax(sums >= need[learn][None, :, None], axis=0)
+        got = np.take_along_axis(values, first[None], axis=0)[0]
+        self.rows[who] = np.maximum(self.rows[who], got)
+
+    def check_entered(self, issuer: Ints, target: Ints, what: str) -> None:
+        """R10: a remote signal or copy needs its target known to be inside the call."""
+        if (self.rows[issuer, target] < self.entry[target]).any():
+            raise Bail(f"{what} to a device not known to have entered the kernel")
+
+    def empty_at_exit(self, sem: SemBuf) -> None:
+        if (sem.credit + sem.in_flight).any():
+            raise Bail(f"{sem.name} not back to zero at exit")
