@@ -128,6 +128,8 @@ def sanitized_pallas_call(
     def run(*args: Any, **kwargs: Any) -> Any:
         out, flags = call(*args, **kwargs)
         if isinstance(flags, jax.core.Tracer):
+            if not _report.host_check_wanted():
+                return out
             if traced.get("backend") is Backend.CHIP:
                 _needs_cpu_platform()
             jax.debug.callback(_report.report_in_callback, flags)

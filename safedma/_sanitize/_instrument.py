@@ -152,35 +152,31 @@ class _Check:
 
 
 class _View:
-    """How a view of a named ref reads in a message (``sems[{0}]``), and the traced
-    index values it needs (recorded with the mistake)."""
+    """How a view of a named ref reads in a message (``sems[i]``, ``x[i:i+8]``): per
+    ``.at[...]``, per index, ``("value", n)`` (static), ``("traced", k)`` (the k-th of
+    :attr:`dynamic`, recorded with the mistake) or ``("slice", start, size, stride)``
+    with start and size in the same form."""
 
     def __init__(self, transforms: Sequence[Any]) -> None:
-        self.text = ""
         self.dynamic: list[Any] = []
-        for indexer in _indexers(transforms):
-            parts: list[str] = []
-            for index in indexer.indices:
-                parts.append(self._part(index))
-            self.text += "[" + ", ".join(parts) + "]"
+        self.parts: tuple[tuple[Any, ...], ...] = tuple(
+            tuple(self._part(index) for index in indexer.indices)
+            for indexer in _indexers(transforms)
+        )
 
-    def _value(self, value: Any) -> str:
+    def _value(self, value: Any) -> tuple[str, int]:
         static = _static(value)
         if static is not None:
-            return str(static)
+            return ("value", static)
         if getattr(value, "shape", None) != ():
-            return "..."
+            return ("value", -1)
         self.dynamic.append(value)
-        return "{" + str(len(self.dynamic) - 1) + "}"
+        return ("traced", len(self.dynamic) - 1)
 
-    def _part(self, index: Any) -> str:
+    def _part(self, index: Any) -> tuple[Any, ...]:
         if hasattr(index, "start") and hasattr(index, "size"):
-            size = _static(index.size)
-            start = self._value(index.start)
-            if size is None:
-                return f"{start}:{start}+{self._value(index.size)}"
-            first = _static(index.start)
-            return f"{first}:{first + size}" if first is not None else f"{start}:{start}+{size}"
+            stride = _static(getattr(index, "stride", 1)) or 1
+            return ("slice", self._value(index.start), self._value(index.size), stride)
         return self._value(index)
 
 
@@ -354,7 +350,7 @@ class Instrumenter:
                     getattr(root, "shape", ()),
                     frames,
                     role=role,
-                    view=view.text,
+                    view=view.parts,
                     dim=dim,
                     extent=extent,
                     indexed_shape=shape,
@@ -421,7 +417,7 @@ class Instrumenter:
             self.name_of(root),
             getattr(root, "shape", ()),
             frames,
-            view=view.text,
+            view=view.parts,
             view_values=len(view.dynamic),
             polls=self.polls,
             seconds=self.plan.options.spin_seconds(self.plan.backend.interpreted),

@@ -159,11 +159,24 @@ def trace_block(
     fn: Callable[..., Sequence[Any]], avals: Sequence[Any], name: str
 ) -> tuple[Any, list[Any]]:
     """Trace ``fn`` on fresh values of ``avals`` (a run_scoped body's allocations) into
-    ``(open jaxpr, consts)``: the outer values it uses become its constvars."""
+    ``(open jaxpr, consts)`` whose constvars are the outer values ``fn`` uses, as jax's
+    own run_scoped does. Why here: jax 0.12 traces it with ``trace_to_jaxpr_nocache`` on a
+    flat tree (its ``trace_to_jaxpr_dynamic`` lifts outer values to invars instead);
+    0.10.2 with ``trace_to_jaxpr_dynamic``."""
+    from jax._src import config  # noqa: PLC0415
+
     debug = _api_util.debug_info(name, fn, tuple(avals), {})
-    wrapped = _lu.wrap_init(lambda *args: list(fn(*args)), debug_info=debug)
-    jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(wrapped, list(avals))
-    return jaxpr, list(consts)
+    with config.mutable_array_checks(False):
+        nocache = getattr(_pe, "trace_to_jaxpr_nocache", None)
+        if nocache is not None:
+            from jax._src import flattree  # noqa: PLC0415
+
+            flat = flattree.flatten((tuple(avals), {}), registry=jax.tree_util.default_registry)
+            jaxpr, _ = nocache(lambda *args: list(fn(*args)), flat, debug)
+            return jaxpr, list(jaxpr.consts)
+        wrapped = _lu.wrap_init(lambda *args: list(fn(*args)), debug_info=debug)
+        jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(wrapped, list(avals))
+        return jaxpr, list(consts)
 
 
 def bind_run_scoped(eqn: Any, jaxpr: Any, consts: Sequence[Any]) -> list[Any]:

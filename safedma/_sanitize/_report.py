@@ -17,9 +17,10 @@ safedma error in place of jax's.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -51,7 +52,9 @@ __all__ = [
     "decode",
     "recorded_since",
     "report_in_callback",
+    "host_check_wanted",
     "sanitizer_errors",
+    "unchecked_on_host",
 ]
 
 _PREFIX = "[safedma sanitizer] "
@@ -82,6 +85,27 @@ def _with_others(errors: Sequence[SafeDmaError]) -> SafeDmaError:
 
 
 # -------------------------------------------------------------------- under jit
+
+_unchecked: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "safedma_sanitizer_unchecked", default=False
+)
+
+
+@contextlib.contextmanager
+def unchecked_on_host() -> Generator[None, None, None]:
+    """Trace sanitized kernels in the block without the host check of their flags (for
+    exporting to another platform, where jax cannot lower a host callback); the kernels
+    are instrumented as always."""
+    token = _unchecked.set(True)
+    try:
+        yield
+    finally:
+        _unchecked.reset(token)
+
+
+def host_check_wanted() -> bool:
+    return not _unchecked.get()
+
 
 _recorded: list[SafeDmaError] = []
 _recorded_lock = threading.Lock()
@@ -223,14 +247,31 @@ class _Texts:
         self.where = where
 
     def _view(self, first: int) -> str:
-        view = str(self.site.detail.get("view", ""))
-        count = int(self.site.detail.get("view_values", 0))
-        shown = [str(v) for v in self.values[first : first + count]]
-        shown += ["?"] * (count - len(shown))
-        try:
-            return view.format(*shown)
-        except (IndexError, KeyError, ValueError):
-            return view
+        """The view's indices as the user wrote them, with the recorded values."""
+        recorded = self.values[first:]
+
+        def value(entry: Any) -> int | None:
+            kind, number = entry
+            if kind == "value":
+                return int(number) if number >= 0 else None
+            return recorded[number] if number < len(recorded) else None
+
+        text = ""
+        for indexer in self.site.detail.get("view", ()):
+            parts: list[str] = []
+            for part in indexer:
+                if part[0] == "slice":
+                    start, size = value(part[1]), value(part[2])
+                    if start is None or size is None:
+                        parts.append("?")
+                    else:
+                        stride = f":{part[3]}" if part[3] != 1 else ""
+                        parts.append(f"{start}:{start + (size - 1) * part[3] + 1}{stride}")
+                else:
+                    found = value(part)
+                    parts.append("?" if found is None else str(found))
+            text += "[" + ", ".join(parts) + "]"
+        return text
 
     def _shape(self) -> str:
         return "(" + ", ".join("?" if d < 0 else str(d) for d in self.site.shape) + (
@@ -276,7 +317,6 @@ class _Texts:
             f"0:{detail.get('extent')}. The copy was not issued (on a TPU it would "
             f"{'read' if reading else 'write'} memory outside {site.name}). Keep the window "
             "inside the array: check or clamp the index that places it."
-            + ("" if values else "")
         )
 
     def _window(self) -> str:
