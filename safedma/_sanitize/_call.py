@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -132,12 +133,24 @@ def sanitized_pallas_call(
                 return out
             if traced.get("backend") is Backend.CHIP:
                 _needs_cpu_platform()
-            jax.debug.callback(_report.report_in_callback, flags)
+            after: Any = ()
+            if traced.get("backend") is Backend.TPU_INTERPRET:
+                # In jax's TPU interpreter the devices of a call meet at a barrier after
+                # their kernels; a callback that raised first on one device would leave
+                # the others there forever. The interpreter's last callback is an ordered
+                # io_callback after that barrier: an ordered one after it (which never
+                # raises: a raising ordered callback poisons later ordered calls) gates
+                # the one that raises.
+                after = io_callback(_report.count_flagged, _STATUS, flags, ordered=True)
+            jax.debug.callback(_report.report_in_callback, flags, after)
         else:
             _report.check_flags(flags)
         return out
 
     return run
+
+
+_STATUS = jax.ShapeDtypeStruct((), jnp.int32)
 
 
 def _needs_cpu_platform() -> None:

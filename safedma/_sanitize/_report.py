@@ -49,6 +49,7 @@ from safedma._sanitize._units import Backend, unit_name
 
 __all__ = [
     "check_flags",
+    "count_flagged",
     "decode",
     "recorded_since",
     "report_in_callback",
@@ -111,8 +112,18 @@ _recorded: list[SafeDmaError] = []
 _recorded_lock = threading.Lock()
 
 
-def report_in_callback(flags: Any) -> None:
-    """The host callback under jit: keep the mistake for :func:`sanitizer_errors`, raise it."""
+def count_flagged(flags: Any) -> Any:
+    """How many kernel calls in ``flags`` recorded a mistake (never raises)."""
+    try:
+        return np.int32(len(decode(flags)))
+    except Exception:
+        return np.int32(-1)
+
+
+def report_in_callback(flags: Any, after: object = ()) -> None:
+    """The host callback under jit: keep the mistake for :func:`sanitizer_errors`, raise it.
+    ``after``: a value it must wait for (it is not used)."""
+    del after
     errors = decode(flags)
     if not errors:
         return
@@ -167,7 +178,18 @@ class sanitizer_errors(contextlib.ContextDecorator):  # noqa: N801 (used like a 
             return
         found = recorded_since(self._mark)
         if found:
+            _settle_effects()
             raise _with_others(found) from error
+
+
+def _settle_effects() -> None:
+    """Let jax forget the failed computation: a computation with ordered effects (every
+    interpret-mode kernel has some) that failed hands its error to the next one, once;
+    ``jax.effects_barrier`` takes it now, so later calls run clean."""
+    try:
+        jax.effects_barrier()
+    except Exception:  # the error being replaced by the safedma error
+        pass
 
 
 # -------------------------------------------------------------------- messages
