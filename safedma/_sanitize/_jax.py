@@ -55,6 +55,7 @@ __all__ = [
     "block",
     "check_private_names",
     "eqn_frames",
+    "forget_failed_effects",
     "interpret_backend",
     "is_drop_var",
     "literal_value",
@@ -269,6 +270,20 @@ def _read_abstract_eval(*avals: Any, args_tree: Any) -> Any:
 
 
 INTERPRET_READ.def_abstract_eval(_read_abstract_eval)
+
+
+def forget_failed_effects() -> None:
+    """Take the error a failed computation with ordered effects (every interpret-mode
+    kernel has some) left for the next one: jax re-raises it at the next such call, and
+    at exit. ``jax.effects_barrier`` raises it; jax 0.12 then forgets it, jax 0.10.2 keeps
+    it (its token set is cleared only after every token succeeded), so the private
+    token set (``dispatch.runtime_tokens``) is cleared here."""
+    try:
+        jax.effects_barrier()
+    except Exception:  # the failure being reported as a safedma error
+        from jax._src import dispatch  # noqa: PLC0415
+
+        dispatch.runtime_tokens.clear()
 
 
 # ---------------------------------------------------------------- which backend

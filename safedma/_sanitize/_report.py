@@ -183,13 +183,10 @@ class sanitizer_errors(contextlib.ContextDecorator):  # noqa: N801 (used like a 
 
 
 def _settle_effects() -> None:
-    """Let jax forget the failed computation: a computation with ordered effects (every
-    interpret-mode kernel has some) that failed hands its error to the next one, once;
-    ``jax.effects_barrier`` takes it now, so later calls run clean."""
-    try:
-        jax.effects_barrier()
-    except Exception:  # the error being replaced by the safedma error
-        pass
+    """Let jax forget the failed computation (see ``_jax.forget_failed_effects``)."""
+    from safedma._sanitize import _jax  # noqa: PLC0415
+
+    _jax.forget_failed_effects()
 
 
 # -------------------------------------------------------------------- messages

@@ -101,3 +101,11 @@ def on_mesh(per_device: Callable[..., Any], devices: int, axis: str = "x") -> Ca
         return mapped(*(jax.device_put(a, sharding) for a in args))
 
     return run
+
+
+def settle() -> None:
+    """Take the error a failed effectful computation left for the next one (jax hands it
+    on once), so the next test starts clean; ``sd.sanitizer_errors`` does this itself."""
+    from safedma._sanitize._jax import forget_failed_effects
+
+    forget_failed_effects()

@@ -19,7 +19,7 @@ from safedma.testing import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
 )
-from tests.sanitize.helpers import F32, QUICK, example, hbm_call, on_mesh
+from tests.sanitize.helpers import F32, example, hbm_call, on_mesh, settle
 from tests.support.simulation import line_of
 
 X = (64, 128)
@@ -221,6 +221,7 @@ def test_under_jit_the_error_surfaces_through_sanitizer_errors() -> None:
     call = jax.jit(hbm_call(raw_window_from_a_loop, [_vmem(), pltpu.SemaphoreType.DMA(())]))
     with pytest.raises(jax.errors.JaxRuntimeError):
         jax.block_until_ready(call(example(X)))
+    settle()
     with pytest.raises(OutOfBoundsDmaError) as caught, sd.sanitizer_errors():
         jax.block_until_ready(call(example(X)))
     assert isinstance(caught.value.__cause__, jax.errors.JaxRuntimeError)
