@@ -111,23 +111,33 @@ def sanitized_pallas_call(
     user_out = _normalized(out_shape)
     flags_shape = jax.ShapeDtypeStruct((WORDS,), jnp.int32)
     flags_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
+    # The kernel receives each top-level output of a tuple as an argument of its own: the
+    # flags join that tuple (a single output becomes the first of two).
+    several = isinstance(user_out, tuple)
+    outputs = (*cast("tuple[object, ...]", user_out), flags_shape) if several else (user_out, flags_shape)
+
+    def with_flags(specs: object) -> object:
+        mine = _user_specs(user_out, specs)
+        return (*cast("tuple[object, ...]", mine), flags_spec) if several else (mine, flags_spec)
+
     grid_spec = given.get("grid_spec")
     if grid_spec is not None:
         spec = copy.copy(grid_spec)
-        spec.out_specs = (_user_specs(user_out, getattr(grid_spec, "out_specs", None)), flags_spec)
+        spec.out_specs = with_flags(getattr(grid_spec, "out_specs", None))
         given["grid_spec"] = spec
         grid = _grid_rank(getattr(grid_spec, "grid", ()))
     else:
-        given["out_specs"] = (_user_specs(user_out, given.get("out_specs")), flags_spec)
+        given["out_specs"] = with_flags(given.get("out_specs"))
         grid = _grid_rank(given.get("grid"))
     traced: dict[str, Backend] = {}
     body = _sanitized_body(
         checked_body, user_body, sanitize, scratch_positional, grid, given.get("interpret"), traced
     )
-    call = pl.pallas_call(body, out_shape=(user_out, flags_shape), **given)
+    call = pl.pallas_call(body, out_shape=outputs, **given)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        out, flags = call(*args, **kwargs)
+        *results, flags = call(*args, **kwargs)
+        out = tuple(results) if several else results[0]
         if isinstance(flags, jax.core.Tracer):
             if not _report.host_check_wanted():
                 return out

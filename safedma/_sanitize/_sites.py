@@ -18,7 +18,7 @@ from typing import Any
 
 from safedma._sanitize._units import Backend
 
-__all__ = ["Site", "lookup", "register"]
+__all__ = ["Site", "lookup", "register", "registered"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,3 +64,10 @@ def lookup(ident: int) -> Site | None:
     """The site with id ``ident``, if this process registered it."""
     with _lock:
         return _sites.get(ident)
+
+
+def registered() -> int:
+    """How many checks this process has put into kernels (a test's proof that a kernel
+    was instrumented at all)."""
+    with _lock:
+        return len(_sites)
