@@ -64,13 +64,22 @@ class Recorder:
         self.axes = tuple(axes)[:MAX_AXES]
         self.grid_rank = min(grid_rank, MAX_GRID)
         self._full_grid_rank = grid_rank
+        self._program: list[jax.Array] = []
+        self._device: list[jax.Array] = []
+
+    def where_am_i(self) -> None:
+        """Read the grid step and the device once, at the top of the kernel (jax's generic
+        interpreter, ``interpret=True``, resolves ``pl.program_id`` only there, not inside
+        the branches where a mistake is recorded)."""
+        self._program = [_i32(pl.program_id(k)) for k in range(self.grid_rank)]
+        self._device = [_i32(lax.axis_index(axis)) for axis in self.axes]
 
     # ------------------------------------------------------------ grid steps
 
     def _step_test(self, last: bool) -> jax.Array | None:
         test: jax.Array | None = None
         for axis in range(self._full_grid_rank):
-            index = pl.program_id(axis)
+            index = self._program[axis] if axis < len(self._program) else pl.program_id(axis)
             target = pl.num_programs(axis) - 1 if last else 0
             here = index == target
             test = here if test is None else jnp.logical_and(test, here)
@@ -109,10 +118,10 @@ class Recorder:
             self.flags[SITE] = _i32(site)
             for k, value in enumerate(words):
                 self.flags[VALUES + k] = value
-            for k in range(self.grid_rank):
-                self.flags[PROGRAM + k] = _i32(pl.program_id(k))
-            for k, axis in enumerate(self.axes):
-                self.flags[DEVICE + k] = _i32(lax.axis_index(axis))
+            for k, index in enumerate(self._program):
+                self.flags[PROGRAM + k] = index
+            for k, index in enumerate(self._device):
+                self.flags[DEVICE + k] = index
 
         _when(self.clean(), write)
 

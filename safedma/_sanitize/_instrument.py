@@ -208,6 +208,7 @@ class Instrumenter:
         for leaf, name in zip(leaves, names):
             if name is not None:
                 self.name(leaf, name)
+        self.recorder.where_am_i()
         self.recorder.at_first_step(self.recorder.clear)
         self.run(jaxpr, [*consts, *leaves], [])
         frames = tuple(_jax.eqn_frames(jaxpr.eqns[-1])) if jaxpr.eqns else ()

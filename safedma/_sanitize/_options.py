@@ -9,12 +9,18 @@ says. ``SAFEDMA_SANITIZE_HANG_S`` sets :attr:`SanitizeOptions.hang_after_s`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import functools
 import os
-from typing import TypeAlias
+from collections.abc import Callable, Generator
+from typing import ParamSpec, TypeAlias, TypeVar
 
 __all__ = [
     "ENV_HANG",
+    "environment_ignored",
+    "sees_the_program_as_written",
     "ENV_SWITCH",
     "POLL_NS_CHIP",
     "POLL_S_INTERPRET",
@@ -94,7 +100,42 @@ Sanitize: TypeAlias = "bool | SanitizeOptions | None"
 when the environment turns it on) or ``None`` (the environment decides)."""
 
 
+_ignored: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "safedma_sanitize_environment_ignored", default=False
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextlib.contextmanager
+def environment_ignored() -> Generator[None, None, None]:
+    """Trace kernels in the block as written, whatever ``SAFEDMA_SANITIZE`` says (an
+    explicit ``sanitize=`` still applies)."""
+    token = _ignored.set(True)
+    try:
+        yield
+    finally:
+        _ignored.reset(token)
+
+
+def sees_the_program_as_written(tool: Callable[P, R]) -> Callable[P, R]:
+    """``tool`` (``safedma.testing.verify``, ``simulate``) analyses or simulates the
+    program as written: the environment switch does not instrument the kernels it traces
+    (verify cannot bound the sanitizer's spin loops; simulate has its own, stricter
+    checks)."""
+
+    @functools.wraps(tool)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with environment_ignored():
+            return tool(*args, **kwargs)
+
+    return run
+
+
 def _environment() -> SanitizeOptions | None:
+    if _ignored.get():
+        return None
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return None
