@@ -394,7 +394,7 @@ def core_kernel(
     given = cast("dict[str, Any]", options)
     scratch = _positional_count(options.get("scratch_types"))
     bodies = _mpmd_bodies(body)
-    for one in bodies or [body]:
+    for one in bodies if bodies is not None else [body]:
         _core_kernel_unsanitized(one)
     checked_body: object
     if bodies is None:

@@ -81,8 +81,12 @@ def _user_specs(out_shape: object, specs: object) -> object:
     """The caller's ``out_specs`` as jax would read them; ``pl.BlockSpec()`` per output
     where none were given (jax's own default: the whole array, default memory space)."""
     if specs is None or type(specs).__name__ == "NoBlockSpec":
-        return jax.tree_util.tree_map(lambda _: pl.BlockSpec(), out_shape)
+        return _jax.tree_map(_default_spec, out_shape)
     return _normalized(specs)
+
+
+def _default_spec(_: object) -> object:
+    return pl.BlockSpec()
 
 
 def _grid_rank(grid: object) -> tuple[int | None, ...]:
@@ -114,7 +118,9 @@ def sanitized_pallas_call(
     # The kernel receives each top-level output of a tuple as an argument of its own: the
     # flags join that tuple (a single output becomes the first of two).
     several = isinstance(user_out, tuple)
-    outputs = (*cast("tuple[object, ...]", user_out), flags_shape) if several else (user_out, flags_shape)
+    outputs = (
+        (*cast("tuple[object, ...]", user_out), flags_shape) if several else (user_out, flags_shape)
+    )
 
     def with_flags(specs: object) -> object:
         mine = _user_specs(user_out, specs)
@@ -138,7 +144,7 @@ def sanitized_pallas_call(
     def run(*args: Any, **kwargs: Any) -> Any:
         *results, flags = call(*args, **kwargs)
         out = tuple(results) if several else results[0]
-        if isinstance(flags, jax.core.Tracer):
+        if _jax.is_tracer(flags):
             if not _report.host_check_wanted():
                 return out
             if traced.get("backend") is Backend.CHIP:
@@ -209,10 +215,10 @@ def _sanitized_body(
             axes=tuple(axes.items()),
             grid=grid,
         )
-        leaves, tree = jax.tree_util.tree_flatten((user_args, kwargs))
+        leaves, tree = _jax.tree_flatten((user_args, kwargs))
 
         def body_of_leaves(*values: Any) -> None:
-            positional, keywords = jax.tree_util.tree_unflatten(tree, list(values))
+            positional, keywords = _jax.tree_unflatten(tree, list(values))
             checked_body(*positional, **keywords)
 
         token = _inside.set(True)
@@ -257,9 +263,7 @@ def _leaf_names(
     """The name of each flat leaf of ``(args, kwargs)``: its parameter, with the path
     inside a pytree parameter (``sems.sync``, ``bufs[1]``), as safedma's checks name refs."""
     params: list[inspect.Parameter] = list(signature.parameters.values()) if signature else []
-    positional = [
-        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
     names: list[str | None] = []
     for k, arg in enumerate(args):

@@ -18,7 +18,7 @@ Layout (word: meaning):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,8 @@ DEADLOCK, LEFTOVER, OUT_OF_BOUNDS, SEMAPHORE_INDEX = 1, 2, 3, 4
 
 
 def _i32(value: object) -> jax.Array:
-    return jnp.asarray(value, dtype=jnp.int32)
+    asarray = cast("Callable[..., jax.Array]", getattr(jnp, "asarray"))
+    return asarray(value, dtype=jnp.int32)
 
 
 class Recorder:
@@ -101,7 +102,8 @@ class Recorder:
 
     def clean(self) -> jax.Array:
         """Whether no mistake has been recorded yet (a traced bool)."""
-        return self.flags[CODE] == 0
+        clean: jax.Array = self.flags[CODE] == 0
+        return clean
 
     def spin_limit(self, polls: int, drain_polls: int) -> jax.Array:
         """How long the next wait may spin: ``polls`` while clean, ``drain_polls`` after a

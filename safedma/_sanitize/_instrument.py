@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import jax
@@ -123,8 +123,12 @@ def _when(condition: Expr, emit: Callable[[], None]) -> None:
 
 
 def _static(value: object) -> int | None:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, np.integer):
+        return int(getattr(value, "item")())
     return None
 
 
@@ -212,9 +216,7 @@ class Instrumenter:
         self.recorder.at_first_step(self.recorder.clear)
         self.run(jaxpr, [*consts, *leaves], [])
         frames = tuple(_jax.eqn_frames(jaxpr.eqns[-1])) if jaxpr.eqns else ()
-        self.recorder.at_last_step(
-            lambda: self.exit_check(exit_semaphores, "kernel exit", frames)
-        )
+        self.recorder.at_last_step(lambda: self.exit_check(exit_semaphores, "kernel exit", frames))
 
     def name(self, value: object, name: str) -> None:
         self._names[id(value)] = name
@@ -329,6 +331,7 @@ class Instrumenter:
                 extent = _static(shape[dim]) if dim < len(shape) else None
                 if extent is None:
                     continue
+                stride = 1
                 if hasattr(index, "start") and hasattr(index, "size"):
                     start, size = index.start, index.size
                     stride = _static(getattr(index, "stride", 1)) or 1
@@ -357,7 +360,7 @@ class Instrumenter:
                     indexed_shape=shape,
                     level=level,
                     kind=kind,
-                    stride=stride if kind == "slice" else 1,
+                    stride=stride,
                     view_values=len(view.dynamic),
                 )
                 checks.append(_Check(ok, code, site, [*values, *view.dynamic]))
@@ -386,7 +389,7 @@ class Instrumenter:
         last count read."""
         backend = self.plan.backend
         limit = self.recorder.spin_limit(self.polls, self.drain)
-        needed = jnp.asarray(needed, jnp.int32)
+        needed = _jax.asarray(needed, jnp.int32)
         first = _jax.read_semaphore(root, transforms, backend)
 
         def more(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -444,25 +447,27 @@ class Instrumenter:
         """Every slot of every semaphore in ``semaphores`` must read 0; a REGULAR one that
         does not is drained after it is recorded."""
         for named in semaphores:
-            ref = named.ref
-            kind = _jax.semaphore_kind(getattr(ref, "aval", None)) or "DMA"
-            shape = tuple(int(d) for d in getattr(ref, "shape", ()))
-            site = self.site(LEFTOVER, where, named.name, shape, frames, kind=kind)
-            size = math.prod(shape)
-            if not shape:
-                self._check_slot(ref, jnp.int32(0), site, kind)
-            elif size <= 8:
-                for flat in range(size):
-                    index = tuple(int(i) for i in np.unravel_index(flat, shape))
-                    self._check_slot(ref.at[index], jnp.int32(flat), site, kind)
-            else:
+            self._check_semaphore(named, where, frames)
 
-                def slot(flat: jax.Array, carry: None, ref: Any = ref, site: int = site) -> None:
-                    index = _unravel(flat, shape)
-                    self._check_slot(ref.at[index], flat, site, kind)
-                    return carry
+    def _check_semaphore(self, named: NamedRef, where: str, frames: Sequence[Any]) -> None:
+        ref = named.ref
+        kind = _jax.semaphore_kind(getattr(ref, "aval", None)) or "DMA"
+        shape = tuple(int(d) for d in getattr(ref, "shape", ()))
+        site = self.site(LEFTOVER, where, named.name, shape, frames, kind=kind)
+        size = math.prod(shape)
+        if not shape:
+            self._check_slot(ref, jnp.int32(0), site, kind)
+        elif size <= 8:
+            for flat in range(size):
+                index = tuple(int(i) for i in np.unravel_index(flat, shape))
+                self._check_slot(ref.at[index], jnp.int32(flat), site, kind)
+        else:
 
-                lax.fori_loop(0, size, slot, None)
+            def slot(flat: jax.Array, carry: None) -> None:
+                self._check_slot(ref.at[_unravel(flat, shape)], flat, site, kind)
+                return carry
+
+            _jax.fori_loop(0, size, slot, None)
 
     def _check_slot(self, view: Any, flat: jax.Array, site: int, kind: str) -> None:
         root, transforms = _parts(view)
@@ -473,7 +478,7 @@ class Instrumenter:
             if kind == "REGULAR":
 
                 def drain() -> None:
-                    pl.semaphore_wait(view, count)
+                    _jax.semaphore_wait(view, count)
 
                 _when(count > 0, drain)
 
@@ -506,9 +511,7 @@ def _unravel(flat: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
 
 
 def _dma_start(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]) -> list[Any]:
-    src, dst, dst_sem, src_sem, device_id = jax.tree_util.tree_unflatten(
-        eqn.params["tree"], invals
-    )
+    src, dst, dst_sem, src_sem, device_id = _jax.tree_unflatten(eqn.params["tree"], invals)
     remote = device_id is not None
     operation = "remote copy start" if remote else "copy start"
     checks = self.bounds(src, "source", operation, frames, OUT_OF_BOUNDS)
@@ -527,9 +530,7 @@ def _dma_start(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any
 
 
 def _dma_wait(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]) -> list[Any]:
-    src, _dst, sem, _src_sem, device_id = jax.tree_util.tree_unflatten(
-        eqn.params["tree"], invals
-    )
+    src, _dst, sem, _src_sem, device_id = _jax.tree_unflatten(eqn.params["tree"], invals)
     if sem is None:  # jax 0.12's fence for SparseCore push streams: waits no semaphore
         return _jax.bind_default(eqn, invals)
     remote = device_id is not None
@@ -562,7 +563,7 @@ def _dma_wait(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]
 def _semaphore_wait(
     self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]
 ) -> list[Any]:
-    args = jax.tree_util.tree_unflatten(eqn.params["args_tree"], invals)
+    args = _jax.tree_unflatten(eqn.params["args_tree"], invals)
     ref, transforms, value = args[0], tuple(args[1]), args[2]
     view = _Rebuilt(ref, transforms)
     kind = _jax.semaphore_kind(getattr(ref, "aval", None)) or "REGULAR"
@@ -581,7 +582,7 @@ def _semaphore_wait(
 def _semaphore_signal(
     self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]
 ) -> list[Any]:
-    args = jax.tree_util.tree_unflatten(eqn.params["args_tree"], invals)
+    args = _jax.tree_unflatten(eqn.params["args_tree"], invals)
     view = _Rebuilt(args[0], tuple(args[1]))
     checks = self.bounds(view, "semaphore", "semaphore signal", frames, SEMAPHORE_INDEX)
     self.guarded(checks, lambda: _discard(_jax.bind_default(eqn, invals)))
@@ -591,10 +592,11 @@ def _semaphore_signal(
 def _semaphore_read(
     self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]
 ) -> list[Any]:
-    args = jax.tree_util.tree_unflatten(eqn.params["args_tree"], invals)
+    args = _jax.tree_unflatten(eqn.params["args_tree"], invals)
     ref, transforms = args[0], tuple(args[1])
-    checks = self.bounds(_Rebuilt(ref, transforms), "semaphore", "semaphore read", frames,
-                         SEMAPHORE_INDEX)
+    checks = self.bounds(
+        _Rebuilt(ref, transforms), "semaphore", "semaphore read", frames, SEMAPHORE_INDEX
+    )
     self.guarded(checks, lambda: None)  # recorded; the read itself is harmless
     return [_jax.read_semaphore(ref, transforms, self.plan.backend)]
 
@@ -639,7 +641,7 @@ def _cond(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]) ->
     def make(branch: Any, consts: list[Any]) -> Callable[[], list[Any]]:
         return lambda: self.run(branch, [*consts, *operands], frames)
 
-    out = lax.switch(index, [make(b, c) for b, c in branches])
+    out = _jax.switch(index, [make(b, c) for b, c in branches])
     return list(out)
 
 
@@ -652,10 +654,10 @@ def _while(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any]) -
     cn, bn = int(params["cond_nconsts"]), int(params["body_nconsts"])
     cond_consts, body_consts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
 
-    def test(carry: list[Any]) -> Any:
+    def test(carry: Iterable[Any]) -> Any:
         return self.run(cond, [*cond_own, *cond_consts, *carry], frames)[0]
 
-    def step(carry: list[Any]) -> list[Any]:
+    def step(carry: Iterable[Any]) -> list[Any]:
         return self.run(body, [*body_own, *body_consts, *carry], frames)
 
     return list(lax.while_loop(test, step, list(init)))

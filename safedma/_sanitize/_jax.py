@@ -46,6 +46,15 @@ from jax._src.pallas import primitives as _pallas_primitives
 
 __all__ = [
     "Backend",
+    "asarray",
+    "fori_loop",
+    "is_tracer",
+    "semaphore_wait",
+    "switch",
+    "tree_flatten",
+    "tree_flatten_with_path",
+    "tree_map",
+    "tree_unflatten",
     "INTERPRET_READ",
     "axes_in_scope",
     "sub_jaxprs",
@@ -67,6 +76,37 @@ __all__ = [
     "trace_block",
     "user_context",
 ]
+
+# ---------------------------------------------------------------- typed views
+# jax leaves these public functions partly unannotated; pyright strict reports every
+# use (reportUnknownMemberType). Typed once here; each is the jax function itself.
+
+tree_flatten = cast(
+    "Callable[[object], tuple[list[Any], Any]]", getattr(jax.tree_util, "tree_flatten")
+)
+tree_unflatten = cast(
+    "Callable[[Any, Sequence[Any]], Any]", getattr(jax.tree_util, "tree_unflatten")
+)
+tree_map = cast(
+    "Callable[[Callable[[Any], Any], object], object]", getattr(jax.tree_util, "tree_map")
+)
+tree_flatten_with_path = cast(
+    "Callable[[object], tuple[list[tuple[tuple[object, ...], object]], Any]]",
+    getattr(jax.tree_util, "tree_flatten_with_path"),
+)
+asarray = cast("Callable[..., jax.Array]", getattr(jnp, "asarray"))
+switch = cast("Callable[[Any, Sequence[Callable[[], Any]]], Any]", getattr(jax.lax, "switch"))
+fori_loop = cast(
+    "Callable[[int, int, Callable[[Any, Any], Any], Any], Any]", getattr(jax.lax, "fori_loop")
+)
+semaphore_wait = cast("Callable[[Any, Any], None]", getattr(pl, "semaphore_wait"))
+
+
+def is_tracer(value: object) -> bool:
+    """Whether ``value`` is being traced (under ``jax.jit``, ``shard_map``, ...)."""
+    # Private: jax.core.Tracer is deprecated in the public API; jax._src.core keeps it.
+    return isinstance(value, _core.Tracer)
+
 
 # ---------------------------------------------------------------- jaxprs
 
@@ -152,7 +192,10 @@ def eqn_frames(eqn: Any) -> list[Any]:
 def make_body_jaxpr(fn: Callable[..., None], leaves: Sequence[Any]) -> tuple[Any, list[Any]]:
     """Trace ``fn(*leaves)`` (kernel refs) to ``(open jaxpr, consts)`` with the public
     ``jax.make_jaxpr``; it returns a ClosedJaxpr in jax 0.10.2 and a Jaxpr in 0.12."""
-    closed: Any = jax.make_jaxpr(fn)(*leaves)
+    make_jaxpr = cast(
+        "Callable[[Callable[..., None]], Callable[..., Any]]", getattr(jax, "make_jaxpr")
+    )
+    closed: Any = make_jaxpr(fn)(*leaves)
     return block(closed)
 
 
@@ -166,18 +209,25 @@ def trace_block(
     0.10.2 with ``trace_to_jaxpr_dynamic``."""
     from jax._src import config  # noqa: PLC0415
 
-    debug = _api_util.debug_info(name, fn, tuple(avals), {})
+    def listed(*args: Any) -> list[Any]:
+        return list(fn(*args))
+
+    debug_info: Callable[..., Any] = getattr(_api_util, "debug_info")
+    debug = debug_info(name, fn, tuple(avals), {})
     with config.mutable_array_checks(False):
-        nocache = getattr(_pe, "trace_to_jaxpr_nocache", None)
+        nocache: Callable[..., Any] | None = getattr(_pe, "trace_to_jaxpr_nocache", None)
         if nocache is not None:
             from jax._src import flattree  # noqa: PLC0415
 
-            flat = flattree.flatten((tuple(avals), {}), registry=jax.tree_util.default_registry)
-            jaxpr, _ = nocache(lambda *args: list(fn(*args)), flat, debug)
+            flatten: Callable[..., Any] = getattr(flattree, "flatten")
+            registry: Any = getattr(jax.tree_util, "default_registry")
+            flat = flatten((tuple(avals), {}), registry=registry)
+            jaxpr: Any = nocache(listed, flat, debug)[0]
             return jaxpr, list(jaxpr.consts)
-        wrapped = _lu.wrap_init(lambda *args: list(fn(*args)), debug_info=debug)
-        jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(wrapped, list(avals))
-        return jaxpr, list(consts)
+        wrap_init: Callable[..., Any] = getattr(_lu, "wrap_init")
+        dynamic: Callable[..., Any] = getattr(_pe, "trace_to_jaxpr_dynamic")
+        traced: tuple[Any, Any, Any] = dynamic(wrap_init(listed, debug_info=debug), list(avals))
+        return traced[0], list(traced[2])
 
 
 def bind_run_scoped(eqn: Any, jaxpr: Any, consts: Sequence[Any]) -> list[Any]:
@@ -213,7 +263,7 @@ def axes_in_scope() -> dict[str, int]:
 
 
 def semaphore_kind(aval: Any) -> str | None:
-    """"DMA", "REGULAR", "BARRIER" or None (data) for a ref's aval."""
+    """ "DMA", "REGULAR", "BARRIER" or None (data) for a ref's aval."""
     dtype = getattr(aval, "dtype", None)
     if dtype is None:
         dtype = getattr(getattr(aval, "inner_aval", None), "dtype", None)
@@ -241,8 +291,7 @@ def _pallas_core() -> Any:
 
 def _read_args(root: Any, transforms: Sequence[Any]) -> tuple[list[Any], Any]:
     # pl.semaphore_read's own operand tree: [ref, transforms] (jax 0.10.2 and 0.12).
-    leaves, tree = jax.tree_util.tree_flatten([root, tuple(transforms)])
-    return leaves, tree
+    return tree_flatten([root, tuple(transforms)])
 
 
 def read_semaphore(root: Any, transforms: Sequence[Any], backend: Backend) -> jax.Array:
@@ -403,7 +452,7 @@ def _interpret_read(*leaves: Any, args_tree: Any) -> Any:
     exit, the branch that waits)."""
     ipc = _interpreter()
     ctx, token = _interpreter_state()
-    sem, transforms = jax.tree_util.tree_unflatten(args_tree, list(leaves))
+    sem, transforms = tree_unflatten(args_tree, list(leaves))
     sem_id = ipc.state_discharge.transform_array(sem, transforms)
     _, count = ipc.callback.io_callback(
         _host_read,
@@ -457,4 +506,3 @@ def _run_pending(sem: Any, core: int) -> bool:
     for task in tasks:
         task()
     return bool(tasks)
-

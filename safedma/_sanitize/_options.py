@@ -156,9 +156,9 @@ def resolve(sanitize: Sanitize) -> SanitizeOptions | None:
         return SanitizeOptions()
     if sanitize is False:
         return None
-    if isinstance(sanitize, SanitizeOptions):
+    if isinstance(sanitize, SanitizeOptions):  # pyright: ignore[reportUnnecessaryIsInstance]
         return sanitize
-    raise TypeError(
+    raise TypeError(  # unreachable for typed callers; a user may pass anything
         f"sanitize= takes True, False, None or safedma.SanitizeOptions, got {sanitize!r}"
     )
 

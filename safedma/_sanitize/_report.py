@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Generator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -256,6 +256,13 @@ def _location(site: Site) -> str:
     return "an unknown line"
 
 
+_KINDS: dict[str, Literal["DMA", "REGULAR", "BARRIER"]] = {
+    "DMA": "DMA",
+    "REGULAR": "REGULAR",
+    "BARRIER": "BARRIER",
+}
+
+
 class _Texts:
     """The messages, one per mistake: the mistake, the user's line, the device, the fix."""
 
@@ -267,9 +274,9 @@ class _Texts:
 
     def _view(self, first: int) -> str:
         """The view's indices as the user wrote them, with the recorded values."""
-        recorded = self.values[first:]
+        recorded: list[int] = self.values[first:]
 
-        def value(entry: Any) -> int | None:
+        def value(entry: tuple[str, int]) -> int | None:
             kind, number = entry
             if kind == "value":
                 return int(number) if number >= 0 else None
@@ -293,8 +300,10 @@ class _Texts:
         return text
 
     def _shape(self) -> str:
-        return "(" + ", ".join("?" if d < 0 else str(d) for d in self.site.shape) + (
-            ",)" if len(self.site.shape) == 1 else ")"
+        return (
+            "("
+            + ", ".join("?" if d < 0 else str(d) for d in self.site.shape)
+            + (",)" if len(self.site.shape) == 1 else ")")
         )
 
     def _units(self, kind: str) -> str:
@@ -323,7 +332,7 @@ class _Texts:
         )
 
     def out_of_bounds(self) -> str:
-        site, values = self.site, self.values
+        site = self.site
         detail = site.detail
         reading = detail.get("role") == "source"
         window = self._window()
@@ -398,7 +407,7 @@ class _Texts:
             device_id=device_id,
             device=device,
             semaphore_id=flat,
-            kind=kind if kind in ("DMA", "REGULAR", "BARRIER") else "DMA",
+            kind=_KINDS.get(kind, "DMA"),
             count=count * 32 if kind == "DMA" and site.backend is Backend.CHIP else count,
             hint=hint,
         )

@@ -149,9 +149,13 @@ def signals_each_step(x_hbm: Any, o_hbm: Any, reg: Any, *, waits: int) -> None:
 def test_grid_kernel_semaphores_are_checked_at_the_last_step_only() -> None:
     import functools
 
-    ok = hbm_call(functools.partial(signals_each_step, waits=4), [pltpu.SemaphoreType.REGULAR], grid=(4,))
+    ok = hbm_call(
+        functools.partial(signals_each_step, waits=4), [pltpu.SemaphoreType.REGULAR], grid=(4,)
+    )
     ok(example(X))  # non-zero between steps is fine
-    short = hbm_call(functools.partial(signals_each_step, waits=3), [pltpu.SemaphoreType.REGULAR], grid=(4,))
+    short = hbm_call(
+        functools.partial(signals_each_step, waits=3), [pltpu.SemaphoreType.REGULAR], grid=(4,)
+    )
     with pytest.raises(LeftoverSemaphoreError, match=r"holds 1 at kernel exit"):
         short(example(X))
 
@@ -245,9 +249,7 @@ RING = 4
 
 def raw_ring_one_sender_skips(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
     me = lax.axis_index("x")
-    copy = pltpu.make_async_remote_copy(
-        x_ref, o_ref, send_sem, recv_sem, device_id=(me + 1) % RING
-    )
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=(me + 1) % RING)
 
     @pl.when(me != 1)  # device 1 never sends: device 2 waits forever
     def _() -> None:

@@ -59,7 +59,9 @@ def _clean(run: Callable[[], Any]) -> Any:
 @pytest.mark.usefixtures("sanitized_everywhere")
 def test_pipeline(mode: str) -> None:
     x = example((64, 256))
-    out = _clean(lambda: pipeline(x, lambda c: c * 2.0 + 1.0, chunk_rows=8, interpret=interpret(mode)))
+    out = _clean(
+        lambda: pipeline(x, lambda c: c * 2.0 + 1.0, chunk_rows=8, interpret=interpret(mode))
+    )
     np.testing.assert_array_equal(out, np.asarray(x) * 2.0 + 1.0)
 
 
@@ -118,8 +120,10 @@ def _collectives() -> list[tuple[str, Callable[[jax.Array], jax.Array], Callable
 @pytest.mark.usefixtures("sanitized_everywhere")
 def test_collectives_on_a_ring(case: tuple[str, Any, Any]) -> None:
     name, per_device, reference = case
-    x = example((RING * RING * 8, 128)) if name in ("reduce_scatter", "all_reduce") else example(
-        (RING * 8, 128)
+    x = (
+        example((RING * RING * 8, 128))
+        if name in ("reduce_scatter", "all_reduce")
+        else example((RING * 8, 128))
     )
     out = _clean(lambda: on_mesh(per_device, RING)(x))
     np.testing.assert_allclose(np.asarray(out), reference(x), rtol=1e-6)
@@ -137,7 +141,9 @@ _SUPPORT = [
 @pytest.mark.parametrize("flavour", [kernels_safedma, kernels_pltpu], ids=["safedma", "pltpu"])
 @pytest.mark.parametrize("case", _SUPPORT, ids=lambda c: c[0])
 @pytest.mark.usefixtures("sanitized_everywhere")
-def test_suite_kernels_match_their_unsanitized_run(flavour: Any, case: tuple[str, Any, Any]) -> None:
+def test_suite_kernels_match_their_unsanitized_run(
+    flavour: Any, case: tuple[str, Any, Any]
+) -> None:
     name, make, shape = case
     x = example(shape)
     spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -145,7 +151,9 @@ def test_suite_kernels_match_their_unsanitized_run(flavour: Any, case: tuple[str
     out = _clean(lambda: call(x))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SAFEDMA_SANITIZE", "0")
-        plain = jax.block_until_ready(make(getattr(flavour, name), spec, interpret=calls.strict_interpret())(x))
+        plain = jax.block_until_ready(
+            make(getattr(flavour, name), spec, interpret=calls.strict_interpret())(x)
+        )
     np.testing.assert_array_equal(out, plain)
 
 
@@ -157,7 +165,11 @@ def test_ring_permute(flavour: Any) -> None:
     x = example((RING * 8, 128))
     mesh = simulated_mesh(RING, "x")
     program = calls.ring_permute_call(flavour.ring_permute, mesh, interpret=interpret())
-    out = _clean(lambda: program(jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))))
+    out = _clean(
+        lambda: program(
+            jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+        )
+    )
     np.testing.assert_array_equal(out, np.roll(np.asarray(x), 8, axis=0))
 
 
@@ -226,13 +238,18 @@ def test_jax_ragged_paged_attention_compiles_sanitized_for_v5e() -> None:
     inputs = jax_programs.ragged_paged_attention_inputs()
     before = _sites.registered()
     compile_for_tpu(
-        jax_programs.ragged_paged_attention_fn(), *inputs, topology="v5e:2x2", in_specs=P(),
+        jax_programs.ragged_paged_attention_fn(),
+        *inputs,
+        topology="v5e:2x2",
+        in_specs=P(),
         out_specs=P(),
     )
     assert _sites.registered() > before
 
 
-def test_a_wait_dropped_from_jax_paged_attention_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wait_dropped_from_jax_paged_attention_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The checks are live on jax's kernel: one of its waits left out is a leftover."""
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
 
@@ -244,4 +261,3 @@ def test_a_wait_dropped_from_jax_paged_attention_is_reported(monkeypatch: pytest
     with raw_calls_sanitized(monkeypatch), pltpu.force_tpu_interpret_mode(interpret()):
         with pytest.raises(LeftoverSemaphoreError, match=r"paged_flash_attention_kernel"):
             jax.block_until_ready(jax_programs.paged_attention_fn()(*inputs))
-
