@@ -128,7 +128,8 @@ def _static(value: object) -> int | None:
     if isinstance(value, int):
         return value
     if isinstance(value, np.integer):
-        return int(getattr(value, "item")())
+        item: Callable[[], int] = getattr(value, "item")
+        return item()
     return None
 
 
