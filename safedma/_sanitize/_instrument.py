@@ -128,7 +128,7 @@ def _static(value: object) -> int | None:
     if isinstance(value, int):
         return value
     if isinstance(value, np.integer):
-        item: Callable[[], int] = getattr(value, "item")
+        item: Callable[[], int] = getattr(cast(object, value), "item")
         return item()
     return None
 
