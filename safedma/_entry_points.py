@@ -148,6 +148,7 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
+        _sanitizer_reach(traced)  # before the config of a plain entry point is set
         with (
             _config_of_enclosing_call(),
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
@@ -155,7 +156,6 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
         ):
             if scratch is not None:
                 _settle_operand_semaphores(args, scratch)
-            _sanitizer_reach(traced)
             try:
                 body(*args, **kwargs)
             except ValueError as error:

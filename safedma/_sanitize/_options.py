@@ -92,7 +92,7 @@ class SanitizeOptions:
 
 def _polls(seconds: float, interpreted: bool) -> int:
     per_poll = POLL_S_INTERPRET if interpreted else POLL_NS_CHIP * 1e-9
-    return max(0, min(_MAX_POLLS, int(seconds / per_poll)))
+    return max(0, min(_MAX_POLLS, round(seconds / per_poll)))
 
 
 Sanitize: TypeAlias = "bool | SanitizeOptions | None"
