@@ -75,6 +75,11 @@ _CALLS = {
 }
 
 
+#: Polls the exit check lets pass on the chip before it reads the DMA semaphores, so a
+#: copy started just before the end has landed (about 12 us at 12 ns a poll).
+EXIT_SETTLE_POLLS = 1000
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelPlan:
     """What one traced kernel is instrumented with."""
@@ -446,33 +451,69 @@ class Instrumenter:
 
     def exit_check(self, semaphores: Sequence[NamedRef], where: str, frames: Sequence[Any]) -> None:
         """Every slot of every semaphore in ``semaphores`` must read 0; a REGULAR one that
-        does not is drained after it is recorded."""
+        does not is drained after it is recorded. On the chip, a copy started just before
+        (and never waited) may not have begun to land: the check first lets about
+        :data:`EXIT_SETTLE_POLLS` polls pass (some 12 us)."""
+        dma = [n for n in semaphores if _jax.semaphore_kind(getattr(n.ref, "aval", None)) == "DMA"]
+        settled: tuple[NamedRef, jax.Array] | None = None
+        if dma and self.plan.backend is Backend.CHIP:
+            # The last poll is the first slot's count, so the wait is kept (a pure loop
+            # whose result nothing used would be dropped).
+            settled = (dma[0], self._settle(dma[0].ref))
         for named in semaphores:
-            self._check_semaphore(named, where, frames)
+            first = settled[1] if settled is not None and settled[0] is named else None
+            self._check_semaphore(named, where, frames, first)
 
-    def _check_semaphore(self, named: NamedRef, where: str, frames: Sequence[Any]) -> None:
+    def _settle(self, ref: Any) -> jax.Array:
+        """Poll the first slot of ``ref`` :data:`EXIT_SETTLE_POLLS` times; its last count."""
+        root, transforms = _parts(_first_slot(ref))
+
+        def poll(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            polls, _ = carry
+            return polls + 1, _jax.read_semaphore(root, transforms, self.plan.backend)
+
+        first = _jax.read_semaphore(root, transforms, self.plan.backend)
+        _, count = lax.while_loop(
+            lambda carry: carry[0] < EXIT_SETTLE_POLLS, poll, (jnp.int32(0), first)
+        )
+        return count
+
+    def _check_semaphore(
+        self,
+        named: NamedRef,
+        where: str,
+        frames: Sequence[Any],
+        first: jax.Array | None = None,
+    ) -> None:
+        """Check every slot of one semaphore; ``first``: the first slot's count, already read."""
         ref = named.ref
         kind = _jax.semaphore_kind(getattr(ref, "aval", None)) or "DMA"
         shape = tuple(int(d) for d in getattr(ref, "shape", ()))
         site = self.site(LEFTOVER, where, named.name, shape, frames, kind=kind)
         size = math.prod(shape)
         if not shape:
-            self._check_slot(ref, jnp.int32(0), site, kind)
+            self._check_slot(ref, jnp.int32(0), site, kind, first)
         elif size <= 8:
             for flat in range(size):
                 index = tuple(int(i) for i in np.unravel_index(flat, shape))
-                self._check_slot(ref.at[index], jnp.int32(flat), site, kind)
+                known = first if flat == 0 else None
+                self._check_slot(ref.at[index], jnp.int32(flat), site, kind, known)
         else:
+            if first is not None:
+                self._check_slot(_first_slot(ref), jnp.int32(0), site, kind, first)
 
             def slot(flat: jax.Array, carry: None) -> None:
                 self._check_slot(ref.at[_unravel(flat, shape)], flat, site, kind)
                 return carry
 
-            _jax.fori_loop(0, size, slot, None)
+            _jax.fori_loop(0 if first is None else 1, size, slot, None)
 
-    def _check_slot(self, view: Any, flat: jax.Array, site: int, kind: str) -> None:
+    def _check_slot(
+        self, view: Any, flat: jax.Array, site: int, kind: str, count: jax.Array | None = None
+    ) -> None:
         root, transforms = _parts(view)
-        count = _jax.read_semaphore(root, transforms, self.plan.backend)
+        if count is None:
+            count = _jax.read_semaphore(root, transforms, self.plan.backend)
 
         def leftover() -> None:
             self.recorder.record(LEFTOVER, site, [count, flat])
@@ -484,6 +525,11 @@ class Instrumenter:
                 _when(count > 0, drain)
 
         _when(count != 0, leftover)
+
+
+def _first_slot(ref: Any) -> Any:
+    shape = tuple(getattr(ref, "shape", ()))
+    return ref.at[(0,) * len(shape)] if shape else ref
 
 
 def _ge(a: Any, b: int) -> Expr:
