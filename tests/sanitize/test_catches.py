@@ -272,3 +272,49 @@ def test_remote_receive_that_would_hang_names_its_device() -> None:
     assert "device 2 (x=2)" in text and "wait_recv" in text and "recv_sem" in text
     assert line_of(raw_ring_one_sender_skips, "copy.wait_recv()") in text
     assert "(a lower bound" in text or "for 4096 bytes" in text
+
+
+# ---------------------------------------------------------------- the suite's seeded bugs
+
+_SEEDED = {  # protocol row -> what the sanitizer reports for its bug
+    "r5_static": SemaphoreIndexError,
+    "r5_per_device": SemaphoreIndexError,
+    "per_slot_leak": LeftoverSemaphoreError,
+    "cond_each_branch": LeftoverSemaphoreError,
+    "when_not_when": DeadlockError,
+    "writeback": LeftoverSemaphoreError,
+}
+
+
+def _seeded_cases() -> list[Any]:
+    from tests.support import protocol_kernels
+
+    return [
+        pytest.param(case, id=case.id)
+        for case in protocol_kernels.cases(variant="bug")
+        if case.row.name in _SEEDED and case.trace_catch is None
+    ]
+
+
+@pytest.mark.parametrize("case", _seeded_cases())
+def test_the_protocol_bugs_it_can_see(case: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's seeded hangs, leftovers and semaphore indices on a ring of devices, raw
+    and safedma: the class, a device that makes the mistake, the semaphore's name.
+    (Its races, R1 and R6-R10, are verify's and simulate's: the chip cannot see them.)"""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from tests.sanitize.helpers import interpret, raw_calls_sanitized
+    from tests.support import protocol_kernels
+
+    quick = sd.SanitizeOptions(hang_after_s=0.2)
+    monkeypatch.setenv("SAFEDMA_SANITIZE", "1")
+    monkeypatch.setenv("SAFEDMA_SANITIZE_HANG_S", "0.2")
+    expect = protocol_kernels.EXPECT[case.row.name]
+    program = on_mesh(case.program(), case.row.devices)
+    x = protocol_kernels.example(case.row, case.row.devices)
+    with raw_calls_sanitized(monkeypatch, quick), pltpu.force_tpu_interpret_mode(interpret()):
+        with pytest.raises(_SEEDED[case.row.name]) as caught, sd.sanitizer_errors():
+            jax.block_until_ready(program(x))
+    text = str(caught.value)
+    assert any(f"({device})" in text for device in expect.devices), text
+    assert any(f" {name}" in text for name in expect.names), text

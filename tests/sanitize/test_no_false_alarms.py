@@ -198,6 +198,7 @@ def test_protocol_fixes(case: Any) -> None:
 # ------------------------------------------------------------------ jax's own kernels
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("sanitized_everywhere")
 def test_jax_paged_attention() -> None:
     inputs = jax_programs.paged_attention_inputs()
