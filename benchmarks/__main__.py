@@ -29,7 +29,7 @@ from typing import Any  # noqa: E402
 
 from benchmarks._common import default_results_path, machine_info, write_json  # noqa: E402
 
-BENCHMARKS = ("identity", "overhead", "typecheck", "tpu", "verify")
+BENCHMARKS = ("identity", "overhead", "typecheck", "tpu", "verify", "sanitize")
 
 
 def _names(text: str) -> list[str]:
@@ -150,6 +150,11 @@ def main(argv: list[str]) -> int:
             from benchmarks import tpu
 
             record = tpu.run(reps=ns.reps or 20, quick=ns.quick, topology=ns.tpu_topology)
+            ok = ok and record.get("ok", True)
+        elif name == "sanitize":
+            from benchmarks import sanitize
+
+            record = sanitize.run(reps=ns.reps or 20, quick=ns.quick)
             ok = ok and record.get("ok", True)
         else:
             from benchmarks import verify

@@ -107,6 +107,15 @@ if TYPE_CHECKING:
         CountedHandle as CountedHandle,
         wait_counted as wait_counted,
     )
+    from safedma._sanitize._errors import (
+        SanitizerUnsupportedError as SanitizerUnsupportedError,
+    )
+    from safedma._sanitize._options import (
+        SanitizeOptions as SanitizeOptions,
+    )
+    from safedma._sanitize._report import (
+        sanitizer_errors as sanitizer_errors,
+    )
     from safedma._scratch import (
         dma_semaphore as dma_semaphore,
         dma_semaphores as dma_semaphores,
@@ -169,6 +178,8 @@ _HOMES: dict[str, str] = {
     "RemoteCopy": "safedma._copies",
     "RemoteHandle": "safedma._copies",
     "SafeDmaError": "safedma._errors",
+    "SanitizeOptions": "safedma._sanitize._options",
+    "SanitizerUnsupportedError": "safedma._sanitize._errors",
     "Scratch": "safedma._scratch",
     "SemArray": "safedma._refs",
     "SemArray2": "safedma._refs",
@@ -201,6 +212,7 @@ _HOMES: dict[str, str] = {
     "regular_semaphore": "safedma._scratch",
     "regular_semaphores": "safedma._scratch",
     "run_scoped": "safedma._scratch",
+    "sanitizer_errors": "safedma._sanitize._report",
     "select_ref": "safedma._dma_options",
     "signal": "safedma._semaphores",
     "smem": "safedma._scratch",
@@ -254,6 +266,8 @@ __all__ = [
     "RemoteCopy",
     "RemoteHandle",
     "SafeDmaError",
+    "SanitizeOptions",
+    "SanitizerUnsupportedError",
     "Scratch",
     "SemArray",
     "SemArray2",
@@ -286,6 +300,7 @@ __all__ = [
     "regular_semaphore",
     "regular_semaphores",
     "run_scoped",
+    "sanitizer_errors",
     "select_ref",
     "signal",
     "smem",

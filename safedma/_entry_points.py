@@ -27,6 +27,7 @@ from safedma._compat import SemaphoreKind
 from safedma._jax_errors import rewrite
 from safedma._ledger import ledger_scope, settle_semaphore
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
+from safedma._sanitize import Sanitize, for_body, for_call
 from safedma._scratch import Scratch
 
 __all__ = [
@@ -104,13 +105,34 @@ def _settle_operand_semaphores(args: tuple[object, ...], scratch: int) -> None:
             settle_semaphore(leaf)
 
 
-def checked(body: Callable[P, None]) -> Callable[P, None]:
+@overload
+def checked(body: Callable[P, None], /) -> Callable[P, None]: ...
+@overload
+def checked(*, sanitize: Sanitize) -> Callable[[Callable[P, None]], Callable[P, None]]: ...
+def checked(
+    body: Callable[P, None] | None = None, /, *, sanitize: Sanitize = None
+) -> Callable[P, None] | Callable[[Callable[P, None]], Callable[P, None]]:
     """Check, each time ``body`` is traced, that it leaves no copy in flight.
 
     Use it on kernels passed to ``pl.pallas_call``; :func:`pallas_call`
-    applies it for you.
+    applies it for you. ``@checked(sanitize=True)`` also sanitizes the body
+    wherever :func:`pallas_call` runs it (``sanitize=False``: never, whatever
+    ``SAFEDMA_SANITIZE`` says); see docs/sanitizer.md.
     """
-    return _checked(body, None)
+    if body is not None:
+        return _checked(body, None)
+    mark = for_body(sanitize)
+
+    def decorate(inner: Callable[P, None]) -> Callable[P, None]:
+        wrapped = _checked(inner, None)
+        if mark is not None:
+            setattr(wrapped, _SANITIZE_MARK, mark)
+        return wrapped
+
+    return decorate
+
+
+_SANITIZE_MARK = "__safedma_sanitize__"
 
 
 def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
@@ -126,6 +148,7 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
 
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
+        _sanitizer_reach(traced)  # before the config of a plain entry point is set
         with (
             _config_of_enclosing_call(),
             kernel_scope(name, _named_arguments(signature, args, kwargs)),
@@ -149,6 +172,21 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
     traced.__qualname__ = getattr(_unwrap_partial(body), "__qualname__", name)
     setattr(traced, _MARK, True)
     return traced
+
+
+def _sanitizer_reach(body: object) -> None:
+    """A body traced by a plain ``pl.pallas_call`` (or ``pl.kernel``) cannot be sanitized:
+    an error if it asked for it, a warning under ``SAFEDMA_SANITIZE``."""
+    from safedma._sanitize import _call, _options  # noqa: PLC0415 (only on this path)
+
+    if _call.inside_sanitized_call() or entry_config() is not None:
+        return  # a safedma entry point decided (sanitized it, or said why not)
+    marked = _call.requested_by_body(body)
+    if marked is False:
+        return
+    if marked is not None or _options.requested():
+        entry, _ = _compat.enclosing_entry()
+        _call.unsanitized_entry(f"pl.{entry or 'pallas_call'}", body, marked is not None)
 
 
 def _unwrap_partial(body: object) -> object:
@@ -201,6 +239,8 @@ class PallasCallOptions(TypedDict, total=False):
     cost_estimate: object
     debug: bool
     metadata: dict[str, str] | None
+    # safedma's own, not passed on: sanitize the kernel (docs/sanitizer.md).
+    sanitize: Sanitize
 
 
 class CoreKernelOptions(TypedDict, total=False):
@@ -306,8 +346,17 @@ def pallas_call(
     scratch = options.get("scratch_shapes")
     if scratch is None:
         scratch = getattr(options.get("grid_spec"), "scratch_shapes", None)
-    body = _checked(body, _positional_count(scratch))
-    call = pl.pallas_call(body, out_shape=out_shape, **cast("dict[str, Any]", options))
+    given = cast("dict[str, Any]", options)
+    sanitize = for_call(given.pop("sanitize", None), body)
+    checked_body = _checked(body, _positional_count(scratch))
+    if sanitize is not None:
+        from safedma._sanitize._call import sanitized_pallas_call  # noqa: PLC0415
+
+        call = sanitized_pallas_call(
+            checked_body, body, out_shape, given, sanitize, _positional_count(scratch)
+        )
+        return _with_config(call, config)
+    call = pl.pallas_call(checked_body, out_shape=out_shape, **given)
     return _with_config(call, config)
 
 
@@ -345,6 +394,8 @@ def core_kernel(
     given = cast("dict[str, Any]", options)
     scratch = _positional_count(options.get("scratch_types"))
     bodies = _mpmd_bodies(body)
+    for one in bodies if bodies is not None else [body]:
+        _core_kernel_unsanitized(one)
     checked_body: object
     if bodies is None:
         checked_body = _checked(cast("Callable[..., None]", body), scratch)
@@ -352,6 +403,18 @@ def core_kernel(
         checked_body = [_checked(one, scratch) for one in bodies]
     call = _pl_kernel(checked_body, out_type, mesh=mesh, **given)
     return _with_config(call, config)
+
+
+def _core_kernel_unsanitized(body: object) -> None:
+    """``core_kernel`` runs no sanitizer (its meshes of cores have no per-call output to
+    report through): an error for a body that asked for it, a warning under the switch."""
+    from safedma._sanitize import _call, _options  # noqa: PLC0415 (only on this path)
+
+    marked = _call.requested_by_body(body)
+    if marked is False:
+        return
+    if marked is not None or _options.requested():
+        _call.unsanitized_entry("safedma.core_kernel", body, marked is not None)
 
 
 def _mpmd_bodies(body: object) -> list[Callable[..., None]] | None:

@@ -44,8 +44,8 @@ from safedma.testing._verify import (
     UnwrittenReadError,
     VerificationUnsupportedError,
     VerifyReport,
-    verify,
 )
+from safedma.testing._verify import verify as _verify
 from safedma.testing._errors import (
     ConcurrentInterpretError,
     KernelFailedError,
@@ -62,7 +62,12 @@ from safedma.testing._errors import (
 )
 from safedma.testing._meshes import simulated_mesh
 from safedma.testing._private import PrivateJaxApiError
-from safedma.testing._simulate import simulate
+from safedma.testing._simulate import simulate as _simulate
+from safedma._sanitize._options import sees_the_program_as_written
+
+# verify and simulate see the kernels as written: SAFEDMA_SANITIZE does not instrument them.
+verify = sees_the_program_as_written(_verify)
+simulate = sees_the_program_as_written(_simulate)
 
 __all__ = [
     "DeadlockError",
