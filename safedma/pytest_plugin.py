@@ -24,7 +24,7 @@ tests execute, with the arguments and mesh it ran with, once per program and
 argument types per session. A protocol mistake fails the test that ran the
 kernel, with verify's message; a program verify cannot check is a
 :class:`VerifyUnsupportedWarning` (``safedma_verify_unsupported = fail`` makes it
-a failure). ``safedma_verify_timeout`` (seconds, default 60) bounds each
+a failure). ``safedma_verify_timeout`` (seconds, default 30) bounds each
 verification. Without the option, jax is left untouched.
 
 The plugin is registered under this module's name, so ``-p
@@ -112,8 +112,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini(
         TIMEOUT_OPTION,
-        "safedma: seconds safedma_verify may spend on one kernel program (default 60)",
-        default="60",
+        "safedma: seconds safedma_verify may spend on one kernel program (default 30)",
+        default="30",
     )
     group = parser.getgroup("safedma")
     group.addoption(
@@ -136,7 +136,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest=TIMEOUT_OPTION,
         default=None,
         metavar="SECONDS",
-        help="seconds --safedma-verify may spend on one kernel program (default 60)",
+        help="seconds --safedma-verify may spend on one kernel program (default 30)",
     )
 
 
@@ -222,7 +222,7 @@ def _verify_settings(config: pytest.Config) -> tuple[bool, float]:
     except ValueError:
         seconds = 0.0
     if not seconds > 0:
-        raise pytest.UsageError(f"{TIMEOUT_OPTION} = {raw.strip()!r}: expected seconds, such as 60")
+        raise pytest.UsageError(f"{TIMEOUT_OPTION} = {raw.strip()!r}: expected seconds, such as 30")
     return mode == "fail", seconds
 
 

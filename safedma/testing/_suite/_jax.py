@@ -22,6 +22,7 @@ program is seen on its first run.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,7 @@ __all__ = [
     "RunObserver",
     "install",
     "jax_busy_here",
+    "observer_running",
 ]
 
 #: The primitives that run a Pallas TPU kernel: ``pallas_call``, and ``mpmd_map``
@@ -128,7 +130,7 @@ def _kernels(jaxpr: Any) -> tuple[Kernel, ...]:
     return tuple(found)
 
 
-@dataclass
+@dataclass(eq=False)
 class Program:
     """A lowered program that calls kernels, as it is known when one of its runs starts.
 
@@ -141,7 +143,7 @@ class Program:
     constants: int
     kernels: tuple[Kernel, ...]
     _jaxpr: Any = field(repr=False)
-    outcome: object = None  # what the observer concluded, kept for the later runs
+    _text: str | None = field(default=None, repr=False)
 
     def function(self) -> Callable[..., Any]:
         """The program as a Python function of its (non-constant) arguments."""
@@ -159,15 +161,13 @@ class Program:
 
     def text(self) -> str:
         """The program as jax prints it: equal texts are the same program."""
-        return str(self._jaxpr)
+        if self._text is None:
+            self._text = str(self._jaxpr)
+        return self._text
 
     def constant_values(self) -> list[object]:
         """The values of the program's constants (equal texts may close over others)."""
         return list(getattr(self._jaxpr, "consts", None) or [])
-
-    def release(self) -> None:
-        """Drop the jaxpr once verified: later runs need only the outcome."""
-        self._jaxpr = None
 
 
 RunObserver = Callable[[Program, Sequence[object]], None]
@@ -187,6 +187,17 @@ def jax_busy_here() -> bool:
     """Whether this thread is inside the observer (verify's own jax runs are not runs
     of the suite)."""
     return bool(getattr(_busy, "on", False))
+
+
+@contextlib.contextmanager
+def observer_running() -> Iterator[None]:
+    """Runs on this thread meanwhile are the observer's own, not the suite's."""
+    before = jax_busy_here()
+    _busy.on = True
+    try:
+        yield
+    finally:
+        _busy.on = before
 
 
 def _lowering_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -244,11 +255,8 @@ def _execute_hook(
             executable = entry[0]()
             if executable is not None and executable.xla_executable is xla:
                 program = entry[1]
-                _busy.on = True
-                try:
+                with observer_running():
                     observer(program, args)
-                finally:
-                    _busy.on = False
         if program is None:
             return original(self, *args)
         try:

@@ -2,7 +2,11 @@
 
 Runs may come from another thread (``simulate`` executes on a worker thread), so
 the test a run belongs to is the one pytest is running when it happens, kept
-here, not a thread-local.
+here, not a thread-local. A run on ``simulate``'s worker is verified when the
+``simulate`` call returns, on the test's own thread: verifying it on the worker
+would spend the simulation's ``timeout_s`` and keep its watchdog from stopping
+the run. When ``simulate`` raises instead (its own error, or an interrupt), the
+test has that run's error already, and the run is not verified.
 """
 
 from __future__ import annotations
@@ -26,14 +30,26 @@ Phase = tuple[str, str]  # (test node id, setup/call/teardown)
 
 
 class _Filed:
-    """One run's verdict, and whether the run's own error already reached the test."""
+    """One run: its verdict (None until verified), and whether the run's own error
+    already reached the test."""
 
-    __slots__ = ("verdict", "program", "observed")
+    __slots__ = ("verdict", "program", "arguments", "observed")
 
-    def __init__(self, verdict: Outcome, program: _jax.Program) -> None:
-        self.verdict = verdict
+    def __init__(self, program: _jax.Program, arguments: Sequence[object]) -> None:
+        self.verdict: Outcome | None = None
         self.program = program
+        self.arguments: Sequence[object] = arguments  # until verified
         self.observed = ""
+
+
+class _Simulation:
+    """A ``simulate`` call under way: the thread that called it, the runs it made."""
+
+    __slots__ = ("thread", "runs")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.runs: list[_Filed] = []
 
 
 class SuiteSession:
@@ -45,7 +61,7 @@ class SuiteSession:
         self._lock = threading.Lock()
         self._phase: Phase = (OUTSIDE_TESTS, "")
         self._filed: dict[Phase, list[_Filed]] = {}
-        self._simulation: list[_Filed] | None = None  # runs of the simulate call under way
+        self._simulation: _Simulation | None = None
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -67,13 +83,22 @@ class SuiteSession:
             self._phase = (OUTSIDE_TESTS, "")
 
     def observe(self, program: _jax.Program, run_args: Sequence[object]) -> None:
-        """Verify (or recall) this run and file it under the running test."""
-        verdict = self.verifier.outcome(program, run_args)
+        """File this run under the running test; verify it now, or when the
+        ``simulate`` call whose worker runs it returns."""
+        filed = _Filed(program, list(run_args))
         with self._lock:
-            filed = _Filed(verdict, program)
             self._filed.setdefault(self._phase, []).append(filed)
-            if self._simulation is not None:
-                self._simulation.append(filed)
+            simulation = self._simulation
+            if simulation is not None:
+                simulation.runs.append(filed)
+                if simulation.thread != threading.get_ident():
+                    return
+        self._verify(filed)
+
+    def _verify(self, filed: _Filed) -> None:
+        if filed.verdict is None:
+            filed.verdict = self.verifier.outcome(filed.program, filed.arguments)
+            filed.arguments = ()
 
     def run_failed(self, program: _jax.Program, error: BaseException) -> None:
         """The run of ``program`` just filed raised ``error`` to the test itself."""
@@ -85,19 +110,19 @@ class SuiteSession:
 
     def _open_simulation(self) -> object:
         with self._lock:
-            self._simulation = []
+            self._simulation = _Simulation()
             return self._simulation
 
     def _close_simulation(self, token: object, error: BaseException | None) -> None:
         with self._lock:
             if self._simulation is token:
                 self._simulation = None
-            if error is None or not isinstance(token, list):
-                return
-            for filed in cast("list[_Filed]", token):
-                filed.observed = filed.observed or (
-                    f"simulate raised {type(error).__name__} for this run"
-                )
+        simulation = cast("_Simulation", token)
+        if error is not None:
+            return  # its runs stay unverified: the test has their error
+        with _jax.observer_running():  # verify's own jax work is no run of the suite
+            for filed in simulation.runs:
+                self._verify(filed)
 
     def take(self, test: str, phase: str) -> list[Outcome]:
         """The verdicts filed under ``test``'s ``phase``, removed: one per program and
@@ -106,6 +131,8 @@ class SuiteSession:
             runs = self._filed.pop((test, phase), [])
         groups: dict[tuple[object, ...], list[Outcome]] = {}
         for filed in runs:
+            if filed.verdict is None:  # in a simulate call that raised: not verified
+                continue
             v = replace(filed.verdict, observed=filed.observed)
             groups.setdefault((v.kind, v.program, v.kernels, v.error, v.message), []).append(v)
         merged: list[Outcome] = []

@@ -1,9 +1,9 @@
 """Which runs happen inside a ``simulate`` call, and whether that call failed.
 
-A test that calls ``simulate`` receives simulate's own error for a kernel that
-misbehaves (and a test of a deliberately broken kernel expects it); verify's
-finding on the same run is then no news to the test. ``simulate`` runs its
-program on a worker thread, so the scope is the call, not the thread:
+A test that calls ``simulate`` receives simulate's own error (or the interrupt)
+for a run that failed, and a test of a deliberately broken kernel expects it:
+verify's verdict on that run would be no news to the test. ``simulate`` runs
+its program on a worker thread, so the scope is the call, not the thread:
 simulations run one at a time per process (``simulate`` holds a lock).
 """
 
@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from safedma.testing import _simulate
-from safedma.testing._errors import SimulationError
 
 __all__ = ["watch_simulations"]
 
@@ -23,8 +22,8 @@ Close = Callable[[object, "BaseException | None"], None]
 
 def watch_simulations(open_scope: Scope, close_scope: Close) -> Callable[[], None]:
     """Call ``open_scope()`` as each ``simulate`` starts and ``close_scope(token,
-    error)`` as it ends (``error``: the SimulationError it raised, or None);
-    returns the function that stops watching."""
+    error)`` as it ends (``error``: what it raised, or None); returns the function
+    that stops watching."""
     # simulate() calls run_simulation through its module's global name
     original: Callable[..., Any] = getattr(_simulate, "run_simulation")
 
@@ -33,7 +32,7 @@ def watch_simulations(open_scope: Scope, close_scope: Close) -> Callable[[], Non
         error: BaseException | None = None
         try:
             return original(*args, **kwargs)
-        except SimulationError as err:
+        except BaseException as err:
             error = err
             raise
         finally:
