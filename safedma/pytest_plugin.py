@@ -25,7 +25,9 @@ argument types per session. A protocol mistake fails the test that ran the
 kernel, with verify's message; a program verify cannot check is a
 :class:`VerifyUnsupportedWarning` (``safedma_verify_unsupported = fail`` makes it
 a failure). ``safedma_verify_timeout`` (seconds, default 30) bounds each
-verification. Without the option, jax is left untouched.
+verification. A test that runs a broken kernel on purpose says so with
+``@pytest.mark.safedma_verify_expected("LeftoverSemaphoreError")``. Without the
+option, jax is left untouched.
 
 The plugin is registered under this module's name, so ``-p
 no:safedma.pytest_plugin`` turns it off, and a ``conftest.py`` may list it in
@@ -61,6 +63,7 @@ VERIFY_OPTION: Final = "safedma_verify"
 VERIFY_ENVIRONMENT: Final = "SAFEDMA_VERIFY"
 UNSUPPORTED_OPTION: Final = "safedma_verify_unsupported"
 TIMEOUT_OPTION: Final = "safedma_verify_timeout"
+EXPECTED_MARKER: Final = "safedma_verify_expected"
 _YES: Final = frozenset({"1", "true", "yes", "on"})
 _NO: Final = frozenset({"0", "false", "no", "off"})
 
@@ -191,6 +194,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # A plugin loaded by a conftest's pytest_plugins arrives after the hook above;
     # test modules are imported after this one.
     _configure_environment(config)
+    config.addinivalue_line(
+        "markers",
+        f"{EXPECTED_MARKER}(*names, errors=[classes]): the test runs a kernel with these "
+        "protocol mistakes on purpose (safedma.testing error names or classes; none: "
+        "any); --safedma-verify reports them without failing the test",
+    )
     _start_verifying(config)
 
 

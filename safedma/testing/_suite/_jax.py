@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -190,7 +190,7 @@ def jax_busy_here() -> bool:
 
 
 @contextlib.contextmanager
-def observer_running() -> Iterator[None]:
+def observer_running() -> Generator[None, None, None]:
     """Runs on this thread meanwhile are the observer's own, not the suite's."""
     before = jax_busy_here()
     _busy.on = True

@@ -19,8 +19,8 @@ class Outcome:
     """One program's verdict. ``kernels``: "name (called at file:line)" of each kernel
     the program calls; ``error``: the class name of verify's error ("" when clean);
     ``seconds``: what verifying it cost (0 for a verdict taken from the cache);
-    ``observed``: why the test already knows the run went wrong (the run raised, or
-    the ``simulate`` call around it did), "" when it does not."""
+    ``observed``: why the finding is no news to the test (the run raised to it, or
+    the test says it runs this mistake on purpose), "" when it is."""
 
     kind: Kind
     program: str
@@ -30,6 +30,13 @@ class Outcome:
     seconds: float = 0.0
     cached: bool = False
     observed: str = ""
+    # the error's class and its bases, by name (an expected LeftoverSemaphoreError
+    # matches verify's VerifiedLeftoverError)
+    error_classes: tuple[str, ...] = ()
+
+    def is_one_of(self, names: frozenset[str]) -> bool:
+        """Whether verify's error is (a subclass of) one of ``names``; any, if empty."""
+        return not names or bool(names.intersection(self.error_classes))
 
     def fails_the_test(self, fail_unsupported: bool) -> bool:
         """A finding the test has not received otherwise (or, if asked, any program
@@ -66,5 +73,6 @@ class Outcome:
             "seconds": self.seconds,
             "cached": self.cached,
             "observed": self.observed,
+            "error_classes": list(self.error_classes),
             "test": test,
         }

@@ -9,14 +9,36 @@ finishes.
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import replace
 
 import pytest
 
-from safedma.testing._suite._outcome import FINDING
+from safedma.testing._suite._outcome import FINDING, Outcome
 from safedma.testing._suite._reports import Tally, file_on_report
 from safedma.testing._suite._session import OUTSIDE_TESTS, SuiteSession
 
-__all__ = ["VerifyEveryKernel"]
+__all__ = ["EXPECTED_MARKER", "VerifyEveryKernel"]
+
+#: ``@pytest.mark.safedma_verify_expected("LeftoverSemaphoreError", ...)`` (or
+#: ``errors=[LeftoverSemaphoreError]``): the test runs a kernel with these mistakes on
+#: purpose (none named: any finding).
+EXPECTED_MARKER = "safedma_verify_expected"  # the name safedma.pytest_plugin registers
+
+
+def _expected(item: pytest.Item, verdicts: list[Outcome]) -> list[Outcome]:
+    """The verdicts, with the findings the test's marker expects marked as no news."""
+    marker = item.get_closest_marker(EXPECTED_MARKER)
+    if marker is None:
+        return verdicts
+    # Names, or classes: pytest takes a lone class argument for the thing to mark, so
+    # classes go in errors=[...].
+    given = [*marker.args, *marker.kwargs.get("errors", ())]
+    names = frozenset(a if isinstance(a, str) else getattr(a, "__name__", str(a)) for a in given)
+    reason = f"the test's {EXPECTED_MARKER} marker expects it"
+    return [
+        replace(v, observed=v.observed or reason) if v.kind == FINDING and v.is_one_of(names) else v
+        for v in verdicts
+    ]
 
 
 class VerifyEveryKernel:
@@ -57,7 +79,7 @@ class VerifyEveryKernel:
     ) -> Generator[None, object, None]:
         outcome = yield
         report: pytest.TestReport = getattr(outcome, "get_result")()
-        verdicts = self.suite.take(item.nodeid, call.when)
+        verdicts = _expected(item, self.suite.take(item.nodeid, call.when))
         if call.when == "teardown":
             self.suite.end()
         file_on_report(item, report, verdicts, self.fail_unsupported, self.warning)

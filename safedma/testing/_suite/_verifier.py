@@ -166,12 +166,14 @@ class RunVerifier:
         start = time.perf_counter()
         kind: Kind = CLEAN
         error, message = "", ""
+        classes: tuple[str, ...] = ()
         try:
             verify(program.function(), *args, timeout_s=self.timeout_s)
         except Exception as err:  # classified: verify's findings, limits, own failures
             kind = kind_of(err)
             error, message = type(err).__name__, str(err)
+            classes = tuple(c.__name__ for c in type(err).__mro__ if c not in (object,))
         seconds = time.perf_counter() - start
         self.seconds += seconds
         self.programs += 1
-        return Outcome(kind, program.name, kernels, error, message, seconds)
+        return Outcome(kind, program.name, kernels, error, message, seconds, error_classes=classes)

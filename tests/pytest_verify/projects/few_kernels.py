@@ -1,15 +1,17 @@
-"""A dropped wait, and a program verify does not check (two shard_maps)."""
+"""A dropped wait, run by accident and on purpose, and a program verify does not
+check (two shard_maps)."""
 
 import functools
 
 import jax
+import pytest
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from safedma.testing import simulated_mesh
+from safedma.testing import LeftoverSemaphoreError, simulated_mesh
 
 
 def dropped_wait_kernel(x_hbm, o_ref, buf, sem):
@@ -35,6 +37,16 @@ def call(kernel, x):
 
 
 def test_dropped_wait():
+    jax.block_until_ready(jax.jit(functools.partial(call, dropped_wait_kernel))(jnp.ones((8, 128))))
+
+
+@pytest.mark.safedma_verify_expected(errors=[LeftoverSemaphoreError])
+def test_dropped_wait_on_purpose():
+    jax.block_until_ready(jax.jit(functools.partial(call, dropped_wait_kernel))(jnp.ones((8, 128))))
+
+
+@pytest.mark.safedma_verify_expected("DeadlockError")
+def test_dropped_wait_expecting_another_mistake():
     jax.block_until_ready(jax.jit(functools.partial(call, dropped_wait_kernel))(jnp.ones((8, 128))))
 
 
