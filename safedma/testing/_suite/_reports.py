@@ -79,7 +79,7 @@ class Tally:
 
     def lines(self, verbose: bool) -> list[str]:
         """The counts, then one line per finding and per program not checked (with
-        ``verbose``, per finding on a run that raised to its test, too)."""
+        ``verbose``, per finding already known to its test, too)."""
         new = [p for p in self.problems if not p.get("observed")]
         known = [p for p in self.problems if p.get("observed")]
         findings = [p for p in new if p.get("kind") == FINDING]
@@ -89,14 +89,14 @@ class Tally:
             f"{self.verified} kernel program(s) verified in {self.seconds:.2f} s; "
             f"{self.from_cache} test phase(s) ran a program already verified; "
             f"{len(findings)} finding(s), {len(unsupported)} not checkable, "
-            f"{len(failed)} verify failure(s); {len(known)} on runs that raised "
-            "to the test themselves"
+            f"{len(failed)} verify failure(s); {len(known)} already known to the test "
+            "(its run raised, or its marker expects it)"
         ]
         for label, group in (
             ("finding", findings),
             ("not checkable", unsupported),
             ("verify failed", failed),
-            ("the run raised too", known if verbose else []),
+            ("known to the test", known if verbose else []),
         ):
             for p in group:
                 kernels = p.get("kernels")
