@@ -17,6 +17,18 @@ Fixtures: ``simulated_mesh_factory`` (``factory(shape, axis_names)`` ->
 ``jax.sharding.Mesh`` over the simulated devices) and ``simulated_devices``
 (how many there are).
 
+Verifying every kernel the suite runs: ``--safedma-verify`` (or the ini option
+``safedma_verify = true``, or ``SAFEDMA_VERIFY=1`` in the environment, which wins
+over the ini) runs :func:`safedma.testing.verify` on every kernel program the
+tests execute, with the arguments and mesh it ran with, once per program and
+argument types per session. A protocol mistake fails the test that ran the
+kernel, with verify's message; a program verify cannot check is a
+:class:`VerifyUnsupportedWarning` (``safedma_verify_unsupported = fail`` makes it
+a failure). ``safedma_verify_timeout`` (seconds, default 30) bounds each
+verification. A test that runs a broken kernel on purpose says so with
+``@pytest.mark.safedma_verify_expected("LeftoverSemaphoreError")``. Without the
+option, jax is left untouched.
+
 The plugin is registered under this module's name, so ``-p
 no:safedma.pytest_plugin`` turns it off, and a ``conftest.py`` may list it in
 ``pytest_plugins`` (as safedma's own does) without registering it twice.
@@ -34,7 +46,12 @@ import pytest
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-__all__ = ["MeshFactory", "simulated_devices", "simulated_mesh_factory"]
+__all__ = [
+    "MeshFactory",
+    "VerifyUnsupportedWarning",
+    "simulated_devices",
+    "simulated_mesh_factory",
+]
 
 DEVICES_OPTION: Final = "safedma_devices"
 PLATFORMS_OPTION: Final = "safedma_platforms"
@@ -42,8 +59,26 @@ _DEVICE_FLAG: Final = "--xla_force_host_platform_device_count"
 
 MeshFactory = Callable[[int | Sequence[int], str | Sequence[str]], "Mesh"]
 
+VERIFY_OPTION: Final = "safedma_verify"
+VERIFY_ENVIRONMENT: Final = "SAFEDMA_VERIFY"
+UNSUPPORTED_OPTION: Final = "safedma_verify_unsupported"
+TIMEOUT_OPTION: Final = "safedma_verify_timeout"
+EXPECTED_MARKER: Final = "safedma_verify_expected"
+_YES: Final = frozenset({"1", "true", "yes", "on"})
+_NO: Final = frozenset({"0", "false", "no", "off"})
+
 _configured_devices = pytest.StashKey[int]()
 _saved_environment = pytest.StashKey[dict[str, str | None]]()
+_VERIFY_PLUGIN: Final = "safedma-verify-every-kernel"
+
+
+class VerifyUnsupportedWarning(UserWarning):
+    """A kernel program a test ran that ``--safedma-verify`` could not check.
+
+    verify does not model something it does (or ran out of time, or failed): the
+    kernel was run, not proved. ``safedma_verify_unsupported = fail`` makes it a
+    test failure; ``-W error::safedma.pytest_plugin.VerifyUnsupportedWarning`` too.
+    """
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,6 +100,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="N",
         help="simulate N CPU devices for jax (overrides the safedma_devices ini option)",
+    )
+    parser.addini(
+        VERIFY_OPTION,
+        "safedma: verify every kernel the tests run with safedma.testing.verify "
+        f"(the environment variable {VERIFY_ENVIRONMENT} wins over this)",
+        type="bool",
+        default=False,
+    )
+    parser.addini(
+        UNSUPPORTED_OPTION,
+        "safedma: a kernel safedma_verify cannot check: warn (default) or fail",
+        default="warn",
+    )
+    parser.addini(
+        TIMEOUT_OPTION,
+        "safedma: seconds safedma_verify may spend on one kernel program (default 30)",
+        default="30",
+    )
+    group = parser.getgroup("safedma")
+    group.addoption(
+        "--safedma-verify",
+        dest=VERIFY_OPTION,
+        action="store_true",
+        default=False,
+        help="verify the DMA/semaphore protocol of every kernel the tests run; a "
+        "mistake fails the test that ran it",
+    )
+    group.addoption(
+        "--safedma-verify-unsupported",
+        dest=UNSUPPORTED_OPTION,
+        choices=("warn", "fail"),
+        default=None,
+        help="a kernel --safedma-verify cannot check: warn (default) or fail the test",
+    )
+    group.addoption(
+        "--safedma-verify-timeout",
+        dest=TIMEOUT_OPTION,
+        default=None,
+        metavar="SECONDS",
+        help="seconds --safedma-verify may spend on one kernel program (default 30)",
     )
 
 
@@ -119,6 +194,57 @@ def pytest_configure(config: pytest.Config) -> None:
     # A plugin loaded by a conftest's pytest_plugins arrives after the hook above;
     # test modules are imported after this one.
     _configure_environment(config)
+    config.addinivalue_line(
+        "markers",
+        f"{EXPECTED_MARKER}(*names, errors=[classes]): the test runs a kernel with these "
+        "protocol mistakes on purpose (safedma.testing error names or classes; none: "
+        "any); --safedma-verify reports them without failing the test",
+    )
+    _start_verifying(config)
+
+
+def _verify_requested(config: pytest.Config) -> bool:
+    if config.getoption(VERIFY_OPTION, default=False):
+        return True
+    text = os.environ.get(VERIFY_ENVIRONMENT, "").strip().lower()
+    if not text:
+        return bool(config.getini(VERIFY_OPTION))
+    if text in _YES:
+        return True
+    if text in _NO:
+        return False
+    raise pytest.UsageError(
+        f"{VERIFY_ENVIRONMENT}={text!r}: expected 1 (verify every kernel the tests run) or 0"
+    )
+
+
+def _verify_settings(config: pytest.Config) -> tuple[bool, float]:
+    """(unsupported kernels fail the test, seconds per program), checked."""
+    mode = str(
+        config.getoption(UNSUPPORTED_OPTION, default=None) or config.getini(UNSUPPORTED_OPTION)
+    ).strip()
+    if mode not in ("warn", "fail"):
+        raise pytest.UsageError(f"{UNSUPPORTED_OPTION} = {mode!r}: expected warn or fail")
+    raw = str(config.getoption(TIMEOUT_OPTION, default=None) or config.getini(TIMEOUT_OPTION))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise pytest.UsageError(f"{TIMEOUT_OPTION} = {raw.strip()!r}: expected seconds, such as 30")
+    return mode == "fail", seconds
+
+
+def _start_verifying(config: pytest.Config) -> None:
+    if config.pluginmanager.has_plugin(_VERIFY_PLUGIN) or not _verify_requested(config):
+        return
+    fail_unsupported, seconds = _verify_settings(config)
+    # Only now: without the option the plugin imports no jax and registers no hooks.
+    from safedma.testing._suite._plugin import VerifyEveryKernel
+
+    plugin = VerifyEveryKernel(seconds, fail_unsupported, VerifyUnsupportedWarning)
+    config.pluginmanager.register(plugin, _VERIFY_PLUGIN)
+    config.add_cleanup(plugin.close)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

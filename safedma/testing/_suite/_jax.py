@@ -1,0 +1,304 @@
+"""Every jax internal the suite verifier uses, in one place, each with the reason.
+
+jax has no public hook that runs when a compiled program executes. The program a
+run executes is known where jax lowers it, and its concrete arguments where jax
+executes it; the two meet at the executable:
+
+* ``pxla.lower_sharding_computation(jaxpr, ...)`` lowers every ``jax.jit`` program
+  (a user's jit, an eager primitive, which jax runs as a jit of that primitive, an
+  eager ``shard_map``, and ahead-of-time ``.trace().lower()``, as ``simulate``
+  uses): its jaxpr is recorded here when it calls a kernel.
+* ``MeshComputation.compile`` turns that lowering into an executable: the
+  executable is tied to the recorded program.
+* ``ExecuteReplicated.__call__`` runs the executable with its concrete arguments,
+  before jax hands them to XLA (donated buffers are still readable): the observer
+  is called with the program and those arguments.
+
+jax's C++ dispatch skips Python after a program's first call when the program
+has no side effects (a compiled TPU kernel); interpret-mode kernels have them
+(host callbacks), so on CPU every run comes through here. Either way, every
+program is seen on its first run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+
+from safedma.testing._private import moved, private_module
+from safedma.testing._user_frames import traceback_frames, user_frame_of
+
+__all__ = [
+    "KERNEL_PRIMITIVES",
+    "Kernel",
+    "Program",
+    "RunFailed",
+    "RunObserver",
+    "install",
+    "jax_busy_here",
+    "observer_running",
+]
+
+#: The primitives that run a Pallas TPU kernel: ``pallas_call``, and ``mpmd_map``
+#: (``pl.kernel``/``pl.core_map`` over a TensorCore or SparseCore mesh).
+KERNEL_PRIMITIVES: Final = frozenset({"pallas_call", "mpmd_map"})
+
+# Why: Jaxpr (and ClosedJaxpr in jax 0.10, which 0.12 folded into Jaxpr) and
+# jaxpr_as_fun, the function that runs a jaxpr by binding its equations again,
+# are the program representation; jax exposes none of them publicly.
+_core = private_module("jax._src.core")
+# Why: pxla holds the three points above (lowering, compiling, executing).
+_pxla = private_module("jax._src.interpreters.pxla")
+
+_CLOSED: Any = getattr(_core, "ClosedJaxpr", None)
+_JAXPR_TYPES: tuple[type, ...] = tuple(t for t in (_core.Jaxpr, _CLOSED) if t is not None)
+
+
+def _open(jaxpr: Any) -> Any:
+    """The open jaxpr (equations, invars) of a Jaxpr or ClosedJaxpr."""
+    return jaxpr.jaxpr if _CLOSED is not None and isinstance(jaxpr, _CLOSED) else jaxpr
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """The jaxprs among an equation's parameters (jit, shard_map, cond branches, loops)."""
+    for value in params.values():
+        items: Sequence[Any] = (
+            cast("Sequence[Any]", value) if isinstance(value, (tuple, list)) else (value,)
+        )
+        for item in items:
+            if isinstance(item, _JAXPR_TYPES):
+                yield item
+
+
+def _kernel_eqns(jaxpr: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """Every kernel equation of ``jaxpr``, at any depth, with the frames of the
+    equations around it (jax records a nested body's frames only up to that body)."""
+    stack: list[tuple[Any, list[Any]]] = [(_open(jaxpr), [])]
+    while stack:
+        current, outer = stack.pop()
+        for eqn in current.eqns:
+            if eqn.primitive.name in KERNEL_PRIMITIVES:
+                yield eqn, outer
+                continue  # a kernel's body is the kernel, not another kernel call
+            subs = list(_sub_jaxprs(eqn.params))
+            if subs:
+                frames = traceback_frames(eqn.source_info) + outer
+                stack.extend((_open(s), frames) for s in subs)
+
+
+def calls_a_kernel(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` runs a Pallas TPU kernel anywhere (through jit, shard_map,
+    cond, loops, custom derivatives)."""
+    return next(_kernel_eqns(jaxpr), None) is not None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel call of a program: its name and the user's line that called it."""
+
+    name: str
+    line: str
+
+    def __str__(self) -> str:
+        return f"{self.name} (called at {self.line})" if self.line else self.name
+
+
+def _kernel_name(eqn: Any) -> str:
+    # Why: the kernel's name is a pallas_call parameter ("name" in some versions,
+    # "name_and_src_info" in others); with none given, the kernel function's own name
+    # from the kernel jaxpr's debug info ("my_kernel at file.py:12").
+    params: dict[str, Any] = eqn.params
+    name = params.get("name")
+    if name is None:
+        name = getattr(params.get("name_and_src_info"), "name", None)
+    if not name:
+        info = getattr(getattr(params.get("jaxpr"), "debug_info", None), "func_src_info", None)
+        if isinstance(info, str) and info:
+            name = info.split(" at ")[0]
+    return str(name or ("pl.kernel" if eqn.primitive.name == "mpmd_map" else "kernel"))
+
+
+def _kernels(jaxpr: Any) -> tuple[Kernel, ...]:
+    found: dict[Kernel, None] = {}
+    for eqn, outer in _kernel_eqns(jaxpr):
+        line = user_frame_of(traceback_frames(eqn.source_info) + outer, whole_kernel=False)
+        found[Kernel(_kernel_name(eqn), line or "")] = None
+    return tuple(found)
+
+
+@dataclass(eq=False)
+class Program:
+    """A lowered program that calls kernels, as it is known when one of its runs starts.
+
+    ``name`` is jax's name for it (``run`` for ``jax.jit(run)``, ``wrapped`` for an
+    eager ``pallas_call``); ``constants`` is how many leading arguments of a run
+    are the program's own constants (jax 0.12 passes them as arguments).
+    """
+
+    name: str
+    constants: int
+    kernels: tuple[Kernel, ...]
+    _jaxpr: Any = field(repr=False)
+    _text: str | None = field(default=None, repr=False)
+
+    def function(self) -> Callable[..., Any]:
+        """The program as a Python function of its (non-constant) arguments."""
+        # Why: jaxpr_as_fun binds the recorded equations again, so tracing it gives
+        # the same program with the same source lines.
+        as_fun: Callable[..., Callable[..., Any]] = getattr(_core, "jaxpr_as_fun")
+        return as_fun(self._jaxpr)
+
+    def arguments(self, run_args: Sequence[object]) -> list[object]:
+        """The program's own arguments among a run's (the constants dropped)."""
+        return list(run_args[self.constants :])
+
+    def argument_count(self) -> int:
+        return len(_open(self._jaxpr).invars)
+
+    def text(self) -> str:
+        """The program as jax prints it: equal texts are the same program."""
+        if self._text is None:
+            self._text = str(self._jaxpr)
+        return self._text
+
+    def constant_values(self) -> list[object]:
+        """The values of the program's constants (equal texts may close over others)."""
+        return list(getattr(self._jaxpr, "consts", None) or [])
+
+
+RunObserver = Callable[[Program, Sequence[object]], None]
+RunFailed = Callable[[Program, BaseException], None]
+
+_lock = threading.Lock()
+_busy = threading.local()
+# MeshComputation -> (jaxpr weakly, name, constants): a lowering that may never run
+# (compile_for_tpu) must not keep its program alive.
+_lowered: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], str]] = weakref.WeakKeyDictionary()
+# id(LoadedExecutable) -> (the MeshExecutable weakly, its Program): an executable
+# keeps its program until it is freed.
+_executables: dict[int, tuple[weakref.ref[Any], Program]] = {}
+
+
+def jax_busy_here() -> bool:
+    """Whether this thread is inside the observer (verify's own jax runs are not runs
+    of the suite)."""
+    return bool(getattr(_busy, "on", False))
+
+
+@contextlib.contextmanager
+def observer_running() -> Generator[None, None, None]:
+    """Runs on this thread meanwhile are the observer's own, not the suite's."""
+    before = jax_busy_here()
+    _busy.on = True
+    try:
+        yield
+    finally:
+        _busy.on = before
+
+
+def _lowering_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def lower_sharding_computation(closed_jaxpr: Any, *args: Any, **kwargs: Any) -> Any:
+        computation = original(closed_jaxpr, *args, **kwargs)
+        if calls_a_kernel(closed_jaxpr):
+            name = args[1] if len(args) > 1 else kwargs.get("fun_name", "")
+            with _lock:
+                _lowered[computation] = (weakref.ref(closed_jaxpr), str(name))
+        return computation
+
+    return lower_sharding_computation
+
+
+def _compile_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 (jax's name)
+        executable = original(self, *args, **kwargs)
+        with _lock:
+            lowered = _lowered.get(self)
+        if lowered is None:
+            return executable
+        jaxpr = lowered[0]()
+        if jaxpr is None:
+            return executable
+        # Why: MeshComputation.const_args are the hoisted constants a run passes first.
+        constants = len(getattr(self, "const_args", None) or ())
+        program = Program(lowered[1], constants, _kernels(jaxpr), jaxpr)
+        # Why: MeshExecutable.xla_executable is the executable ExecuteReplicated runs.
+        key = id(executable.xla_executable)
+        with _lock:
+            _executables[key] = (weakref.ref(executable), program)
+        weakref.finalize(executable, _forget, key, program)
+        return executable
+
+    return compile
+
+
+def _forget(key: int, program: Program) -> None:
+    with _lock:
+        entry = _executables.get(key)
+        if entry is not None and entry[1] is program:
+            del _executables[key]
+
+
+def _execute_hook(
+    original: Callable[..., Any], observer: RunObserver, failed: RunFailed
+) -> Callable[..., Any]:
+    def __call__(self: Any, *args: Any) -> Any:  # noqa: N807 (jax's name)
+        # Why: ExecuteReplicated.xla_executable ties this run to its MeshExecutable.
+        xla = self.xla_executable
+        with _lock:
+            entry = _executables.get(id(xla))
+        program: Program | None = None
+        if entry is not None and not jax_busy_here():
+            executable = entry[0]()
+            if executable is not None and executable.xla_executable is xla:
+                program = entry[1]
+                with observer_running():
+                    observer(program, args)
+        if program is None:
+            return original(self, *args)
+        try:
+            return original(self, *args)
+        except BaseException as err:
+            failed(program, err)
+            raise
+
+    return __call__
+
+
+def install(observer: RunObserver, failed: RunFailed) -> Callable[[], None]:
+    """Call ``observer(program, args)`` before every run of a program that calls a
+    kernel, and ``failed(program, error)`` when the run itself raises; returns the
+    function that puts jax back as it was."""
+    # Why: the three private points named in the module docstring.
+    lower = getattr(_pxla, "lower_sharding_computation", None)
+    mesh_computation: Any = getattr(_pxla, "MeshComputation", None)
+    execute: Any = getattr(_pxla, "ExecuteReplicated", None)
+    missing = [
+        n
+        for n, v in (
+            ("lower_sharding_computation", lower),
+            ("MeshComputation", mesh_computation),
+            ("ExecuteReplicated", execute),
+        )
+        if v is None
+    ]
+    if missing or lower is None:
+        raise moved(f"jax._src.interpreters.pxla.{', '.join(missing)}", "attribute missing")
+    compile_original = mesh_computation.__dict__["compile"]
+    call_original = execute.__dict__["__call__"]
+    setattr(_pxla, "lower_sharding_computation", _lowering_hook(lower))
+    setattr(mesh_computation, "compile", _compile_hook(compile_original))
+    setattr(execute, "__call__", _execute_hook(call_original, observer, failed))
+
+    def uninstall() -> None:
+        setattr(_pxla, "lower_sharding_computation", lower)
+        setattr(mesh_computation, "compile", compile_original)
+        setattr(execute, "__call__", call_original)
+        with _lock:
+            _lowered.clear()
+            _executables.clear()
+
+    return uninstall
