@@ -1,4 +1,5 @@
-"""Pass: raw pltpu shapes from session 9's held-out kernels, with the stubs (docs/held-out.md).
+"""Pass: raw pltpu shapes of KV-transfer, host-copy, SparseCore and pipeline kernels, with
+the stubs.
 
 * a chunked DMA future (a KV-cache transfer): copies of a length read from SMEM started in
   a ``pl.loop`` on an output semaphore, and rebuilt and waited in the next kernel;

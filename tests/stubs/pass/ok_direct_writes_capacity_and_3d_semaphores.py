@@ -1,4 +1,4 @@
-"""Pass: raw pltpu shapes from session 8's held-out kernels, with the stubs (docs/held-out.md).
+"""Pass: raw pltpu shapes of reduce-scatter and all-to-all kernels, with the stubs.
 
 * a direct-write reduce-scatter: an all-device barrier through dict device ids of
   ``jnp.int32(i)``; per row a keyword ``make_async_remote_copy`` and ``make_async_copy`` of

@@ -1,5 +1,5 @@
-"""Pass: raw pltpu code in the shapes other authors write, with the stubs (docs/held-out.md,
-session 5). Branded parameters, no stub error:
+"""Pass: raw pltpu code in the shapes production kernels take, with the stubs. Branded
+parameters, no stub error:
 
 * semaphores taken from a ``Mapping[str, SemRef]`` (a dict of scratch);
 * helpers that start a remote copy and drop the descriptor, and helpers that wait its send

@@ -1,4 +1,4 @@
-"""Pass: raw pltpu shapes from session 6's held-out kernels, with the stubs (docs/held-out.md).
+"""Pass: raw pltpu shapes of paged-attention and grouped-matmul kernels, with the stubs.
 
 * ``pltpu.make_async_copy(src_ref=..., dst_ref=..., sem=...)`` by keyword, started with
   ``priority=1``, and one wait by size on a self-copy of the total;

@@ -1,4 +1,4 @@
-"""Pass: raw pltpu shapes from session 7's held-out kernels, with the stubs (docs/held-out.md).
+"""Pass: raw pltpu shapes of ring, ragged all-to-all and host-copy kernels, with the stubs.
 
 * a ring lane: ``make_async_remote_copy`` by keyword with ``device_id_type``, its receive
   waited under one ``pl.when``, its start under another, its send waited at the end of the

@@ -1,4 +1,4 @@
-"""Pass: raw pltpu code from jax's own Pallas TPU tests, with the stubs (docs/held-out.md).
+"""Pass: raw pltpu code from jax's own Pallas TPU tests, with the stubs.
 
 * ``pl.select_ref(i, *refs)`` as a copy's source or semaphore: jax types its result
   ``TransformedRef``, which the stubs rejected (7 errors on jax's

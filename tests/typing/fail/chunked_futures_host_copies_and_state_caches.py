@@ -1,4 +1,4 @@
-"""Mistakes seeded into the shapes of session 9's held-out kernels (docs/held-out.md): a
+"""Mistakes seeded into shapes production kernels take (vLLM tpu-inference): a
 chunked copy as a DMA future, a copy to host memory, a state cache double-buffered across
 pipeline steps, a SparseCore histogram. Each expected error is the ``# type: ignore[code]``
 on its line.

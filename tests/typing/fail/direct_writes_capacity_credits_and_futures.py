@@ -1,4 +1,4 @@
-"""Mistakes seeded into the shapes of session 8's held-out kernels (docs/held-out.md): a
+"""Mistakes seeded into shapes production kernels take (vLLM tpu-inference, simply's MoE): a
 direct-write reduce-scatter, a bidirectional reduce-scatter matmul with capacity
 semaphores, a ragged all-to-all as a DMA future. Each expected error is the
 ``# type: ignore[code]`` on its line.

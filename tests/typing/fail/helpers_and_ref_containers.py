@@ -1,4 +1,4 @@
-"""S-rows in the shapes other authors' kernels take (docs/held-out.md, session 5): inside
+"""S-rows (docs/catalogue.md) in the shapes production kernels take: inside
 helpers, containers of refs (dicts, tuples, lists, dataclasses), closures and partials.
 Each expected error is the ``# type: ignore[code]`` on its line.
 """

@@ -1,5 +1,5 @@
-"""Mistakes seeded into the shapes of session 7's held-out kernels (docs/held-out.md): a
-per-lane ring rotation with its semaphores in a dataclass, a ragged all-to-all waited by
+"""Mistakes seeded into shapes production kernels take (vLLM tpu-inference, jax's ragged
+all-to-all): a per-lane ring rotation with its semaphores in a dataclass, a ragged all-to-all waited by
 totals, a host <-> HBM copy on a scoped semaphore. Each expected error is the
 ``# type: ignore[code]`` on its line.
 """

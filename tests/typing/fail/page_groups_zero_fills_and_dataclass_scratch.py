@@ -1,5 +1,5 @@
-"""Mistakes seeded into the shapes of session 6's held-out kernels (docs/held-out.md):
-a page-group helper, zero-fill copies in a ``fori_loop`` body waited by size, a pytree
+"""Mistakes seeded into shapes production kernels take (paged attention and grouped
+matmuls): a page-group helper, zero-fill copies in a ``fori_loop`` body waited by size, a pytree
 dataclass of scratch refs. Each expected error is the ``# type: ignore[code]`` on its line.
 """
 

@@ -1,4 +1,4 @@
-"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 9).
+"""Pass: shapes found in production DMA kernels (vLLM tpu-inference, SparseCore kernels).
 
 * a chunked copy as a DMA future (a KV-cache transfer): a start kernel with four
   scalar-prefetched tables that starts, in a ``pl.loop`` whose trip count is read from

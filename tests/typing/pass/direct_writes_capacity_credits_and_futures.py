@@ -1,4 +1,4 @@
-"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 8).
+"""Pass: shapes found in production DMA kernels (vLLM tpu-inference, simply, tokamax).
 
 * a direct-write reduce-scatter: an all-device barrier through dict device ids (itself
   included); in a ``fori_loop`` whose trip count is read from SMEM, a row gather of copies

@@ -1,4 +1,4 @@
-"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 7).
+"""Pass: shapes found in production DMA kernels (vLLM tpu-inference, jax's ragged all-to-all).
 
 * a per-lane ring rotation: the ring's semaphores one scratch entry, a generic pytree
   dataclass, a startup

@@ -1,4 +1,4 @@
-"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 10).
+"""Pass: shapes found in production DMA kernels (SparseCore push streams, tokamax's RoPE).
 
 * a SparseCore push stream without a semaphore: on jax 0.12 a local copy from VMEM to HBM, VMEM_SHARED or SMEM is a push stream that
 the hardware tracks without a semaphore; jax asks for ``sem=None``. ``LocalCopy`` takes

@@ -1,4 +1,4 @@
-"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 5).
+"""Pass: shapes found in production DMA kernels.
 
 * a scratch list held in a variable, mixing data and semaphore scratch, given to a grid
   spec and to ``safedma.pallas_call`` (mypy joins its items: ``Scratch`` is covariant);

@@ -1,4 +1,4 @@
-"""Pass: patterns from jax's own Pallas TPU tests (docs/held-out.md).
+"""Pass: patterns from jax's own Pallas TPU tests.
 
 * DMA futures through ``safedma.pallas_call``: semaphores returned as outputs
   (``safedma.dma_semaphore()`` in ``out_shape`` gives a typed tuple of arrays; jax's

@@ -1,4 +1,4 @@
-"""Pass: shapes found in other authors' DMA kernels (docs/held-out.md, session 6).
+"""Pass: shapes found in production DMA kernels (paged attention, grouped matmuls).
 
 * ``safedma.pallas_call`` with two, three or four output shapes returns as many arrays,
   so the result may be annotated ``tuple[jax.Array, jax.Array]`` or unpacked;

@@ -1,4 +1,4 @@
-"""Pass: the census patterns' APIs, typed end to end with no cast or ignore.
+"""Pass: the APIs of the common DMA patterns, typed end to end with no cast or ignore.
 
 Shared waits by size, DMA futures, pipelines and sync_copy, counted copies on a
 REGULAR semaphore, logical device ids, a priority from a variable, select_ref.
