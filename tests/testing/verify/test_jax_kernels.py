@@ -46,15 +46,12 @@ from safedma.testing import (
     simulate,
     simulated_mesh,
     tpu_mesh,
+    verify,
 )
 from tests.support import jax_programs as jp
-from tests.support import protocol_kernels as pk
 
 X = jax.ShapeDtypeStruct((16, 128), jnp.float32)
 PROGRAMS = Path(jp.__file__).name
-
-
-verify = pk.verify
 
 
 def names_a_line_in(error: BaseException, *files: str) -> bool:

@@ -27,7 +27,7 @@ import safedma.kernels as sk
 from safedma.testing import SimulationError, abstract_mesh, verify
 from safedma.testing._verify import _api, _clocks
 from safedma.testing._verify._lockstep_model import Model, SemBuf
-from tests.support import protocol_kernels_pltpu as raw
+from tests.corpus.ring_collectives import chunked_ring_program
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -99,7 +99,7 @@ def test_the_collectives_are_proved_by_the_lockstep_path_alone(
 
 
 def _ring(seed: dict[str, int]) -> Callable[..., Any]:
-    return raw.chunked_ring_program(1, 3, 2, **seed)
+    return chunked_ring_program(1, 3, 2, **seed)
 
 
 @pytest.mark.parametrize("seed", [{"drop": 1}, {"shifted": 0}, {"shifted": 2}])

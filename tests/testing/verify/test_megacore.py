@@ -49,7 +49,7 @@ from safedma.testing import (
 )
 from safedma.testing._verify._megacore import CorePart, core_parts, describe_parts
 from tests.support import jax_programs as jp
-from tests.support import protocol_kernels as pk
+from tests.corpus._case import marked_lines
 from tests.testing.verify import test_jax_ops_kernels as ops
 
 F32 = jnp.float32
@@ -63,7 +63,7 @@ X = jax.ShapeDtypeStruct((48, 128), F32)
 
 
 def _line(tag: str) -> str:
-    return f"{HERE.name}:{pk.marked_lines(HERE, tag)[0]}"
+    return f"{HERE.name}:{marked_lines(HERE, tag)[0]}"
 
 
 def _params(*semantics: Any) -> Any:
@@ -97,7 +97,7 @@ def per_core_chain(flag: Any, slot: Any, x_hbm: Any, o_ref: Any, buf: Any, sems:
         fetch(s + 1, 1 - cur).start()
         slot[0] = 1 - cur
 
-    fetch(s, cur).wait()  # verify: mc_chain_wait
+    fetch(s, cur).wait()  # fix: mc_chain_wait
     o_ref[...] = buf[cur]
 
 
@@ -160,12 +160,12 @@ def cross_boundary(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
     def _() -> None:
         fetch(s + 1).start()
 
-    fetch(s).wait()  # verify: mc_cross_wait
+    fetch(s).wait()  # fix: mc_cross_wait
     o_ref[...] = buf[s % 2]
 
 
 def _cross_boundary(x: jax.Array) -> jax.Array:
-    out: jax.Array = pl.pallas_call(  # verify: mc_cross_call
+    out: jax.Array = pl.pallas_call(  # fix: mc_cross_call
         cross_boundary,
         grid=(2, 3),
         in_specs=[ANY],
@@ -201,7 +201,7 @@ def copy_block(x_ref: Any, o_ref: Any) -> None:
 
 def _one_output_block(x: jax.Array) -> jax.Array:
     """Every step writes the same output block (the index map ignores the grid)."""
-    out: jax.Array = pl.pallas_call(  # verify: mc_shared_out
+    out: jax.Array = pl.pallas_call(  # fix: mc_shared_out
         copy_block,
         grid=(2, 3),
         in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
@@ -268,7 +268,7 @@ def accumulate(x_ref: Any, o_ref: Any, acc: Any) -> None:
 
 
 def _accumulate(x: jax.Array) -> jax.Array:
-    out: jax.Array = pl.pallas_call(  # verify: mc_accumulate
+    out: jax.Array = pl.pallas_call(  # fix: mc_accumulate
         accumulate,
         grid=(2, 3),
         in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
@@ -483,7 +483,7 @@ def typed_per_core_chain(
         fetch(s + 1, 1 - cur).start()
         slot[0] = 1 - cur
 
-    fetch(s, cur).started_elsewhere().wait()  # verify: mc_typed_wait
+    fetch(s, cur).started_elsewhere().wait()  # fix: mc_typed_wait
     o_ref[...] = buf[cur]
 
 
@@ -529,7 +529,7 @@ def typed_cross_boundary(
     def _() -> None:
         fetch(s + 1).start()
 
-    fetch(s).started_elsewhere().wait()  # verify: mc_typed_cross
+    fetch(s).started_elsewhere().wait()  # fix: mc_typed_cross
     o_ref[...] = buf[s % 2]
 
 

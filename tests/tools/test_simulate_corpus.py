@@ -1,0 +1,17 @@
+"""Every corpus case with a ``simulate`` verdict, run in strict interpret mode on
+simulated CPU devices: what simulate says of each program (for the mistakes it cannot
+see, that it passes them: why verify exists)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import corpus
+from tests.corpus import _run
+from tests.corpus._case import Case
+from tests.tools._verdicts import check
+
+
+@pytest.mark.parametrize("case", corpus.params("simulate"))
+def test_simulate(case: Case) -> None:
+    check(case, "simulate", _run.simulate)
