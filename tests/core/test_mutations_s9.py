@@ -26,14 +26,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.testing import abstract_mesh, mosaic_text
-from tests.support import census_kernels as ck
-from tests.support.patterns import X, local_call
+from tests.corpus import pipelines
+from tests.corpus._calls import X, local_call
 from tests.support.source_lines import marker_line, raising_lines
 from tests.support.tracing import DMA, F32, SHAPE, TWO_DMA, VMEM, trace, trace_on_mesh
 
 HERE = __file__
 TPU = abstract_mesh((), (), tpu="v5p")
-PIPE_SPEC = pl.BlockSpec(ck.BLOCK, lambda i: (i, 0))
+PIPE_SPEC = pl.BlockSpec(pipelines.BLOCK, lambda i: (i, 0))
 
 
 def _core_mesh() -> Any:
@@ -299,7 +299,7 @@ def t7_in_a_raw_emit_pipeline_body() -> None:
 
         pltpu.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
 
-    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
+    _pipelined(k, [sd.vmem(pipelines.BLOCK, F32), sd.dma_semaphore()])
 
 
 def t7_receive_side_to_a_dict_device() -> None:
@@ -327,7 +327,7 @@ def t7_waited_in_a_pipeline_body_on_another_semaphore() -> None:
 
         sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
 
-    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore(), sd.dma_semaphore()])
+    _pipelined(k, [sd.vmem(pipelines.BLOCK, F32), sd.dma_semaphore(), sd.dma_semaphore()])
 
 
 def t8_in_a_pl_loop_body() -> None:
@@ -618,12 +618,12 @@ def ok_waits_in_both_branches_of_a_cond() -> None:
 def ok_handle_across_a_raw_emit_pipeline() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         h = sd.LocalCopy(x.at[pl.ds(0, 8)], buf, sem).start()
-        pltpu.emit_pipeline(ck._double, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(
+        pltpu.emit_pipeline(pipelines.double, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(
             x, o
         )
         h.wait()
 
-    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
+    _pipelined(k, [sd.vmem(pipelines.BLOCK, F32), sd.dma_semaphore()])
 
 
 def ok_starts_in_a_smem_loop_waits_in_the_next() -> None:
@@ -704,7 +704,7 @@ def ok_started_elsewhere_wait_in_an_sd_emit_pipeline_body() -> None:
 
         sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
 
-    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
+    _pipelined(k, [sd.vmem(pipelines.BLOCK, F32), sd.dma_semaphore()])
 
 
 def ok_wait_by_size_in_an_sd_emit_pipeline_body() -> None:
@@ -718,7 +718,7 @@ def ok_wait_by_size_in_an_sd_emit_pipeline_body() -> None:
 
         sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
 
-    _pipelined(k, [sd.vmem(ck.BLOCK, F32), sd.dma_semaphore()])
+    _pipelined(k, [sd.vmem(pipelines.BLOCK, F32), sd.dma_semaphore()])
 
 
 def ok_future_finished_in_each_branch_of_a_cond() -> None:

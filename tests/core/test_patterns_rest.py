@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic
-from tests.support.patterns import X, X_SHARDED, local_call, mesh_call, trace
+from tests.corpus._calls import X, X_SHARDED, local_call, mesh_call, trace
 
 VMEM = pltpu.VMEM((32, 128), jnp.float32)
 

@@ -17,18 +17,20 @@ def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
     return contextlib.nullcontext() if mesh is None else jax.sharding.use_abstract_mesh(mesh)
 
 
-def trace(program: Program) -> None:
+def trace(program: Program) -> Any:
     """Trace the whole program: every kernel body runs, so every trace-time check runs;
-    nothing is lowered (``lower=True`` programs are lowered to Mosaic, for checks that
-    run there)."""
+    nothing is lowered. A ``lower=True`` program is lowered to Mosaic (for checks that
+    run there, and to count its kernels): its Mosaic kernels are returned."""
     fn, args, mesh = program.whole()
     if program.lower:
-        from safedma.testing import mosaic_text
+        from safedma.testing import mosaic_kernels
 
-        mosaic_text(fn, *args, mesh=mesh)
-        return
+        kernels = mosaic_kernels(fn, *args, mesh=mesh)
+        assert kernels, "the program lowers to no Mosaic kernel"
+        return kernels
     with _mesh_context(mesh):
         jax.jit(fn).trace(*args)
+    return None
 
 
 def mosaic(program: Program, twin: Program) -> None:

@@ -5,19 +5,30 @@ by one (each wait may count another copy's bytes) or once by their total.
   read; the fix waits both at once (written for this suite);
 * the early wait of MoE all-to-alls: one semaphore counts a local fetch and the left
   neighbour's incoming copy, so the local wait can return on the neighbour's bytes (the
-  protocol of vLLM tpu-inference's and tokamax's fused MoE).
+  protocol of vLLM tpu-inference's and tokamax's fused MoE);
+* the MoE all-to-all itself: every device sends one block to every other device and
+  copies its own block locally, all on one DMA semaphore, waited by total size in two
+  waits; a block read between them, and a second wait one block short;
+* ``wait_copies`` and ``wait_bytes`` (a self-descriptor wait on the raw side) and their
+  argument checks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from tests.corpus._blocks import (
     ALL,
     AXIS,
+    HBM,
     RACE,
     Pair,
     block,
@@ -30,7 +41,8 @@ from tests.corpus._blocks import (
     second,
     write_out,
 )
-from tests.corpus._case import Case
+from tests.corpus._calls import local, on_ring
+from tests.corpus._case import OK, Case, Ok, Program, Raises, ring
 
 D = sd.DataRef
 S = sd.SemRef
@@ -146,3 +158,316 @@ PAIRS = (
 )
 
 CASES: list[Case] = [c for pair in PAIRS for c in pair.cases("shared_semaphores")]
+
+
+# ---------------------------------------------------------------- MoE all-to-all
+
+
+def _moe_start(x_ref: D, o_ref: D, sem: S) -> None:
+    n = sd.axis_size(AXIS)
+    me = sd.my_index(AXIS)
+    rows = x_ref.shape[0] // n
+    mine = o_ref.at[pl.ds(me * rows, rows)]
+    sd.LocalCopy(x_ref.at[pl.ds(me * rows, rows)], mine, sem).start()
+    for shift in range(1, n):
+        peer = (me + shift) % n
+        copy = sd.RemoteCopy(x_ref.at[pl.ds(peer * rows, rows)], mine, sem)
+        copy.with_send_sem(sem).to(sd.device({AXIS: peer})).start()
+
+
+def moe_all_to_all(x_ref: D, o_ref: D, sem: S) -> None:
+    """Every device sends one block to every other device and copies its own block
+    locally, all on ONE DMA semaphore, then waits by total size."""
+    _moe_start(x_ref, o_ref, sem)
+    # The semaphore counted the local block and n - 1 received blocks (o_ref's
+    # size) and n - 1 sent blocks: two waits by size.
+    n = sd.axis_size(AXIS)
+    sd.wait_bytes(sem, o_ref)
+    sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 1) * (o_ref.shape[0] // n))])
+
+
+def moe_all_to_all_raw(x_ref: Any, o_ref: Any, sem: Any) -> None:
+    n = lax.axis_size(AXIS)
+    me = lax.axis_index(AXIS)
+    rows = x_ref.shape[0] // n
+    mine = o_ref.at[pl.ds(me * rows, rows)]
+    pltpu.make_async_copy(x_ref.at[pl.ds(me * rows, rows)], mine, sem).start()
+    for shift in range(1, n):
+        peer = (me + shift) % n
+        pltpu.make_async_remote_copy(
+            x_ref.at[pl.ds(peer * rows, rows)], mine, sem, sem, device_id={AXIS: peer}
+        ).start()
+    pltpu.make_async_copy(o_ref, o_ref, sem).wait()
+    part = o_ref.at[pl.ds(0, (n - 1) * rows)]
+    pltpu.make_async_copy(part, part, sem).wait()
+
+
+def own_block(me: jax.Array, n: int) -> jax.Array:
+    return me
+
+
+def received_block(me: jax.Array, n: int) -> jax.Array:
+    return (me + 1) % n
+
+
+def moe_then_read(block: Callable[[jax.Array, int], jax.Array], early: bool) -> Callable[..., None]:
+    """The all-to-all, then block ``block(me, n)`` of the result copied into VMEM:
+    after both waits (correct) or between them (``early``: a seeded bug, the first
+    wait is satisfied by any n blocks of the 2n - 1 the semaphore counts)."""
+
+    def kernel(x_ref: D, o_ref: D, buf: D, sem: S, copy_sem: S) -> None:
+        n = sd.axis_size(AXIS)
+        me = sd.my_index(AXIS)
+        rows = o_ref.shape[0] // n
+        _moe_start(x_ref, o_ref, sem)
+        sd.wait_bytes(sem, o_ref)
+
+        def read() -> None:
+            start = block(me, n) * rows
+            sd.LocalCopy(o_ref.at[pl.ds(start, rows)], buf, copy_sem).start().wait()
+
+        if early:
+            read()  # fix: moe_own_block_read_between_the_waits moe_received_block_read_between_the_waits
+        sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 1) * rows)])
+        if not early:
+            read()
+
+    return kernel
+
+
+def moe_one_block_short(x_ref: D, o_ref: D, sem: S) -> None:
+    """Seeded bug: the second wait is one block short (a sent block is never waited)."""
+    _moe_start(x_ref, o_ref, sem)
+    n = sd.axis_size(AXIS)
+    sd.wait_bytes(sem, o_ref)
+    sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 2) * (o_ref.shape[0] // n))])
+
+
+def moe_without_the_size_waits(x: D, o: D, sem: S) -> None:
+    me = sd.my_index("x")
+    copy = sd.RemoteCopy(x.at[pl.ds(0, 8)], o.at[pl.ds(me * 8, 8)], sem)
+    copy.with_send_sem(sem).to(sd.neighbour("x")).start()
+    sd.LocalCopy(x.at[pl.ds(8, 8)], o.at[pl.ds(8, 8)], sem).start()
+
+
+def moe_program(
+    kernel: Callable[..., None],
+    devices: int = 4,
+    *,
+    safe: bool = True,
+    scratch: Callable[[], list[Any]] | None = None,
+) -> Program:
+    """``kernel(x_ref, o_ref, *scratch)`` per device on a ring of ``devices``, 8 rows per
+    block (one block per device), in HBM."""
+    pallas = sd.pallas_call if safe else pl.pallas_call
+
+    def per_device(x: jax.Array) -> jax.Array:
+        result: jax.Array = pallas(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=[pltpu.SemaphoreType.DMA(())] if scratch is None else scratch(),
+        )(x)
+        return result
+
+    x = jax.ShapeDtypeStruct((devices * devices * 8, 128), jnp.float32)
+    return Program(per_device, (x,), ring(devices, AXIS))
+
+
+def moe_read_scratch() -> list[Any]:
+    return [sd.vmem((8, 128), jnp.float32), sd.dma_semaphore(), sd.dma_semaphore()]
+
+
+# ---------------------------------------------------------------- waits by size and count
+
+
+def gather_then_wait_copies(x: D, o: D, buf: D, sem: S) -> None:
+    one = sd.LocalCopy(x.at[pl.ds(0, 16)], buf.at[pl.ds(0, 16)], sem)
+    two = sd.LocalCopy(x.at[pl.ds(16, 16)], buf.at[pl.ds(16, 16)], sem)
+    one.start()
+    two.start()
+    sd.wait_copies(sem, one, two)
+    sd.LocalCopy(buf, o, sem).start().wait()
+
+
+def gather_raw(x: Any, o: Any, buf: Any, sem: Any) -> None:
+    pltpu.make_async_copy(x.at[pl.ds(0, 16)], buf.at[pl.ds(0, 16)], sem).start()
+    pltpu.make_async_copy(x.at[pl.ds(16, 16)], buf.at[pl.ds(16, 16)], sem).start()
+    for part in (buf.at[pl.ds(0, 16)], buf.at[pl.ds(16, 16)]):
+        pltpu.make_async_copy(part, part, sem).wait()
+    c = pltpu.make_async_copy(buf, o, sem)
+    c.start()
+    c.wait()
+
+
+def halves_waited_by_size(x: D, o: D, buf: D, sem: S) -> None:
+    sd.LocalCopy(x.at[pl.ds(0, 16)], buf.at[pl.ds(0, 16)], sem).start()
+    sd.LocalCopy(x.at[pl.ds(16, 16)], buf.at[pl.ds(16, 16)], sem).start()
+    sd.wait_bytes(sem, buf)
+
+
+def halves_waited_by_size_raw(x: Any, o: Any, buf: Any, sem: Any) -> None:
+    pltpu.make_async_copy(x.at[pl.ds(0, 16)], buf.at[pl.ds(0, 16)], sem).start()
+    pltpu.make_async_copy(x.at[pl.ds(16, 16)], buf.at[pl.ds(16, 16)], sem).start()
+    pltpu.make_async_copy(buf, buf, sem).wait()
+
+
+def wait_before_the_start_in_trace_order(x: D, o: D, buf: D, sem: S) -> None:
+    """Pipelined loops wait the previous step's copies before starting the next."""
+
+    @pl.when(pl.program_id(0) > 0)
+    def _() -> None:
+        sd.wait_bytes(sem, buf)
+
+    sd.LocalCopy(x, buf, sem).start()
+
+
+def wait_copies_of_a_copy_on_another_semaphore(x: D, o: D, buf: D, sem: S, other: S) -> None:
+    copy = sd.LocalCopy(x, buf, other)
+    copy.start()
+    sd.wait_copies(sem, copy)  # fix: wait_copies_of_a_copy_on_another_semaphore
+
+
+def wait_bytes_of_a_buffer_by_a_semaphore(x: Any, o: Any, buf: Any, sem: Any) -> None:
+    sd.wait_bytes(buf, sem)  # fix: wait_bytes_arguments_swapped
+
+
+SCRATCH = [sd.vmem((32, 128), jnp.float32), sd.dma_semaphore()]
+RAW_SCRATCH = [pltpu.VMEM((32, 128), jnp.float32), pltpu.SemaphoreType.DMA(())]
+MOE = "vLLM tpu-inference and tokamax fused MoE all-to-all, written for this suite"
+
+
+def _moe_clean(devices: int) -> Case:
+    """One DMA semaphore counts the local block, the n - 1 sent and the n - 1 received
+    blocks; two waits by size (n blocks, then n - 1) cover all 2n - 1. The first wait
+    guarantees no block in particular (any n of them may release it); the second
+    guarantees them all, and nothing reads a block in between."""
+    expect: dict[str, Any] = {
+        "verify": Ok(report={"dmas": devices * devices, "waits": 2 * devices})
+    }
+    if devices == 4:
+        expect["mosaic"] = OK
+    return Case(
+        f"moe_all_to_all_waited_by_size_on_{devices}",
+        "shared_semaphores",
+        MOE,
+        lambda: moe_program(moe_all_to_all, devices),
+        expect,
+        twin=lambda: moe_program(moe_all_to_all_raw, devices, safe=False),
+    )
+
+
+CASES += [
+    *(_moe_clean(n) for n in (2, 4, 8)),
+    Case(
+        "moe_own_block_read_after_the_total_wait",
+        "shared_semaphores",
+        MOE,
+        lambda: moe_program(moe_then_read(own_block, early=False), scratch=moe_read_scratch),
+        {"verify": Ok(report={"dmas": 20})},
+    ),
+    Case(
+        "moe_received_block_read_after_the_total_wait",
+        "shared_semaphores",
+        MOE,
+        lambda: moe_program(moe_then_read(received_block, early=False), scratch=moe_read_scratch),
+        {"verify": Ok(report={"dmas": 20})},
+    ),
+    # The first wait (4 blocks of the 7 the semaphore counts) may be released by the 3
+    # sent blocks and a received one, so the local block is not guaranteed there. The
+    # schedule verify walks first runs the wait before any receive arrives; the replay
+    # that counts the early receives at the wait catches it.
+    Case(
+        "moe_own_block_read_between_the_waits",
+        "shared_semaphores",
+        MOE,
+        lambda: moe_program(moe_then_read(own_block, early=True), scratch=moe_read_scratch),
+        {
+            "verify": Raises(
+                "RaceDetectedError",
+                says=("o_ref", "shared_semaphores.py", "whichever land first"),
+                line=False,
+            )
+        },
+    ),
+    # The block from the left neighbour read between the waits. In the walked order that
+    # device has not even started its copy (R6); in others it is in flight (R1).
+    Case(
+        "moe_received_block_read_between_the_waits",
+        "shared_semaphores",
+        MOE,
+        lambda: moe_program(moe_then_read(received_block, early=True), scratch=moe_read_scratch),
+        {
+            "verify": Raises(
+                "RaceDetectedError|UnwrittenReadError",
+                says=("o_ref", "shared_semaphores.py"),
+                line=False,
+            )
+        },
+    ),
+    # 2n - 2 blocks waited of the 2n - 1 counted. A device may then return its output
+    # before the last receive landed (the copy that lands after its target returned,
+    # R8, or the output read at the return) or leave a block on the semaphore.
+    Case(
+        "moe_second_wait_one_block_short",
+        "shared_semaphores",
+        MOE,
+        lambda: moe_program(moe_one_block_short),
+        {
+            "verify": Raises(
+                "LeftoverSemaphoreError|UnwrittenReadError|RaceDetectedError|SignalAfterExitError",
+                one_of=(("o_ref", "sem"),),
+                line=False,
+            )
+        },
+    ),
+    Case(
+        "moe_without_the_size_waits",
+        "shared_semaphores",
+        MOE,
+        lambda: on_ring(moe_without_the_size_waits, [sd.dma_semaphore()]),
+        {"trace": Raises("^CopyNeverWaitedError$", says=("2 copies",), line=False)},
+    ),
+    Case(
+        "halves_waited_by_wait_copies",
+        "shared_semaphores",
+        "written for this suite",
+        lambda: local(gather_then_wait_copies, SCRATCH),
+        {"mosaic": OK},
+        twin=lambda: local(gather_raw, RAW_SCRATCH, checked=False),
+    ),
+    Case(
+        "halves_waited_by_size",
+        "shared_semaphores",
+        "written for this suite",
+        lambda: local(halves_waited_by_size, SCRATCH),
+        {"mosaic": OK},
+        twin=lambda: local(halves_waited_by_size_raw, RAW_SCRATCH, checked=False),
+    ),
+    Case(
+        "wait_by_size_before_the_start_in_trace_order",
+        "shared_semaphores",
+        "pipelined loops (the previous step's copies waited first), written for this suite",
+        lambda: local(wait_before_the_start_in_trace_order, SCRATCH, grid=(3,)),
+        {"trace": OK},
+    ),
+    Case(
+        "wait_copies_of_a_copy_on_another_semaphore",
+        "shared_semaphores",
+        "written for this suite",
+        lambda: local(wait_copies_of_a_copy_on_another_semaphore, [*SCRATCH, sd.dma_semaphore()]),
+        {
+            "trace": Raises(
+                "^SemaphoreKindError$", says=("does not signal the waited semaphore",), line=False
+            )
+        },
+    ),
+    Case(
+        "wait_bytes_arguments_swapped",
+        "shared_semaphores",
+        "written for this suite",
+        lambda: local(wait_bytes_of_a_buffer_by_a_semaphore, SCRATCH),
+        {"trace": Raises("^SemaphoreKindError$", line=False)},
+    ),
+]

@@ -1,5 +1,6 @@
-"""pallas_call set-ups for tests/core/test_patterns_*.py: one body (safedma or its raw
-twin) in the same call, on one device or inside shard_map over an abstract mesh."""
+"""pallas_call set-ups of the corpus's small kernels: one body (safedma or its raw twin)
+in the same call, on one device or inside shard_map over an abstract mesh, and the
+:class:`~tests.corpus._case.Program` of each."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import safedma as sd
 from safedma.testing import abstract_mesh
+from tests.corpus._case import MeshSpec, Program
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 X = jax.ShapeDtypeStruct((32, 128), jnp.float32)
@@ -69,3 +71,26 @@ def mesh_call(
 def trace(fn: Callable[..., object], *args: object) -> None:
     """Trace ``fn`` (so every kernel body in it runs its safedma checks)."""
     jax.jit(fn).trace(*(args or (X,)))
+
+
+TPU = MeshSpec((), (), "v5p")  # no axes: names the chip (jax 0.12 asks for one to lower)
+
+
+def local(
+    kernel: Callable[..., None],
+    scratch: Sequence[object] = (),
+    *,
+    checked: bool = True,
+    mesh: MeshSpec | None = None,
+    lower: bool = False,
+    **options: Any,
+) -> Program:
+    """:func:`local_call` of ``X`` as a program (``checked``: through ``sd.pallas_call``)."""
+    return Program(local_call(kernel, scratch, checked=checked, **options), (X,), mesh, lower=lower)
+
+
+def on_ring(
+    kernel: Callable[..., None], scratch: Sequence[object] = (), *, checked: bool = True
+) -> Program:
+    """:func:`mesh_call` of ``X_SHARDED`` (a 4-device ring along "x") as a program."""
+    return Program(mesh_call(kernel, scratch, checked=checked), (X_SHARDED,))
