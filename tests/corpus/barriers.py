@@ -18,7 +18,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from tests.corpus._blocks import ALL, AXIS, Pair, caught, dma, neighbour, send_right, write_out
-from tests.corpus._case import Case
+from tests.corpus._calls import on_ring
+from tests.corpus._case import OK, Case
 
 D = sd.DataRef
 S = sd.SemRef
@@ -144,3 +145,28 @@ PAIRS = (
 )
 
 CASES: list[Case] = [c for pair in PAIRS for c in pair.cases("barriers")]
+
+
+# ---------------------------------------------------------------- signals to LOGICAL ids
+
+
+def logical_signal(x: D, o: D, flag: sd.RegularSem) -> None:
+    sd.signal(flag, device=sd.logical_device(0))
+    sd.wait(flag)
+
+
+def logical_signal_raw(x: Any, o: Any, flag: Any) -> None:
+    pl.semaphore_signal(flag, 1, device_id=0, device_id_type=pl.DeviceIdType.LOGICAL)
+    pl.semaphore_wait(flag, 1)
+
+
+CASES += [
+    Case(
+        "signal_to_a_logical_device",
+        "barriers",
+        "jax Pallas distributed guide (LOGICAL device ids), written for this suite",
+        lambda: on_ring(logical_signal, [sd.regular_semaphore()]),
+        {"mosaic": OK},
+        twin=lambda: on_ring(logical_signal_raw, [pltpu.SemaphoreType.REGULAR(())], checked=False),
+    ),
+]

@@ -8,7 +8,8 @@ under flow control, chunks spread over semaphore slots.
 * :func:`chunked_ring_program`: a block sent in chunks to the device ``shift`` along the
   ring, chunk c on semaphore slot ``c % slots``, with seeded drops and shifted waits
   (the property tests' family; written for this suite);
-* :func:`local_ring`: a clean ring permute.
+* :func:`local_ring`: a clean ring permute;
+* a ring permute to a LOGICAL device id, and a static logical id outside the mesh.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from tests.corpus._blocks import (
     send_right,
     write_out,
 )
-from tests.corpus._case import Case
+from tests.corpus._calls import on_ring
+from tests.corpus._case import OK, Case, Raises
 
 D = sd.DataRef
 S = sd.SemRef
@@ -240,3 +242,49 @@ PAIRS = (
 )
 
 CASES: list[Case] = [c for pair in PAIRS for c in pair.cases("ring_collectives")]
+
+
+# ---------------------------------------------------------------- LOGICAL device ids
+
+
+def logical_send(x: D, o: D, send: S, recv: S) -> None:
+    target = (sd.my_index("x") + 1) % 4
+    copy = sd.RemoteCopy(x, o, recv).with_send_sem(send).to(sd.logical_device(target))
+    copy.start().wait()
+
+
+def logical_send_raw(x: Any, o: Any, send: Any, recv: Any) -> None:
+    target = (jax.lax.axis_index("x") + 1) % 4
+    c = pltpu.make_async_remote_copy(
+        x, o, send, recv, device_id=target, device_id_type=pl.DeviceIdType.LOGICAL
+    )
+    c.start()
+    c.wait_send()
+    c.wait_recv()
+
+
+def logical_send_outside_the_mesh(x: D, o: D, send: S, recv: S) -> None:
+    sd.RemoteCopy(x, o, recv).with_send_sem(send).to(
+        sd.logical_device(4)
+    ).start().wait()  # fix: logical_device_outside_the_mesh
+
+
+_TWO_DMA = [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())]
+
+CASES += [
+    Case(
+        "ring_permute_to_a_logical_device",
+        "ring_collectives",
+        "jax Pallas distributed guide (LOGICAL device ids), written for this suite",
+        lambda: on_ring(logical_send, [sd.dma_semaphore(), sd.dma_semaphore()]),
+        {"mosaic": OK},
+        twin=lambda: on_ring(logical_send_raw, _TWO_DMA, checked=False),
+    ),
+    Case(
+        "logical_device_outside_the_mesh",
+        "ring_collectives",
+        "written for this suite",
+        lambda: on_ring(logical_send_outside_the_mesh, [sd.dma_semaphore(), sd.dma_semaphore()]),
+        {"trace": Raises("^DeviceIdError$", says=("outside",), line=False)},
+    ),
+]

@@ -471,3 +471,55 @@ CASES += [
         {"trace": Raises("^SemaphoreKindError$", line=False)},
     ),
 ]
+
+
+# ---------------------------------------------------------------- copies counted on a REGULAR semaphore
+
+
+def counted(x: D, o: D, flag: sd.RegularSem) -> None:
+    sd.CountedCopy(x.at[pl.ds(0, 16)], o.at[pl.ds(0, 16)], flag).start().wait()
+    sd.CountedCopy(x.at[pl.ds(16, 8)], o.at[pl.ds(16, 8)], flag).start()
+    sd.CountedCopy(x.at[pl.ds(24, 8)], o.at[pl.ds(24, 8)], flag).start(priority=1)
+    sd.wait_counted(flag, 2)
+
+
+def counted_raw(x: Any, o: Any, flag: Any) -> None:
+    pltpu.make_async_copy(x.at[pl.ds(0, 16)], o.at[pl.ds(0, 16)], flag).start()
+    pl.semaphore_wait(flag, 1)
+    pltpu.make_async_copy(x.at[pl.ds(16, 8)], o.at[pl.ds(16, 8)], flag).start()
+    pltpu.make_async_copy(x.at[pl.ds(24, 8)], o.at[pl.ds(24, 8)], flag).start(priority=1)
+    pl.semaphore_wait(flag, 2)
+
+
+def counted_copy_never_waited(x: D, o: D, flag: sd.RegularSem) -> None:
+    sd.CountedCopy(x, o, flag).start()  # fix: counted_copy_never_waited
+
+
+def counted_copy_on_a_dma_semaphore(x: Any, o: Any, sem: Any) -> None:
+    sd.CountedCopy(x, o, sem).start().wait()  # fix: counted_copy_on_a_dma_semaphore
+
+
+CASES += [
+    Case(
+        "copies_counted_on_a_regular_semaphore",
+        "shared_semaphores",
+        "DMA counted on a REGULAR semaphore (written for this suite)",
+        lambda: local(counted, [sd.regular_semaphore()]),
+        {"mosaic": OK},
+        twin=lambda: local(counted_raw, [pltpu.SemaphoreType.REGULAR(())], checked=False),
+    ),
+    Case(
+        "counted_copy_never_waited",
+        "shared_semaphores",
+        "written for this suite",
+        lambda: local(counted_copy_never_waited, [sd.regular_semaphore()]),
+        {"trace": Raises("^CopyNeverWaitedError$", says=("CountedCopy",), line=False)},
+    ),
+    Case(
+        "counted_copy_on_a_dma_semaphore",
+        "shared_semaphores",
+        "written for this suite",
+        lambda: local(counted_copy_on_a_dma_semaphore, [sd.dma_semaphore()]),
+        {"trace": Raises("^SemaphoreKindError$", says=("REGULAR",), line=False)},
+    ),
+]

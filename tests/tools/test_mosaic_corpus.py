@@ -11,6 +11,9 @@ from tests.corpus import _run
 from tests.corpus._case import Case
 from tests.tools._verdicts import check
 
+# Raw twins are written as their authors write them, LOGICAL device ids included.
+pytestmark = pytest.mark.filterwarnings("ignore:.*device_id_type.*:DeprecationWarning")
+
 
 @pytest.mark.parametrize("case", corpus.params("mosaic"))
 def test_mosaic(case: Case) -> None:
