@@ -3,7 +3,9 @@ semaphore handed on as an output, source and destination aliased).
 
 The pattern of jax's TPU async tests (tests/pallas/tpu_pallas_async_test.py) and of
 vLLM's KV-cache transfer: ``sd.start_async`` / ``sd.finish_async`` build the raw pair of
-calls, checked by ``@sd.checked_futures``.
+calls, checked by ``@sd.checked_futures``. The raw spelling: two futures in flight
+across kernel boundaries, and one whose done kernel forgets its wait (jax's interpreter
+cannot run either: simulate refuses them).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma as sd
 from safedma import DataRef, SemRef
 from tests.corpus._calls import TPU, X
-from tests.corpus._case import OK, Case, Ok, Program, Raises
+from tests.corpus._case import OK, Case, Ok, Program, Raises, Unsupported
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
@@ -306,5 +308,100 @@ CASES: list[Case] = [
         "written for this suite",
         lambda: _started_by(start_leaking_a_scoped_copy),
         {"trace": Raises("^CopyNeverWaitedError$", line=False)},
+    ),
+]
+
+
+# ---------------------------------------------------------------- raw futures, two in flight
+
+Future = tuple[jax.Array, jax.Array]
+X16 = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+
+
+def _start_kernel(x_ref: Any, aliased_x: Any, o_ref: Any, sem: Any) -> None:
+    del aliased_x  # x stays alive (and unwritten by XLA) until the copy is waited
+    pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+
+def _done_kernel(x_ref: Any, o_ref: Any, sem: Any, aliased_o: Any) -> None:
+    del aliased_o
+    pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+
+def _done_without_wait_kernel(x_ref: Any, o_ref: Any, sem: Any, aliased_o: Any) -> None:
+    del x_ref, o_ref, sem, aliased_o  # seeded bug: the future is never waited
+
+
+def copy_start(x: jax.Array) -> tuple[jax.Array, Future]:
+    """Start copying ``x``; returns ``x`` (aliased, still being read) and the future."""
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    x, out, sem = pl.pallas_call(
+        _start_kernel,
+        out_shape=(shape, shape, pltpu.SemaphoreType.DMA(())),
+        in_specs=[HBM],
+        out_specs=(HBM, HBM, SEM),
+        input_output_aliases={0: 0},
+    )(x)
+    return x, (out, sem)
+
+
+def copy_done(x: jax.Array, future: Future, *, wait: bool = True) -> jax.Array:
+    """Wait the future of ``copy_start(x)``; returns the copy (aliased to the in-flight buffer)."""
+    out, sem = future
+    kernel = _done_kernel if wait else _done_without_wait_kernel
+    result: jax.Array = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[HBM, HBM, SEM],
+        out_specs=HBM,
+        input_output_aliases={1: 0},
+    )(x, out, sem)
+    return result
+
+
+def two_futures(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two copies in flight across kernel boundaries, waited in a later kernel each."""
+    x, first = copy_start(x)
+    x2, second = copy_start(x)
+    return copy_done(x, first), copy_done(x2, second)
+
+
+def two_futures_one_never_waited(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Seeded bug: the second future's done kernel forgets its wait."""
+    x, first = copy_start(x)
+    x2, second = copy_start(x)
+    return copy_done(x, first), copy_done(x2, second, wait=False)
+
+
+# A line of this file (not of safedma's own _futures.py) is named.
+THIS_FILE = r"(?<![\w])futures\.py:\d+"
+ACROSS_CALLS = r"lives across pallas_calls"
+
+CASES += [
+    # Why this is verify's job: jax's interpreter stops at the semaphore output.
+    Case(
+        "two_raw_futures_across_pallas_calls",
+        "futures",
+        JAX_ASYNC,
+        lambda: Program(two_futures, (X16,)),
+        {
+            # Two copies started in the start kernels, both waited in the done kernels.
+            "verify": Ok(report={"dmas": 2, "waits": 2}),
+            "simulate": Unsupported(ACROSS_CALLS),
+        },
+    ),
+    Case(
+        "raw_future_never_waited",
+        "futures",
+        JAX_ASYNC,
+        lambda: Program(two_futures_one_never_waited, (X16,)),
+        {
+            "verify": Raises(
+                "LeftoverSemaphoreError|RaceDetectedError|Unwritten",
+                matches=(THIS_FILE,),
+                kind="SimulationError",
+                line=False,
+            )
+        },
     ),
 ]

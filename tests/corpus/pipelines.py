@@ -8,11 +8,14 @@ checks. Lowering needs a TPU generation on jax 0.12 (``TPU``: a chip, no mesh ax
   pipelining guide, written for this suite);
 * a raw ``pltpu.emit_pipeline`` inside a checked kernel, a safedma copy after it;
 * a copy a pipeline body starts and leaves in flight (T7, naming the body);
-* ``sync_copy`` of another shape, another dtype, or a value (T1, T2, a value for a ref).
+* ``sync_copy`` of another shape, another dtype, or a value (T1, T2, a value for a ref);
+* a manual DMA running beside a raw pipeline, into an output of its own or (seeded) into
+  the output the pipeline writes.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -23,7 +26,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma as sd
 from safedma import DataRef, SemRef
 from tests.corpus._calls import TPU, X, local
-from tests.corpus._case import OK, Case, Program, Raises
+from tests.corpus._case import OK, Case, Ok, Program, Raises
 
 BLOCK = (8, 128)
 SPEC = pl.BlockSpec(BLOCK, lambda i: (i, 0))
@@ -150,5 +153,100 @@ CASES: list[Case] = [
         "written for this suite",
         lambda: local(sync_copy_of_a_value, [sd.vmem(BLOCK, jnp.float32)]),
         {"trace": Raises("^NotARefError$", says=("sync_copy source",), line=False)},
+    ),
+]
+
+
+# ---------------------------------------------------------------- a manual DMA beside a raw pipeline
+
+
+def _double(x_ref: Any, o_ref: Any) -> None:
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def pipeline_with_a_side_copy(
+    x_hbm: Any, o_hbm: Any, side_hbm: Any, sem: Any, *, side_into_output: bool
+) -> None:
+    rows = x_hbm.shape[0]
+    block = pl.BlockSpec((8, x_hbm.shape[1]), lambda i: (i, 0))
+    # A manual DMA runs next to the pipeline: into its own output (fine), or,
+    # seeded bug, into the output the pipeline is writing.
+    side = pltpu.make_async_copy(
+        x_hbm, o_hbm if side_into_output else side_hbm, sem
+    )  # fix: side_copy_into_the_pipelines_output
+    side.start()  # fix: side_copy_into_the_pipelines_output
+    pltpu.emit_pipeline(
+        _double, grid=(rows // 8,), in_specs=[block], out_specs=[block]
+    )(  # fix: side_copy_into_the_pipelines_output
+        x_hbm, o_hbm
+    )
+    side.wait()
+    if side_into_output:
+        # The side output still has to be written: copy it from x, done in place.
+        again = pltpu.make_async_copy(x_hbm, side_hbm, sem)
+        again.start()
+        again.wait()
+
+
+def pipeline_and_side_copy_call(x: jax.Array, *, seeded_race: bool = False) -> Any:
+    """``(x * 2, x)``: the doubling through emit_pipeline, ``x`` through a manual DMA."""
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    kernel = functools.partial(pipeline_with_a_side_copy, side_into_output=seeded_race)
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(
+        kernel,
+        out_shape=(shape, shape),
+        in_specs=[hbm],
+        out_specs=(hbm, hbm),
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+    )(x)
+
+
+def on_a_tpu_mesh(seeded_race: bool) -> Any:
+    """emit_pipeline reads the TPU generation while tracing (jax 0.12): the program traces
+    it under a compile-only TPU mesh's abstract mesh."""
+    from safedma.testing import tpu_mesh
+
+    abstract = tpu_mesh("v5e:2x2").abstract_mesh
+
+    def program(x: jax.Array) -> Any:
+        with jax.sharding.use_abstract_mesh(abstract):
+            return pipeline_and_side_copy_call(x, seeded_race=seeded_race)
+
+    return program
+
+
+X16 = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+
+
+def _every_copy_waited(report: Any, program: Program) -> None:
+    """The side copy and the pipeline's own copies (their count is jax's), each waited."""
+    assert report.dmas >= 2 and report.waits == report.dmas, report
+
+
+CASES += [
+    Case(
+        "manual_dma_beside_a_raw_pipeline",
+        "pipelines",
+        "jax Pallas TPU pipelining guide (a manual DMA beside emit_pipeline), written for this suite",
+        lambda: Program(on_a_tpu_mesh(False), (X16,)),
+        {
+            "verify": Ok(
+                report={"kernels": ("pipeline_with_a_side_copy",)}, check=_every_copy_waited
+            )
+        },
+    ),
+    # Eager DMAs land at their start, before the pipeline writes, so simulate once saw no
+    # race; with a clock entry per copy the interpreter's race detector sees that the
+    # pipeline's write-back is not ordered after the side copy, as verify does.
+    Case(
+        "side_copy_into_the_pipelines_output",
+        "pipelines",
+        "written for this suite",
+        lambda: Program(on_a_tpu_mesh(True), (X16,)),
+        {
+            "verify": Raises("RaceDetectedError", line=False, matches=(r"pipelines\.py:\d+",)),
+            "simulate": Raises("RaceDetectedError"),
+        },
     ),
 ]

@@ -9,7 +9,9 @@ under flow control, chunks spread over semaphore slots.
   ring, chunk c on semaphore slot ``c % slots``, with seeded drops and shifted waits
   (the property tests' family; written for this suite);
 * :func:`local_ring`: a clean ring permute;
-* a ring permute to a LOGICAL device id, and a static logical id outside the mesh.
+* a ring permute to a LOGICAL device id, and a static logical id outside the mesh;
+* jax ops/tpu all_gather: clean on 2 devices, a race on 4 (it relies on in-order
+  delivery between neighbours).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tests.corpus._blocks import (
     write_out,
 )
 from tests.corpus._calls import on_ring
-from tests.corpus._case import OK, Case, Raises
+from tests.corpus._case import OK, Case, Ok, Program, Raises
 
 D = sd.DataRef
 S = sd.SemRef
@@ -286,5 +288,82 @@ CASES += [
         "written for this suite",
         lambda: on_ring(logical_send_outside_the_mesh, [sd.dma_semaphore(), sd.dma_semaphore()]),
         {"trace": Raises("^DeviceIdError$", says=("outside",), line=False)},
+    ),
+]
+
+
+# ---------------------------------------------------------------- jax's all-gather
+
+
+def jax_all_gather_module() -> Any:
+    from jax.experimental.pallas.ops.tpu import all_gather
+
+    return all_gather
+
+
+def jax_all_gather(n: int, *, real_mesh: bool = False) -> Program:
+    """jax's all-gather as a program with its own shard_map over ``n`` devices.
+
+    Device-free: an abstract mesh and a ShapeDtypeStruct. Real: a simulated mesh and the
+    input split over it, exactly as simulate takes it (the mesh's axes are Explicit in
+    jax 0.12, so the input must be split).
+    """
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from safedma.testing import abstract_mesh, simulated_mesh
+    from tests.corpus._seeding import unjitted
+
+    module = jax_all_gather_module()
+    shape = (n * 16, 128)
+    mesh: Any
+    x: Any
+    if real_mesh:
+        mesh = simulated_mesh(n, "x")
+        x = jax.device_put(
+            jnp.arange(shape[0] * shape[1], dtype=jnp.float32).reshape(shape),
+            NamedSharding(mesh, P("x")),
+        )
+    else:
+        mesh = abstract_mesh((n,), ("x",))
+        x = jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def program(x: jax.Array) -> jax.Array:
+        out: jax.Array = unjitted(module.all_gather)(x, mesh=mesh, axis_name="x")
+        return out
+
+    return Program(program, (x,))
+
+
+def _every_device_gathers(report: Any, program: Program) -> None:
+    assert report.devices == 2 and report.remote_dmas > 0, report
+
+
+CASES += [
+    Case(
+        "jax_all_gather_on_2",
+        "ring_collectives",
+        "jax ops/tpu all_gather",
+        lambda: jax_all_gather(2),
+        {"verify": Ok(check=_every_device_gathers)},
+    ),
+    # On 4 devices jax's all-gather is a race under the TPU semantics verify models (a
+    # wait of N bytes guarantees only the copies whose bytes it cannot do without): a
+    # device may start its step-1 send as soon as its own step-0 copies are done, so two
+    # same-sized copies from it are in flight on its right neighbour's recv_sem[1]; the
+    # neighbour's step-0 wait can be satisfied by the step-1 bytes, and it then forwards
+    # the slot whose step-0 copy may not have landed. The kernel relies on copies between
+    # two neighbours landing in order; safedma's ring kernels bound the run-ahead with a
+    # capacity handshake instead.
+    Case(
+        "jax_all_gather_on_4",
+        "ring_collectives",
+        "jax ops/tpu all_gather",
+        lambda: jax_all_gather(4),
+        {
+            "verify": Raises(
+                "RaceDetectedError", says=("all_gather.py:",), kind="SimulationError", line=False
+            )
+        },
     ),
 ]

@@ -9,11 +9,13 @@ device; ``reshape`` / ``bitcast`` views as copy operands; ``select_ref``.
 * a ragged-paged-attention prefetch into a double buffer with ``sems.at[slot, page]``,
   copied out through a ``reshape`` + ``bitcast`` view;
 * views whose shape or dtype differ from the other operand, and ``select_ref`` of refs
-  and of semaphores.
+  and of semaphores;
+* jax ops/tpu ragged paged attention, whose copies go through ref ``.reshape`` views.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -26,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma as sd
 from tests.corpus._blocks import ALL, AXIS, HBM, Pair, caught
 from tests.corpus._calls import local
-from tests.corpus._case import OK, Case, Ok, Program, Raises
+from tests.corpus._case import OK, Case, Ok, Program, Raises, Unsupported
 
 D = sd.DataRef
 
@@ -495,5 +497,58 @@ CASES += [
             grid=(2,),
         ),
         {"trace": Raises("^CopyShapeMismatchError$", says=("one shape",), line=False)},
+    ),
+]
+
+
+# ---------------------------------------------------------------- jax's ragged paged attention
+
+
+def ragged_paged_attention_inputs() -> tuple[jax.Array, ...]:
+    """q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs: 2 sequences of 8 queries."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((16, 8, 128)), jnp.float32)
+    kv = jnp.asarray(rng.standard_normal((8, 16, 2, 128)), jnp.float32)
+    kv_lens = jnp.array([20, 40], jnp.int32)
+    indices = jnp.array([[3, 1, 0, 5], [2, 4, 6, 7]], jnp.int32)
+    cu_q_lens = jnp.array([0, 8, 16], jnp.int32)
+    num_seqs = jnp.array([2], jnp.int32)
+    return q, kv, kv_lens, indices, cu_q_lens, num_seqs
+
+
+def ragged_paged_attention_module() -> Any:
+    import importlib
+
+    return importlib.import_module("jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel")
+
+
+def ragged_paged_attention() -> Program:
+    from tests.corpus._seeding import unjitted
+
+    fn = functools.partial(
+        unjitted(ragged_paged_attention_module().ragged_paged_attention),
+        num_kv_pages_per_block=2,
+        num_queries_per_block=8,
+    )
+    return Program(fn, ragged_paged_attention_inputs())
+
+
+def _copies_each_waited(report: Any, program: Program) -> None:
+    """Its copies are proved, and waited (some waits cover several copies)."""
+    assert report.dmas > 0 and 0 < report.waits <= report.dmas, report
+
+
+CASES += [
+    # Its copies go through ref .reshape views, which jax's interpreter cannot run.
+    Case(
+        "jax_ragged_paged_attention",
+        "semaphore_arrays",
+        "jax ops/tpu ragged_paged_attention",
+        ragged_paged_attention,
+        {
+            "verify": Ok(check=_copies_each_waited),
+            "simulate": Unsupported(r"construct it does not implement"),
+        },
+        slow=("simulate",),
     ),
 ]

@@ -113,7 +113,6 @@ SLOW_NODE_IDS = (
     "tests/testing/verify/test_agreement.py::test_verify_proves_the_kernel_clean_on_a_device_free_mesh[*-8]",
     "tests/testing/verify/test_agreement.py::test_verify_proves_the_kernel_clean_on_a_device_free_mesh[*-2x4]",
     "tests/testing/verify/test_agreement.py::test_one_collective_id_twice_in_a_row_is_safe[2x4-*",
-    "tests/testing/verify/test_jax_kernels.py::test_simulate_cannot_run_ragged_paged_attention",
     "tests/testing/verify/test_properties.py::test_safedma_collectives_are_clean_for_every_ring",
     "tests/testing/test_runner.py::test_interrupted_process_exits_normally",
     "tests/testing/test_runner.py::test_plain_interpret_kernel_in_another_thread_is_refused_and_the_simulation_unharmed",

@@ -29,7 +29,7 @@ from safedma.testing import (
     VerificationUnsupportedError,
     verify,
 )
-from tests.support.jax_programs import copy_done, copy_start
+from tests.corpus.futures import copy_done, copy_start
 from tests.support.source_lines import marker_line
 
 F32 = jnp.float32

@@ -48,9 +48,9 @@ from safedma.testing import (
     verify,
 )
 from safedma.testing._verify._megacore import CorePart, core_parts, describe_parts
-from tests.support import jax_programs as jp
+from tests.corpus import grids
+from tests.corpus._seeding import DropWait, unjitted
 from tests.corpus._case import marked_lines
-from tests.testing.verify import test_jax_ops_kernels as ops
 
 F32 = jnp.float32
 HERE = Path(__file__)
@@ -561,9 +561,9 @@ def _paged(mode: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
 
     fn = functools.partial(
-        jp.unjitted(pa.paged_attention), pages_per_compute_block=2, megacore_mode=mode
+        unjitted(pa.paged_attention), pages_per_compute_block=2, megacore_mode=mode
     )
-    q, k, v, lengths, indices = jp.paged_attention_inputs()
+    q, k, v, lengths, indices = grids.paged_attention_inputs()
     if mode == "kv_head":  # two kv heads, one per core
         rng = np.random.default_rng(0)
         q = jnp.asarray(rng.standard_normal((2, 16, 128)), F32)
@@ -584,7 +584,7 @@ def test_jax_paged_attention_in_megacore_mode_with_a_dropped_wait_is_caught_on_v
 ) -> None:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
 
-    seeded = jp.DropWait(pa.pltpu, drop=0)
+    seeded = DropWait(pa.pltpu, drop=0)
     monkeypatch.setattr(pa, "pltpu", seeded)
     fn, args = _paged("batch")
     with pytest.raises(Exception, match="core [01]") as err:
@@ -595,11 +595,11 @@ def test_jax_paged_attention_in_megacore_mode_with_a_dropped_wait_is_caught_on_v
 
 SPLIT_KERNELS = [
     "matmul",
-    "flash_attention(causal)",
-    "flash_attention(causal) backward",
-    "splash_attention(causal)",
-    "splash_attention(causal) backward",
-    "megablox.tgmm",
+    "flash_attention_causal",
+    "flash_attention_causal_backward",
+    "splash_attention_causal",
+    "splash_attention_causal_backward",
+    "megablox_tgmm",
 ]
 
 
@@ -608,8 +608,8 @@ SPLIT_KERNELS = [
     [pytest.param(n, marks=[pytest.mark.slow] if "backward" in n else []) for n in SPLIT_KERNELS],
 )
 def test_jax_blockspec_kernels_with_parallel_dimensions_are_clean_on_v5p(name: str) -> None:
-    fn, args = ops.KERNELS[name]()
-    assert verify(fn, *args, mesh=V5P).kernels
+    program = grids.BLOCKSPEC_KERNELS[name]()
+    assert verify(program.fn, *program.args, mesh=V5P).kernels
 
 
 def row_sum(x_ref: Any, o_ref: Any, acc: Any) -> None:
