@@ -178,7 +178,8 @@ class Raises:
     message says everything below.
 
     ``says``: substrings; ``matches``: regexes; ``one_of``: groups of words, one word of
-    each group named as a whole word (a device ``x=2``, a parameter name); ``line``: the
+    each group named as a whole word (a device ``x=2``, a parameter name); ``absent``:
+    substrings the message must not contain; ``line``: the
     message names the case's ``# fix:`` line (or, with ``frame=True``, the traceback
     passes through it).
     """
@@ -187,6 +188,7 @@ class Raises:
     says: tuple[str, ...] = ()
     matches: tuple[str, ...] = ()
     one_of: tuple[tuple[str, ...], ...] = ()
+    absent: tuple[str, ...] = ()
     line: bool = True
     frame: bool = False
     exact: bool = False
@@ -313,6 +315,7 @@ def problems(error: BaseException, verdict: Raises, case: Case) -> list[str]:
         found.append(f"{type(error).__name__} is not a {verdict.kind}")
     found += [f"does not say {s!r}" for s in verdict.says if s not in message]
     found += [f"does not match {m!r}" for m in verdict.matches if not re.search(m, message)]
+    found += [f"says {s!r}" for s in verdict.absent if s in message]
     for group in verdict.one_of:
         if not any(re.search(rf"\b{re.escape(w)}\b", message) for w in group):
             found.append(f"names none of {group}")

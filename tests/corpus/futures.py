@@ -405,3 +405,68 @@ CASES += [
         },
     ),
 ]
+
+
+# ---------------------------------------------------------------- a start/wait split
+
+
+def start_then_wait(wait: bool) -> Any:
+    """A start call returns its semaphore with the copy in flight, a wait call waits it
+    (google-deepmind/simply's ragged all-to-all). Seeded: the wait call forgets the wait
+    and returns the output while the copy still writes it; the race names the wait
+    call's line, not only the kernel's name."""
+    any_ = pl.BlockSpec(memory_space=pl.ANY)
+
+    def start_kernel(x_ref: Any, o_in: Any, o_ref: Any, sem: Any) -> None:
+        del o_in  # aliased to o_ref
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+    def wait_kernel(x_ref: Any, o_in: Any, sem: Any, o_ref: Any) -> None:
+        del o_in
+        if wait:
+            pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+    def fn(x: Any, out: Any) -> Any:
+        o, sem = pl.pallas_call(
+            start_kernel,
+            out_shape=[jax.ShapeDtypeStruct(out.shape, out.dtype), pltpu.SemaphoreType.DMA(())],
+            in_specs=[any_, any_],
+            out_specs=[any_, SEM],
+            input_output_aliases={1: 0},
+        )(x, out)
+        return pl.pallas_call(
+            wait_kernel,
+            out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+            in_specs=[any_, any_, SEM],
+            out_specs=any_,
+            input_output_aliases={1: 0},
+        )(x, o, sem)
+
+    return fn
+
+
+SIMPLY = "google-deepmind/simply ragged all-to-all (a start/wait split), written for this suite"
+X8 = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+
+CASES += [
+    Case(
+        "start_wait_split",
+        "futures",
+        SIMPLY,
+        lambda: Program(start_then_wait(True), (X8, X8)),
+        {"verify": Ok(report={"dmas": 1, "waits": 1})},
+    ),
+    Case(
+        "wait_call_without_its_wait",
+        "futures",
+        SIMPLY,
+        lambda: Program(start_then_wait(False), (X8, X8)),
+        {
+            "verify": Raises(
+                "^RaceDetectedError$",
+                matches=(r"end of kernel wait_kernel \([^)]*futures\.py:\d+",),
+                line=False,
+            )
+        },
+    ),
+]

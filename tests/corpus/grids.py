@@ -8,7 +8,11 @@ tables prefetched into SMEM, grids whose size comes from data.
 * a grouped matmul whose grid comes from group sizes verify does not know: refused,
   naming what is missing;
 * jax ops/tpu paged attention (page gathers driven by a scalar-prefetched page table),
-  small.
+  small;
+* an output block picked through a scalar-prefetch table and written at its last step
+  (ragged paged attention's layout), and a sparse grid whose output index map skips
+  blocks (jax's block-sparse guide): the blocks never copied out are garbage;
+* a cross-step prefetch chain in a grid whose first dimension is "parallel".
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
-from tests.corpus._case import Case, Ok, Program, Unsupported
+from tests.corpus._case import Case, Ok, Program, Raises, Unsupported
 from tests.corpus._seeding import unjitted
 
 F32 = jnp.float32
@@ -212,5 +218,204 @@ CASES: list[Case] = [
         f"{JAX_OPS} paged_attention",
         paged_attention,
         {"verify": Ok(check=_copies_each_waited)},
+    ),
+]
+
+
+# ---------------------------------------------------------------- output blocks from a prefetch table
+
+
+def tiled_sum(write_last: bool) -> Any:
+    """Sum the kv blocks of each logical tile into the output tile the table names.
+
+    Grid (logical tile, kv block); ``tile_of[t]`` is the physical output tile of
+    logical tile t (two logical tiles share tile 0). The output is written once,
+    at the last kv block of the last logical tile on it, from a VMEM accumulator:
+    the ragged paged attention layout (torch_xla, megablox metadata). Pallas copies
+    the block out only when the index map's answer changes, which verify computes
+    with the table. Seeded: written at logical tile 0 only, so tile 1 is garbage.
+    """
+
+    def kernel(tile_of: Any, x_ref: Any, o_ref: Any, acc: Any) -> None:
+        t, k = pl.program_id(0), pl.program_id(1)
+        nt, nk = pl.num_programs(0), pl.num_programs(1)
+
+        @pl.when(k == 0)
+        def _() -> None:
+            acc[...] = jnp.zeros_like(acc)
+
+        acc[...] += x_ref[...]
+        nxt = jnp.minimum(t + 1, nt - 1)
+        leaving = jnp.logical_or(t == nt - 1, tile_of[t] != tile_of[nxt])
+
+        @pl.when(jnp.logical_and(k == nk - 1, leaving if write_last else t == 0))
+        def _() -> None:
+            o_ref[...] = acc[...]
+
+    def fn(tile_of: Any, x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(3, 2),
+                in_specs=[pl.BlockSpec((8, 128), lambda t, k, tile_of: (t, k))],
+                out_specs=pl.BlockSpec((8, 128), lambda t, k, tile_of: (tile_of[t], 0)),
+                scratch_shapes=[pltpu.VMEM((8, 128), F32)],
+            ),
+            out_shape=jax.ShapeDtypeStruct((16, 128), F32),
+        )(tile_of, x)
+
+    return fn
+
+
+TILE_OF = np.array([0, 0, 1], np.int32)
+
+
+# ---------------------------------------------------------------- a prefetch chain across a grid axis
+
+
+def chained_fetch(start_each_slice: bool, semantics: str) -> Any:
+    """Grid (2, 3): each step waits the copy of its row block and prefetches the next
+    step's into the other slot. The chain starts at step (0, 0) only, or at the first
+    step of every slice of the first grid dimension (axlearn's paged attention in
+    megacore mode, grid ``(num_cores, ...)``). verify runs the grid in order on one
+    core, where a chain started only at the very first step deadlocks; for a
+    "parallel" first dimension the deadlock says a megacore split is not modelled."""
+
+    def kernel(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        c, j = pl.program_id(0), pl.program_id(1)
+        step = c * 3 + j
+
+        def fetch(s: Any) -> Any:
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(s * 8, 8)], buf.at[s % 2], sems.at[s % 2])
+
+        first = j == 0 if start_each_slice else step == 0
+
+        @pl.when(first)
+        def _() -> None:
+            fetch(step).start()
+
+        @pl.when(j < 2)
+        def _() -> None:
+            fetch(step + 1).start()
+
+        fetch(step).wait()  # fix: prefetch_chain_across_a_parallel_axis
+        o_ref[...] = buf[step % 2]
+
+    return pl.pallas_call(
+        kernel,
+        grid=(2, 3),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((8, 128), lambda c, j: (c * 3 + j, 0)),
+        out_shape=jax.ShapeDtypeStruct((48, 128), F32),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=(semantics, "arbitrary")),
+    )
+
+
+# ---------------------------------------------------------------- a sparse grid
+
+
+def sparse_rows(alias: bool) -> Any:
+    """Copy the row blocks ``rows[b]`` of x into the same rows of the output, one grid
+    step per listed block; the other row blocks are never visited (jax's block-sparse
+    guide): they are garbage unless the output is aliased to an input (the guide
+    aliases a zeros array for this reason)."""
+
+    def kernel(rows: Any, x_ref: Any, zeros_ref: Any, o_ref: Any) -> None:
+        del rows, zeros_ref
+        o_ref[...] = x_ref[...]
+
+    def fn(rows: Any, x: Any, zeros: Any) -> Any:
+        spec = pl.BlockSpec((8, 128), lambda b, rows: (rows[b], 0))
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(2,), in_specs=[spec, spec], out_specs=spec
+            ),
+            out_shape=jax.ShapeDtypeStruct((32, 128), F32),
+            input_output_aliases={2: 0} if alias else {},
+        )(rows, x, zeros)
+
+    return fn
+
+
+def sparse_rows_read_where_visited(rows: Any, x: Any, zeros: Any) -> Any:
+    out = sparse_rows(alias=False)(rows, x, zeros)
+    return out[24:]  # one visited block (reads are bounded by one box)
+
+
+ROWS = np.array([0, 3], np.int32)
+
+
+def _one_kernel_no_dma(name: str) -> Ok:
+    """Proved over the kernel's Pallas block copies alone."""
+    return Ok(report={"kernels": (name,), "dmas": 0})
+
+
+CASES += [
+    Case(
+        "output_tile_from_a_prefetch_table_written_at_its_last_step",
+        "grids",
+        "ragged paged attention's output layout (torch_xla, megablox metadata), written for this suite",
+        lambda: Program(tiled_sum(write_last=True), (TILE_OF, _s(24, 256))),
+        {"verify": _one_kernel_no_dma("kernel")},
+    ),
+    # Tile 1 (logical tile 2) is never written: its copy-out is garbage.
+    Case(
+        "output_tile_from_a_prefetch_table_never_written",
+        "grids",
+        "ragged paged attention's output layout (torch_xla, megablox metadata), written for this suite",
+        lambda: Program(tiled_sum(write_last=False), (TILE_OF, _s(24, 256))),
+        {
+            "verify": Raises(
+                "^UnwrittenReadError$",
+                matches=(r"o_ref\[8:16, 0:128\]|o_ref\[0:8, 0:128\]",),
+                line=False,
+            )
+        },
+    ),
+    Case(
+        "prefetch_chain_started_in_every_parallel_slice",
+        "grids",
+        "axlearn paged attention in megacore mode, written for this suite",
+        lambda: Program(chained_fetch(True, "parallel"), (_s(48, 128),)),
+        {"verify": Ok(report={"kernels": ("kernel",), "dmas": 6, "waits": 6})},
+    ),
+    Case(
+        "prefetch_chain_across_a_parallel_axis",
+        "grids",
+        "axlearn paged attention in megacore mode, written for this suite",
+        lambda: Program(chained_fetch(False, "parallel"), (_s(48, 128),)),
+        {"verify": Raises("^DeadlockError$", matches=(r"(?s)grids\.py:\d+.*megacore",))},
+    ),
+    # File paths may contain the word (a checkout named after it): only the note counts.
+    Case(
+        "prefetch_chain_across_an_arbitrary_axis",
+        "grids",
+        "written for this suite",
+        lambda: Program(chained_fetch(False, "arbitrary"), (_s(48, 128),)),
+        {"verify": Raises("^DeadlockError$", absent=("Note:",), line=False)},
+    ),
+    Case(
+        "sparse_grid_over_an_aliased_output",
+        "grids",
+        "jax Pallas block-sparse guide, written for this suite",
+        lambda: Program(sparse_rows(alias=True), (ROWS, _s(32, 128), _s(32, 128))),
+        {"verify": _one_kernel_no_dma("kernel")},
+    ),
+    Case(
+        "sparse_grid_output_blocks_never_visited",
+        "grids",
+        "jax Pallas block-sparse guide, written for this suite",
+        lambda: Program(sparse_rows(alias=False), (ROWS, _s(32, 128), _s(32, 128))),
+        {"verify": Raises("^UnwrittenReadError$", matches=(r"o_ref\[8:24, 0:128\]",), line=False)},
+    ),
+    Case(
+        "sparse_grid_output_read_only_where_visited",
+        "grids",
+        "jax Pallas block-sparse guide, written for this suite",
+        lambda: Program(sparse_rows_read_where_visited, (ROWS, _s(32, 128), _s(32, 128))),
+        {"verify": _one_kernel_no_dma("kernel")},
     ),
 ]

@@ -250,3 +250,91 @@ CASES += [
         },
     ),
 ]
+
+
+# ---------------------------------------------------------------- a zero fill beside a pipeline
+
+
+def zero_fill_then_pipeline(first_row_block: int) -> Any:
+    """Zero rows [0:16) of the output with a DMA from a VMEM zero tile while an
+    emit_pipeline writes row blocks ``first_row_block``.. of it; wait at the end
+    (maxtext's grouped matmul zero-fills the rows the pipeline does not write). From row
+    block 1 the pipeline's own copy-out races the fill: jax wraps the pipeline's
+    functions in ``jax.named_scope``, whose frame is Python's ``contextlib``; the message
+    names the user's lines, never the standard library's."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, zeros: Any, sem: Any) -> None:
+        zeros[...] = jnp.zeros_like(zeros)
+        fill = pltpu.make_async_copy(zeros, o_hbm.at[pl.ds(0, 16)], sem)
+        fill.start()
+
+        def body(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] + 1
+
+        spec = pl.BlockSpec((8, 128), lambda i: (i + first_row_block, 0))
+        pltpu.emit_pipeline(body, grid=(4 - first_row_block,), in_specs=[spec], out_specs=[spec])(
+            x_hbm, o_hbm
+        )
+        fill.wait()
+
+    any_ = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        in_specs=[any_],
+        out_specs=any_,
+        scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+    )
+
+
+def traced_on_a_tpu_mesh(fn: Any) -> Any:
+    """``fn`` traced under a compile-only TPU mesh's abstract mesh (emit_pipeline reads
+    the TPU generation); skips where no libtpu topology can be built."""
+    from safedma.testing import tpu_mesh
+
+    mesh: Any = None
+    reason: Exception | None = None
+    for topology in ("v5e:1x1", "v5e:2x2"):  # jax 0.10.2's libtpu builds only the second
+        try:
+            mesh = tpu_mesh(topology)
+            break
+        except Exception as err:  # no libtpu topology on this machine
+            reason = err
+    if mesh is None:
+        import pytest
+
+        pytest.skip(f"no TPU topology for tracing: {reason}")
+
+    def program(*args: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+
+    return program
+
+
+X32 = jax.ShapeDtypeStruct((32, 128), jnp.float32)
+
+CASES += [
+    Case(
+        "zero_fill_beside_a_pipeline",
+        "pipelines",
+        "maxtext grouped matmul (rows the pipeline does not write zero-filled by DMA), written for this suite",
+        lambda: Program(traced_on_a_tpu_mesh(zero_fill_then_pipeline(2)), (X32,)),
+        {"verify": Ok(report={"kernels": ("kernel",)}, check=_every_copy_waited)},
+    ),
+    Case(
+        "zero_fill_under_a_pipeline",
+        "pipelines",
+        "maxtext grouped matmul (rows the pipeline does not write zero-filled by DMA), written for this suite",
+        lambda: Program(traced_on_a_tpu_mesh(zero_fill_then_pipeline(1)), (X32,)),
+        {
+            "verify": Raises(
+                "RaceDetectedError",
+                # the pipeline's line and the fill's
+                matches=(r"(?s)pipelines\.py:\d+.*pipelines\.py:\d+",),
+                absent=("contextlib", "functools"),
+                line=False,
+            )
+        },
+    ),
+]
