@@ -179,7 +179,8 @@ class Raises:
 
     ``says``: substrings; ``matches``: regexes; ``one_of``: groups of words, one word of
     each group named as a whole word (a device ``x=2``, a parameter name); ``absent``:
-    substrings the message must not contain; ``line``: the
+    substrings the message must not contain; ``check``: called with the error, for what
+    the fields cannot say (lines found at run time, counts); ``line``: the
     message names the case's ``# fix:`` line (or, with ``frame=True``, the traceback
     passes through it).
     """
@@ -193,6 +194,7 @@ class Raises:
     frame: bool = False
     exact: bool = False
     kind: str | None = None
+    check: Callable[[BaseException], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +332,11 @@ def problems(error: BaseException, verdict: Raises, case: Case) -> list[str]:
         if not named:
             where = ", ".join(f"{p.name}:{list(lines)}" for p, lines in marked)
             found.append(f"the user's line ({where}) is not named")
+    if verdict.check is not None and not found:
+        try:
+            verdict.check(error)
+        except AssertionError as failed:
+            found.append(f"check {verdict.check.__name__}: {failed}")
     inside = library_lines(message)
     if inside:
         found.append(f"names a line inside safedma as the location: {inside}")

@@ -7,7 +7,10 @@ write-backs waited one step later.
   leak; written for this suite);
 * a write-back pipeline that waits step i - 1's copy through a rebuilt descriptor and its
   own handle at the last step, which the bug forgets (a correct kernel the trace-time
-  checks once rejected; the protocol of pipelined reductions' output write-backs).
+  checks once rejected; the protocol of pipelined reductions' output write-backs);
+* pages started by one helper (paged-attention descriptors): the broken twin reuses the
+  buffer for the second page while the first is in flight; simulate names the helper's
+  line and the line that called it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -35,7 +40,7 @@ from tests.corpus._blocks import (
     second,
     write_out,
 )
-from tests.corpus._case import Case, Raises
+from tests.corpus._case import Case, Ok, Program, Raises
 
 D = sd.DataRef
 S = sd.SemRef
@@ -215,3 +220,75 @@ PAIRS = (
 )
 
 CASES: list[Case] = [c for pair in PAIRS for c in pair.cases("double_buffering")]
+
+
+# ---------------------------------------------------------------- pages started by one helper
+
+PAGE_ROWS = 8
+
+
+def start_page(src: Any, dst: Any, sem: Any) -> Any:
+    copy = pltpu.make_async_copy(src, dst, sem)
+    copy.start()  # the same line for every page: the caller's tells them apart
+    return copy
+
+
+def two_pages(x_ref: Any, o_ref: Any, buf: Any, sems: Any, *, wait_first: bool) -> None:
+    # Paged-attention descriptors start every copy from one method; the broken twin
+    # reuses the buffer for the second page while the first is in flight.
+    one = start_page(x_ref.at[pl.ds(0, PAGE_ROWS)], buf, sems.at[0])
+    if wait_first:
+        one.wait()
+        o_ref[pl.ds(0, PAGE_ROWS), :] = buf[...]
+    two = start_page(x_ref.at[pl.ds(PAGE_ROWS, PAGE_ROWS)], buf, sems.at[1])  # second page
+    two.wait()
+    o_ref[pl.ds(PAGE_ROWS, PAGE_ROWS), :] = buf[...]
+    if not wait_first:
+        one.wait()
+        o_ref[pl.ds(0, PAGE_ROWS), :] = x_ref[pl.ds(0, PAGE_ROWS), :]
+
+
+def two_pages_program(wait_first: bool) -> Program:
+    def kernel(*refs: Any) -> None:
+        two_pages(*refs, wait_first=wait_first)
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((2 * PAGE_ROWS, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((PAGE_ROWS, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))],
+    )
+    return Program(call, (jax.ShapeDtypeStruct((2 * PAGE_ROWS, 128), jnp.float32),))
+
+
+def _copied_through(out: Any, program: Program) -> None:
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(program.concrete_args()[0]))
+
+
+def _names_the_callers_line(error: BaseException) -> None:
+    from tests.support.simulation import line_of
+
+    message = str(error)
+    helper = line_of(start_page, "copy.start()")
+    caller = line_of(two_pages, "# second page").rsplit(":", 1)[1]
+    # verify's rule: the kernel lines that called the helper, innermost first
+    assert f"{helper} (start_page, called at line {caller} in two_pages, line " in message, message
+
+
+CASES += [
+    Case(
+        "pages_started_by_one_helper_and_waited",
+        "double_buffering",
+        "pytorch/xla paged attention's copy descriptors, written for this suite",
+        lambda: two_pages_program(True),
+        {"simulate": Ok(check=_copied_through)},
+    ),
+    Case(
+        "buffer_reused_while_a_helpers_copy_is_in_flight",
+        "double_buffering",
+        "pytorch/xla paged attention's copy descriptors, written for this suite",
+        lambda: two_pages_program(False),
+        {"simulate": Raises("RaceDetectedError", line=False, check=_names_the_callers_line)},
+    ),
+]

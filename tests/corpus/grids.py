@@ -12,7 +12,9 @@ tables prefetched into SMEM, grids whose size comes from data.
 * an output block picked through a scalar-prefetch table and written at its last step
   (ragged paged attention's layout), and a sparse grid whose output index map skips
   blocks (jax's block-sparse guide): the blocks never copied out are garbage;
-* a cross-step prefetch chain in a grid whose first dimension is "parallel".
+* a cross-step prefetch chain in a grid whose first dimension is "parallel";
+* a look-ahead into a scalar-prefetched table that reads one past its end (pytorch/xla's
+  paged attention; a non-short-circuit ``logical_and``), and its clamped twin.
 """
 
 from __future__ import annotations
@@ -417,5 +419,80 @@ CASES += [
         "jax Pallas block-sparse guide, written for this suite",
         lambda: Program(sparse_rows_read_where_visited, (ROWS, _s(32, 128), _s(32, 128))),
         {"verify": _one_kernel_no_dma("kernel")},
+    ),
+]
+
+
+# ---------------------------------------------------------------- a table read one past its end
+
+LOOK_ROWS = 8
+
+
+def next_nonempty(lengths: Any, x_ref: Any, o_ref: Any, buf: Any, sem: Any, *, clamp: bool) -> None:
+    # pytorch/xla paged attention's look-ahead: `jnp.logical_and(nxt < n, lengths[nxt] == 0)`
+    # evaluates both sides, so the last step reads lengths[n]: an SMEM read past
+    # the table (on a TPU it reads whatever follows it). The clamped twin is clean.
+    i = pl.program_id(0)
+    n = lengths.shape[0]
+    nxt = i + 1
+    index = jnp.minimum(nxt, n - 1) if clamp else nxt
+    skip = jnp.logical_and(nxt < n, lengths[index] == 0)
+    copy = pltpu.make_async_copy(x_ref.at[pl.ds(i * LOOK_ROWS, LOOK_ROWS)], buf, sem)
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[...] + jnp.where(skip, 1.0, 0.0)
+
+
+def next_nonempty_program(clamp: bool) -> Program:
+    def kernel(*refs: Any) -> None:
+        next_nonempty(*refs, clamp=clamp)
+
+    def call(lengths: jax.Array, x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, F32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(lengths.shape[0],),
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec((LOOK_ROWS, 128), lambda i, lengths: (i, 0)),
+                scratch_shapes=[pltpu.VMEM((LOOK_ROWS, 128), F32), pltpu.SemaphoreType.DMA],
+            ),
+        )(lengths, x)
+        return out
+
+    x = jnp.arange(3 * LOOK_ROWS * 128, dtype=F32).reshape(3 * LOOK_ROWS, 128)
+    return Program(call, (jnp.asarray([3, 0, 5], jnp.int32), x))
+
+
+def _step_0_skips(out: Any, program: Program) -> None:
+    x = np.asarray(program.args[1])
+    expected = x.copy()
+    expected[:LOOK_ROWS] += 1.0  # step 0: the next entry (1) is empty
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+def _the_look_ahead_line(error: BaseException) -> None:
+    from tests.support.simulation import line_of
+
+    message = str(error)
+    assert line_of(next_nonempty, "skip = jnp.logical_and") in message, message
+    assert "Out-of-bounds read" in message, message
+
+
+CASES += [
+    Case(
+        "look_ahead_clamped_to_the_table",
+        "grids",
+        "pytorch/xla paged attention, written for this suite",
+        lambda: next_nonempty_program(True),
+        {"simulate": Ok(check=_step_0_skips)},
+    ),
+    Case(
+        "look_ahead_past_the_table",
+        "grids",
+        "pytorch/xla paged attention, written for this suite",
+        lambda: next_nonempty_program(False),
+        {"simulate": Raises("^KernelFailedError$", line=False, check=_the_look_ahead_line)},
     ),
 ]

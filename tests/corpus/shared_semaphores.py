@@ -10,16 +10,22 @@ by one (each wait may count another copy's bytes) or once by their total.
   copies its own block locally, all on one DMA semaphore, waited by total size in two
   waits; a block read between them, and a second wait one block short;
 * ``wait_copies`` and ``wait_bytes`` (a self-descriptor wait on the raw side) and their
-  argument checks.
+  argument checks;
+* copies counted on a REGULAR semaphore (``CountedCopy``, ``wait_counted``);
+* pytorch/xla's paged attention: a step's K and V pages on one semaphore, the next
+  step's prefetched before this one's are waited; a V page read before a wait that
+  covers it is a race (simulate).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -521,5 +527,154 @@ CASES += [
         "written for this suite",
         lambda: local(counted_copy_on_a_dma_semaphore, [sd.dma_semaphore()]),
         {"trace": Raises("^SemaphoreKindError$", says=("REGULAR",), line=False)},
+    ),
+]
+
+
+# ---------------------------------------------------------------- K and V pages on one semaphore
+
+KV_ROWS = 8  # rows of one page
+KV_PAGES = 6  # pages of the cache
+KV_STEPS = 4  # grid steps: one page of K and one of V each
+KV_TABLE = (4, 1, 5, 2)  # page of each step
+
+
+def paged_kv(
+    table: Any,
+    k_hbm: Any,
+    v_hbm: Any,
+    o_ref: Any,
+    k_buf: Any,
+    v_buf: Any,
+    sem: Any,
+    *,
+    variant: str,
+) -> None:
+    # pytorch/xla's multi-query paged attention: the K copy and the V copy of a
+    # step share one DMA semaphore, and the next step's pages are started before
+    # this step's are waited. A wait releases when ITS byte count has landed on
+    # the semaphore, whichever copy brought them: after the K wait only the
+    # copies issued first are certain. Before: jax's interpreter ordered a wait
+    # after every signal so far, so a V page read after the K wait alone ran clean.
+    i = pl.program_id(0)
+    slot = i % 2
+
+    def copies(step: Any, at: Any) -> tuple[Any, Any]:
+        k = pltpu.make_async_copy(k_hbm.at[table[step]], k_buf.at[at], sem)
+        v = pltpu.make_async_copy(v_hbm.at[table[step]], v_buf.at[at], sem)
+        return k, v
+
+    @pl.when(i == 0)
+    def _() -> None:
+        k0, v0 = copies(0, 0)
+        k0.start()
+        v0.start()
+
+    @pl.when(i + 1 < pl.num_programs(0))
+    def _() -> None:
+        k1, v1 = copies(i + 1, 1 - slot)
+        k1.start()
+        v1.start()
+
+    k, v = copies(i, slot)
+    if variant == "correct":
+        k.wait()
+        v.wait()
+        o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]
+    elif variant == "v_wait_dropped":
+        k.wait()
+        o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]  # V page still in flight
+    elif variant == "waits_swapped_read_between":
+        v.wait()  # releases on the K page's bytes: K landed first
+        v_part = 2.0 * v_buf[slot]  # V page still in flight
+        k.wait()
+        o_ref[...] = k_buf[slot] + v_part
+    else:  # waits_swapped: both waited before any read, clean
+        v.wait()
+        k.wait()
+        o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]
+
+
+def paged_kv_program(variant: str) -> Program:
+    def kernel(*refs: Any) -> None:
+        paged_kv(*refs, variant=variant)
+
+    def call(table: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((KV_STEPS * KV_ROWS, 128), jnp.float32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(KV_STEPS,),
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+                out_specs=pl.BlockSpec((KV_ROWS, 128), lambda i, table: (i, 0)),
+                scratch_shapes=[
+                    pltpu.VMEM((2, KV_ROWS, 128), jnp.float32),
+                    pltpu.VMEM((2, KV_ROWS, 128), jnp.float32),
+                    pltpu.SemaphoreType.DMA,
+                ],
+            ),
+        )(table, k, v)
+        return out
+
+    k = jnp.arange(KV_PAGES * KV_ROWS * 128, dtype=jnp.float32).reshape(KV_PAGES, KV_ROWS, 128)
+    return Program(call, (jnp.asarray(KV_TABLE, jnp.int32), k, 1000.0 + k))
+
+
+def _kv_pages_read(out: Any, program: Program) -> None:
+    table, k, v = program.args
+    pages = np.asarray(KV_TABLE)
+    expected = (np.asarray(k)[pages] + 2.0 * np.asarray(v)[pages]).reshape(KV_STEPS * KV_ROWS, 128)
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+def _v_page_race(read: str) -> Callable[[BaseException], None]:
+    def names_the_read_and_the_start(error: BaseException) -> None:
+        from tests.support.simulation import assert_clean_afterwards, line_of
+
+        message = str(error)
+        assert f"at {line_of(paged_kv, read)} " in message, message
+        assert line_of(paged_kv, "v0.start()") in message, message  # the copy's start
+        assert_clean_afterwards()
+
+    return names_the_read_and_the_start
+
+
+XLA_PAGED = "pytorch/xla multi-query paged attention, written for this suite"
+
+CASES += [
+    *(
+        Case(
+            f"kv_pages_on_one_semaphore_{variant}",
+            "shared_semaphores",
+            XLA_PAGED,
+            functools.partial(paged_kv_program, variant),
+            {"simulate": Ok(check=_kv_pages_read)},
+        )
+        for variant in ("correct", "waits_swapped")
+    ),
+    Case(
+        "kv_pages_on_one_semaphore_v_wait_dropped",
+        "shared_semaphores",
+        XLA_PAGED,
+        lambda: paged_kv_program("v_wait_dropped"),
+        {
+            "simulate": Raises(
+                "RaceDetectedError",
+                line=False,
+                check=_v_page_race("o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]  # V page"),
+            )
+        },
+    ),
+    Case(
+        "kv_pages_on_one_semaphore_waits_swapped_read_between",
+        "shared_semaphores",
+        XLA_PAGED,
+        lambda: paged_kv_program("waits_swapped_read_between"),
+        {
+            "simulate": Raises(
+                "RaceDetectedError", line=False, check=_v_page_race("v_part = 2.0 * v_buf[slot]")
+            )
+        },
     ),
 ]
