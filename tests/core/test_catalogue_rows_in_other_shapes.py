@@ -1,5 +1,5 @@
-"""MISUSE.md's T-rows (and the S-rows' trace-time backups) in shapes the row tests do not
-use (session 9, docs/held-out.md).
+"""The T-rows of docs/catalogue.md (and the S-rows' trace-time backups) in shapes the row
+tests do not use.
 
 Each mistake is written with the typed API where a miss is plausible: inside
 ``lax.cond`` / ``while_loop`` / ``pl.loop`` / nested ``fori_loop`` bodies, under
@@ -7,7 +7,7 @@ Each mistake is written with the typed API where a miss is plausible: inside
 ``.at`` views, on N-D semaphore arrays with traced indices, in ``sd.core_kernel`` over
 a TensorCore mesh, in an ``emit_pipeline`` body, with scalar-prefetch trip counts and
 on a 2-D mesh with dict device ids. Tracing must raise the row's safedma error, name
-the line marked ``# s9: <case>`` (in the message or as the frame that raised) and the
+the line marked ``# fix: <case>`` (in the message or as the frame that raised) and the
 fix. The correct twins at the end must trace.
 """
 
@@ -71,7 +71,7 @@ def _ring(x: Any, o: Any, send: Any, recv: Any, to: Any) -> Any:
 def t1_in_a_cond_branch() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         def fetch() -> None:
-            sd.LocalCopy(x.at[0], buf, sem).start().wait()  # s9: t1_in_a_cond_branch
+            sd.LocalCopy(x.at[0], buf, sem).start().wait()  # fix: t1_in_a_cond_branch
 
         lax.cond(pl.program_id(0) == 0, fetch, lambda: None)
 
@@ -81,7 +81,7 @@ def t1_in_a_cond_branch() -> None:
 def t1_in_a_while_loop() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         def body(i):  # type: ignore[no-untyped-def]
-            sd.LocalCopy(x.at[0], buf, sem).start().wait()  # s9: t1_in_a_while_loop
+            sd.LocalCopy(x.at[0], buf, sem).start().wait()  # fix: t1_in_a_while_loop
             return i + 1
 
         lax.while_loop(lambda i: i < 2, body, 0)
@@ -91,14 +91,14 @@ def t1_in_a_while_loop() -> None:
 
 def t1_through_a_reshape_view() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
-        sd.LocalCopy(x.reshape(16, 128), buf, sem).start().wait()  # s9: t1_through_a_reshape_view
+        sd.LocalCopy(x.reshape(16, 128), buf, sem).start().wait()  # fix: t1_through_a_reshape_view
 
     trace(k, [VMEM, DMA])
 
 
 def t1_in_a_run_scoped_helper() -> None:
     def fetch(src, dst, sem):  # type: ignore[no-untyped-def]
-        sd.LocalCopy(src, dst, sem).start().wait()  # s9: t1_in_a_run_scoped_helper
+        sd.LocalCopy(src, dst, sem).start().wait()  # fix: t1_in_a_run_scoped_helper
 
     def k(x, o):  # type: ignore[no-untyped-def]
         sd.run_scoped(lambda buf, sem: fetch(x.at[0], buf, sem), VMEM, DMA)
@@ -108,7 +108,7 @@ def t1_in_a_run_scoped_helper() -> None:
 
 def t1_on_a_core_kernel() -> None:
     def body(x, o, buf, sem):  # type: ignore[no-untyped-def]
-        sd.LocalCopy(x.at[0], buf, sem).start().wait()  # s9: t1_on_a_core_kernel
+        sd.LocalCopy(x.at[0], buf, sem).start().wait()  # fix: t1_on_a_core_kernel
 
     _on_cores(body, [VMEM, DMA])
 
@@ -116,7 +116,7 @@ def t1_on_a_core_kernel() -> None:
 def t1_remote_to_a_dict_device_on_a_2d_mesh() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
         to = sd.device(x=0, y=1)
-        copy = _ring(x.at[0], o, send, recv, to)  # s9: t1_remote_to_a_dict_device_on_a_2d_mesh
+        copy = _ring(x.at[0], o, send, recv, to)  # fix: t1_remote_to_a_dict_device_on_a_2d_mesh
         copy.start().wait()
 
     trace_on_mesh(k, TWO_DMA, mesh_shape=(2, 4))
@@ -125,7 +125,7 @@ def t1_remote_to_a_dict_device_on_a_2d_mesh() -> None:
 def t1_in_an_emit_pipeline_body() -> None:
     def k(x, o, sem):  # type: ignore[no-untyped-def]
         def body(xv, ov):  # type: ignore[no-untyped-def]
-            copy = sd.LocalCopy(xv.at[pl.ds(0, 4)], ov, sem)  # s9: t1_in_an_emit_pipeline_body
+            copy = sd.LocalCopy(xv.at[pl.ds(0, 4)], ov, sem)  # fix: t1_in_an_emit_pipeline_body
             copy.start().wait()
 
         sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
@@ -135,7 +135,7 @@ def t1_in_an_emit_pipeline_body() -> None:
 
 def t2_through_a_bitcast_view() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
-        sd.LocalCopy(x.bitcast(jnp.int32), buf, sem).start().wait()  # s9: t2_through_a_bitcast_view
+        sd.LocalCopy(x.bitcast(jnp.int32), buf, sem).start().wait()  # fix: t2_through_a_bitcast_view  # fmt: skip
 
     trace(k, [VMEM, DMA])
 
@@ -144,7 +144,7 @@ def t2_remote_in_a_fori_loop() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
         def body(i, c):  # type: ignore[no-untyped-def]
             to = sd.neighbour("x")
-            copy = _ring(x.bitcast(jnp.int32), o, send, recv, to)  # s9: t2_remote_in_a_fori_loop
+            copy = _ring(x.bitcast(jnp.int32), o, send, recv, to)  # fix: t2_remote_in_a_fori_loop
             copy.start().wait()
             return c
 
@@ -155,7 +155,7 @@ def t2_remote_in_a_fori_loop() -> None:
 
 def t3_unknown_axis_in_a_dict_on_a_2d_mesh() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
-        to = sd.device(x=0, z=1)  # s9: t3_unknown_axis_in_a_dict_on_a_2d_mesh
+        to = sd.device(x=0, z=1)  # fix: t3_unknown_axis_in_a_dict_on_a_2d_mesh
         _ring(x, o, send, recv, to).start().wait()
 
     trace_on_mesh(k, TWO_DMA, mesh_shape=(2, 4))
@@ -163,7 +163,7 @@ def t3_unknown_axis_in_a_dict_on_a_2d_mesh() -> None:
 
 def t3_index_outside_the_second_axis() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
-        to = sd.device(x=0, y=4)  # s9: t3_index_outside_the_second_axis
+        to = sd.device(x=0, y=4)  # fix: t3_index_outside_the_second_axis
         _ring(x, o, send, recv, to).start().wait()
 
     trace_on_mesh(k, TWO_DMA, mesh_shape=(2, 4))
@@ -173,7 +173,7 @@ def t3_out_of_range_under_when() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
         @pl.when(sd.my_index("x") == 0)
         def _() -> None:
-            to = sd.device(x=5)  # s9: t3_out_of_range_under_when
+            to = sd.device(x=5)  # fix: t3_out_of_range_under_when
             _ring(x, o, send, recv, to).start().wait()
 
     trace_on_mesh(k, TWO_DMA)
@@ -181,7 +181,7 @@ def t3_out_of_range_under_when() -> None:
 
 def t3_core_outside_the_core_mesh() -> None:
     def body(x, o, send, recv):  # type: ignore[no-untyped-def]
-        to = sd.device(core=2)  # s9: t3_core_outside_the_core_mesh
+        to = sd.device(core=2)  # fix: t3_core_outside_the_core_mesh
         _ring(x, o, send, recv, to).start().wait()
 
     _on_cores(body, TWO_DMA)
@@ -192,7 +192,7 @@ def t4_remote_priority_in_pl_loop() -> None:
         @pl.loop(0, 2)
         def _(i: Any) -> None:
             copy = _ring(x, o, send, recv, sd.neighbour("x"))
-            copy.start(priority=1).wait()  # s9: t4_remote_priority_in_pl_loop
+            copy.start(priority=1).wait()  # fix: t4_remote_priority_in_pl_loop
 
     trace_on_mesh(k, TWO_DMA)
 
@@ -200,7 +200,7 @@ def t4_remote_priority_in_pl_loop() -> None:
 def t4_priority_in_a_cond_branch() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         def fetch() -> None:
-            sd.LocalCopy(x, buf, sem).start(priority=2).wait()  # s9: t4_priority_in_a_cond_branch
+            sd.LocalCopy(x, buf, sem).start(priority=2).wait()  # fix: t4_priority_in_a_cond_branch
 
         lax.cond(pl.program_id(0) == 0, fetch, lambda: None)
 
@@ -210,7 +210,7 @@ def t4_priority_in_a_cond_branch() -> None:
 def t5_add_in_a_cond_branch() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         def fetch() -> None:
-            sd.LocalCopy(x, buf, sem).start(add=True).wait()  # s9: t5_add_in_a_cond_branch
+            sd.LocalCopy(x, buf, sem).start(add=True).wait()  # fix: t5_add_in_a_cond_branch
 
         lax.cond(pl.program_id(0) == 0, fetch, lambda: None)
 
@@ -220,7 +220,7 @@ def t5_add_in_a_cond_branch() -> None:
 def t6_missing_semaphore_in_run_scoped() -> None:
     def k(x, o):  # type: ignore[no-untyped-def]
         def body(buf):  # type: ignore[no-untyped-def]
-            sd.LocalCopy(x, buf, None).start().wait()  # s9: t6_missing_semaphore_in_run_scoped
+            sd.LocalCopy(x, buf, None).start().wait()  # fix: t6_missing_semaphore_in_run_scoped
 
         sd.run_scoped(body, VMEM)
 
@@ -230,7 +230,7 @@ def t6_missing_semaphore_in_run_scoped() -> None:
 def t7_in_a_while_loop() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         def body(i):  # type: ignore[no-untyped-def]
-            sd.LocalCopy(x.at[0], buf.at[0], sem).start()  # s9: t7_in_a_while_loop
+            sd.LocalCopy(x.at[0], buf.at[0], sem).start()  # fix: t7_in_a_while_loop
             return i + 1
 
         lax.while_loop(lambda i: i < 2, body, 0)
@@ -242,7 +242,7 @@ def t7_in_a_pl_loop_of_smem_trip_count() -> None:
     def k(n_ref, x, o, buf, sem):  # type: ignore[no-untyped-def]
         @pl.loop(0, n_ref[0])
         def _(i: Any) -> None:
-            sd.LocalCopy(x.at[0], buf.at[0], sem).start()  # s9: t7_in_a_pl_loop_of_smem_trip_count
+            sd.LocalCopy(x.at[0], buf.at[0], sem).start()  # fix: t7_in_a_pl_loop_of_smem_trip_count
 
     _prefetched(k, [VMEM, DMA])
 
@@ -253,7 +253,7 @@ def t7_started_in_both_branches_waited_in_one() -> None:
             sd.LocalCopy(x, buf, sem).start().wait()
 
         def left() -> None:
-            sd.LocalCopy(x, buf, sem).start()  # s9: t7_started_in_both_branches_waited_in_one
+            sd.LocalCopy(x, buf, sem).start()  # fix: t7_started_in_both_branches_waited_in_one
 
         lax.cond(pl.program_id(0) == 0, waited, left)
 
@@ -266,7 +266,7 @@ def t7_in_an_inner_loop_of_a_nested_fori() -> None:
             def inner(j, c2):  # type: ignore[no-untyped-def]
                 sd.LocalCopy(
                     x.at[i], buf.at[j], sem
-                ).start()  # s9: t7_in_an_inner_loop_of_a_nested_fori
+                ).start()  # fix: t7_in_an_inner_loop_of_a_nested_fori
                 return c2
 
             return lax.fori_loop(0, 2, inner, c)
@@ -278,14 +278,14 @@ def t7_in_an_inner_loop_of_a_nested_fori() -> None:
 
 def t7_on_a_core_kernel() -> None:
     def body(x, o, buf, sem):  # type: ignore[no-untyped-def]
-        sd.LocalCopy(x, buf, sem).start()  # s9: t7_on_a_core_kernel
+        sd.LocalCopy(x, buf, sem).start()  # fix: t7_on_a_core_kernel
 
     _on_cores(body, [VMEM, DMA])
 
 
 def t7_wrong_slot_of_a_2d_array() -> None:
     def k(x, o, buf, sems):  # type: ignore[no-untyped-def]
-        sd.LocalCopy(x, buf, sems.at[0, 1]).start()  # s9: t7_wrong_slot_of_a_2d_array
+        sd.LocalCopy(x, buf, sems.at[0, 1]).start()  # fix: t7_wrong_slot_of_a_2d_array
         sd.LocalCopy(x, buf, sems.at[1, 0]).started_elsewhere().wait()
 
     trace(k, [VMEM, sd.dma_semaphores((2, 2))])
@@ -294,7 +294,7 @@ def t7_wrong_slot_of_a_2d_array() -> None:
 def t7_in_a_raw_emit_pipeline_body() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         def body(xv, ov):  # type: ignore[no-untyped-def]
-            sd.LocalCopy(x.at[pl.ds(0, 8)], buf, sem).start()  # s9: t7_in_a_raw_emit_pipeline_body
+            sd.LocalCopy(x.at[pl.ds(0, 8)], buf, sem).start()  # fix: t7_in_a_raw_emit_pipeline_body
             ov[...] = xv[...]
 
         pltpu.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
@@ -306,7 +306,7 @@ def t7_receive_side_to_a_dict_device() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
         handle = _ring(
             x, o, send, recv, sd.device(x=1, y=0)
-        ).start()  # s9: t7_receive_side_to_a_dict_device
+        ).start()  # fix: t7_receive_side_to_a_dict_device
         handle.wait_send()
 
     trace_on_mesh(k, TWO_DMA, mesh_shape=(2, 4))
@@ -316,7 +316,7 @@ def t7_waited_in_a_pipeline_body_on_another_semaphore() -> None:
     def k(x, o, buf, sem, other):  # type: ignore[no-untyped-def]
         sd.LocalCopy(
             x.at[pl.ds(0, 8)], buf, sem
-        ).start()  # s9: t7_waited_in_a_pipeline_body_on_another_semaphore
+        ).start()  # fix: t7_waited_in_a_pipeline_body_on_another_semaphore
 
         def body(xv, ov):  # type: ignore[no-untyped-def]
             @pl.when(pl.program_id(0) == 0)
@@ -336,14 +336,14 @@ def t8_in_a_pl_loop_body() -> None:
         def _(i: Any) -> None:
             h = sd.LocalCopy(x.at[i], buf.at[i], sem).start()
             h.wait()
-            h.wait()  # s9: t8_in_a_pl_loop_body
+            h.wait()  # fix: t8_in_a_pl_loop_body
 
     trace(k, [VMEM, DMA])
 
 
 def t8_through_a_helper() -> None:
     def drain(h):  # type: ignore[no-untyped-def]
-        h.wait()  # s9: t8_through_a_helper
+        h.wait()  # fix: t8_through_a_helper
 
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         h = sd.LocalCopy(x, buf, sem).start()
@@ -358,7 +358,7 @@ def t8_in_an_emit_pipeline_body() -> None:
         def body(xv, ov):  # type: ignore[no-untyped-def]
             h = sd.LocalCopy(xv, ov, sem).start()
             h.wait()
-            h.wait()  # s9: t8_in_an_emit_pipeline_body
+            h.wait()  # fix: t8_in_an_emit_pipeline_body
 
         sd.emit_pipeline(body, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(x, o)
 
@@ -370,14 +370,14 @@ def t8_receive_side_twice_to_a_dict_device() -> None:
         h = _ring(x, o, send, recv, sd.device(x=1, y=0)).start()
         h.wait_send()
         h.wait_recv()
-        h.wait_recv()  # s9: t8_receive_side_twice_to_a_dict_device
+        h.wait_recv()  # fix: t8_receive_side_twice_to_a_dict_device
 
     trace_on_mesh(k, TWO_DMA, mesh_shape=(2, 4))
 
 
 def t9_on_a_core_kernel() -> None:
     def body(x, o):  # type: ignore[no-untyped-def]
-        barrier = sd.barrier_semaphore()  # s9: t9_on_a_core_kernel
+        barrier = sd.barrier_semaphore()  # fix: t9_on_a_core_kernel
         sd.signal(barrier, 1, device=sd.neighbour("core"))
         sd.wait(barrier, 1)
 
@@ -388,7 +388,7 @@ def t9_under_when_on_a_mesh() -> None:
     def k(x, o, send, recv):  # type: ignore[no-untyped-def]
         @pl.when(sd.my_index("x") == 0)
         def _() -> None:
-            barrier = sd.barrier_semaphore()  # s9: t9_under_when_on_a_mesh
+            barrier = sd.barrier_semaphore()  # fix: t9_under_when_on_a_mesh
             sd.signal(barrier, 1, device=sd.neighbour("x"))
             sd.wait(barrier, 1)
 
@@ -397,7 +397,7 @@ def t9_under_when_on_a_mesh() -> None:
 
 def s2_one_index_into_a_2d_array_on_a_wait_only_path() -> None:
     def k(x, o, buf, sems):  # type: ignore[no-untyped-def]
-        # s9: s2_one_index_into_a_2d_array_on_a_wait_only_path (the next line)
+        # fix: s2_one_index_into_a_2d_array_on_a_wait_only_path (the next line)
         copy = sd.LocalCopy(x, buf, sems.at[1])
         copy.started_elsewhere().wait()
 
@@ -406,7 +406,7 @@ def s2_one_index_into_a_2d_array_on_a_wait_only_path() -> None:
 
 def s2_one_index_into_a_2d_regular_array() -> None:
     def k(x, o, sems):  # type: ignore[no-untyped-def]
-        sd.signal(sems.at[0], 1)  # s9: s2_one_index_into_a_2d_regular_array
+        sd.signal(sems.at[0], 1)  # fix: s2_one_index_into_a_2d_regular_array
         sd.wait(sems.at[0], 1)
 
     trace(k, [sd.regular_semaphores((2, 2))])
@@ -431,7 +431,7 @@ def future_finished_twice_in_one_branch() -> None:
 
         def twice() -> jax.Array:
             sd.finish_async(_future_done, future)
-            return sd.finish_async(_future_done, future)  # s9: future_finished_twice_in_one_branch
+            return sd.finish_async(_future_done, future)  # fix: future_finished_twice_in_one_branch
 
         return lax.cond(flag[0] > 0, twice, lambda: x)
 
@@ -596,9 +596,9 @@ def test_the_mistake_fails_at_trace_time_naming_the_line_and_the_fix(case: str) 
     with pytest.raises(error) as caught:
         mistake()
     text = str(caught.value)
-    line = marker_line(HERE, f"# s9: {case}")
+    line = marker_line(HERE, f"# fix: {case}")
     line += "(the next line)" in open(HERE, encoding="utf-8").read().splitlines()[line - 1]
-    named = re.search(rf"test_mutations_s9\.py:{line}\b", text) is not None
+    named = re.search(rf"test_catalogue_rows_in_other_shapes\.py:{line}\b", text) is not None
     assert named or line in raising_lines(caught, HERE), (line, text)
     missing = [w for w in fix if w not in text]
     assert not missing, f"message lacks {missing!r}:\n{text}"
@@ -618,9 +618,9 @@ def ok_waits_in_both_branches_of_a_cond() -> None:
 def ok_handle_across_a_raw_emit_pipeline() -> None:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         h = sd.LocalCopy(x.at[pl.ds(0, 8)], buf, sem).start()
-        pltpu.emit_pipeline(pipelines.double, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC])(
-            x, o
-        )
+        pltpu.emit_pipeline(
+            pipelines.double, grid=(4,), in_specs=[PIPE_SPEC], out_specs=[PIPE_SPEC]
+        )(x, o)
         h.wait()
 
     _pipelined(k, [sd.vmem(pipelines.BLOCK, F32), sd.dma_semaphore()])
@@ -688,8 +688,8 @@ def ok_core_kernel_swap_behind_the_barrier() -> None:
 
 def ok_started_elsewhere_wait_in_an_sd_emit_pipeline_body() -> None:
     """A copy started before the pipeline and waited at its first step: the body is
-    checked as a kernel of its own, and its wait by slot waits the kernel's copy too
-    (session 9, defect 4: it was T7 while the same wait on the handle passed)."""
+     checked as a kernel of its own, and its wait by slot waits the kernel's copy too
+    ."""
 
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         copy = sd.LocalCopy(x.at[pl.ds(0, 8)], buf, sem)
@@ -722,8 +722,7 @@ def ok_wait_by_size_in_an_sd_emit_pipeline_body() -> None:
 
 
 def ok_future_finished_in_each_branch_of_a_cond() -> None:
-    """Each branch of a lax.cond finishes the future once (session 9, defect 5: the
-    second branch's trace was taken for a second finish)."""
+    """Each branch of a lax.cond finishes the future once."""
 
     @sd.checked_futures
     def f(x: jax.Array, flag: jax.Array) -> jax.Array:

@@ -1,4 +1,5 @@
-"""Trace-check false alarms and misses found in session 10 (docs/held-out.md).
+"""Trace-check false alarms and misses on copies whose semaphore reaches a pipeline
+through a block argument, and on copy sizes that are traced.
 
 Each correct kernel is written in safedma and in raw pltpu and must lower to the same
 Mosaic module on a device-free ``tpu="v5p"`` mesh (jax 0.10.2 and 0.12); each seeded
@@ -136,7 +137,7 @@ WHERE = ["cond", "switch", "fori_loop", "scoped", "body_cond"]
 def test_a_write_back_on_a_semaphore_passed_into_a_block_matches_raw(
     where: str, wait: str, pipeline_kind: str
 ) -> None:
-    # Before session 10: T7 in the body (the semaphore, a new tracer in the block, was
+    # Formerly: T7 in the body (the semaphore, a new tracer in the block, was
     # not handed to the kernel: outside, only its type could match it); scoped: T7 in the
     # kernel with the raw wait (a wait on "some scoped semaphore" there).
     assert_same_mosaic(_passed_in(SAFE, where, wait), _passed_in(RAW, where, wait), X, mesh=_v5p())
@@ -200,7 +201,7 @@ def test_a_prefetch_waited_raw_in_the_first_step_matches_raw(pipeline_kind: str)
 
 
 def test_a_prefetch_the_steps_only_poll_is_t7(pipeline_kind: str) -> None:
-    # A miss before session 10 with the primitive: the body's raw waits were not followed,
+    # A miss formerly with the primitive: the body's raw waits were not followed,
     # so every semaphore the body closes over (sems, read only) counted as waited.
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_prefetch(SAFE, "polled"), X, mesh=_v5p())
@@ -247,7 +248,7 @@ def _wait_only(safe: bool, seed: str = "") -> Any:
 
 
 def test_a_wait_only_descriptor_with_a_traced_size_is_checked_as_its_jax_lowers_it() -> None:
-    # Before session 10, T1 on jax 0.10.2, whose wait (tpu.wait_dma2) lowers it; jax 0.12's
+    # Formerly, T1 on jax 0.10.2, whose wait (tpu.wait_dma2) lowers it; jax 0.12's
     # wait (tpu.wait_dma) is verified like a start and rejects it, raw too.
     if _compat.waits_compare_shapes():
         with pytest.raises(Exception, match="DMA source and target shape mismatch"):
@@ -310,7 +311,7 @@ def test_a_copy_on_a_block_argument_waited_after_the_block_traces(where: str, wa
 @pytest.mark.parametrize("wait", ["started_elsewhere", "raw"])
 @pytest.mark.parametrize("where", ["cond", "fori_loop"])
 def test_a_copy_on_a_block_argument_waited_on_the_other_slot_is_t7(where: str, wait: str) -> None:
-    # A miss before session 10: a block's argument met any semaphore of its type, at any
+    # A miss formerly: a block's argument met any semaphore of its type, at any
     # slot; it is now followed out to the array it received, so the slots are compared.
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_started_in_a_block(where, wait, 1), X, mesh=_v5p())
@@ -370,7 +371,7 @@ def _helper_starts(safe: bool, slot: int) -> Any:
 
 
 def test_a_copy_a_jitted_helper_starts_waited_by_the_kernel_matches_raw() -> None:
-    # Before session 10: T7 (the helper's parameter is a tracer of its own jaxpr).
+    # Formerly: T7 (the helper's parameter is a tracer of its own jaxpr).
     assert_same_mosaic(_helper_starts(SAFE, 0), _helper_starts(RAW, 0), X, mesh=_v5p())
 
 
@@ -426,7 +427,7 @@ def _future(start: str, done: str) -> Callable[..., jax.Array]:
 def test_a_future_started_or_finished_in_raw_pltpu_or_a_helper_traces(
     start: str, done: str
 ) -> None:
-    # Before session 10: FutureNotWaitedError (the start and done kernels' checks counted
+    # Formerly: FutureNotWaitedError (the start and done kernels' checks counted
     # only safedma's own starts and waits, and no copy on a helper's parameter).
     assert jax.eval_shape(_future(start, done), X).shape == X.shape
 

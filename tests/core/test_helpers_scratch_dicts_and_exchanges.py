@@ -1,5 +1,5 @@
-"""Patterns from other authors' Pallas TPU DMA code (docs/held-out.md, session 5), on
-kernels written here.
+"""Trace-time checks on the shapes production DMA code takes (helpers, scratch dicts,
+one-shot exchanges, unrolled pipelines), on kernels written here.
 
 * ``safedma.checked`` bodies under ``pl.kernel`` and ``pl.core_map`` read the
   ``collective_id`` of that call (T9), as under ``pl.pallas_call``;
@@ -11,7 +11,7 @@ kernels written here.
   after an all-peer barrier and a second round on a keyword ``run_scoped`` used as a
   ``functools.partial`` decorator (a one-shot reduce-scatter);
 * a Python-unrolled two-bank pipeline whose waits rebuild the copy (a decode kernel);
-* MISUSE.md mistakes seeded in the shapes such code takes (helpers, loops, branches,
+* docs/catalogue.md mistakes seeded in the shapes such code takes (helpers, loops, branches,
   aliases, closures, partials, dataclasses, tuples): each stopped at trace time, naming
   the user's line, and for a copy started in a helper, the line that called the helper.
 
@@ -426,7 +426,7 @@ def test_unrolled_two_bank_pipeline_matches_raw() -> None:
     assert_same_mosaic(call(True), call(False), x)
 
 
-# --- MISUSE.md mistakes in new shapes -------------------------------------------------
+# --- docs/catalogue.md mistakes in new shapes -------------------------------------------------
 
 SEEDS: dict[str, tuple[type[Exception], Callable[..., None], list[Any]]] = {}
 ONE = [

@@ -1,5 +1,5 @@
-"""Patterns from other authors' Pallas TPU DMA code (docs/held-out.md, session 9, typed
-API), on kernels written here.
+"""Trace-time checks on the DMA patterns of KV-cache transfers, host copies, state caches
+and SparseCore kernels, on kernels written here.
 
 * a chunked copy as a DMA future (vLLM tpu-inference's ``distributed/kv_transfer.py``): a
   start kernel with four scalar-prefetched tables starts, in a ``pl.loop`` whose trip count
@@ -371,7 +371,7 @@ def test_state_cache_across_pipeline_steps_matches_raw() -> None:
         # The pipeline body is checked as a kernel of its own, first: its prefetches and
         # stores are waited in its later steps (any slot of the same array counts). A copy
         # it leaves in flight on a kernel's semaphore is then the kernel's to wait after the
-        # pipeline (session 9b); the kernel waits no load semaphore there, and says so.
+        # pipeline; the kernel waits no load semaphore there, and says so.
         ("current_block_wait_dropped", "kernel", "# PREFETCH"),
         ("current_block_waited_on_the_store_semaphores", "kernel", "# PREFETCH"),
     ],
@@ -390,10 +390,10 @@ def test_state_cache_rows_never_waited_are_t7_at_the_start_line(
 
 
 def test_state_cache_store_drain_dropped_in_the_body_is_left_to_verify() -> None:
-    # Session 9 rejected this at trace time in the body. The kernel drains both store
+    # This was once rejected at trace time in the body. The kernel drains both store
     # slots after the pipeline (by size, a traced slot), so with at most two blocks every
     # store is waited: the program is correct on some paths, and trace time rejects only
-    # what is wrong on every path (session 9b). Wrong with more blocks: verify's.
+    # what is wrong on every path. Wrong with more blocks: verify's.
     assert "tpu.wait_dma" in mosaic_text(
         _decode(SAFE, "store_drain_dropped"), *_decode_args(), mesh=_v5p()
     )

@@ -1,5 +1,5 @@
-"""Patterns from other authors' Pallas TPU DMA code (docs/held-out.md, session 7), on
-kernels written here.
+"""Trace-time checks on the DMA patterns of ring rotations, ragged all-to-alls, host copies
+and pipeline inputs that wait a peer, on kernels written here.
 
 * a per-lane ring rotation between the lanes of a pipeline's window buffer (the construct of
   vLLM tpu-inference's batched RPA ``PcpRing``): a startup barrier in ``pl.when`` on the
@@ -273,7 +273,7 @@ def test_ring_without_a_send_semaphore_is_s4_at_the_users_line() -> None:
 
 def test_ring_regular_handshake_semaphore_as_receive_semaphore_is_s3() -> None:
     broken, mesh = _ring(SAFE, "sync_as_recv")
-    # The semaphore inside the pytree scratch entry is named by its path (session 7).
+    # The semaphore inside the pytree scratch entry is named by its path.
     with pytest.raises(sd.SemaphoreKindError, match=r"REGULAR semaphore \(sems\.sync ") as err:
         mosaic_text(broken, *_ring_args(mesh), mesh=mesh)
     assert line_in(_Ring._copy, "# DESCRIBED") in raising_lines(err, __file__)
@@ -413,7 +413,7 @@ def test_ragged_all_to_all_drain_missing_is_t7_naming_the_start(seed: str, never
     start = line_in(_all_to_all, "# STARTED")
     assert f"started at {__file__}:{start}" in message, message
     assert f": {never} never called" in message, message
-    # The fix names the missing side's waits (session 7), not a local handle.wait().
+    # The fix names the missing side's waits, not a local handle.wait().
     assert f"handle.{never}" in message and "handle.wait()" not in message, message
     fix = "copy.incoming().wait_recv()" if never == "wait_recv()" else "wait_send() in a later"
     assert fix in message, message
@@ -648,7 +648,7 @@ def _rw(safe: bool, seed: str | None = None) -> tuple[Any, Any, jax.ShapeDtypeSt
 
 
 def test_pipeline_input_waiting_a_remote_write_matches_raw() -> None:
-    # Defect 4: the fetch started in copy_in before the pipeline's loop, and waited in
+    # the fetch started in copy_in before the pipeline's loop, and waited in
     # wait_in inside it on the buffered ref the loop received as an argument, was a T7
     # false alarm (a block argument is a new tracer for the semaphore passed in).
     ours, mesh, x = _rw(SAFE)

@@ -1,4 +1,4 @@
-"""No false alarms: the legitimate patterns of MISUSE.md trace cleanly under the kernel scope.
+"""No false alarms: the legitimate patterns of docs/catalogue.md trace cleanly under the kernel scope.
 
 The kernel scope (``safedma.pallas_call`` / ``safedma.checked``) pairs every
 ``start()`` with a handle wait and reports what is left (T7) or waited twice

@@ -1,4 +1,4 @@
-"""Patterns found porting held-out production kernels (docs/held-out.md), on kernels written here.
+"""Patterns found porting production kernels, on kernels written here.
 
 * ``safedma.pallas_call`` takes every ``out_shape`` ``pl.pallas_call`` takes (an array
   as a shape, a tuple, a list, a dict) and returns what jax returns (a tuple for a tuple
@@ -53,7 +53,7 @@ def _outputs(out_shape: Any, out_specs: Any) -> Any:
         scratch_shapes=[sd.dma_semaphore()],
         interpret=pltpu.InterpretParams(),
         debug=False,
-        metadata={"origin": "held-out"},
+        metadata={"origin": "production"},
     )
     return call(x, s), x, s
 

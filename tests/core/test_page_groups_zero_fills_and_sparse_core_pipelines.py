@@ -1,5 +1,5 @@
-"""Patterns from other authors' Pallas TPU DMA code (docs/held-out.md, session 6), on
-kernels written here.
+"""Trace-time checks on the DMA patterns of paged attention, grouped matmuls and
+SparseCore pipelines, on kernels written here.
 
 * a helper class holding the page copies of one block (optional scale copies on the same
   semaphore, ``None`` operands and ``None`` scratch when unquantized), started in
@@ -9,7 +9,7 @@ kernels written here.
   there (a ragged paged attention);
 * zero-fill copies started with ``priority=1`` in ``fori_loop`` bodies and waited once by
   their total size (``wait_bytes``) after an ``emit_pipeline`` (a grouped matmul): an
-  ``emit_pipeline`` in the body no longer hides an unwaited copy (defect 3);
+  ``emit_pipeline`` in the body no longer hides an unwaited copy ;
 * a SparseCore ``core_kernel`` whose ``emit_pipeline`` has a traced grid and no specs,
   starts one copy per row in Python loops and waits them in order in a ``pl.loop``;
 * an ``emit_pipeline`` used as the ``pallas_call`` body, three outputs.
@@ -344,14 +344,14 @@ def test_priority_zero_fill_waited_by_size_after_a_pipeline_matches_raw() -> Non
 
 @pytest.mark.parametrize("pipeline", ["safedma", "raw"])
 def test_an_emit_pipeline_does_not_hide_an_unwaited_copy(pipeline: str) -> None:
-    # Defect 3: the pipeline's own waits (on semaphores it allocates) stood for every
+    # the pipeline's own waits (on semaphores it allocates) stood for every
     # semaphore of the body, so dropping the zero fill's wait passed at trace time.
     kernel = _zero_fill(SAFE, drop_wait=True, raw_pipeline=pipeline == "raw")
     with pytest.raises(sd.CopyNeverWaitedError) as err:
         mosaic_text(_zero_call(kernel, sd.pallas_call), *_zero_args(), mesh=_tpu_mesh())
     message = str(err.value)
     assert f"{__file__}:{line_in(_zero_fill, '# USER')}" in message, message
-    # Defect 4: a size read at run time is shown as '?', not as a tracer's repr.
+    # a size read at run time is shown as '?', not as a tracer's repr.
     assert "float32[?,8,128]" in message and "Tracer" not in message, message
 
 
@@ -481,16 +481,16 @@ def test_sparse_core_forgotten_bitcast_is_t2_at_the_users_line() -> None:
 
 def test_sparse_core_ordered_waits_dropped_is_t7_in_the_pipeline_body() -> None:
     broken = _sc_call(_sc_gather(SAFE, drop_row_waits=True), sd.core_kernel)
-    # Session 9b: a copy the body leaves in flight on a kernel's semaphore is the kernel's
+    # A copy the body leaves in flight on a kernel's semaphore is the kernel's
     # to wait after the pipeline; nothing waits it there either, so the kernel reports it.
     with pytest.raises(sd.CopyNeverWaitedError, match="in the body 'inner'") as err:
         mosaic_text(broken, *_sc_args(), mesh=_tpu_mesh())
     message = str(err.value)
     assert f"{__file__}:{line_in(_sc_gather, '# STARTED')}" in message, message
-    # Defect 5: refs the pipeline body closes over keep the kernel's names.
+    # refs the pipeline body closes over keep the kernel's names.
     assert "x_hbm.at[...] uint32[128] -> rows_buf.at[...] uint32[128]" in message, message
     # The row loop's copies share one start line and buffers: one line with their count
-    # (session 7), not one line per row.
+    # , not one line per row.
     assert message.count("wait() never called") == 1, message
     assert f"  - {SIMD * COL // LANES} copies of LocalCopy x_hbm.at[...]" in message, message
 

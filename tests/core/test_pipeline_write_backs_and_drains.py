@@ -1,6 +1,7 @@
-"""Trace checks after the session-9 merges (session 9b, docs/held-out.md).
+"""Trace checks on pipelined kernels: write-backs waited after the pipeline, per-step
+stores drained by size.
 
-Correct kernels around ``sd.emit_pipeline`` that the session-9 ledger changes reach (a
+Correct kernels around ``sd.emit_pipeline`` that the ledger's rules for pipelines reach (a
 body's ledger with a parent, waits by slot recorded up the chain, raw waits counted from
 where a body began), each written in safedma and in raw pltpu: the safedma one must
 trace and lower to the same Mosaic module as its raw twin. Then the seeded mistakes the
@@ -149,7 +150,7 @@ X = jax.ShapeDtypeStruct((STEPS * ROWS, LANES), jnp.float32)
 def test_a_copy_the_last_step_starts_waited_after_the_pipeline_matches_raw(
     where: str, how: str
 ) -> None:
-    # Before session 9b: T7 in the body ('body' was checked as a kernel of its own).
+    # Formerly: T7 in the body ('body' was checked as a kernel of its own).
     assert_same_mosaic(
         _write_back_call(SAFE, where=where, how=how),
         _write_back_call(RAW, where=where, how=how),
@@ -209,7 +210,7 @@ def _drained_call(safe: bool, seed: str = "") -> Any:
 
 
 def test_per_step_stores_drained_by_size_after_the_pipeline_match_raw() -> None:
-    # Before session 9b: T7 in the body for the stores.
+    # Formerly: T7 in the body for the stores.
     assert_same_mosaic(_drained_call(SAFE), _drained_call(RAW), X, mesh=_v5p())
 
 
@@ -289,7 +290,7 @@ def _core_mesh() -> Any:
 @pytest.mark.parametrize("entry", ["pallas_call", "core_kernel"])
 @pytest.mark.parametrize("how", ["start", "sync_copy"])
 def test_an_indexed_add_on_tensor_cores_is_t5(entry: str, how: str) -> None:
-    # Session 9 let add=True through wherever a side is indexed by an array (SparseCore's
+    # add=True was once let through wherever a side is indexed by an array (SparseCore's
     # indirect copies), so this reached jax's TensorCore lowering: "DMA with add=True is
     # not supported" (NotImplementedError), and interpret mode does a plain copy.
     scratch = [pltpu.VMEM((ROWS,), jnp.int32), pltpu.SemaphoreType.DMA(())]
@@ -337,7 +338,7 @@ def test_a_future_finished_once_in_each_branch_of_a_switch_traces() -> None:
 
 
 def test_a_second_finish_in_one_block_is_caught_past_a_finish_in_a_branch() -> None:
-    # Session 9 remembered only the latest finish: the branch's hid the first one, so the
+    # Only the latest finish was once remembered: the branch's hid the first one, so the
     # finish after the cond (the same straight-line block as the first) passed.
     with pytest.raises(sd.FutureConsumedTwiceError) as err:
         jax.eval_shape(_finishes("again"), X, FLAG)
@@ -405,7 +406,7 @@ def _done_first_rows(x_ref: Any, buf: Any, sem: Any) -> None:
 
 def test_a_future_whose_copy_a_pipeline_step_starts_lowers() -> None:
     # The start kernel leaves its copy in flight on the future's semaphore (settled there);
-    # a copy its pipeline's last step starts is handed to it. Before session 9b: T7 in
+    # a copy its pipeline's last step starts is handed to it. Formerly: T7 in
     # the body.
     @sd.checked_futures
     def f(x: jax.Array) -> jax.Array:

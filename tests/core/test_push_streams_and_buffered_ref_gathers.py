@@ -1,4 +1,4 @@
-"""SparseCore DMA the typed API could not express (docs/held-out.md, session 10, typed API).
+"""SparseCore DMA the typed API could not express.
 
 * a push stream without a semaphore (jax 0.12): on SparseCore a local copy from VMEM to
   HBM, VMEM_SHARED or SMEM is a push stream, whose completion the hardware tracks without
@@ -323,7 +323,7 @@ def test_row_of_half_the_window_is_t1_at_the_row_copy() -> None:
 
 
 def test_wait_in_dropped_passes_trace_time_and_verify_reports_the_race() -> None:
-    # A miss at trace time (docs/held-out.md, session 10): the row copies are on a
+    # A miss at trace time: the row copies are on a
     # semaphore pl.with_scoped allocates, and the kernel-scope check counts any raw wait on
     # a semaphore allocated inside a block (here the pipeline's waits on the activations'
     # semaphores) as one on every such semaphore. verify tells the semaphores apart.
@@ -336,7 +336,7 @@ def test_wait_in_dropped_passes_trace_time_and_verify_reports_the_race() -> None
     if _compat.JAX_VERSION < (0, 12):
         # jax 0.10.2's emit_pipeline: verify reports a race between the input_output
         # buffer's copy-in and copy-out of one slot, raw and safedma alike (not analysed
-        # here; docs/held-out.md, session 10). The trace-time part above holds.
+        # here). The trace-time part above holds.
         return
     verify(_rope(SAFE), *values, mesh=_v5p())
     with pytest.raises(RaceDetectedError) as err:

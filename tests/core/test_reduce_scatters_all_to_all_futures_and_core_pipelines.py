@@ -1,5 +1,5 @@
-"""Patterns from other authors' Pallas TPU DMA code (docs/held-out.md, session 8), on
-kernels written here.
+"""Trace-time checks on the DMA patterns of reduce-scatters, all-to-all futures and
+per-core pipelines, on kernels written here.
 
 * a direct-write reduce-scatter (the DMA protocol of vLLM tpu-inference's
   ``experimental/fused_moe/gmm_fused_rs_nodedup.py``): an all-device barrier (every device
@@ -637,7 +637,7 @@ def test_reduce_scatter_matmul_epilogue_wait_dropped_is_t7() -> None:
     assert "RemoteCopy right_hbm.at[...]" in message, message
     assert f"started at {__file__}:{start}" in message, message
     assert "wait_send() and wait_recv() never called" in message, message
-    # The author's epilogue waits both sides with one wait(): the fix names it (defect 2).
+    # The author's epilogue waits both sides with one wait(): the fix names it .
     assert "copy.started_elsewhere().wait() for both sides" in message, message
 
 
@@ -1061,9 +1061,9 @@ def test_gradient_write_waited_on_the_read_semaphore_is_t7_naming_the_write() ->
 def test_gradient_whole_tile_written_to_a_traced_slice_is_t1_at_the_users_line() -> None:
     # The tile's static 128 columns opposite the slice's traced column count: Mosaic's
     # verifier rejects the copy on TPU ("Pallas encountered an internal verification
-    # error. Please file a bug"); it passed trace time before session 8 (defect 1).
+    # error. Please file a bug"); it passed trace time formerly .
     # Where a wait does not compare the shapes (jax 0.10.2) a descriptor is rejected where
-    # it is started, since one only waited lowers there (session 10): the read back into
+    # it is started, since one only waited lowers there: the read back into
     # the whole tile (the same two refs, swapped) is started first.
     at_build = _compat.waits_compare_shapes()
     shapes = r"\(128, 128\) and \(128, \?\)" if at_build else r"\(128, \?\) and \(128, 128\)"
@@ -1214,7 +1214,7 @@ def test_schedule_window_wait_on_the_other_slot_is_t7_naming_the_prefetch() -> N
 
 
 def test_schedule_window_into_the_whole_buffer_is_t1_at_the_users_line() -> None:
-    # The window's traced length against the SMEM buffer's fixed 4 entries (defect 1).
+    # The window's traced length against the SMEM buffer's fixed 4 entries .
     with pytest.raises(sd.CopyShapeMismatchError, match=r"\(\?,\) and \(4,\)") as err:
         _windows_seed("whole_buffer")
     built = "# DESCRIBED" if _compat.waits_compare_shapes() else "copy.start()"

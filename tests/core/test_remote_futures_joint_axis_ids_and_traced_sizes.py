@@ -1,4 +1,4 @@
-"""Patterns from jax's own Pallas TPU tests (docs/held-out.md), on kernels written here.
+"""Patterns from jax's own Pallas TPU tests, on kernels written here.
 
 * A DMA semaphore that is a kernel operand (``memory_space=pltpu.SEMAPHORE`` in
   ``out_specs`` / ``in_specs``) outlives the kernel: a copy started on it may be
@@ -242,7 +242,8 @@ def test_a_copy_on_a_scratch_semaphore_is_still_never_waited() -> None:
     message = str(err.value)
     assert "1 copy was started" in message and "-> out" in message
     assert (
-        f"test_jax_test_patterns.py:{marker_line(__file__, '# lost')}" in message
+        f"test_remote_futures_joint_axis_ids_and_traced_sizes.py:{marker_line(__file__, '# lost')}"
+        in message
     )  # not the output's line
 
     rows = jax.ShapeDtypeStruct((4, 8, 128), jnp.float32)
@@ -257,7 +258,7 @@ def test_a_copy_on_a_scratch_semaphore_is_still_never_waited() -> None:
         ),
     )
     with pytest.raises(
-        sd.CopyNeverWaitedError, match=f"patterns.py:{marker_line(__file__, '# in grid')}"
+        sd.CopyNeverWaitedError, match=f"traced_sizes.py:{marker_line(__file__, '# in grid')}"
     ):
         jax.eval_shape(in_grid, jax.ShapeDtypeStruct((1,), jnp.int32), rows)
 

@@ -1,5 +1,5 @@
 """What simulate's messages say: the user's own line, one entry per copy site, every leftover
-on every device in a stable order (issue 12, items 5 and 6).
+on every device in a stable order.
 """
 
 from __future__ import annotations

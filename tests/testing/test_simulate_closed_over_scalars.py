@@ -1,7 +1,7 @@
-"""Constructs met running simulate over jax's own Pallas TPU tests (session 7).
+"""Constructs met running simulate over jax's own Pallas TPU tests.
 
 Every kernel here is written for safedma's tests; each reproduces a construct
-of jax's ``tpu_pallas_state_test.py`` (docs/simulate-jax-tests.md, session 7)
+of jax's ``tpu_pallas_state_test.py`` (docs/simulate-jax-tests.md)
 that simulate once mishandled.
 """
 

@@ -1,4 +1,4 @@
-"""DMA patterns of kernels from other authors (session 5) under strict simulation.
+"""Gathers, one-way sends and copies sharing a semaphore under strict simulation.
 
 Every kernel here is written for safedma's tests; each reproduces a construct
 met in Pallas TPU kernels written outside jax (docs/simulate-jax-tests.md,

@@ -105,7 +105,7 @@ def histogram_window(
         pltpu.make_async_copy(zeros, shared, sem).wait()
     # The scatter-add itself, pltpu.sync_copy(histogram, shared.at[indices], add=True), is
     # jax's own unannotated sync_copy, which the stubs pass through: pyright strict reports it
-    # partially unknown with and without the stubs (docs/held-out.md, session 9).
+    # partially unknown with and without the stubs.
     del histogram, indices
 
 

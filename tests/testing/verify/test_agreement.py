@@ -244,7 +244,7 @@ def test_verify_and_simulate_agree(name: str, mesh_id: str) -> None:
 @pytest.mark.parametrize("name", [k.name for k in KERNELS if k.collective_id])
 @pytest.mark.parametrize("mesh_id", ["4", "8", "2x4"])
 def test_one_collective_id_twice_in_a_row_is_safe(name: str, mesh_id: str) -> None:
-    """Settled (issue 14): one barrier round is enough for a back-to-back call with the same
+    """Settled : one barrier round is enough for a back-to-back call with the same
     collective_id. The hazard of jax PR #27963 needs a neighbour to finish call k, and so
     signal the barrier of call k+1, without anything this device does after its own
     barrier wait; in these kernels each neighbour must first receive this device's

@@ -44,7 +44,7 @@ from safedma.testing import (
 from safedma.testing._verify._regions import Buffer, resolve
 
 F32 = jnp.float32
-HERE = r"test_external_patterns\.py:\d+"
+HERE = r"test_aliases_zero_size_copies_and_smem_scratch\.py:\d+"
 
 
 def _s(*shape: int, dtype: Any = F32) -> jax.ShapeDtypeStruct:

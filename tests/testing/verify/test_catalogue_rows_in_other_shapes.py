@@ -1,4 +1,4 @@
-"""MISUSE.md's R-rows in shapes the row tests do not use (session 9, docs/held-out.md).
+"""The R-rows of docs/catalogue.md in shapes the row tests do not use.
 
 Each mistake is put where a miss is plausible: inside ``fori_loop`` / ``while_loop`` /
 ``pl.loop`` (static and SMEM-read trip counts), under ``pl.when`` with a device-dependent
@@ -6,7 +6,7 @@ predicate, in a ``run_scoped`` block or a helper, through ``.reshape`` / ``.bitc
 ``.at`` views, on N-D semaphore arrays with traced indices, with scalar-prefetch values,
 across DMA futures (two ``pallas_call`` s), on a 2-D mesh with dict device ids, and with
 ``invocations=2``. ``verify`` must reject each with the error class of its row, the
-device, and this file's line (marked ``# s9: <case>``); the correct twins beside them
+device, and this file's line (marked ``# fix: <case>``); the correct twins beside them
 must verify clean (a false alarm is as bad as a miss).
 """
 
@@ -129,7 +129,7 @@ def r1_fori_read_before_wait() -> Any:
             rows = pl.ds(i * 8, 8)
             cp = pltpu.make_async_copy(x.at[rows], buf.at[rows], sem)
             cp.start()
-            res[rows] = buf[rows]  # s9: r1_fori_read_before_wait
+            res[rows] = buf[rows]  # fix: r1_fori_read_before_wait
             cp.wait()
             return c
 
@@ -143,7 +143,7 @@ def r1_through_reshape_views() -> Any:
     def k(x, o, buf, res, sem):  # type: ignore[no-untyped-def]
         cp = pltpu.make_async_copy(x.reshape(2, 8, 128), buf.reshape(2, 8, 128), sem)
         cp.start()
-        res[...] = buf[...]  # s9: r1_through_reshape_views
+        res[...] = buf[...]  # fix: r1_through_reshape_views
         cp.wait()
         pltpu.sync_copy(res, o)
 
@@ -154,7 +154,7 @@ def r1_through_bitcast_views() -> Any:
     def k(x, o, buf, res, sem):  # type: ignore[no-untyped-def]
         cp = pltpu.make_async_copy(x.bitcast(jnp.int32), buf.bitcast(jnp.int32), sem)
         cp.start()
-        res[...] = buf[...]  # s9: r1_through_bitcast_views
+        res[...] = buf[...]  # fix: r1_through_bitcast_views
         cp.wait()
         pltpu.sync_copy(res, o)
 
@@ -169,7 +169,7 @@ def r1_on_one_device_under_when() -> Any:
 
         @pl.when(me == 2)
         def _() -> None:
-            res[...] = buf[...]  # s9: r1_on_one_device_under_when
+            res[...] = buf[...]  # fix: r1_on_one_device_under_when
 
         @pl.when(me != 2)
         def _() -> None:
@@ -189,7 +189,7 @@ def r1_send_source_overwritten_on_one_device() -> Any:
 
         @pl.when(lax.axis_index("x") == 1)
         def _() -> None:
-            buf[...] = jnp.zeros(BLOCK, F32)  # s9: r1_send_source_overwritten_on_one_device
+            buf[...] = jnp.zeros(BLOCK, F32)  # fix: r1_send_source_overwritten_on_one_device
 
         cp.wait_send()
         cp.wait_recv()
@@ -203,7 +203,7 @@ def r1_in_run_scoped() -> Any:
         def body(buf, sem, res):  # type: ignore[no-untyped-def]
             cp = pltpu.make_async_copy(x, buf, sem)
             cp.start()
-            res[...] = buf[...]  # s9: r1_in_run_scoped
+            res[...] = buf[...]  # fix: r1_in_run_scoped
             cp.wait()
             pltpu.sync_copy(res, o)
 
@@ -222,7 +222,7 @@ def r1_helper_on_a_2d_semaphore_array() -> Any:
         d = lax.axis_index("x") % 2
         copies = [fetch(x.at[pl.ds(j * 8, 8)], buf.at[j], sems.at[d, j]) for j in range(2)]
         copies[0].wait()
-        res[...] = jnp.concatenate([buf[0], buf[1]])  # s9: r1_helper_on_a_2d_semaphore_array
+        res[...] = jnp.concatenate([buf[0], buf[1]])  # fix: r1_helper_on_a_2d_semaphore_array
         copies[1].wait()
         pltpu.sync_copy(res, o)
 
@@ -233,7 +233,7 @@ def r2_signals_in_a_loop_of_smem_trip_count() -> Any:
     def k(n_ref, x, o, sem):  # type: ignore[no-untyped-def]
         @pl.loop(0, n_ref[0])
         def _(i: Any) -> None:
-            pl.semaphore_signal(sem, 1)  # s9: r2_signals_in_a_loop_of_smem_trip_count
+            pl.semaphore_signal(sem, 1)  # fix: r2_signals_in_a_loop_of_smem_trip_count
 
         pl.semaphore_wait(sem, 2)
         pltpu.sync_copy(x, o)
@@ -245,7 +245,7 @@ def r2_signal_on_one_device() -> Any:
     def k(x, o, sem):  # type: ignore[no-untyped-def]
         @pl.when(lax.axis_index("x") == 3)
         def _() -> None:
-            pl.semaphore_signal(sem, 1)  # s9: r2_signal_on_one_device
+            pl.semaphore_signal(sem, 1)  # fix: r2_signal_on_one_device
 
         pltpu.sync_copy(x, o)
 
@@ -255,8 +255,8 @@ def r2_signal_on_one_device() -> Any:
 def r2_signal_waited_in_part_on_a_2d_array() -> Any:
     def k(x, o, sems):  # type: ignore[no-untyped-def]
         slot = sems.at[lax.axis_index("x") % 2, 1]
-        pl.semaphore_signal(slot, 2)  # s9: r2_signal_waited_in_part_on_a_2d_array
-        pl.semaphore_wait(slot, 1)  # s9: r2_signal_waited_in_part_on_a_2d_array
+        pl.semaphore_signal(slot, 2)  # fix: r2_signal_waited_in_part_on_a_2d_array
+        pl.semaphore_wait(slot, 1)  # fix: r2_signal_waited_in_part_on_a_2d_array
         pltpu.sync_copy(x, o)
 
     return _run(k, [REG((2, 2))])
@@ -264,9 +264,9 @@ def r2_signal_waited_in_part_on_a_2d_array() -> Any:
 
 def r2_copy_waited_in_part() -> Any:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
-        pltpu.make_async_copy(x, buf, sem).start()  # s9: r2_copy_waited_in_part
+        pltpu.make_async_copy(x, buf, sem).start()  # fix: r2_copy_waited_in_part
         half = pl.ds(0, 8)
-        pltpu.make_async_copy(x.at[half], buf.at[half], sem).wait()  # s9: r2_copy_waited_in_part
+        pltpu.make_async_copy(x.at[half], buf.at[half], sem).wait()  # fix: r2_copy_waited_in_part
         pltpu.sync_copy(x, o)
 
     return _run(k, [_vmem(), DMA])
@@ -281,7 +281,7 @@ def r3_send_skipped_on_one_device() -> Any:
             cp.start()
             cp.wait_send()
 
-        cp.wait_recv()  # s9: r3_send_skipped_on_one_device
+        cp.wait_recv()  # fix: r3_send_skipped_on_one_device
 
     return _run(k, [DMA, DMA])
 
@@ -292,7 +292,7 @@ def r3_barrier_over_waited_in_a_loop() -> Any:
 
         def body(i, c):  # type: ignore[no-untyped-def]
             pl.semaphore_signal(barrier, 1, device_id=_ring())
-            pl.semaphore_wait(barrier, 2)  # s9: r3_barrier_over_waited_in_a_loop
+            pl.semaphore_wait(barrier, 2)  # fix: r3_barrier_over_waited_in_a_loop
             return c
 
         lax.fori_loop(0, 2, body, 0)
@@ -304,7 +304,7 @@ def r3_barrier_over_waited_in_a_loop() -> Any:
 def r3_while_loop_of_smem_trip_count() -> Any:
     def k(n_ref, x, o, sem):  # type: ignore[no-untyped-def]
         def body(i):  # type: ignore[no-untyped-def]
-            pl.semaphore_wait(sem, 1)  # s9: r3_while_loop_of_smem_trip_count
+            pl.semaphore_wait(sem, 1)  # fix: r3_while_loop_of_smem_trip_count
             return i + 1
 
         pl.semaphore_signal(sem, 2)
@@ -319,7 +319,7 @@ def r4_grid_step_copy_never_waited_at_the_last_step() -> Any:
         i = pl.program_id(0)
         rows = pl.ds(i * 8, 8)
         cp = pltpu.make_async_copy(x.at[rows], buf.at[rows], sem)
-        cp.start()  # s9: r4_grid_step_copy_never_waited_at_the_last_step
+        cp.start()  # fix: r4_grid_step_copy_never_waited_at_the_last_step
 
         @pl.when(i > 0)
         def _() -> None:
@@ -332,7 +332,7 @@ def r5_traced_index_on_a_2d_array() -> Any:
     def k(x, o, sems):  # type: ignore[no-untyped-def]
         me = lax.axis_index("x")
         c = pltpu.make_async_copy(x, o, sems.at[me % 2, me])
-        c.start()  # s9: r5_traced_index_on_a_2d_array
+        c.start()  # fix: r5_traced_index_on_a_2d_array
         c.wait()
 
     return _run(k, [DMA((2, 3))])
@@ -343,7 +343,7 @@ def r5_next_slot_in_a_fori_loop() -> Any:
         def body(i, c):  # type: ignore[no-untyped-def]
             rows = pl.ds(i * 8, 8)
             cp = pltpu.make_async_copy(x.at[rows], o.at[rows], sems.at[i + 1])
-            cp.start()  # s9: r5_next_slot_in_a_fori_loop
+            cp.start()  # fix: r5_next_slot_in_a_fori_loop
             cp.wait()
             return c
 
@@ -355,7 +355,7 @@ def r5_next_slot_in_a_fori_loop() -> Any:
 def r5_scalar_prefetch_index() -> Any:
     def k(s_ref, x, o, sems):  # type: ignore[no-untyped-def]
         c = pltpu.make_async_copy(x, o, sems.at[s_ref[0]])
-        c.start()  # s9: r5_scalar_prefetch_index
+        c.start()  # fix: r5_scalar_prefetch_index
         c.wait()
 
     return _run(k, [DMA((2,))], prefetch=[2])
@@ -364,7 +364,7 @@ def r5_scalar_prefetch_index() -> Any:
 def r5_remote_receive_slot_per_device() -> Any:
     def k(x, o, send, recvs):  # type: ignore[no-untyped-def]
         cp = _remote(x, o, send, recvs.at[lax.axis_index("x")])
-        cp.start()  # s9: r5_remote_receive_slot_per_device
+        cp.start()  # fix: r5_remote_receive_slot_per_device
         cp.wait()
 
     return _run(k, [DMA, DMA((3,))])
@@ -377,7 +377,7 @@ def r6_remote_copy_of_a_buffer_one_device_skips() -> Any:
             pltpu.sync_copy(x, buf)
 
         cp = _remote(buf, o, send, recv)
-        cp.start()  # s9: r6_remote_copy_of_a_buffer_one_device_skips
+        cp.start()  # fix: r6_remote_copy_of_a_buffer_one_device_skips
         cp.wait()
 
     return _run(k, [_vmem(), DMA, DMA])
@@ -386,7 +386,7 @@ def r6_remote_copy_of_a_buffer_one_device_skips() -> Any:
 def r6_half_written_through_a_view() -> Any:
     def k(x, o, buf):  # type: ignore[no-untyped-def]
         pltpu.sync_copy(x.at[pl.ds(0, 8)], buf.reshape(2, 8, 128).at[0])
-        pltpu.sync_copy(buf, o)  # s9: r6_half_written_through_a_view
+        pltpu.sync_copy(buf, o)  # fix: r6_half_written_through_a_view
 
     return _run(k, [_vmem()])
 
@@ -397,7 +397,7 @@ def r6_loop_of_smem_trip_count_too_short() -> Any:
         def _(i: Any) -> None:
             pltpu.sync_copy(x.at[pl.ds(i * 8, 8)], buf.at[pl.ds(i * 8, 8)])
 
-        pltpu.sync_copy(buf, o)  # s9: r6_loop_of_smem_trip_count_too_short
+        pltpu.sync_copy(buf, o)  # fix: r6_loop_of_smem_trip_count_too_short
 
     return _run(k, [_vmem()], prefetch=[1])
 
@@ -417,7 +417,7 @@ def r7_double_buffer_waits_the_other_slot() -> Any:
                 fetch(j + 1, 1 - slot).start()
 
             fetch(j, 1 - slot).wait()  # the other slot: same bytes
-            res[pl.ds(j * 8, 8)] = buf[slot]  # s9: r7_double_buffer_waits_the_other_slot
+            res[pl.ds(j * 8, 8)] = buf[slot]  # fix: r7_double_buffer_waits_the_other_slot
             return c
 
         lax.fori_loop(0, 2, body, 0)
@@ -428,7 +428,7 @@ def r7_double_buffer_waits_the_other_slot() -> Any:
 
 def r8_signal_one_device_never_waits() -> Any:
     def k(x, o, sem):  # type: ignore[no-untyped-def]
-        pl.semaphore_signal(sem, 1, device_id=_ring())  # s9: r8_signal_one_device_never_waits
+        pl.semaphore_signal(sem, 1, device_id=_ring())  # fix: r8_signal_one_device_never_waits
 
         @pl.when(lax.axis_index("x") != 1)
         def _() -> None:
@@ -447,7 +447,7 @@ def r9_copies_started_in_a_loop_on_one_semaphore() -> Any:
 
         lax.fori_loop(0, 2, body, 0)
         pltpu.make_async_copy(x.at[pl.ds(0, 8)], buf.at[0], sem).wait()
-        res[pl.ds(0, 8)] = buf[0]  # s9: r9_copies_started_in_a_loop_on_one_semaphore
+        res[pl.ds(0, 8)] = buf[0]  # fix: r9_copies_started_in_a_loop_on_one_semaphore
         pltpu.make_async_copy(x.at[pl.ds(8, 8)], buf.at[1], sem).wait()
         res[pl.ds(8, 8)] = buf[1]
         pltpu.sync_copy(res, o)
@@ -461,7 +461,7 @@ def r9_receives_from_both_neighbours_on_one_semaphore() -> Any:
         for shift, slot in ((1, 0), (-1, 1)):
             _remote(rows, buf.at[slot], send, recv, shift).start()
         _remote(rows, buf.at[0], send, recv, 1).wait_recv()
-        res[pl.ds(0, 8)] = buf[0]  # s9: r9_receives_from_both_neighbours_on_one_semaphore
+        res[pl.ds(0, 8)] = buf[0]  # fix: r9_receives_from_both_neighbours_on_one_semaphore
         _remote(rows, buf.at[1], send, recv, -1).wait_recv()
         res[pl.ds(8, 8)] = buf[1]
         for shift in (1, -1):
@@ -485,7 +485,7 @@ def r10_barrier_half_under_when() -> Any:
             pl.semaphore_wait(barrier, 1)
 
         cp = _remote(x, o, send, recv)
-        cp.start()  # s9: r10_barrier_half_under_when
+        cp.start()  # fix: r10_barrier_half_under_when
         cp.wait()
 
     return _run(k, [DMA, DMA], collective_id=0)
@@ -500,7 +500,7 @@ def r1_typed_read_before_wait_in_pl_loop() -> Any:
         def _(i: Any) -> None:
             rows = pl.ds(i * 8, 8)
             h = sd.LocalCopy(x.at[rows], buf.at[rows], sem).start()
-            res[rows] = buf[rows]  # s9: r1_typed_read_before_wait_in_pl_loop
+            res[rows] = buf[rows]  # fix: r1_typed_read_before_wait_in_pl_loop
             h.wait()
 
         sd.LocalCopy(res, o, sem).start().wait()
@@ -510,8 +510,8 @@ def r1_typed_read_before_wait_in_pl_loop() -> Any:
 
 def r2_typed_signal_waited_in_part() -> Any:
     def k(x, o, sem):  # type: ignore[no-untyped-def]
-        sd.signal(sem, 2)  # s9: r2_typed_signal_waited_in_part
-        sd.wait(sem, 1)  # s9: r2_typed_signal_waited_in_part
+        sd.signal(sem, 2)  # fix: r2_typed_signal_waited_in_part
+        sd.wait(sem, 1)  # fix: r2_typed_signal_waited_in_part
         pltpu.sync_copy(x, o)
 
     return _run(k, [sd.regular_semaphore()], typed=True)
@@ -522,7 +522,7 @@ def r5_typed_traced_index_on_a_2d_array() -> Any:
         me = sd.my_index("x")
         sd.LocalCopy(
             x, o, sems.at[me % 2, me]
-        ).start().wait()  # s9: r5_typed_traced_index_on_a_2d_array
+        ).start().wait()  # fix: r5_typed_traced_index_on_a_2d_array
 
     return _run(k, [sd.dma_semaphores((2, 3))], typed=True)
 
@@ -542,7 +542,7 @@ def r7_typed_started_elsewhere_on_the_other_slot() -> Any:
                 fetch(j + 1, 1 - slot).start()
 
             fetch(j, 1 - slot).started_elsewhere().wait()
-            res[pl.ds(j * 8, 8)] = buf[slot]  # s9: r7_typed_started_elsewhere_on_the_other_slot
+            res[pl.ds(j * 8, 8)] = buf[slot]  # fix: r7_typed_started_elsewhere_on_the_other_slot
             return c
 
         lax.fori_loop(0, 2, body, 0)
@@ -557,7 +557,7 @@ _X = jax.ShapeDtypeStruct(BLOCK, F32)
 
 
 def _start(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    sd.LocalCopy(x_ref, o_ref, sem).start()  # s9: future
+    sd.LocalCopy(x_ref, o_ref, sem).start()  # fix: future
 
 
 def _done(x_ref: Any, o_ref: Any, sem: Any) -> None:
@@ -565,7 +565,7 @@ def _done(x_ref: Any, o_ref: Any, sem: Any) -> None:
 
 
 def _done_half(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    sd.wait_bytes(sem, o_ref.at[pl.ds(0, 8)])  # s9: r2_future_waited_in_part
+    sd.wait_bytes(sem, o_ref.at[pl.ds(0, 8)])  # fix: r2_future_waited_in_part
 
 
 def r2_future_waited_in_part() -> Any:
@@ -601,7 +601,7 @@ def r1_future_buffer_read_before_it_is_finished() -> Any:
     @sd.checked_futures
     def f(x: jax.Array) -> jax.Array:
         future = sd.start_async(_start, x, dst=_X)
-        early = future.buffer * 2  # s9: r1_future_buffer_read_before_it_is_finished
+        early = future.buffer * 2  # fix: r1_future_buffer_read_before_it_is_finished
         return sd.finish_async(_done, future) + early
 
     return verify(f, _X)
@@ -615,7 +615,7 @@ def r1_future_buffer_read_after_the_done_kernel() -> Any:
     def f(x: jax.Array) -> jax.Array:
         future = sd.start_async(_start, x, dst=_X)
         done = sd.finish_async(_done, future)
-        return done + future.buffer  # s9: r1_future_buffer_read_after_the_done_kernel
+        return done + future.buffer  # fix: r1_future_buffer_read_after_the_done_kernel
 
     return verify(f, _X)
 
@@ -639,7 +639,7 @@ def r1_raw_future_buffer_read() -> Any:
             out_specs=(ANY, ANY, sem_spec),
             input_output_aliases={0: 0},
         )(x)
-        peek = jnp.sum(buf)  # s9: r1_raw_future_buffer_read
+        peek = jnp.sum(buf)  # fix: r1_raw_future_buffer_read
         out = pl.pallas_call(
             done,
             out_shape=_X,
@@ -656,9 +656,9 @@ def _copy_kernel(buffer: jax.Array) -> jax.Array:
     """A kernel that reads ``buffer`` (a plain copy of it into its output)."""
 
     def k(x_ref: Any, o_ref: Any) -> None:
-        pltpu.sync_copy(x_ref, o_ref)  # s9: copy_kernel
+        pltpu.sync_copy(x_ref, o_ref)  # fix: copy_kernel
 
-    return pl.pallas_call(k, out_shape=_X, in_specs=[ANY], out_specs=ANY)(buffer)  # s9: copy_call
+    return pl.pallas_call(k, out_shape=_X, in_specs=[ANY], out_specs=ANY)(buffer)  # fix: copy_call
 
 
 def r1_future_buffer_to_another_kernel_after_the_done_kernel() -> Any:
@@ -669,7 +669,7 @@ def r1_future_buffer_to_another_kernel_after_the_done_kernel() -> Any:
     def f(x: jax.Array) -> jax.Array:
         future = sd.start_async(_start, x, dst=_X)
         done = sd.finish_async(_done, future)
-        return done + _copy_kernel(future.buffer)  # s9: future_buffer_to_a_kernel
+        return done + _copy_kernel(future.buffer)  # fix: future_buffer_to_a_kernel
 
     return verify(f, _X)
 
@@ -852,10 +852,10 @@ _BUGS: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
 _NAMED = {
     # the race is found inside the reading kernel (its copy-in line, in _copy_kernel),
     # or at that kernel's call (its pallas_call, called at the marked line)
-    "r1_future_buffer_to_another_kernel_after_the_done_kernel": "# s9: copy_call",
-    "r1_future_buffer_to_another_kernel_before_the_done_kernel": "# s9: copy_kernel",
-    "r2_future_finished_in_one_branch": "# s9: future",
-    "r2_future_carried_out_of_a_loop_and_dropped": "# s9: future",
+    "r1_future_buffer_to_another_kernel_after_the_done_kernel": "# fix: copy_call",
+    "r1_future_buffer_to_another_kernel_before_the_done_kernel": "# fix: copy_kernel",
+    "r2_future_finished_in_one_branch": "# fix: future",
+    "r2_future_carried_out_of_a_loop_and_dropped": "# fix: future",
 }
 
 
@@ -865,23 +865,23 @@ def test_verify_catches_the_mistake_and_names_device_and_line(case: str) -> None
     with pytest.raises(error) as caught:
         kernel()
     text = str(caught.value)
-    line = marker_line(HERE, _NAMED.get(case, f"# s9: {case}"))
-    assert re.search(rf"test_mutations_s9\.py:{line}\b", text), (line, text)
+    line = marker_line(HERE, _NAMED.get(case, f"# fix: {case}"))
+    assert re.search(rf"test_catalogue_rows_in_other_shapes\.py:{line}\b", text), (line, text)
     assert re.search(device, text), text
 
 
 def test_a_signal_waited_in_part_names_the_wait_and_the_signal() -> None:
     """The count left in the credit (no pending signal names it) is traced to the wait
-    that took less than the signal it counted (session 9, defect 1)."""
+    that took less than the signal it counted."""
     with pytest.raises(LeftoverSemaphoreError) as caught:
         r2_signal_waited_in_part_on_a_2d_array()
     signal, wait = (
-        marker_line(HERE, "# s9: r2_signal_waited_in_part_on_a_2d_array") + d for d in (0, 1)
+        marker_line(HERE, "# fix: r2_signal_waited_in_part_on_a_2d_array") + d for d in (0, 1)
     )
     text = str(caught.value)
     assert re.search(
-        rf"the wait at \S*test_mutations_s9\.py:{wait} .*took 1 of the 2 brought by a signal "
-        rf"at \S*test_mutations_s9\.py:{signal}\b",
+        rf"the wait at \S*test_catalogue_rows_in_other_shapes\.py:{wait} .*took 1 of the 2 brought by a signal "
+        rf"at \S*test_catalogue_rows_in_other_shapes\.py:{signal}\b",
         text,
     ), text
 
@@ -889,11 +889,11 @@ def test_a_signal_waited_in_part_names_the_wait_and_the_signal() -> None:
 def test_a_copy_waited_in_part_names_the_wait_and_the_copy() -> None:
     with pytest.raises(LeftoverSemaphoreError) as caught:
         r2_copy_waited_in_part()
-    start = marker_line(HERE, "# s9: r2_copy_waited_in_part")
+    start = marker_line(HERE, "# fix: r2_copy_waited_in_part")
     text = str(caught.value)
     assert re.search(
-        rf"the wait at \S*test_mutations_s9\.py:{start + 2} .*took 4096 bytes of the 8192 "
-        rf"bytes brought by the copy started at \S*test_mutations_s9\.py:{start}\b",
+        rf"the wait at \S*test_catalogue_rows_in_other_shapes\.py:{start + 2} .*took 4096 bytes of the 8192 "
+        rf"bytes brought by the copy started at \S*test_catalogue_rows_in_other_shapes\.py:{start}\b",
         text,
     ), text
 
@@ -904,7 +904,9 @@ def test_a_future_waited_in_part_names_the_done_kernels_wait() -> None:
     text = str(caught.value)
     assert "a DMA future) was waited only in part: the wait at" in text, text
     assert "never waited by a later one" not in text, text
-    assert re.search(rf"test_mutations_s9\.py:{marker_line(HERE, '# s9: future')}\b", text)
+    assert re.search(
+        rf"test_catalogue_rows_in_other_shapes\.py:{marker_line(HERE, '# fix: future')}\b", text
+    )
 
 
 def test_a_future_buffer_read_outside_a_kernel_names_the_fix() -> None:
@@ -1139,7 +1141,7 @@ def t8_typed_wait_in_a_branch_then_after_it() -> Any:
     def k(x, o, buf, sem):  # type: ignore[no-untyped-def]
         h = sd.LocalCopy(x, buf, sem).start()
         pl.when(sd.my_index("x") == 1)(h.wait)
-        h.wait()  # s9: t8_typed_wait_in_a_branch_then_after_it
+        h.wait()  # fix: t8_typed_wait_in_a_branch_then_after_it
         sd.LocalCopy(buf, o, sem).start().wait()
 
     return _run(k, [_vmem(), DMA], typed=True)
@@ -1149,8 +1151,8 @@ def test_t8_left_to_verify_is_caught_on_the_device_that_waits_twice() -> None:
     with pytest.raises(DeadlockError) as caught:
         t8_typed_wait_in_a_branch_then_after_it()
     text = str(caught.value)
-    line = marker_line(HERE, "# s9: t8_typed_wait_in_a_branch_then_after_it")
-    assert re.search(rf"test_mutations_s9\.py:{line}\b", text), text
+    line = marker_line(HERE, "# fix: t8_typed_wait_in_a_branch_then_after_it")
+    assert re.search(rf"test_catalogue_rows_in_other_shapes\.py:{line}\b", text), text
     assert re.search(_on(1), text), text
 
 
@@ -1158,6 +1160,6 @@ def test_a_future_buffer_passed_to_a_kernel_without_its_semaphore_names_the_call
     with pytest.raises(RaceDetectedError) as caught:
         r1_future_buffer_to_another_kernel_after_the_done_kernel()
     text = str(caught.value)
-    line = marker_line(HERE, "# s9: future_buffer_to_a_kernel")
+    line = marker_line(HERE, "# fix: future_buffer_to_a_kernel")
     assert f"called at line {line} " in text, text
     assert "not the copy's semaphore" in text and "finish_async's result" in text, text

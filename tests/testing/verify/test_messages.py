@@ -185,7 +185,7 @@ def safedma_leak_on_device_2(
 
 def test_a_safedma_leak_is_rejected_at_trace_time_naming_the_users_line() -> None:
     """A copy under pl.when with no wait on any path is wrong on every path, so safedma's
-    trace-time check rejects it before verify runs (issue 14 keeps exactly these there),
+    trace-time check rejects it before verify runs,
     and it names the user's start, never a line inside safedma."""
     fn = checked(
         safedma_leak_on_device_2,

@@ -1,4 +1,5 @@
-"""False alarms of session 9's verify rules on correct programs (session 9b), each with
+"""Correct programs verify once rejected (a future through a placement primitive, padding
+and garbage through loads and stores), each with
 a seeded twin that is still caught.
 
 * Placement primitives (``lax.optimization_barrier``, ``with_sharding_constraint``,

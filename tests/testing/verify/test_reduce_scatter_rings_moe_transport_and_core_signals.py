@@ -1,7 +1,5 @@
-"""Patterns of kernels from other authors that verify had never seen (session 8).
-
-docs/held-out.md, "Kernels from other authors (session 8, verify)", lists the kernels
-and verdicts. Each kernel here is written for this file in raw pltpu and keeps one
+"""verify on the DMA protocols of reduce-scatter rings, a MoE transport and signals
+between the cores of a chip (vLLM tpu-inference, ejkernel). Each kernel here is written for this file in raw pltpu and keeps one
 author's DMA/semaphore protocol with the compute reduced to nothing; each correct one
 must verify clean and each seeded mistake must be caught, naming this file's line.
 
@@ -72,7 +70,7 @@ from safedma.testing import (
 )
 
 F32 = jnp.float32
-HERE = r"test_heldout_s8\.py:\d+"
+HERE = r"test_reduce_scatter_rings_moe_transport_and_core_signals\.py:\d+"
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 MESH = pl.DeviceIdType.MESH
 
@@ -315,7 +313,10 @@ def test_seeded_mistakes_in_the_credit_ring_are_caught(
     with pytest.raises(error) as err:
         _verify_rs(n, seed)
     message = str(err.value)
-    assert text in message and "test_heldout_s8.py:" in message, message
+    assert (
+        text in message
+        and "test_reduce_scatter_rings_moe_transport_and_core_signals.py:" in message
+    ), message
     assert "device " in message, message
 
 
@@ -633,7 +634,10 @@ def test_seeded_mistakes_in_the_moe_transport_are_caught(
     with pytest.raises(error) as err:
         _verify_moe(4, seed)
     message = str(err.value)
-    assert text in message and "test_heldout_s8.py:" in message, message
+    assert (
+        text in message
+        and "test_reduce_scatter_rings_moe_transport_and_core_signals.py:" in message
+    ), message
 
 
 # ------------------------- the distributed guide's megacore advice: DMAs from one core
@@ -817,7 +821,9 @@ def test_interleaved_credits_are_safe_on_two_devices_only() -> None:
     assert _verify_credit_pair(2, "interleaved").devices == 2
     with pytest.raises(RaceDetectedError) as err:
         _verify_credit_pair(4, "interleaved")
-    assert "test_heldout_s8.py:" in str(err.value), err.value
+    assert "test_reduce_scatter_rings_moe_transport_and_core_signals.py:" in str(err.value), (
+        err.value
+    )
 
 
 def test_the_credit_pair_without_its_barrier_is_caught() -> None:
@@ -1054,7 +1060,10 @@ def test_seeded_mistakes_in_the_triple_buffer_are_caught(
     with pytest.raises(error) as err:
         _triple_buffer(pages, seed)
     message = str(err.value)
-    assert text in message and "test_heldout_s8.py:" in message, message
+    assert (
+        text in message
+        and "test_reduce_scatter_rings_moe_transport_and_core_signals.py:" in message
+    ), message
 
 
 # ------------------- a blocked output aliased to an input the kernel addresses in HBM

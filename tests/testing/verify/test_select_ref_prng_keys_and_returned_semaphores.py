@@ -44,7 +44,7 @@ from safedma.testing import (
 )
 
 F32 = jnp.float32
-HERE = r"test_jax_test_patterns\.py:\d+"
+HERE = r"test_select_ref_prng_keys_and_returned_semaphores\.py:\d+"
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
 VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)

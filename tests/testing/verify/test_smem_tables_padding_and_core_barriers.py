@@ -1,7 +1,5 @@
-"""Patterns of kernels from other authors that verify had never seen (session 5).
-
-docs/verify.md, "Kernels from other authors (session 5)", lists the kernels and
-verdicts. Each kernel here is written for this file in raw pltpu and reproduces
+"""verify on blocked SMEM tables, padding a wrapper slices off, barriers outside and
+inside kernels and barriers between the cores of a ``pl.kernel``. Each kernel here is written for this file in raw pltpu and reproduces
 one construct that made verify raise a false alarm or an unclear message; each
 correct one must verify clean and each seeded mistake must still be caught,
 naming this file's line.
@@ -55,7 +53,7 @@ from safedma.testing import (
 )
 
 F32 = jnp.float32
-HERE = r"test_wild_patterns\.py:\d+"
+HERE = r"test_smem_tables_padding_and_core_barriers\.py:\d+"
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 

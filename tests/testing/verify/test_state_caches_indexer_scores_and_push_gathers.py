@@ -1,7 +1,5 @@
-"""Patterns of kernels from other authors that verify had never seen (session 9).
-
-docs/held-out.md, "Kernels from other authors (session 9, verify)", lists the kernels
-and verdicts. Each kernel here is written for this file in raw pltpu and keeps one
+"""verify on the DMA protocols of state caches, an indexer's scores and push all-gathers
+(vLLM tpu-inference and DeepSeek-V4 kernels). Each kernel here is written for this file in raw pltpu and keeps one
 author's DMA/semaphore protocol with the compute reduced to nothing; each correct one
 must verify clean and each seeded mistake must be caught, naming this file's line
 (the lines are found by the ``# <- name`` markers).
@@ -21,7 +19,7 @@ must verify clean and each seeded mistake must be caught, naming this file's lin
 * a chunked copy as a DMA future (``distributed/kv_transfer.py``): a ``pl.loop`` over a
   chunk count from SMEM starts every chunk on one semaphore the call returns, and a
   second call rebuilds and waits each. An XLA operation on the array between the two
-  calls was not checked (defect 1: now a race naming the operation's line);
+  calls was not checked ;
 * the dedup push all-gather of tpu-inference's fused MoE (``experimental/fused_moe/
   gmm_fused/gmm_v2_ag_rs.py``): rows pushed per round to every device's cache (local
   ones on the receive semaphore too), receive semaphores of two slots drained by the
@@ -255,7 +253,7 @@ def test_gdn_decode_seeded_dropped_drain_is_a_leftover_naming_the_store() -> Non
         _verify_gdn(8, "fixed", "no_drain")
     text = str(err.value)
     assert "store_sems[1] holds 8192 bytes" in text, text
-    # the last block's two stores, one line of words (defect 3: they were repeated)
+    # the last block's two stores, one line of words
     assert f"the 2 copies started at {_at('gdn store')}" in text, text
     assert "(4096 bytes each) were never waited" in text, text
 
@@ -566,7 +564,7 @@ def test_reading_a_futures_array_where_no_copy_is_in_flight_is_clean(seed: str) 
 
 
 def test_reading_a_futures_array_before_its_wait_is_a_race_at_the_users_line() -> None:
-    """Defect 1: an XLA operation on the array the start call returned, between the two
+    """an XLA operation on the array the start call returned, between the two
     calls, reads rows a chunk is still writing; it was not checked at all."""
     with pytest.raises(RaceDetectedError) as err:
         _verify_chunked("read_in_flight")
@@ -842,7 +840,7 @@ def test_push_all_gather_seeded_mistakes_are_caught(
 
 
 def test_a_remote_copy_landing_after_its_target_left_names_the_receive_wait() -> None:
-    """Defect 2: R8 for a remote copy said "drop the signal"; its fix is the target's
+    """R8 for a remote copy said "drop the signal"; its fix is the target's
     receive wait."""
     with pytest.raises(SignalAfterExitError) as err:
         _verify_ag(2, 3, 0, "per_round_recv+no_recv_drain")
