@@ -6,7 +6,7 @@ apart by the jax trace each is traced into (``safedma._compat``'s frame
 helpers, pinned here on both jax versions) and rejects only what is wrong on
 every path: a straight-line double wait, and a handle waited outside the
 iteration or branch that started it (which jax cannot trace either). Waits
-split across branches are accepted (``test_legitimate_patterns_trace.py``
+split across branches are accepted (``test_legitimate_patterns.py``
 runs them); what depends on the path is ``safedma.testing.verify``'s job.
 """
 
@@ -219,7 +219,7 @@ def test_remote_handle_started_in_a_loop_waited_after_it() -> None:
         err,
         "wait_send() at",
         "RemoteCopy x_ref float32[2,8,128]",
-        # The fix waits the same side (session 7): a suggested wait() would also wait the
+        # The fix waits the same side: a suggested wait() would also wait the
         # receive side, which a ring device has already waited for its incoming copy.
         "copy.started_elsewhere().wait_send() (one per copy still in flight)",
     )
@@ -360,7 +360,7 @@ def _wait_in_a_cond_given_the_semaphores(*, other_type: bool) -> Any:
 
 
 def test_a_wait_on_a_semaphore_a_branch_receives_stands_for_the_outer_one() -> None:
-    # Session 7, defect 4: this was a T7 false alarm.
+    # This was once a T7 false alarm.
     trace(
         _wait_in_a_cond_given_the_semaphores(other_type=False),
         [VMEM, safedma.dma_semaphores(2), safedma.dma_semaphores(3)],

@@ -251,7 +251,7 @@ def test_t7_remote_copy_receive_side_never_waited() -> None:
         err,
         "RemoteCopy x_ref float32[2,8,128] -> o_ref float32[2,8,128]",
         "wait_recv() never called",
-        # The fix names the receive side's waits, not a local wait() (session 7).
+        # The fix names the receive side's waits, not a local wait().
         "handle.wait_recv()",
         "copy.incoming().wait_recv() on the receiving device",
     )
@@ -278,7 +278,7 @@ def test_t7_remote_copy_never_waited(entry: str) -> None:
     assert_mentions(
         err,
         "wait_send() and wait_recv() never called",
-        # Neither side waited: the fix names the one call that waits both (session 8).
+        # Neither side waited: the fix names the one call that waits both.
         "handle.wait() (both sides) or handle.wait_send() / handle.wait_recv()",
         "copy.started_elsewhere().wait() for both sides",
     )

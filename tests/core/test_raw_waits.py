@@ -126,7 +126,7 @@ def test_safedmas_own_wait_in_a_branch_is_not_taken_for_a_raw_one() -> None:
 
 def test_a_raw_wait_in_a_block_discharges_only_the_semaphore_it_waits() -> None:
     # The block (a pl.when) receives both arrays; its raw wait is on `other` only. Before
-    # session 8 every semaphore a block with a raw wait inside receives counted as waited,
+    # Formerly every semaphore a block with a raw wait inside receives counted as waited,
     # so an emit_pipeline (whose own waits are raw) beside a copy hid a missing wait.
     def kernel(x_ref: sd.DataRef, o_ref: sd.DataRef, sems: sd.SemArray, other: sd.SemArray) -> None:
         sd.LocalCopy(x_ref, o_ref, sems.at[0]).start()

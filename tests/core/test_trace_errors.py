@@ -161,7 +161,7 @@ def test_t1_remote_shape_mismatch() -> None:
 # A size fixed while tracing (a Python int) opposite a size computed in the kernel (any jax
 # value, even a constant one): Mosaic's DMA verifier compares the memref types, where the
 # traced size is `?`, and rejects the copy on TPU whatever the run-time value ("Pallas
-# encountered an internal verification error. Please file a bug"). Session 8, defect 1.
+# encountered an internal verification error. Please file a bug").
 _STATIC_AGAINST_TRACED: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = {
     "traced_destination": lambda x, pid: (x.at[0], x.at[1, pl.ds(0, pid + 8)]),
     "traced_source": lambda x, pid: (x.at[0, pl.ds(0, pid + 8)], x.at[1]),

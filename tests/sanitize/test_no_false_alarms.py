@@ -29,8 +29,9 @@ from safedma.kernels import (
     reduce_scatter,
 )
 from tests.sanitize.helpers import example, interpret, on_mesh, raw_calls_sanitized
-from tests.support import calls, kernels_pltpu, kernels_safedma, protocol_kernels
-from tests.support import jax_programs
+from tests.support import calls, kernels_pltpu, kernels_safedma
+from tests.corpus import grids, semaphore_arrays
+from tests.corpus._seeding import DropWait, unjitted
 
 RING = 4
 
@@ -173,36 +174,14 @@ def test_ring_permute(flavour: Any) -> None:
     np.testing.assert_array_equal(out, np.roll(np.asarray(x), 8, axis=0))
 
 
-def _protocol_fixes() -> list[Any]:
-    return [
-        pytest.param(case, id=case.id, marks=[] if case.row.name in _FAST else [pytest.mark.slow])
-        for case in protocol_kernels.CASES
-        if not case.is_bug and case.trace_rejects is None
-    ]
-
-
-_FAST = {"per_slot_leak", "when_not_when", "credit_ring"}
-
-
-@pytest.mark.parametrize("case", _protocol_fixes())
-@pytest.mark.usefixtures("sanitized_everywhere")
-def test_protocol_fixes(case: Any) -> None:
-    """The fixed (or correct) form of every protocol case: remote copies, barriers,
-    REGULAR credits, per-slot semaphores, waits split over branches."""
-    x = protocol_kernels.example(case.row, case.row.devices)
-    program = on_mesh(case.program(), case.row.devices)
-    with pltpu.force_tpu_interpret_mode(interpret()):
-        _clean(lambda: program(x))
-
-
 # ------------------------------------------------------------------ jax's own kernels
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("sanitized_everywhere")
 def test_jax_paged_attention() -> None:
-    inputs = jax_programs.paged_attention_inputs()
-    fn = jax_programs.paged_attention_fn()
+    inputs = grids.paged_attention_inputs()
+    fn = grids.paged_attention().fn
     with pltpu.force_tpu_interpret_mode(interpret()):
         out = _clean(lambda: fn(*inputs))
     with pytest.MonkeyPatch.context() as patch:
@@ -222,7 +201,7 @@ def test_jax_all_gather_on_a_ring() -> None:
     x = jax.device_put(
         example((RING * 8, 128)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
     )
-    gather = jax_programs.unjitted(ag.all_gather)
+    gather = unjitted(ag.all_gather)
     with pltpu.force_tpu_interpret_mode(interpret()):
         out = _clean(lambda: jax.jit(lambda v: gather(v, mesh=mesh, axis_name="x"))(x))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
@@ -236,10 +215,10 @@ def test_jax_ragged_paged_attention_compiles_sanitized_for_v5e() -> None:
     from safedma.testing import compile_for_tpu
     from jax.sharding import PartitionSpec as P
 
-    inputs = jax_programs.ragged_paged_attention_inputs()
+    inputs = semaphore_arrays.ragged_paged_attention_inputs()
     before = _sites.registered()
     compile_for_tpu(
-        jax_programs.ragged_paged_attention_fn(),
+        semaphore_arrays.ragged_paged_attention().fn,
         *inputs,
         topology="v5e:2x2",
         in_specs=P(),
@@ -257,8 +236,8 @@ def test_a_wait_dropped_from_jax_paged_attention_is_reported(
     from safedma.testing import LeftoverSemaphoreError
 
     monkeypatch.setenv("SAFEDMA_SANITIZE", "1")
-    monkeypatch.setattr(pa, "pltpu", jax_programs.DropWait(pltpu, 0))
-    inputs = jax_programs.paged_attention_inputs()
+    monkeypatch.setattr(pa, "pltpu", DropWait(pltpu, 0))
+    inputs = grids.paged_attention_inputs()
     with raw_calls_sanitized(monkeypatch), pltpu.force_tpu_interpret_mode(interpret()):
         with pytest.raises(LeftoverSemaphoreError, match=r"paged_flash_attention_kernel"):
-            jax.block_until_ready(jax_programs.paged_attention_fn()(*inputs))
+            jax.block_until_ready(grids.paged_attention().fn(*inputs))

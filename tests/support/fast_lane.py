@@ -1,23 +1,68 @@
-"""The fast lane: which tests ``-m "not slow"`` (``./dev test --fast``) leaves out.
+"""The lanes of the suite, and which worker runs what (a pytest plugin; tests/conftest.py
+loads it).
 
-A pytest plugin (tests/conftest.py loads it) that marks ``slow`` every collected test
-whose node id matches one of the patterns below, on top of the tests marked
-``@pytest.mark.slow`` in their modules. Keeping the list here, by node id, lets a
-test move out of the fast lane without editing its module. A pattern is a node id in
-which ``*`` matches anything (brackets are literal).
+Three lanes, by marker:
+
+* ``heavy``: the heaviest matrices (every mesh size and dtype of the collectives on 8
+  and 2x4 devices, hypothesis properties, the wheel built and installed in a fresh venv,
+  the type checkers over jax's own kernels). ``./dev test`` leaves them out; ``./dev
+  test --slow`` runs only them; CI runs them in one environment per run, alternating
+  (.ci/run). Marked here by node id (``HEAVY_NODE_IDS``) and in modules.
+* ``slow``: not in the fast lane (``./dev test --fast`` is ``-m "not slow"`` on py312).
+  Every heavy test is slow too. Marked by node id (``SLOW_NODE_IDS``), in modules, and by
+  the rule below.
+* everything else runs in every lane.
 
 What stays fast: every test function once. A parametrised test keeps its first
 parametrisation that no pattern below names (the rest are ``slow``), unless it is in
-``EVERY_PARAMETRISATION`` (tests whose parameters are different products, such as
-each library kernel against its twin). CI runs everything.
+``EVERY_PARAMETRISATION`` (tests whose parameters are different products, such as each
+library kernel against its twin); a corpus driver (tests/tools/) keeps its first case of
+each DMA pattern family.
+
+Workers (pytest-xdist, ``--dist loadgroup``): tests that share a module- or session-wide
+set-up run on one worker, so it is made once: each type checker's run over a corpus (one
+group per module and checker), the wheel built and installed, the wheel resolved for
+other platforms. A pattern is a node id in which ``*`` matches anything (brackets are
+literal).
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 
 import pytest
+
+HEAVY_NODE_IDS = (
+    # Properties (hypothesis) and whole-matrix agreement of the collectives.
+    "tests/kernels/test_*.py::test_any_mesh_dtype_shape_and_*",
+    "tests/kernels/test_pipeline.py::test_any_shape_chunking_and_dtype",
+    "tests/kernels/test_all_reduce.py::test_fused_and_composed_agree_bit_for_bit",
+    "tests/kernels/test_identity.py::test_overhead_benchmark_pairs_lower_alike",
+    # Each collective against jax's own on 8 devices and on the 2x4 mesh (2 and 4
+    # devices stay in ./dev test), and verify against simulate on the same meshes.
+    "tests/kernels/test_all_reduce.py::test_matches_psum[8-*",
+    "tests/kernels/test_all_reduce.py::test_matches_psum[2x4-*",
+    "tests/kernels/test_reduce_scatter.py::test_matches_psum_scatter[8-*",
+    "tests/kernels/test_reduce_scatter.py::test_matches_psum_scatter[2x4-*",
+    "tests/kernels/test_ppermute.py::test_matches_lax_ppermute[8-*",
+    "tests/kernels/test_ppermute.py::test_matches_lax_ppermute[2x4-*",
+    "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-8-*",
+    "tests/kernels/test_all_gather.py::test_matches_lax_all_gather[*-2x4-*",
+    "tests/kernels/test_all_gather.py::test_any_concat_and_split_axis*",
+    "tests/kernels/test_all_gather.py::test_float32_16x256_on_8_devices*",
+    "tests/kernels/test_pipeline.py::test_each_device_pipelines_its_shard[8-*",
+    "tests/kernels/test_pipeline.py::test_each_device_pipelines_its_shard[2x4*",
+    "tests/kernels/test_gather.py::test_each_device_gathers_from_its_shard[8-*",
+    "tests/kernels/test_gather.py::test_each_device_gathers_from_its_shard[2x4*",
+    "tests/testing/verify/test_agreement.py::test_verify_and_simulate_agree[*-8]",
+    "tests/testing/verify/test_agreement.py::test_verify_and_simulate_agree[*-2x4]",
+    # The wheel built, installed in a fresh venv with the checkers, and resolved for
+    # other platforms (minutes, and the same wheel in either environment).
+    "tests/packaging/test_wheel_install.py::*",
+    "tests/packaging/test_dry_run.py::*",
+    # mypy and pyright over every kernel jax ships (about 3 minutes).
+    "tests/typing/test_patterns_raw_kernels.py::*",
+)
 
 SLOW_NODE_IDS = (
     # Type checkers that take seconds to tens of seconds per session (cold caches):
@@ -113,11 +158,6 @@ SLOW_NODE_IDS = (
     "tests/testing/verify/test_agreement.py::test_verify_proves_the_kernel_clean_on_a_device_free_mesh[*-8]",
     "tests/testing/verify/test_agreement.py::test_verify_proves_the_kernel_clean_on_a_device_free_mesh[*-2x4]",
     "tests/testing/verify/test_agreement.py::test_one_collective_id_twice_in_a_row_is_safe[2x4-*",
-    "tests/testing/verify/test_false_alarms.py::test_simulate_agrees_the_correct_kernels_are_clean[credit_ring-*",
-    "tests/testing/verify/test_false_alarms.py::test_simulate_agrees_the_correct_kernels_are_clean[writeback-*",
-    "tests/testing/verify/test_false_alarms.py::test_simulate_catches_the_broken_twins_too[credit_ring-*",
-    "tests/testing/verify/test_false_alarms.py::test_simulate_catches_the_broken_twins_too[writeback-*",
-    "tests/testing/verify/test_jax_kernels.py::test_simulate_cannot_run_ragged_paged_attention",
     "tests/testing/verify/test_properties.py::test_safedma_collectives_are_clean_for_every_ring",
     "tests/testing/test_runner.py::test_interrupted_process_exits_normally",
     "tests/testing/test_runner.py::test_plain_interpret_kernel_in_another_thread_is_refused_and_the_simulation_unharmed",
@@ -125,6 +165,29 @@ SLOW_NODE_IDS = (
     "tests/testing/test_runner.py::test_simulate_refuses_to_start_while_another_thread_runs_an_interpret_kernel",
     "tests/testing/test_runner.py::test_slow_sender_outliving_timeout_is_a_timeout_saying_it_was_still_running",
     "tests/testing/test_runner.py::test_interrupt_during_4_device_simulate_leaves_the_process_usable*",
+    # Single tests of several seconds each whose subject the fast lane meets elsewhere:
+    # a user's jit around a kernel, verify's memory bounds and its two wait paths, a
+    # first interpret-mode compile with compute, the import of the whole package in a
+    # fresh interpreter, pyrefly's runs (ty checks the corpora in the fast lane), a
+    # pytester run of the plugin, the MoE transport on a 2x4 mesh.
+    "tests/testing/test_simulate_helper_lines_and_user_jit.py::test_a_users_jit_around_a_kernel_runs_and_its_broken_twin_is_caught",
+    "tests/testing/verify/test_memory_bounds.py::test_pruned_random_runs_find_the_same_early_contributions_or_fall_back",
+    "tests/testing/verify/test_memory_bounds.py::test_tight_bounds_say_what_no_bounds_say_of_every_protocol_case",
+    "tests/testing/verify/test_speed.py::test_the_one_contribution_wait_path_computes_what_the_general_path_does",
+    "tests/core/test_interpret.py::test_local_copy_with_compute",
+    "tests/packaging/test_import_hygiene.py::test_import_changes_no_environment_variable_and_no_jax_config[safedma]",
+    "tests/typing/test_corpus.py::*[pyrefly*",
+    "tests/typing/test_stubs.py::*[pyrefly*",
+    "tests/packaging/test_pytest_plugin.py::test_a_bad_value_is_a_usage_error",
+    "tests/testing/verify/test_reduce_scatter_rings_moe_transport_and_core_signals.py::test_the_moe_transport_is_clean_on_a_2x4_mesh",
+    "tests/typing/test_corpus.py::*[ty*",
+    "tests/core/test_interpret.py::test_sliced_copies_with_semaphore_array",
+    "tests/core/test_interpret.py::test_remote_ring_permute_four_devices*",
+    "tests/testing/test_simulate_clock_entries.py::test_a_long_loop_of_waited_copies_reuses_entries_and_runs_once",
+    "tests/testing/test_simulate_clock_entries.py::test_a_read_of_an_unwaited_copy_among_many_in_flight_is_a_race*",
+    "tests/testing/test_simulate_clock_entries.py::test_many_in_flight_runs_again_with_an_entry_for_each",
+    "tests/kernels/test_*.py::test_compiles_for_16_chips*",
+    "tests/kernels/test_*.py::test_compiles_for_large_v6e_meshes*",
     # Watchdog tests that wait out a timeout on purpose (about 5 s each).
     "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
     "tests/testing/test_simulate.py::test_r3_receiver_waits_for_a_send_that_never_comes",
@@ -138,42 +201,91 @@ EVERY_PARAMETRISATION = (
 )
 
 
+# Corpus drivers: their cases are parameters; the fast lane keeps one per pattern family.
+CORPUS_DRIVERS = "tests/tools/test_"
+
+# Tests sharing a set-up that is made once per worker: (node id pattern, xdist group).
+# A type checker's run is per module (its own corpus copy and cache) and per checker.
+_CHECKERS = ("mypy", "pyright", "basedpyright", "pyrefly", "ty")
+GROUPS = (
+    *(
+        (f"tests/typing/{module}.py::*[{checker}]*", f"{module}-{checker}")
+        for module in ("test_corpus", "test_stubs")
+        for checker in _CHECKERS
+    ),
+    *(
+        (f"tests/typing/{module}.py::*[{checker}-*", f"{module}-{checker}")
+        for module in ("test_corpus", "test_stubs")
+        for checker in _CHECKERS
+    ),
+    ("tests/typing/test_mypy_plugin.py::*", "test_mypy_plugin"),
+    ("tests/typing/test_patterns_raw_kernels.py::*", "test_patterns_raw_kernels"),
+    ("tests/packaging/test_wheel_install.py::*", "test_wheel_install"),
+    ("tests/packaging/test_dry_run.py::*", "test_dry_run"),
+)
+
+
 def _function_id(item: pytest.Item) -> str:
     return item.nodeid.split("[", 1)[0]
 
 
+def _fast_key(item: pytest.Item) -> str:
+    """What the fast lane keeps one of: a test function, or a driver's pattern family."""
+    function = _function_id(item)
+    if function.startswith(CORPUS_DRIVERS):
+        case = getattr(item, "callspec").params.get("case")
+        if case is not None:
+            return f"{function}[{case.pattern}]"
+    return function
+
+
 def _keep_one_parametrisation(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every parametrisation after the first fast one of each test function."""
+    """Mark ``slow`` every parametrisation after the first fast one of each test function
+    (of each pattern family, for a corpus driver)."""
     seen: set[str] = set()
     for item in items:
         if getattr(item, "callspec", None) is None or item.get_closest_marker("slow"):
             continue
-        function = _function_id(item)
-        if function in EVERY_PARAMETRISATION:
+        if _function_id(item) in EVERY_PARAMETRISATION:
             continue
-        if function in seen:
+        key = _fast_key(item)
+        if key in seen:
             item.add_marker(pytest.mark.slow)
-        seen.add(function)
+        seen.add(key)
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
 
 
-_PATTERNS = [(pattern, _compile(pattern)) for pattern in SLOW_NODE_IDS]
+_HEAVY = [(pattern, _compile(pattern)) for pattern in HEAVY_NODE_IDS]
+_SLOW = [(pattern, _compile(pattern)) for pattern in SLOW_NODE_IDS]
+_GROUPS = [(_compile(pattern), group) for pattern, group in GROUPS]
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, before xdist reads groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     used: set[str] = set()
     for item in items:
-        for pattern, regex in _PATTERNS:
+        for pattern, regex in _HEAVY:
+            if regex.fullmatch(item.nodeid):
+                item.add_marker(pytest.mark.heavy)
+                used.add(pattern)
+        if item.get_closest_marker("heavy"):
+            item.add_marker(pytest.mark.slow)
+        for pattern, regex in _SLOW:
             if regex.fullmatch(item.nodeid):
                 item.add_marker(pytest.mark.slow)
                 used.add(pattern)
+        group = next((g for regex, g in _GROUPS if regex.fullmatch(item.nodeid)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     _keep_one_parametrisation(items)
-    # A whole-suite collection that misses a pattern means a test was renamed or moved.
+    # A whole-suite collection that misses a pattern means a test was renamed or moved:
+    # the lanes would silently change, so the run stops.
     if config.args_source is pytest.Config.ArgsSource.TESTPATHS:
-        stale = [p for p, _ in _PATTERNS if p not in used]
+        stale = [p for p, _ in (*_HEAVY, *_SLOW) if p not in used]
         if stale:
-            warnings.warn(f"fast_lane.py: patterns that match no test: {stale}", stacklevel=1)
+            raise pytest.UsageError(
+                f"tests/support/fast_lane.py: patterns that match no test: {stale}"
+            )

@@ -1,4 +1,4 @@
-"""Type-check jax's installed raw-pltpu kernels with safedma's stubs (issue 13 item 10).
+"""Type-check jax's installed raw-pltpu kernels with safedma's stubs.
 
 At test time the kernel files jax ships (``jax/experimental/pallas/ops/tpu``)
 are copied into a temporary directory; every kernel function (a ``def`` whose

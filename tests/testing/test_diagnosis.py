@@ -1,5 +1,5 @@
 """What simulate's messages say: the user's own line, one entry per copy site, every leftover
-on every device in a stable order (issue 12, items 5 and 6).
+on every device in a stable order.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from safedma.testing import LeftoverSemaphoreError, RaceDetectedError, Unsatisfi
 from safedma.testing import simulate, simulated_mesh
 from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, dma, example, hbm_call
 from tests.support.simulation import over_signalled_barrier
+from tests.corpus._case import library_lines
 from tests.support.source_lines import marker_line
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
 
 THIS_FILE = re.escape(__file__.rsplit("/", 1)[-1])
-SAFEDMA_LINE = re.compile(r"safedma/_\w+\.py:\d+")
 
 
 # ------------------------------------------------ 5: the user's own line
@@ -45,7 +45,7 @@ def test_unsatisfiable_safedma_wait_is_located_at_the_users_line() -> None:
     [stuck] = info.value.waits
     assert stuck.location is not None
     assert f"{__file__}:{marker_line(__file__, 'marker: aggregate wait')} " in stuck.location
-    assert not SAFEDMA_LINE.search(str(info.value)), str(info.value)
+    assert not library_lines(str(info.value)), str(info.value)
 
 
 def test_copies_started_from_different_lines_are_reported_separately() -> None:
@@ -76,7 +76,7 @@ def test_copies_started_from_different_lines_are_reported_separately() -> None:
         rf"{THIS_FILE}:({loop_line - 1}|{loop_line}) .*\(started 4 times\)", leftover.hint
     ), leftover.hint
     assert re.search(rf"{THIS_FILE}:{extra_line} ", leftover.hint)
-    assert not SAFEDMA_LINE.search(str(info.value)), str(info.value)
+    assert not library_lines(str(info.value)), str(info.value)
     assert_clean_afterwards()
 
 

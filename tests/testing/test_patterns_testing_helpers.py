@@ -1,4 +1,4 @@
-"""Issue 13 item 11: testing helpers for the census kernels.
+"""testing helpers for the common DMA patterns.
 
 ``abstract_mesh(..., tpu=...)`` lowers kernels that need a TPU generation
 (emit_pipeline, sync_copy, scoped VMEM on jax 0.12) on a CPU; ``tpu_mesh`` /

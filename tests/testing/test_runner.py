@@ -1,5 +1,5 @@
 """The runner: cancellation, stuck versus slow, failures reported at once and as themselves,
-concurrent interpret-mode use, and runs this jax cannot simulate (issue 12, items 1-4, 7, 8).
+concurrent interpret-mode use, and runs this jax cannot simulate.
 
 Every test is bounded: the kernels that would run forever are stopped by an
 interrupt, the watchdog or the failure under test, and each test asserts how

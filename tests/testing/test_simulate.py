@@ -1,4 +1,4 @@
-"""Strict simulation: each R-row of MISUSE.md fails with its error; legitimate patterns run clean.
+"""Strict simulation: each R-row of docs/catalogue.md fails with its error; legitimate patterns run clean.
 
 Misusing kernels are written with raw pltpu where safedma's own trace-time
 checks would stop them before they reach the simulator. Every failing run is
@@ -89,7 +89,7 @@ def test_several_arguments_and_outputs_with_per_argument_specs(mesh4: Mesh) -> N
     np.testing.assert_array_equal(np.asarray(o2), np.asarray(x))
 
 
-# ------------------------------------- clean: the legitimate patterns of MISUSE.md
+# ------------------------------------- clean: the legitimate patterns of docs/catalogue.md
 
 
 def test_aggregate_wait_of_several_starts_on_one_semaphore() -> None:

@@ -399,6 +399,10 @@ def strip_copy(files: Sequence[Path], base: Path, into: Path) -> dict[Path, Path
         copy.parent.mkdir(parents=True, exist_ok=True)
         text = strip_expectations(original.read_text())
         if not copy.exists() or copy.read_text() != text:
-            copy.write_text(text)
+            # Written whole, then renamed: another xdist worker may be reading the copy
+            # (for another checker) while this one writes it.
+            partial = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+            partial.write_text(text)
+            os.replace(partial, copy)
         mapping[copy.resolve()] = original
     return mapping

@@ -1,4 +1,4 @@
-"""Issue 13 item 10: the stubs on jax's own raw kernels, branded mechanically at test time.
+"""the stubs on jax's own raw kernels, branded mechanically at test time.
 
 jax's installed ``ops/tpu`` kernel files are copied to a temporary directory,
 their kernel parameters branded (tests/support/raw_kernels.py) and checked

@@ -1,6 +1,6 @@
 """Pass: raw pltpu code that annotates jax's own ``AsyncCopyDescriptor`` and refs typed with jax's types.
 
-Issue 13 item 10: production kernels (jax's ops/tpu, vLLM's ragged paged attention,
+production kernels (jax's ops/tpu, vLLM's ragged paged attention,
 tokamax) keep descriptors in helpers, lists and dicts typed with jax's
 ``AsyncCopyDescriptor`` (imported from ``jax._src.pallas.mosaic.primitives``: pltpu does
 not export it), wait them later on either side, annotate refs ``jax.Array`` (optional

@@ -1,5 +1,5 @@
 """Pass: raw pltpu code with N-D semaphore arrays and ref views, annotated with the brands
-(the census's most frequent false positives before issue 13)."""
+(once the most frequent false positives on production kernels)."""
 
 from __future__ import annotations
 

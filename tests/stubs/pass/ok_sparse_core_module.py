@@ -1,6 +1,6 @@
 """Pass: ``from jax.experimental.pallas import tpu_sc`` keeps jax's SparseCore types.
 
-Found on held-out kernels (docs/held-out.md): with the stubs on pyright's ``stubPath``
+Found on production kernels: with the stubs on pyright's ``stubPath``
 this import was "unknown import symbol" and every ``plsc.`` name ``Unknown``, so a
 decorated loop body (``@plsc.parallel_loop(..., carry=...)``) stayed a function and its
 unpacking an error. The pass-through ``tpu_sc.pyi`` fixes both; mypy was not affected.

@@ -2,7 +2,7 @@
 
 * ``add=True`` on a local copy: a scatter-add into ``shared.at[indices]`` (VMEM to
   VMEM_SHARED) or a gather-add from ``src.at[indices]``, lowered on SparseCore by jax
-  0.10.2 and 0.12 (tokamax's top-k histogram; docs/held-out.md, session 9). The stubs
+  0.10.2 and 0.12 (tokamax's top-k histogram). The stubs
   typed it ``Literal[False]``.
 * jax 0.12's push streams (a local copy from VMEM to HBM, VMEM_SHARED or SMEM): the
   hardware ignores the destination semaphore and jax warns unless ``sem=None``; the source

@@ -8,9 +8,9 @@ device under shard_map on rings of 2, 4 and 8 devices and on a 2x4 mesh.
 
 ``verify`` runs on a device-free mesh for the whole matrix (it is cheap).
 ``simulate`` is slow (about 1-5 s a run here), so the fast lane compares it
-on 4 devices; the whole matrix is ``slow``. The protocol cases (the R-rows) are
-compared in test_silent_classes.py and test_false_alarms.py; where the two
-disagree there, the case says why (``Row.simulate_bug``).
+on 4 devices; the whole matrix is ``slow``. The corpus's mistake pairs (the R-rows)
+are compared by the corpus drivers (tests/tools/); where the two disagree there, the
+pair says why (``Pair.simulate_bug``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 import safedma.kernels as sk
-from safedma.testing import SimulationError, abstract_mesh, simulate, simulated_mesh
+from safedma.testing import SimulationError, abstract_mesh, simulate, simulated_mesh, verify
 from tests.support import calls, kernels_pltpu, kernels_safedma
-from tests.support import protocol_kernels as pk
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 F32 = jnp.float32
@@ -197,7 +196,7 @@ def verified(kernel: Kernel, mesh_id: str, *, device_free: bool, invocations: in
     mesh = abstract_mesh(shape, names) if device_free else simulated_mesh(shape, names)
     args, specs = arguments(kernel, mesh_id, concrete=not device_free)
     return verdict(
-        lambda: pk.verify(
+        lambda: verify(
             kernel.fn,
             *args,
             mesh=mesh,
@@ -245,7 +244,7 @@ def test_verify_and_simulate_agree(name: str, mesh_id: str) -> None:
 @pytest.mark.parametrize("name", [k.name for k in KERNELS if k.collective_id])
 @pytest.mark.parametrize("mesh_id", ["4", "8", "2x4"])
 def test_one_collective_id_twice_in_a_row_is_safe(name: str, mesh_id: str) -> None:
-    """Settled (issue 14): one barrier round is enough for a back-to-back call with the same
+    """Settled : one barrier round is enough for a back-to-back call with the same
     collective_id. The hazard of jax PR #27963 needs a neighbour to finish call k, and so
     signal the barrier of call k+1, without anything this device does after its own
     barrier wait; in these kernels each neighbour must first receive this device's

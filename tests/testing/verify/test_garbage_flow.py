@@ -1,6 +1,6 @@
 """Garbage followed through vector code (R6): data loaded from a region nothing wrote.
 
-Since session 8 a copy moves garbage instead of failing at its start (emit_pipeline
+Now a copy moves garbage instead of failing at its start (emit_pipeline
 copies in output slots the body overwrites unread), and R6 is reported where garbage
 leaves the kernel. A kernel that receives a staging buffer nothing wrote and then
 *stores* it with vector code (``o_ref[...] = recv[...] + 1``) wrote its output from

@@ -1,4 +1,4 @@
-"""verify's lockstep path (``_verify/lockstep/``): the per-device walk's answers, at pod scale.
+"""verify's lockstep path (``_lockstep.py``): the per-device walk's answers, at pod scale.
 
 The suite runs verify with ``SAFEDMA_VERIFY_LOCKSTEP=check`` (tests/conftest.py):
 wherever the lockstep path proves a program, the per-device walk runs too, and a
@@ -28,7 +28,7 @@ from safedma.testing import SimulationError, abstract_mesh, verify
 from safedma.testing._verify.face import api as _api
 from safedma.testing._verify.model import clocks as _clocks
 from safedma.testing._verify.lockstep.model import Model, SemBuf
-from tests.support import protocol_kernels_pltpu as raw
+from tests.corpus.ring_collectives import chunked_ring_program
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -100,7 +100,7 @@ def test_the_collectives_are_proved_by_the_lockstep_path_alone(
 
 
 def _ring(seed: dict[str, int]) -> Callable[..., Any]:
-    return raw.chunked_ring_program(1, 3, 2, **seed)
+    return chunked_ring_program(1, 3, 2, **seed)
 
 
 @pytest.mark.parametrize("seed", [{"drop": 1}, {"shifted": 0}, {"shifted": 2}])

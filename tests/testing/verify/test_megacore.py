@@ -48,9 +48,9 @@ from safedma.testing import (
     verify,
 )
 from safedma.testing._verify.walk.megacore import CorePart, core_parts, describe_parts
-from tests.support import jax_programs as jp
-from tests.support import protocol_kernels as pk
-from tests.testing.verify import test_jax_ops_kernels as ops
+from tests.corpus import grids
+from tests.corpus._seeding import DropWait, unjitted
+from tests.corpus._case import marked_lines
 
 F32 = jnp.float32
 HERE = Path(__file__)
@@ -63,7 +63,7 @@ X = jax.ShapeDtypeStruct((48, 128), F32)
 
 
 def _line(tag: str) -> str:
-    return f"{HERE.name}:{pk.marked_lines(HERE, tag)[0]}"
+    return f"{HERE.name}:{marked_lines(HERE, tag)[0]}"
 
 
 def _params(*semantics: Any) -> Any:
@@ -97,7 +97,7 @@ def per_core_chain(flag: Any, slot: Any, x_hbm: Any, o_ref: Any, buf: Any, sems:
         fetch(s + 1, 1 - cur).start()
         slot[0] = 1 - cur
 
-    fetch(s, cur).wait()  # verify: mc_chain_wait
+    fetch(s, cur).wait()  # fix: mc_chain_wait
     o_ref[...] = buf[cur]
 
 
@@ -160,12 +160,12 @@ def cross_boundary(x_hbm: Any, o_ref: Any, buf: Any, sems: Any) -> None:
     def _() -> None:
         fetch(s + 1).start()
 
-    fetch(s).wait()  # verify: mc_cross_wait
+    fetch(s).wait()  # fix: mc_cross_wait
     o_ref[...] = buf[s % 2]
 
 
 def _cross_boundary(x: jax.Array) -> jax.Array:
-    out: jax.Array = pl.pallas_call(  # verify: mc_cross_call
+    out: jax.Array = pl.pallas_call(  # fix: mc_cross_call
         cross_boundary,
         grid=(2, 3),
         in_specs=[ANY],
@@ -201,7 +201,7 @@ def copy_block(x_ref: Any, o_ref: Any) -> None:
 
 def _one_output_block(x: jax.Array) -> jax.Array:
     """Every step writes the same output block (the index map ignores the grid)."""
-    out: jax.Array = pl.pallas_call(  # verify: mc_shared_out
+    out: jax.Array = pl.pallas_call(  # fix: mc_shared_out
         copy_block,
         grid=(2, 3),
         in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
@@ -213,7 +213,8 @@ def _one_output_block(x: jax.Array) -> jax.Array:
 
 
 def test_an_output_block_both_cores_copy_out_is_a_race_on_v5p() -> None:
-    assert verify(_one_output_block, X, mesh=V5E) is not None
+    one_core = verify(_one_output_block, X, mesh=V5E)  # one core: the steps run in order
+    assert one_core.devices == 1 and one_core.kernels == ("copy_block",), one_core
     with pytest.raises(RaceDetectedError) as err:
         verify(_one_output_block, X, mesh=V5P)
     text = str(err.value)
@@ -268,7 +269,7 @@ def accumulate(x_ref: Any, o_ref: Any, acc: Any) -> None:
 
 
 def _accumulate(x: jax.Array) -> jax.Array:
-    out: jax.Array = pl.pallas_call(  # verify: mc_accumulate
+    out: jax.Array = pl.pallas_call(  # fix: mc_accumulate
         accumulate,
         grid=(2, 3),
         in_specs=[pl.BlockSpec((ROWS, 128), lambda c, j: (c * 3 + j, 0))],
@@ -281,7 +282,8 @@ def _accumulate(x: jax.Array) -> jax.Array:
 
 
 def test_a_sum_accumulated_across_a_parallel_dimension_is_reported_on_v5p() -> None:
-    assert verify(_accumulate, X, mesh=V5E) is not None
+    one_core = verify(_accumulate, X, mesh=V5E)  # one core: the steps run in order
+    assert one_core.devices == 1 and one_core.kernels == ("accumulate",), one_core
     with pytest.raises(UnwrittenReadError) as err:
         verify(_accumulate, X, mesh=V5P)
     text = str(err.value)
@@ -441,7 +443,8 @@ def test_each_core_copies_to_its_counterpart_behind_the_device_barrier(devices: 
     mesh = abstract_mesh((devices,), ("x",), tpu="v5p")
     report = verify(_send_right, x, mesh=mesh)
     assert report.remote_dmas == 2 * devices
-    assert verify(_send_right, x, mesh=abstract_mesh((devices,), ("x",), tpu="v5e")) is not None
+    one_core = verify(_send_right, x, mesh=abstract_mesh((devices,), ("x",), tpu="v5e"))
+    assert one_core.devices == devices and one_core.remote_dmas == 2 * devices, one_core
 
 
 def test_a_compile_only_v5p_mesh_names_the_megacore() -> None:
@@ -483,7 +486,7 @@ def typed_per_core_chain(
         fetch(s + 1, 1 - cur).start()
         slot[0] = 1 - cur
 
-    fetch(s, cur).started_elsewhere().wait()  # verify: mc_typed_wait
+    fetch(s, cur).started_elsewhere().wait()  # fix: mc_typed_wait
     o_ref[...] = buf[cur]
 
 
@@ -529,7 +532,7 @@ def typed_cross_boundary(
     def _() -> None:
         fetch(s + 1).start()
 
-    fetch(s).started_elsewhere().wait()  # verify: mc_typed_cross
+    fetch(s).started_elsewhere().wait()  # fix: mc_typed_cross
     o_ref[...] = buf[s % 2]
 
 
@@ -561,9 +564,9 @@ def _paged(mode: str | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
 
     fn = functools.partial(
-        jp.unjitted(pa.paged_attention), pages_per_compute_block=2, megacore_mode=mode
+        unjitted(pa.paged_attention), pages_per_compute_block=2, megacore_mode=mode
     )
-    q, k, v, lengths, indices = jp.paged_attention_inputs()
+    q, k, v, lengths, indices = grids.paged_attention_inputs()
     if mode == "kv_head":  # two kv heads, one per core
         rng = np.random.default_rng(0)
         q = jnp.asarray(rng.standard_normal((2, 16, 128)), F32)
@@ -584,7 +587,7 @@ def test_jax_paged_attention_in_megacore_mode_with_a_dropped_wait_is_caught_on_v
 ) -> None:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
 
-    seeded = jp.DropWait(pa.pltpu, drop=0)
+    seeded = DropWait(pa.pltpu, drop=0)
     monkeypatch.setattr(pa, "pltpu", seeded)
     fn, args = _paged("batch")
     with pytest.raises(Exception, match="core [01]") as err:
@@ -595,11 +598,11 @@ def test_jax_paged_attention_in_megacore_mode_with_a_dropped_wait_is_caught_on_v
 
 SPLIT_KERNELS = [
     "matmul",
-    "flash_attention(causal)",
-    "flash_attention(causal) backward",
-    "splash_attention(causal)",
-    "splash_attention(causal) backward",
-    "megablox.tgmm",
+    "flash_attention_causal",
+    "flash_attention_causal_backward",
+    "splash_attention_causal",
+    "splash_attention_causal_backward",
+    "megablox_tgmm",
 ]
 
 
@@ -608,8 +611,8 @@ SPLIT_KERNELS = [
     [pytest.param(n, marks=[pytest.mark.slow] if "backward" in n else []) for n in SPLIT_KERNELS],
 )
 def test_jax_blockspec_kernels_with_parallel_dimensions_are_clean_on_v5p(name: str) -> None:
-    fn, args = ops.KERNELS[name]()
-    assert verify(fn, *args, mesh=V5P).kernels
+    program = grids.BLOCKSPEC_KERNELS[name]()
+    assert verify(program.fn, *program.args, mesh=V5P).kernels
 
 
 def row_sum(x_ref: Any, o_ref: Any, acc: Any) -> None:

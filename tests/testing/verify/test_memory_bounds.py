@@ -22,7 +22,8 @@ import pytest
 from safedma.testing._verify.model import semantics as _semantics
 from safedma.testing._verify.model.regions import Buffer
 from safedma.testing._verify.model.semantics import LooseMiss, Machine, PruneMiss
-from tests.support import protocol_kernels as pk
+from tests import corpus
+from tests.corpus import _run
 
 _TIGHT = {"_PRUNE_FROM": 1, "_LOOSE_KEPT": 0}
 _NONE = {"_PRUNE_FROM": 10**9, "_LOOSE_KEPT": None}
@@ -93,11 +94,8 @@ def test_tight_bounds_say_what_no_bounds_say_of_every_protocol_case(
     monkeypatch: pytest.MonkeyPatch, misses: _Misses
 ) -> None:
     verdicts = set()
-    for case in pk.CASES:
-        tight, unbounded = _both(
-            monkeypatch,
-            lambda case=case: pk.verify_case(case, mesh=pk.abstract_ring(case.row.devices)),
-        )
+    for case in corpus.cases("verify", tags=("pair",)):
+        tight, unbounded = _both(monkeypatch, lambda case=case: _run.verify(case.build()))
         assert tight == unbounded, case
         verdicts.add(tight[0])
     # the cases cover clean runs and several kinds of error, and the message fallback

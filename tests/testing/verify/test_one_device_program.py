@@ -1,6 +1,6 @@
 """verify walks the kernels of one shard_map per program: a program with more is refused.
 
-Before session 9, a function that ran two ``shard_map``s (two collectives in a row) was
+Formerly, a function that ran two ``shard_map``s (two collectives in a row) was
 verified on the first one's kernels only: a copy never waited in the second kernel
 verified clean. Such a program is now refused with a message naming the shard_maps and
 the fix; a program with one shard_map (or none) verifies as before.

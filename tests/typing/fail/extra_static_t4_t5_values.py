@@ -1,4 +1,4 @@
-"""Beyond the S-rows: trace-time rows (MISUSE.md T4, and T5's non-bool ``add``) that
+"""Beyond the S-rows: trace-time rows (docs/catalogue.md T4, and T5's non-bool ``add``) that
 safedma's signatures also reject statically, and a *data* value where a data ref belongs (the S1
 mistake made with data). Each expected error is the ``# type: ignore[code]``
 on its line.
@@ -20,7 +20,7 @@ def priorities(x: DataRef, o: DataRef, sem: SemRef, send: SemRef) -> None:
 
 def accumulate(x: DataRef, o: DataRef, sem: SemRef) -> None:
     # T5 is trace time only for local copies: add=True lowers on SparseCore (a scatter-add
-    # into o.at[indices]), so the signature takes a bool (docs/held-out.md, session 9).
+    # into o.at[indices]), so the signature takes a bool.
     # A non-bool is still a static error.
     safedma.LocalCopy(x, o, sem).start(add=1.0).wait()  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
 
@@ -32,6 +32,6 @@ def data_value_for_data_ref(x: DataRef, o: DataRef, sem: SemRef) -> None:
 
 
 def float_amounts(flag: RegularSem) -> None:
-    # Extra (no MISUSE.md row): semaphore counts are integers, not floats.
+    # Extra (no docs/catalogue.md row): semaphore counts are integers, not floats.
     safedma.signal(flag, 1.5)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     safedma.wait(flag, 0.5)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

@@ -1,4 +1,4 @@
-"""S1: a semaphore *value* where a semaphore ref belongs (MISUSE.md, the seed).
+"""S1: a semaphore *value* where a semaphore ref belongs (docs/catalogue.md).
 
 ``pl.semaphore_read(sem)`` and ``safedma.read(sem)`` return a ``jax.Array``
 (the count), not the semaphore. Passed as a copy's semaphore, pltpu today

@@ -1,5 +1,5 @@
 """S2: a semaphore array where one semaphore belongs (``.at[i]`` forgotten), and
-indexing a single semaphore again (MISUSE.md).
+indexing a single semaphore again (docs/catalogue.md).
 
 pltpu today: "Cannot signal on a non-()-shaped semaphore" at trace time on a
 start, and only a Mosaic verifier error on a wait-only path. Each expected

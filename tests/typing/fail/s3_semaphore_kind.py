@@ -1,4 +1,4 @@
-"""S3: the wrong semaphore kind (MISUSE.md): a REGULAR or BARRIER semaphore for a
+"""S3: the wrong semaphore kind (docs/catalogue.md): a REGULAR or BARRIER semaphore for a
 DMA, and a DMA semaphore given to signal/wait.
 
 pltpu today does not check a start; the wait raises "dma_wait requires a DMA

@@ -1,4 +1,4 @@
-"""S4: asymmetric remote plumbing (MISUSE.md): a send semaphore without a target
+"""S4: asymmetric remote plumbing (docs/catalogue.md): a send semaphore without a target
 device, a device without a send semaphore, a receive semaphore missing, and a
 send semaphore or device on a local copy.
 

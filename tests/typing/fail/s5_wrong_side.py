@@ -1,4 +1,4 @@
-"""S5: waiting on the wrong side (MISUSE.md): ``wait_send``/``wait_recv`` on a
+"""S5: waiting on the wrong side (docs/catalogue.md): ``wait_send``/``wait_recv`` on a
 local copy, ``wait_read`` on a local copy, and a send-side wait on a copy this
 device only receives.
 

@@ -1,4 +1,4 @@
-"""S6: data and semaphore swapped (MISUSE.md): a semaphore as a copy's source or
+"""S6: data and semaphore swapped (docs/catalogue.md): a semaphore as a copy's source or
 destination, a data ref as a semaphore.
 
 pltpu today takes ``Any`` for every parameter and fails late or with

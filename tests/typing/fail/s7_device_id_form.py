@@ -1,4 +1,4 @@
-"""S7: a device id of the wrong form (MISUSE.md): float, string, list, or a raw
+"""S7: a device id of the wrong form (docs/catalogue.md): float, string, list, or a raw
 pltpu device id where a safedma.Device belongs.
 
 pltpu today is only partly annotated: a float device id runs in interpret

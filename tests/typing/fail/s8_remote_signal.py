@@ -1,4 +1,4 @@
-"""S8: remote semaphore signals with the asymmetry of S4 (MISUSE.md): the target
+"""S8: remote semaphore signals with the asymmetry of S4 (docs/catalogue.md): the target
 device given in a form or a place that is not a safedma.Device, or a
 semaphore that cannot be signalled remotely.
 

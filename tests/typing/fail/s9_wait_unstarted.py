@@ -1,4 +1,4 @@
-"""S9: only a started copy's handle can be waited (MISUSE.md). A description is
+"""S9: only a started copy's handle can be waited (docs/catalogue.md). A description is
 not a handle; waiting for a copy started elsewhere goes through the named
 ``started_elsewhere()`` / ``incoming()`` API.
 

@@ -1,6 +1,6 @@
 """Pass: ``safedma.pallas_call`` takes every ``out_shape`` jax takes, with jax's options.
 
-Found porting production kernels (docs/held-out.md): an array as the output's shape
+Found porting production kernels : an array as the output's shape
 (``out_shape=(x, state)``), a list of outputs held in a variable (the call returns a
 tuple, as jax does), a dict or dataclass pytree, and the ``debug`` / ``metadata`` options.
 

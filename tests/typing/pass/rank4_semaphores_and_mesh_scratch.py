@@ -1,6 +1,6 @@
 """Pass: 4-D DMA semaphore arrays and scratch placed on one mesh (``scratch @ mesh``).
 
-Found on held-out kernels (docs/held-out.md): vLLM's hierarchical reduce-scatter
+Found on production kernels: vLLM's hierarchical reduce-scatter
 indexes its send and receive semaphores by slot, step, chunk group and dimension
 (``sems.at[s, t, g, d]``), slices them step by step (``sems.at[s, t]`` then
 ``.at[g, d]``), and places each scratch on the mesh that uses it in a multi-mesh

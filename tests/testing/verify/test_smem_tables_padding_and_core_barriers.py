@@ -1,0 +1,429 @@
+"""verify on blocked SMEM tables, padding a wrapper slices off, barriers outside and
+inside kernels and barriers between the cores of a ``pl.kernel``. Each kernel here is written for this file in raw pltpu and reproduces
+one construct that made verify raise a false alarm or an unclear message; each
+correct one must verify clean and each seeded mistake must still be caught,
+naming this file's line.
+
+* an index table passed as a *blocked* SMEM operand (``BlockSpec((1, K),
+  index_map, memory_space=SMEM)``): each grid step holds its own block of the
+  table's values, which pick the rows the kernel gathers;
+* an output with padding rows the kernel never writes, dropped by the wrapper
+  (``out[:n]``, or a transpose/reshape/slice chain): only what the program reads
+  must be written, and an unwritten part it does read is named exactly;
+* a kernel given as a ``functools.partial`` with no ``name=``: the report and
+  messages name the kernel function;
+* an entry barrier that waits for a signal from the device that writes into it
+  rather than from the device it writes to (a course lab): R10, and the message
+  says which devices the writer does know entered;
+* a barrier semaphore taken outside any kernel (jax's newer style of Pallas ops
+  directly under ``shard_map``): a clear unsupported error naming the line, not
+  a crash;
+* a start/done split whose done call rebuilds the descriptor on its own scratch
+  semaphore: the deadlock message points at the count the start call left on
+  its semaphore and says to return it (a DMA future);
+* the barrier semaphore inside a ``pl.kernel`` body over a TensorCoreMesh (jax's
+  core_map guide): each core has its own, ``{'core': j}`` signals reach core j's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from jax.sharding import PartitionSpec as P
+
+from safedma import MissingCollectiveIdError
+from safedma.testing import (
+    DeadlockError,
+    LeftoverSemaphoreError,
+    OutOfBoundsDmaError,
+    RaceDetectedError,
+    SignalAfterExitError,
+    UnwrittenReadError,
+    VerificationUnsupportedError,
+    abstract_mesh,
+    verify,
+)
+
+F32 = jnp.float32
+HERE = r"test_smem_tables_padding_and_core_barriers\.py:\d+"
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _s(*shape: int, dtype: Any = F32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _with_collective_id(kernel: Any) -> Any:
+    """``kernel(x_ref, o_ref)`` as a function of x, with ``collective_id=0``."""
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    return fn
+
+
+# ------------------------------------------------ a blocked SMEM index table
+
+ROWS, K, STEPS = 16, 3, 2
+
+
+def _gather(*, wait: bool = True) -> Any:
+    """Per grid step b, gather rows ``table[b, :]`` of ``src`` (one semaphore each)."""
+
+    def kernel(idx_ref: Any, src_ref: Any, o_ref: Any, rows: Any, sems: Any) -> None:
+        for k in range(K):
+            pltpu.make_async_copy(
+                src_ref.at[pl.ds(idx_ref[0, k], 1)], rows.at[pl.ds(k, 1)], sems.at[k]
+            ).start()
+        if wait:
+            for k in range(K):
+                pltpu.make_async_copy(
+                    src_ref.at[pl.ds(idx_ref[0, k], 1)], rows.at[pl.ds(k, 1)], sems.at[k]
+                ).wait()
+        o_ref[0] = rows[...]
+
+    def fn(table: Any, src: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            grid=(STEPS,),
+            in_specs=[
+                pl.BlockSpec((1, K), lambda b: (b, 0), memory_space=pltpu.SMEM),
+                ANY,
+            ],
+            out_specs=pl.BlockSpec((1, K, 128), lambda b: (b, 0, 0)),
+            out_shape=_s(STEPS, K, 128),
+            scratch_shapes=[pltpu.VMEM((K, 128), F32), pltpu.SemaphoreType.DMA((K,))],
+        )(table, src)
+
+    return fn
+
+
+TABLE = np.array([[3, 0, 15], [7, 7, 1]], np.int32)
+
+
+def test_a_blocked_smem_table_gives_each_grid_step_its_own_values() -> None:
+    report = verify(_gather(), TABLE, _s(ROWS, 128))
+    assert report.dmas == K * STEPS
+
+
+def test_a_row_past_the_source_in_the_second_block_is_caught() -> None:
+    bad = TABLE.copy()
+    bad[1, 2] = ROWS  # only grid step 1 reads it
+    with pytest.raises(OutOfBoundsDmaError, match=HERE) as err:
+        verify(_gather(), bad, _s(ROWS, 128))
+    assert "window [16, 17)" in str(err.value)
+
+
+def test_the_gather_without_its_waits_is_caught() -> None:
+    with pytest.raises(RaceDetectedError, match=HERE):
+        verify(_gather(wait=False), TABLE, _s(ROWS, 128))
+
+
+# --------------------------------------------- padding rows the wrapper drops
+
+N, PAD = 12, 4
+
+
+def _padded(*, keep: int, chain: bool = False) -> Any:
+    """Copy ``x`` (N rows) into an output of N + PAD rows; the wrapper keeps ``keep``."""
+
+    def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref, o_ref.at[pl.ds(0, N)], sem)
+        copy.start()
+        copy.wait()
+
+    def fn(x: Any) -> Any:
+        out = pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=_s(N + PAD, 2, 128),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+        if chain:  # a layout change first, as a wrapper restoring its public layout does
+            out = out.swapaxes(0, 1).reshape(2, (N + PAD) * 128)
+            return out[:, : keep * 128]
+        return out[:keep]
+
+    return fn
+
+
+def test_padding_rows_the_wrapper_slices_off_may_stay_unwritten() -> None:
+    assert verify(_padded(keep=N), _s(N, 2, 128)).dmas == 1
+
+
+def test_padding_dropped_after_a_transpose_and_reshape_may_stay_unwritten() -> None:
+    assert verify(_padded(keep=N, chain=True), _s(N, 2, 128)).dmas == 1
+
+
+def test_a_slice_that_keeps_an_unwritten_row_is_caught_naming_the_row() -> None:
+    with pytest.raises(UnwrittenReadError, match=HERE) as err:
+        verify(_padded(keep=N + 1), _s(N, 2, 128))
+    assert "o_ref[12:13, 0:2, 0:128]" in str(err.value)
+
+
+def test_the_chain_that_keeps_an_unwritten_row_is_caught() -> None:
+    with pytest.raises(UnwrittenReadError, match=HERE):
+        verify(_padded(keep=N + 1, chain=True), _s(N, 2, 128))
+
+
+def test_an_output_returned_whole_must_be_written_whole() -> None:
+    with pytest.raises(UnwrittenReadError, match=HERE):
+        verify(_padded(keep=N + PAD), _s(N, 2, 128))
+
+
+# ------------------------------------------------ a partial kernel's name
+
+
+def test_a_partial_kernel_is_named_by_its_function() -> None:
+    def copy_rows(x_ref: Any, o_ref: Any, sem: Any, *, rows: int) -> None:
+        copy = pltpu.make_async_copy(x_ref.at[pl.ds(0, rows)], o_ref.at[pl.ds(0, rows)], sem)
+        copy.start()
+        copy.wait()
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            functools.partial(copy_rows, rows=8),
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=_s(8, 128),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+
+    assert verify(fn, _s(8, 128)).kernels == ("copy_rows",)
+
+
+# ----------------------------------------- a barrier that waits for the wrong peer
+
+RING = 4
+
+
+def _ring_push(*, signal_source: bool) -> Any:
+    """Push ``x`` to the right neighbour behind a one-round barrier.
+
+    Correct: tell the device that writes into me (my left) that I entered, and wait
+    for my right neighbour to say the same. Broken (a course lab's shape): signal
+    the device I write to and wait for one signal, which only says my *left*
+    neighbour entered.
+    """
+
+    def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
+        me = jax.lax.axis_index("x")
+        right = jax.lax.rem(me + 1, RING)
+        left = jax.lax.rem(me + RING - 1, RING)
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, 1, device_id=(left if signal_source else right,))
+        pl.semaphore_wait(barrier, 1)
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(right,))
+        copy.start()
+        copy.wait()
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(
+            kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
+            compiler_params=pltpu.CompilerParams(collective_id=0),
+        )(x)
+
+    return fn
+
+
+def test_a_barrier_that_hears_from_the_target_orders_the_push() -> None:
+    mesh = abstract_mesh((RING,), ("x",))
+    report = verify(_ring_push(signal_source=True), _s(RING * 8, 128), mesh=mesh, in_specs=P("x"))
+    assert report.remote_dmas == RING
+
+
+def test_a_barrier_that_hears_from_the_source_is_r10_and_says_who_is_known() -> None:
+    mesh = abstract_mesh((RING,), ("x",))
+    with pytest.raises(SignalAfterExitError, match=HERE) as err:
+        verify(_ring_push(signal_source=False), _s(RING * 8, 128), mesh=mesh, in_specs=P("x"))
+    assert "knows only that device" in str(err.value)
+
+
+# ------------------------------------------- semaphores outside any kernel
+
+
+def _handshake(*, wait: bool) -> None:
+    other = jax.lax.rem(jax.lax.axis_index("x") + 1, 2)
+    sem = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(sem, 1, device_id=(other,))
+    if wait:
+        pl.semaphore_wait(sem, 1)
+
+
+def test_a_barrier_outside_any_kernel_is_unsupported_naming_the_line() -> None:
+    def fn(x: Any) -> Any:
+        _handshake(wait=True)  # jax's newer "pallas ops in jit" style, no pallas_call
+        return x
+
+    mesh = abstract_mesh((2,), ("x",))
+    with pytest.raises(VerificationUnsupportedError, match=HERE) as err:
+        verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x"))
+    assert "outside any Pallas kernel" in str(err.value)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_the_same_handshake_inside_a_kernel_is_checked(wait: bool) -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        _handshake(wait=wait)
+        o_ref[...] = x_ref[...]
+
+    fn = _with_collective_id(kernel)
+    mesh = abstract_mesh((2,), ("x",))
+    if wait:
+        assert verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x")).signals == 2
+    else:
+        with pytest.raises(SignalAfterExitError, match=HERE):  # R8: lands after exit
+            verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x"))
+
+
+# ------------------------------ a start/done split that rebuilds its semaphore
+
+
+def _start_done(*, future: bool) -> Any:
+    """Start a copy in one call and wait for it in the next.
+
+    Correct: the start call returns its semaphore (a DMA future) and the done call
+    waits on it. Broken (a runtime gate in the wild): each call allocates its own
+    scratch semaphore and the done call rebuilds the descriptor on it.
+    """
+
+    def start_kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+    def done_kernel(x_ref: Any, d_ref: Any, sem: Any, o_ref: Any) -> None:
+        del o_ref
+        pltpu.make_async_copy(x_ref, d_ref, sem).wait()
+
+    sem_spec = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+
+    def fn(x: Any) -> Any:
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        if future:
+            d, sem = pl.pallas_call(
+                start_kernel,
+                in_specs=[ANY],
+                out_specs=(ANY, sem_spec),
+                out_shape=(out, pltpu.SemaphoreType.DMA(())),
+            )(x)
+            return pl.pallas_call(
+                done_kernel,
+                in_specs=[ANY, ANY, sem_spec],
+                out_specs=ANY,
+                out_shape=out,
+                input_output_aliases={1: 0},
+            )(x, d, sem)
+        d = pl.pallas_call(
+            start_kernel,
+            in_specs=[ANY],
+            out_specs=ANY,
+            out_shape=out,
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+        return pl.pallas_call(
+            lambda x_ref, d_ref, o_ref, sem: done_kernel(x_ref, d_ref, sem, o_ref),
+            in_specs=[ANY, ANY],
+            out_specs=ANY,
+            out_shape=out,
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+            input_output_aliases={1: 0},
+        )(x, d)
+
+    return fn
+
+
+def test_a_start_done_split_through_a_returned_semaphore_verifies() -> None:
+    report = verify(_start_done(future=True), _s(8, 128))
+    assert (report.dmas, report.waits) == (1, 1)
+
+
+def test_a_done_call_on_its_own_scratch_semaphore_hangs_and_says_why() -> None:
+    with pytest.raises(DeadlockError, match=HERE) as err:
+        verify(_start_done(future=False), _s(8, 128))
+    assert "scratch semaphores do not outlive their call" in str(err.value)
+
+
+# -------------------------------------- a barrier between the cores of pl.kernel
+
+
+def _core_swap(*, wait: bool, collective_id: int | None = 0) -> Any:
+    """Each core copies its half to VMEM and sends it to the other core behind the
+    barrier semaphore (the shape of jax's core_map guide), then writes it back."""
+    tc = (
+        pltpu.TensorCoreMesh(axis_name="core", num_cores=2)
+        if hasattr(pltpu, "TensorCoreMesh")
+        and "num_cores" in str(getattr(pltpu.TensorCoreMesh, "__dataclass_fields__", ""))
+        else pltpu.create_tensorcore_mesh("core", num_cores=2)
+    )
+
+    def kernel(x: Any, o: Any, mine: Any, theirs: Any, sem: Any, send: Any, recv: Any) -> None:
+        core = jax.lax.axis_index("core")
+        half = pl.ds(core * 128, 128)
+        pltpu.async_copy(x.at[:, half], mine, sem).wait()
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, 1, device_id={"core": 1 - core})
+        if wait:
+            pl.semaphore_wait(barrier, 1)
+        swap = pltpu.make_async_remote_copy(mine, theirs, send, recv, device_id={"core": 1 - core})
+        swap.start()
+        swap.wait()
+        pltpu.async_copy(theirs, o.at[:, half], sem).wait()
+
+    def fn(x: Any) -> Any:
+        return pl.kernel(
+            kernel,
+            out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            mesh=tc,
+            scratch_types=[pltpu.VMEM((8, 128), F32)] * 2 + [pltpu.SemaphoreType.DMA] * 3,
+            compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        )(x)
+
+    return fn
+
+
+@pytest.mark.parametrize("invocations", [1, 2])
+def test_a_barrier_between_the_cores_of_a_pl_kernel_orders_the_swap(invocations: int) -> None:
+    report = verify(_core_swap(wait=True), _s(8, 256), invocations=invocations)
+    assert report.remote_dmas == 2 * invocations
+
+
+def test_the_core_swap_without_its_barrier_wait_is_caught() -> None:
+    with pytest.raises(SignalAfterExitError, match=HERE) as err:
+        verify(_core_swap(wait=False), _s(8, 256))
+    assert "synchronise the cores first" in str(err.value)
+
+
+def test_the_core_swap_without_a_collective_id_names_pl_kernel_in_the_fix() -> None:
+    with pytest.raises(MissingCollectiveIdError, match=HERE) as err:
+        verify(_core_swap(wait=True, collective_id=None), _s(8, 256))
+    assert "to the pl.kernel (T9)" in str(err.value)
+
+
+def test_a_barrier_signalled_twice_names_the_signals_left_over() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        other = jax.lax.rem(jax.lax.axis_index("x") + 1, 2)
+        sem = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(sem, 1, device_id=(other,))
+        pl.semaphore_signal(sem, 1, device_id=(other,))  # one too many
+        pl.semaphore_wait(sem, 1)
+        o_ref[...] = x_ref[...]
+
+    fn = _with_collective_id(kernel)
+    with pytest.raises(LeftoverSemaphoreError, match=HERE):
+        verify(fn, _s(16, 128), mesh=abstract_mesh((2,), ("x",)), in_specs=P("x"))
