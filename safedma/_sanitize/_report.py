@@ -193,7 +193,13 @@ def _settle_effects() -> None:
 
 
 def _error(row: Any) -> SafeDmaError:
-    from safedma import testing  # noqa: PLC0415 (imported only when there is a mistake)
+    # Imported only when there is a mistake, from the modules that define the classes.
+    from safedma.testing._errors import LeftoverSemaphoreError  # noqa: PLC0415
+    from safedma.testing._verify.errors import (  # noqa: PLC0415
+        DeadlockError,
+        OutOfBoundsDmaError,
+        SemaphoreIndexError,
+    )
 
     code, ident = int(row[CODE]), int(row[SITE])
     site = lookup(ident)
@@ -208,14 +214,14 @@ def _error(row: Any) -> SafeDmaError:
     where = _location(site)
     text = _Texts(site, values, device + step, where)
     if code == DEADLOCK:
-        return testing.DeadlockError(text.deadlock())
+        return DeadlockError(text.deadlock())
     if code == OUT_OF_BOUNDS:
-        return testing.OutOfBoundsDmaError(text.out_of_bounds())
+        return OutOfBoundsDmaError(text.out_of_bounds())
     if code == SEMAPHORE_INDEX:
-        return testing.SemaphoreIndexError(text.semaphore_index())
+        return SemaphoreIndexError(text.semaphore_index())
     if code == LEFTOVER:
         message, record = text.leftover(device, device_id)
-        error = testing.LeftoverSemaphoreError([record])
+        error = LeftoverSemaphoreError([record])
         error.args = (message,)
         return error
     return SafeDmaError(f"{_PREFIX}unknown mistake code {code} at {where}")
@@ -371,7 +377,7 @@ class _Texts:
         )
 
     def leftover(self, device: str, device_id: int) -> tuple[str, Any]:
-        from safedma import testing  # noqa: PLC0415
+        from safedma.testing._errors import LeftoverSemaphore  # noqa: PLC0415
 
         site, values = self.site, self.values
         count, flat = values[0], values[1]
@@ -402,7 +408,7 @@ class _Texts:
             f"{when}: {hint}. On a TPU a semaphore left non-zero crashes the program or "
             "releases a later kernel's wait too early."
         )
-        record = testing.LeftoverSemaphore(
+        record = LeftoverSemaphore(
             kernel=0,
             device_id=device_id,
             device=device,

@@ -45,7 +45,7 @@ from safedma.testing._verify import (
     VerificationUnsupportedError,
     VerifyReport,
 )
-from safedma.testing._verify import verify as _verify
+from safedma.testing._verify import verify as _verify_as_written
 from safedma.testing._errors import (
     ConcurrentInterpretError,
     KernelFailedError,
@@ -62,12 +62,13 @@ from safedma.testing._errors import (
 )
 from safedma.testing._meshes import simulated_mesh
 from safedma.testing._private import PrivateJaxApiError
-from safedma.testing._simulate import simulate as _simulate
+from safedma.testing._simulate import simulate as _simulate_as_written
 from safedma._sanitize._options import sees_the_program_as_written
 
-# verify and simulate see the kernels as written: SAFEDMA_SANITIZE does not instrument them.
-verify = sees_the_program_as_written(_verify)
-simulate = sees_the_program_as_written(_simulate)
+# verify and simulate see the kernels as written (the aliases must not shadow the
+# submodules _verify and _simulate, which code reaches as attributes of this package): SAFEDMA_SANITIZE does not instrument them.
+verify = sees_the_program_as_written(_verify_as_written)
+simulate = sees_the_program_as_written(_simulate_as_written)
 
 __all__ = [
     "DeadlockError",

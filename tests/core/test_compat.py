@@ -2,7 +2,7 @@
 
 Each product names jax internals in one module, its seam (``SEAMS`` below):
 ``safedma._compat`` for the typed API and the trace checks, and the seams of verify,
-simulate, the Mosaic tools and the mypy plugin. Only the seams import ``jax._src``;
+simulate, the Mosaic tools, the mypy plugin, the sanitizer and the suite verifier. Only the seams import ``jax._src``;
 every private name they import resolves; and what each reads while jax traces is
 pinned by running it. If one of these tests fails after a jax upgrade, the seam it
 names is the place to adapt.
@@ -169,6 +169,8 @@ SEAMS = {
     "safedma.testing._interpret_probes": "simulate",
     "safedma.testing._mosaic": "Mosaic identity and compile-only builds",
     "safedma.mypy_plugin": "the mypy plugin (the class jax.Array is reported as)",
+    "safedma._sanitize._jax": "the sanitizer",
+    "safedma.testing._suite._jax": "verifying every kernel a test suite runs",
 }
 
 
