@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 import operator
+import re
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -87,6 +89,9 @@ __all__ = [
     "semaphore_wait",
     "semaphore_read",
     "barrier_semaphore",
+    "interpret_mode",
+    "chip_generation",
+    "compiled_for_chip",
 ]
 
 
@@ -783,3 +788,65 @@ def barrier_semaphore(tag: object = None) -> object:
     if tag is None:
         return _get_barrier_semaphore()
     return _get_barrier_semaphore(tag=tag)
+
+
+# ---------------------------------------------------------------- the chip a kernel is for
+
+
+def _forced_interpret() -> object:
+    # Private: pltpu.force_tpu_interpret_mode (which safedma.testing.simulate uses) sets this
+    # config state and jax reads it when a pallas_call is built; there is no public getter.
+    from jax._src import config as _config  # noqa: PLC0415
+
+    state = getattr(_config, "pallas_tpu_interpret_mode_context_manager", None)
+    return getattr(state, "value", None)
+
+
+def _enclosing_interpret() -> object:
+    """The ``interpret`` of the innermost ``pl.pallas_call`` whose kernel is being traced.
+
+    Private: jax traces the kernel inside ``wrapped`` (jax/_src/pallas/pallas_call.py,
+    0.10.2 and 0.12), a closure that holds ``interpret`` (already combined with the forced
+    mode); there is no public way to ask a kernel body where it will run."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wrapped" and code.co_filename.replace("\\", "/").endswith(
+            "pallas/pallas_call.py"
+        ):
+            return frame.f_locals.get("interpret", False)
+        frame = frame.f_back
+    return False
+
+
+def interpret_mode(given: object = None) -> object:
+    """How the kernel being traced will run: a falsy value for the chip, else jax's
+    ``interpret`` value. ``given``: the call's ``interpret=`` when the caller knows it;
+    ``pltpu.force_tpu_interpret_mode`` wins, as it does in jax."""
+    forced = _forced_interpret()
+    value = forced if forced else given
+    return _enclosing_interpret() if value is None else value
+
+
+_GENERATION = re.compile(r"TPU\s*v?(\d+)", re.IGNORECASE)
+
+
+def chip_generation(device_kind: str) -> int | None:
+    """The TPU generation in a device kind (``"TPU v5 lite"`` -> 5, ``"TPU7x"`` -> 7)."""
+    found = _GENERATION.search(device_kind)
+    return int(found.group(1)) if found else None
+
+
+def compiled_for_chip() -> str | None:
+    """The device kind of the TPU that the kernel being traced will be compiled for and
+    run on, when this process's default backend is a TPU and the kernel is not
+    interpreted; None otherwise (the CPU, interpret mode, or compile-only builds for a
+    topology, whose chip this process does not run)."""
+    if interpret_mode():
+        return None
+    try:
+        if jax.default_backend() != "tpu":
+            return None
+        return str(jax.devices()[0].device_kind)
+    except RuntimeError:  # no backend could be started: not a chip
+        return None

@@ -10,7 +10,6 @@ name is looked up once here; :func:`check_private_names` fails with
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from jax._src import api_util as _api_util
 from jax._src import linear_util as _lu
 from jax._src.interpreters import partial_eval as _pe
 
+from safedma import _compat
 from safedma._sanitize._units import Backend
 
 # Private: semaphore_read_p (the chip's read; pl.semaphore_read takes a view, the
@@ -342,42 +342,14 @@ def interpret_backend(given: object = None) -> Backend:
     """Where the kernel being traced will run. ``given``: the ``interpret=`` of the call
     when the caller knows it; else the ``interpret`` of the innermost ``pl.pallas_call``
     being traced. Either way, ``pltpu.force_tpu_interpret_mode`` (which
-    ``safedma.testing.simulate`` uses) wins, as in jax."""
-    forced = _forced_interpret()
-    value = forced if forced else given
-    if value is None:
-        value = _enclosing_interpret()
+    ``safedma.testing.simulate`` uses) wins, as in jax. (The typed API's seam reads
+    jax for this: ``safedma._compat.interpret_mode``.)"""
+    value = _compat.interpret_mode(given)
     if not value:
         return Backend.CHIP
     if isinstance(value, pltpu.InterpretParams):
         return Backend.TPU_INTERPRET
     return Backend.HLO_INTERPRET
-
-
-def _forced_interpret() -> object:
-    # Private: pltpu.force_tpu_interpret_mode sets this config state; jax reads it when a
-    # pallas_call is built (and simulate forces it again when the kernel is bound).
-    from jax._src import config  # noqa: PLC0415
-
-    state = getattr(config, "pallas_tpu_interpret_mode_context_manager", None)
-    return getattr(state, "value", None)
-
-
-def _enclosing_interpret() -> object:
-    """The ``interpret`` of the innermost ``pl.pallas_call`` whose kernel is being traced.
-
-    Private: jax traces the kernel inside ``wrapped`` (jax/_src/pallas/pallas_call.py,
-    0.10.2 and 0.12), a closure that holds ``interpret`` (already combined with the
-    forced mode). Not found: the chip (the case whose amounts are lower bounds)."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "wrapped" and code.co_filename.replace("\\", "/").endswith(
-            "pallas/pallas_call.py"
-        ):
-            return frame.f_locals.get("interpret", False)
-        frame = frame.f_back
-    return False
 
 
 # ---------------------------------------------------------------- jax's TPU interpreter
