@@ -272,7 +272,9 @@ def zero_fill_then_pipeline(first_row_block: int) -> Any:
             o_ref[...] = x_ref[...] + 1
 
         spec = pl.BlockSpec((8, 128), lambda i: (i + first_row_block, 0))
-        pltpu.emit_pipeline(body, grid=(4 - first_row_block,), in_specs=[spec], out_specs=[spec])(
+        pltpu.emit_pipeline(
+            body, grid=(4 - first_row_block,), in_specs=[spec], out_specs=[spec]
+        )(  # fix: zero_fill_under_a_pipeline
             x_hbm, o_hbm
         )
         fill.wait()

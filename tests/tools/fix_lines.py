@@ -44,9 +44,7 @@ class Row:
 def mistakes(tool: str, selected: str = "") -> list[Case]:
     """The corpus cases whose verdict for ``tool`` is an error."""
     return [
-        c
-        for c in corpus.cases(tool)
-        if isinstance(c.expect[tool], Raises) and selected in c.name
+        c for c in corpus.cases(tool) if isinstance(c.expect[tool], Raises) and selected in c.name
     ]
 
 

@@ -228,7 +228,8 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env:
             desc.where,
             "Write (or copy into) every part of each output before the kernel returns.",
         )
-        m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
+        end = f"; its body ends at {desc.ends_at}" if desc.ends_at else ""
+        m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where}{end})")
     for s, buf in zip(outs, outputs):
         env[s] = RefVal(buf)
     return None

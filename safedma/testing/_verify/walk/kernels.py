@@ -586,7 +586,10 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
             buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident or blocked_result
         ) and (buf.sem_kind is None):
             view = _full(buf)
-            m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
+            end = f"; its body ends at {desc.ends_at}" if desc.ends_at else ""
+            m.access(
+                p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where}{end})"
+            )
             if buf.ident in eng.resident:
                 # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
                 # pipeline window): garbage in it is reported where something reads it
