@@ -400,7 +400,6 @@ CASES += [
                 "LeftoverSemaphoreError|RaceDetectedError|Unwritten",
                 matches=(THIS_FILE,),
                 kind="SimulationError",
-                line=False,
             )
         },
     ),
@@ -465,7 +464,6 @@ CASES += [
             "verify": Raises(
                 "^RaceDetectedError$",
                 matches=(r"end of kernel wait_kernel \([^)]*futures\.py:\d+",),
-                line=False,
             )
         },
     ),

@@ -246,9 +246,9 @@ def moe_one_block_short(x_ref: D, o_ref: D, sem: S) -> None:
     _moe_start(x_ref, o_ref, sem)
     n = sd.axis_size(AXIS)
     sd.wait_bytes(sem, o_ref)
-    sd.wait_bytes(
+    sd.wait_bytes(  # fix: moe_second_wait_one_block_short
         sem, o_ref.at[pl.ds(0, (n - 2) * (o_ref.shape[0] // n))]
-    )  # fix: moe_second_wait_one_block_short
+    )
 
 
 def moe_without_the_size_waits(x: D, o: D, sem: S) -> None:
@@ -395,7 +395,6 @@ CASES += [
             "verify": Raises(
                 "RaceDetectedError",
                 says=("o_ref", "shared_semaphores.py", "whichever land first"),
-                line=False,
             )
         },
     ),
@@ -410,7 +409,6 @@ CASES += [
             "verify": Raises(
                 "RaceDetectedError|UnwrittenReadError",
                 says=("o_ref", "shared_semaphores.py"),
-                line=False,
             )
         },
     ),
@@ -426,7 +424,6 @@ CASES += [
             "verify": Raises(
                 "LeftoverSemaphoreError|UnwrittenReadError|RaceDetectedError|SignalAfterExitError",
                 one_of=(("o_ref", "sem"),),
-                line=False,
             )
         },
     ),
