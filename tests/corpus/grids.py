@@ -440,7 +440,7 @@ def next_nonempty(lengths: Any, x_ref: Any, o_ref: Any, buf: Any, sem: Any, *, c
     i = pl.program_id(0)
     n = lengths.shape[0]
     nxt = i + 1
-    index = jnp.minimum(nxt, n - 1) if clamp else nxt
+    index = jnp.minimum(nxt, n - 1) if clamp else nxt  # fix: look_ahead_past_the_table
     skip = jnp.logical_and(nxt < n, lengths[index] == 0)
     copy = pltpu.make_async_copy(x_ref.at[pl.ds(i * LOOK_ROWS, LOOK_ROWS)], buf, sem)
     copy.start()

@@ -582,10 +582,13 @@ def paged_kv(
         o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]
     elif variant == "v_wait_dropped":
         k.wait()
-        o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]  # V page still in flight
+        # the V page is still in flight: its wait belongs before this read
+        out = k_buf[slot] + 2.0 * v_buf[slot]  # fix: kv_pages_on_one_semaphore_v_wait_dropped
+        o_ref[...] = out
     elif variant == "waits_swapped_read_between":
         v.wait()  # releases on the K page's bytes: K landed first
-        v_part = 2.0 * v_buf[slot]  # V page still in flight
+        # the V page is still in flight: read it after the second wait
+        v_part = 2.0 * v_buf[slot]  # fix: kv_pages_on_one_semaphore_waits_swapped_read_between
         k.wait()
         o_ref[...] = k_buf[slot] + v_part
     else:  # waits_swapped: both waited before any read, clean
@@ -660,8 +663,7 @@ CASES += [
         {
             "simulate": Raises(
                 "RaceDetectedError",
-                line=False,
-                check=_v_page_race("o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]  # V page"),
+                check=_v_page_race("out = k_buf[slot] + 2.0 * v_buf[slot]"),
             )
         },
     ),
@@ -670,10 +672,6 @@ CASES += [
         "shared_semaphores",
         XLA_PAGED,
         lambda: paged_kv_program("waits_swapped_read_between"),
-        {
-            "simulate": Raises(
-                "RaceDetectedError", line=False, check=_v_page_race("v_part = 2.0 * v_buf[slot]")
-            )
-        },
+        {"simulate": Raises("RaceDetectedError", check=_v_page_race("v_part = 2.0 * v_buf[slot]"))},
     ),
 ]

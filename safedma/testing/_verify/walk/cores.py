@@ -30,6 +30,7 @@ from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.program.scalars import Unknown
 from safedma.testing._verify.walk.engine import engine_of
 from safedma.testing._verify.naming import parameter_names
+from safedma.testing._verify.walk.kernel_desc import body_end
 from safedma.testing._verify.walk.kernels import describe_leftover
 
 __all__ = ["mesh_cores"]
@@ -89,6 +90,7 @@ class _CoreKernel:
         self.axis, self.cores = mesh_cores(meshes[0])
         self.axes = core_axes(meshes[0]) or ((self.axis, self.cores),)
         self.where = location(eqn)
+        self.ends_at = body_end(_jax.kernel_def_line(eqn))
         self.name = str(p.get("name") or "pl.kernel")
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         self.n_in = len(eqn.invars)

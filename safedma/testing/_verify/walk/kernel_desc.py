@@ -14,7 +14,7 @@ from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.naming import parameter_names
 from safedma.testing._verify.program.compiler import compile_jaxpr, location
 
-__all__ = ["KernelDesc"]
+__all__ = ["KernelDesc", "body_end"]
 
 
 class KernelDesc:
@@ -34,7 +34,7 @@ class KernelDesc:
             jaxpr, consts, consts_are_args=self.n_consts > 0, kernel_body=True
         )
         self.where = location(eqn)
-        self.ends_at = _body_end(_jax.kernel_def_line(eqn))
+        self.ends_at = body_end(_jax.kernel_def_line(eqn))
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         roles = (
             ("scalar-prefetch operand", int(kp["num_index_operands"])),
@@ -69,7 +69,7 @@ class KernelDesc:
         self.out_read_by: list[str] = []  # the operation that reads each output ("")
 
 
-def _body_end(defined_at: str | None) -> str | None:
+def body_end(defined_at: str | None) -> str | None:
     """``file:line`` of the last line of the kernel function's body, from where it is
     defined (``file:line (name)``); None when the source cannot be read.
 
