@@ -273,9 +273,11 @@ def _names_the_callers_line(error: BaseException) -> None:
 
     message = str(error)
     helper = line_of(start_page, "copy.start()")
-    caller = line_of(two_pages, "# second page").rsplit(":", 1)[1]
+    caller = line_of(two_pages, "# fix: buffer_reused").rsplit(":", 1)[1]
     # verify's rule: the kernel lines that called the helper, innermost first
-    assert f"{helper} (start_page, called at line {caller} in two_pages, line " in message, message
+    here = "double_buffering.py"
+    called = f"called at {here}:{caller} in two_pages, {here}:"
+    assert f"{helper} (start_page, {called}" in message, message
 
 
 CASES += [
