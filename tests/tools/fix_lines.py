@@ -18,17 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+import warnings
 
-import warnings  # noqa: E402
-
-from tests import corpus  # noqa: E402
-from tests.corpus import _run  # noqa: E402
-from tests.corpus._case import Case, Raises, names_line  # noqa: E402
+from tests import corpus
+from tests.corpus import _run
+from tests.corpus._case import Case, Raises, names_line
 
 RUNS: dict[str, Callable[[Any], Any]] = {"verify": _run.verify, "simulate": _run.simulate}
 
@@ -67,7 +61,18 @@ def measure(case: Case, tool: str) -> Row:
     return Row(case.name, "no error", verdict.line)
 
 
+def _cpu_devices() -> None:
+    """Simulated CPU devices for the meshes (read when jax starts its backend, which
+    importing the corpus does not do)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        ).strip()
+
+
 def main(argv: list[str]) -> int:
+    _cpu_devices()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tool", action="append", choices=sorted(RUNS))
     parser.add_argument("-k", default="", help="only the cases whose name contains this")
