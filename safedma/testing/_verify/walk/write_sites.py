@@ -24,14 +24,16 @@ def written_at(jaxpr: Any, index: int) -> str:
     _walk(jaxpr, jaxpr.invars[index], (), sites)
     if not sites:
         return ""
-    shown = []
+    shown: list[str] = []
     for where, conditions in sites[:_MAX_SITES]:
         under = f" (under the condition at {conditions[-1]})" if conditions else ""
         shown.append(f"{where}{under}")
     return "; the kernel body stores into it at " + ", ".join(shown)
 
 
-def _walk(jaxpr: Any, ref: Any, conditions: tuple[str, ...], sites: list[Any]) -> None:
+def _walk(
+    jaxpr: Any, ref: Any, conditions: tuple[str, ...], sites: list[tuple[str, tuple[str, ...]]]
+) -> None:
     for eqn in jaxpr.eqns:
         invars = list(eqn.invars)
         if not any(v is ref for v in invars if not _jax.is_literal(v)):
