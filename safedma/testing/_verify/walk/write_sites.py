@@ -44,7 +44,7 @@ def _walk(
         elif name == "cond":
             # branches take the operands after the predicate, in order
             operands = invars[1:]
-            position = next(i for i, v in enumerate(operands) if v is ref)
+            position = next((i for i, v in enumerate(operands) if v is ref), len(operands))
             for branch in eqn.params["branches"]:
                 inner = _jax.jaxpr_of(branch)[0]
                 if position < len(inner.invars):
@@ -54,5 +54,5 @@ def _walk(
             for sub in _jax.sub_jaxprs(eqn.params):
                 inner = _jax.jaxpr_of(sub)[0]
                 if len(inner.invars) == len(invars):
-                    position = next(i for i, v in enumerate(invars) if v is ref)
+                    position = next(i for i, v in enumerate(invars) if v is ref)  # found above
                     _walk(inner, inner.invars[position], conditions, sites)
