@@ -13,7 +13,7 @@ from typing import cast
 
 from safedma import _compat
 from safedma._errors import SemaphoreIndexError
-from safedma._describe import describe_ref
+from safedma._describe import call_site, describe_ref
 
 __all__ = ["check_static_indices", "how_to_select_one"]
 
@@ -45,7 +45,8 @@ def check_static_indices(sem: object, role: str) -> None:
                 continue
             shown = str(value)
         raise SemaphoreIndexError(
-            f"{role}: index {shown} in dimension {dim} is outside the semaphore array "
+            f"{role} at {call_site()}: index {shown} in dimension {dim} is outside the "
+            "semaphore array "
             f"{describe_ref(_compat.root_of(sem))} of shape {_shape_text(root_shape)} (that "
             f"dimension has {size}: valid 0 to {size - 1}). jax does not check this, and the "
             "TPU would signal a semaphore that belongs to something else. Wrap the index "

@@ -75,8 +75,10 @@ def user_frame_of(frames: Sequence[Any], whole_kernel: bool = False) -> str | No
             callers = _kernel_callers(frames, i, whole_kernel)
             if not callers:
                 return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+            # A caller in the same file by its base name (``kernel.py:236``): short, and
+            # a location editors and terminals jump to, as the line to fix often is.
             via = ", ".join(
-                f"line {c.line_num} in {c.function_name}"
+                f"{os.path.basename(c.file_name)}:{c.line_num} in {c.function_name}"
                 if c.file_name == frame.file_name
                 else f"{c.file_name}:{c.line_num} in {c.function_name}"
                 for c in callers

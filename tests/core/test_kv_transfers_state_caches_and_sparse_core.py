@@ -760,8 +760,14 @@ def test_state_cache_prefetch_races_with_the_previous_blocks_store(safe: bool) -
     with pytest.raises(RaceDetectedError) as err:
         verify(_decode(safe), *_decode_values(10), mesh=_v5p())
     text = str(err.value)
-    assert f"called at line {line_in(_state_cache, '# PREFETCH')}" in text, text
-    assert f"called at line {line_in(_state_cache, '# STORE')}" in text, text
+    assert (
+        f"called at test_kv_transfers_state_caches_and_sparse_core.py:{line_in(_state_cache, '# PREFETCH')}"
+        in text
+    ), text
+    assert (
+        f"called at test_kv_transfers_state_caches_and_sparse_core.py:{line_in(_state_cache, '# STORE')}"
+        in text
+    ), text
 
 
 @pytest.mark.parametrize("safe", [SAFE, RAW], ids=["safedma", "raw"])

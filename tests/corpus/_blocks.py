@@ -204,9 +204,7 @@ class Pair:
                 expect["trace"] = caught
             elif self.simulate_bug is not None:
                 expect["simulate"] = (
-                    OK
-                    if self.simulate_bug == "clean"
-                    else Raises(self.simulate_bug, exact=True, line=False)
+                    OK if self.simulate_bug == "clean" else Raises(self.simulate_bug, exact=True)
                 )
                 if flavour == "safedma" or self.slow_simulate:
                     slow.append("simulate")

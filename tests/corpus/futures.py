@@ -370,7 +370,7 @@ def two_futures_one_never_waited(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Seeded bug: the second future's done kernel forgets its wait."""
     x, first = copy_start(x)
     x2, second = copy_start(x)
-    return copy_done(x, first), copy_done(x2, second, wait=False)
+    return copy_done(x, first), copy_done(x2, second, wait=False)  # fix: raw_future_never_waited
 
 
 # A line of this file (not of safedma's own _futures.py) is named.
@@ -400,7 +400,6 @@ CASES += [
                 "LeftoverSemaphoreError|RaceDetectedError|Unwritten",
                 matches=(THIS_FILE,),
                 kind="SimulationError",
-                line=False,
             )
         },
     ),
@@ -423,8 +422,8 @@ def start_then_wait(wait: bool) -> Any:
 
     def wait_kernel(x_ref: Any, o_in: Any, sem: Any, o_ref: Any) -> None:
         del o_in
-        if wait:
-            pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+        if wait:  # fix: wait_call_without_its_wait
+            pltpu.make_async_copy(x_ref, o_ref, sem).wait()  # fix: wait_call_without_its_wait
 
     def fn(x: Any, out: Any) -> Any:
         o, sem = pl.pallas_call(
@@ -465,7 +464,6 @@ CASES += [
             "verify": Raises(
                 "^RaceDetectedError$",
                 matches=(r"end of kernel wait_kernel \([^)]*futures\.py:\d+",),
-                line=False,
             )
         },
     ),

@@ -250,7 +250,9 @@ def tiled_sum(write_last: bool) -> Any:
         nxt = jnp.minimum(t + 1, nt - 1)
         leaving = jnp.logical_or(t == nt - 1, tile_of[t] != tile_of[nxt])
 
-        @pl.when(jnp.logical_and(k == nk - 1, leaving if write_last else t == 0))
+        @pl.when(  # fix: output_tile_from_a_prefetch_table_never_written
+            jnp.logical_and(k == nk - 1, leaving if write_last else t == 0)
+        )
         def _() -> None:
             o_ref[...] = acc[...]
 
@@ -291,7 +293,9 @@ def chained_fetch(start_each_slice: bool, semantics: str) -> Any:
         def fetch(s: Any) -> Any:
             return pltpu.make_async_copy(x_hbm.at[pl.ds(s * 8, 8)], buf.at[s % 2], sems.at[s % 2])
 
-        first = j == 0 if start_each_slice else step == 0
+        first = (  # fix: prefetch_chain_across_an_arbitrary_axis
+            j == 0 if start_each_slice else step == 0
+        )
 
         @pl.when(first)
         def _() -> None:
@@ -336,7 +340,9 @@ def sparse_rows(alias: bool) -> Any:
                 num_scalar_prefetch=1, grid=(2,), in_specs=[spec, spec], out_specs=spec
             ),
             out_shape=jax.ShapeDtypeStruct((32, 128), F32),
-            input_output_aliases={2: 0} if alias else {},
+            input_output_aliases=(  # fix: sparse_grid_output_blocks_never_visited
+                {2: 0} if alias else {}
+            ),
         )(rows, x, zeros)
 
     return fn
@@ -373,7 +379,6 @@ CASES += [
             "verify": Raises(
                 "^UnwrittenReadError$",
                 matches=(r"o_ref\[8:16, 0:128\]|o_ref\[0:8, 0:128\]",),
-                line=False,
             )
         },
     ),
@@ -435,7 +440,7 @@ def next_nonempty(lengths: Any, x_ref: Any, o_ref: Any, buf: Any, sem: Any, *, c
     i = pl.program_id(0)
     n = lengths.shape[0]
     nxt = i + 1
-    index = jnp.minimum(nxt, n - 1) if clamp else nxt
+    index = jnp.minimum(nxt, n - 1) if clamp else nxt  # fix: look_ahead_past_the_table
     skip = jnp.logical_and(nxt < n, lengths[index] == 0)
     copy = pltpu.make_async_copy(x_ref.at[pl.ds(i * LOOK_ROWS, LOOK_ROWS)], buf, sem)
     copy.start()

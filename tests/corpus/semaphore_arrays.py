@@ -77,7 +77,7 @@ PAIRS = (
         ),
         simulate_bug="KernelFailedError",
         # A static index outside the array is rejected when the copy is described.
-        trace_bug=Raises("^SemaphoreIndexError$", exact=True, line=False),
+        trace_bug=Raises("^SemaphoreIndexError$", exact=True),
     ),
     Pair(
         "r5_per_device",

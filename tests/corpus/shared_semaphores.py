@@ -246,7 +246,9 @@ def moe_one_block_short(x_ref: D, o_ref: D, sem: S) -> None:
     _moe_start(x_ref, o_ref, sem)
     n = sd.axis_size(AXIS)
     sd.wait_bytes(sem, o_ref)
-    sd.wait_bytes(sem, o_ref.at[pl.ds(0, (n - 2) * (o_ref.shape[0] // n))])
+    sd.wait_bytes(  # fix: moe_second_wait_one_block_short
+        sem, o_ref.at[pl.ds(0, (n - 2) * (o_ref.shape[0] // n))]
+    )
 
 
 def moe_without_the_size_waits(x: D, o: D, sem: S) -> None:
@@ -393,7 +395,6 @@ CASES += [
             "verify": Raises(
                 "RaceDetectedError",
                 says=("o_ref", "shared_semaphores.py", "whichever land first"),
-                line=False,
             )
         },
     ),
@@ -408,7 +409,6 @@ CASES += [
             "verify": Raises(
                 "RaceDetectedError|UnwrittenReadError",
                 says=("o_ref", "shared_semaphores.py"),
-                line=False,
             )
         },
     ),
@@ -424,7 +424,6 @@ CASES += [
             "verify": Raises(
                 "LeftoverSemaphoreError|UnwrittenReadError|RaceDetectedError|SignalAfterExitError",
                 one_of=(("o_ref", "sem"),),
-                line=False,
             )
         },
     ),
@@ -583,10 +582,13 @@ def paged_kv(
         o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]
     elif variant == "v_wait_dropped":
         k.wait()
-        o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]  # V page still in flight
+        # the V page is still in flight: its wait belongs before this read
+        out = k_buf[slot] + 2.0 * v_buf[slot]  # fix: kv_pages_on_one_semaphore_v_wait_dropped
+        o_ref[...] = out
     elif variant == "waits_swapped_read_between":
         v.wait()  # releases on the K page's bytes: K landed first
-        v_part = 2.0 * v_buf[slot]  # V page still in flight
+        # the V page is still in flight: read it after the second wait
+        v_part = 2.0 * v_buf[slot]  # fix: kv_pages_on_one_semaphore_waits_swapped_read_between
         k.wait()
         o_ref[...] = k_buf[slot] + v_part
     else:  # waits_swapped: both waited before any read, clean
@@ -661,8 +663,7 @@ CASES += [
         {
             "simulate": Raises(
                 "RaceDetectedError",
-                line=False,
-                check=_v_page_race("o_ref[...] = k_buf[slot] + 2.0 * v_buf[slot]  # V page"),
+                check=_v_page_race("out = k_buf[slot] + 2.0 * v_buf[slot]"),
             )
         },
     ),
@@ -671,10 +672,6 @@ CASES += [
         "shared_semaphores",
         XLA_PAGED,
         lambda: paged_kv_program("waits_swapped_read_between"),
-        {
-            "simulate": Raises(
-                "RaceDetectedError", line=False, check=_v_page_race("v_part = 2.0 * v_buf[slot]")
-            )
-        },
+        {"simulate": Raises("RaceDetectedError", check=_v_page_race("v_part = 2.0 * v_buf[slot]"))},
     ),
 ]

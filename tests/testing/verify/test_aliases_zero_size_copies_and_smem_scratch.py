@@ -522,7 +522,10 @@ def test_a_copy_issued_through_a_helper_names_the_line_that_called_it() -> None:
         verify(_helper_issued(True), _s(2, 8, 128))
     message = str(caught.value)
     # the helper's line is the same for every copy; the caller's line says which one
-    assert "(_helper_issued.<locals>._go, called at line" in message, message
+    assert (
+        "(_helper_issued.<locals>._go, called at test_aliases_zero_size_copies_and_smem_scratch.py:"
+        in message
+    ), message
 
 
 # --------------------------------------------- a padded block copied whole

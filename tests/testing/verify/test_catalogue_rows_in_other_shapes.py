@@ -1161,5 +1161,5 @@ def test_a_future_buffer_passed_to_a_kernel_without_its_semaphore_names_the_call
         r1_future_buffer_to_another_kernel_after_the_done_kernel()
     text = str(caught.value)
     line = marker_line(HERE, "# fix: future_buffer_to_a_kernel")
-    assert f"called at line {line} " in text, text
+    assert f"called at test_catalogue_rows_in_other_shapes.py:{line} " in text, text
     assert "not the copy's semaphore" in text and "finish_async's result" in text, text

@@ -418,7 +418,7 @@ def test_a_later_kernel_that_copies_garbage_rows_into_what_is_read_is_reported()
     # the fix names where the garbage began: the first kernel's output
     first = marker_line(__file__, "FIRST-COPY")
     assert f"Fix: write o_ref of kernel kernel at {__file__}:" in text, text
-    assert f"(copy_rows, called at line {first} in" in text, text
+    assert f"(copy_rows, called at test_garbage_outer.py:{first} in" in text, text
 
 
 def test_a_later_kernel_that_copies_only_written_rows_is_clean() -> None:

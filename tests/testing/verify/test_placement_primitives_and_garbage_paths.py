@@ -201,7 +201,10 @@ def test_garbage_through_load_store_roll_bitcast_is_r6(name: str) -> None:
         verify(_scratch_to_output(GARBAGE_PATHS[name], write=False), SMALL)
     text = str(caught.value)
     assert "R6" in text and "scratch" in text, text
-    assert f"called at line {marker_line(__file__, '# the garbage path')}" in text, text
+    assert (
+        f"called at test_placement_primitives_and_garbage_paths.py:{marker_line(__file__, '# the garbage path')}"
+        in text
+    ), text
 
 
 @pytest.mark.parametrize("name", sorted(GARBAGE_PATHS))

@@ -457,7 +457,10 @@ def test_indexer_scores_seeded_races_name_the_access_and_the_copy(
     assert access.split("{")[0] + _at(marker) in text, text
     # the copy is named at the helper's line and the user's call of the helper
     assert _at("scores copy") in text, text
-    assert f"line {marker_line(__file__, f'# <- {copy}')} " in text, text
+    assert (
+        f"test_state_caches_indexer_scores_and_push_gathers.py:{marker_line(__file__, f'# <- {copy}')} in "
+        in text
+    ), text
 
 
 def test_indexer_scores_without_the_epilogue_leaves_both_output_copies() -> None:
@@ -465,7 +468,10 @@ def test_indexer_scores_without_the_epilogue_leaves_both_output_copies() -> None
         _verify_scores([1, 1, 1], [8, 24, 32], "no_epilogue")
     text = str(err.value)
     assert "sems[2, 0]" in text and "sems[2, 1]" in text, text
-    assert f"line {marker_line(__file__, '# <- scores send')} " in text, text
+    assert (
+        f"test_state_caches_indexer_scores_and_push_gathers.py:{marker_line(__file__, '# <- scores send')} in "
+        in text
+    ), text
 
 
 # --------------------------------------------------- a chunked copy as a DMA future

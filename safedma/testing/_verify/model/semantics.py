@@ -171,6 +171,7 @@ class SemState:
         "waiter",
         "horizon",
         "next_prune",
+        "last_wait",
     )
 
     def __init__(self, buffer: Buffer, index: int, label: str) -> None:
@@ -189,6 +190,9 @@ class SemState:
         # per waiter, the latest such wait's epoch (a new contributor is checked against it)
         self.horizon: dict[int, int] = {}
         self.next_prune = _PRUNE_FROM
+        # per waiter, where its latest completed wait here is (kept when ``waits`` is
+        # pruned): where a missing receive wait belongs, for messages
+        self.last_wait: dict[int, str] = {}
 
     def total(self) -> int:
         if not self.pending:
@@ -493,6 +497,23 @@ class Machine:
                 self.wake(w)
             sem.waiters = []
 
+    def _last_wait(self, target: int, receive: Callable[[], SemState] | None) -> str:
+        """Where ``target`` last waited on the semaphore a late copy lands on: the wait
+        that falls short, or the point after which the missing one belongs."""
+        if receive is None:
+            return ""
+        try:
+            sem = receive()
+        except Exception:  # noqa: BLE001 - only a hint: the semaphore's own error comes later
+            return ""
+        where = sem.last_wait.get(target)
+        if where is None:
+            return f" ({self.labels[target]} never waits on {sem.label})"
+        return (
+            f" (its last wait on {sem.label}, at {where}, does not wait for this copy: "
+            "it waits too little, or another wait belongs after it)"
+        )
+
     def _early(self, sem: SemState, c: Contribution) -> None:
         """Rule 6 (docs/verify.md): ``c`` counts at every past wait it is not ordered after.
 
@@ -523,11 +544,14 @@ class Machine:
         barrier: bool,
         outlives: bool = False,
         copy: bool = False,
+        receive: Callable[[], SemState] | None = None,
     ) -> None:
         """R8/R10: a remote signal or copy must reach ``target`` inside the right kernel call
         (``outlives``: it signals a semaphore the call returns, a DMA future, which the
         target waits in a later call; only its entry matters; ``copy``: a remote copy,
-        whose fix is the target's receive wait, not dropping a signal)."""
+        whose fix is the target's receive wait, not dropping a signal; ``receive``: the
+        target's semaphore it lands on, looked up only to say where the target's last
+        wait on it is)."""
         if target == p:
             return
         rows = self.clocks.rows
@@ -538,7 +562,7 @@ class Machine:
                 "its receive semaphore) before it leaves the kernel"
                 if copy
                 else "Have the target wait for it, or drop the signal"
-            )
+            ) + self._last_wait(target, receive)
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} reaches {self.labels[target]} "
                 f"after it left the kernel (R8): nothing it waits for orders its exit "
@@ -753,6 +777,7 @@ class Machine:
         sem.waits.append(
             WaitRecord(seq, p, self.clocks.own[p], where, credit, amount, present, early, used)
         )
+        sem.last_wait[p] = where
         if sem.waiter == -1:
             sem.waiter = p
         elif sem.waiter != p:

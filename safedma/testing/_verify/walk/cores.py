@@ -30,6 +30,7 @@ from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.program.scalars import Unknown
 from safedma.testing._verify.walk.engine import engine_of
 from safedma.testing._verify.naming import parameter_names
+from safedma.testing._verify.walk.kernel_desc import body_end
 from safedma.testing._verify.walk.kernels import describe_leftover
 
 __all__ = ["mesh_cores"]
@@ -89,6 +90,7 @@ class _CoreKernel:
         self.axis, self.cores = mesh_cores(meshes[0])
         self.axes = core_axes(meshes[0]) or ((self.axis, self.cores),)
         self.where = location(eqn)
+        self.ends_at = body_end(_jax.kernel_def_line(eqn))
         self.name = str(p.get("name") or "pl.kernel")
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         self.n_in = len(eqn.invars)
@@ -228,7 +230,8 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env:
             desc.where,
             "Write (or copy into) every part of each output before the kernel returns.",
         )
-        m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
+        end = f"; its body ends at {desc.ends_at}" if desc.ends_at else ""
+        m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where}{end})")
     for s, buf in zip(outs, outputs):
         env[s] = RefVal(buf)
     return None

@@ -7,13 +7,14 @@ uses them; the description itself depends on none of them.
 
 from __future__ import annotations
 
+import linecache
 from typing import Any
 
 from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.naming import parameter_names
 from safedma.testing._verify.program.compiler import compile_jaxpr, location
 
-__all__ = ["KernelDesc"]
+__all__ = ["KernelDesc", "body_end"]
 
 
 class KernelDesc:
@@ -33,6 +34,7 @@ class KernelDesc:
             jaxpr, consts, consts_are_args=self.n_consts > 0, kernel_body=True
         )
         self.where = location(eqn)
+        self.ends_at = body_end(_jax.kernel_def_line(eqn))
         self.avals: list[Any] = [v.aval for v in jaxpr.invars]
         roles = (
             ("scalar-prefetch operand", int(kp["num_index_operands"])),
@@ -65,3 +67,35 @@ class KernelDesc:
         self.out_read: list[tuple[tuple[tuple[int, int], ...], ...] | None] = []
         self.out_dropped: list[bool] = []  # outputs the program never reads
         self.out_read_by: list[str] = []  # the operation that reads each output ("")
+
+
+def body_end(defined_at: str | None) -> str | None:
+    """``file:line`` of the last line of the kernel function's body, from where it is
+    defined (``file:line (name)``); None when the source cannot be read.
+
+    Why: a wait missing before the kernel ends belongs at the end of the body, a line
+    the jaxpr does not record (a body that forgot its wait may hold no equation at all).
+    """
+    if defined_at is None:
+        return None
+    where = defined_at.split(" (", 1)[0]
+    path, _, line = where.rpartition(":")
+    if not line.isdigit():
+        return None
+    lines = linecache.getlines(path)
+    # the ``def`` line (the recorded one may be a decorator's)
+    defs = (i for i in range(int(line) - 1, len(lines)) if lines[i].lstrip().startswith("def "))
+    start = next(defs, None)
+    if start is None:
+        return None
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    last = start
+    for i in range(start + 1, len(lines)):
+        text = lines[i].strip()
+        if not text:
+            continue
+        if len(lines[i]) - len(lines[i].lstrip()) <= indent:
+            break
+        if not text.startswith("#"):
+            last = i
+    return f"{path}:{last + 1}" if last > start else None

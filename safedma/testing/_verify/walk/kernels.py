@@ -24,6 +24,7 @@ from safedma.testing._verify.program.context import Ctx, Gen, InFlight, Op, RefV
 from safedma.testing._verify.program.output_reads import kernel_inputs
 from safedma.testing._verify.program.patchy import Patchy, materialize
 from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk.write_sites import written_at
 from safedma.testing._verify.walk import megacore as _megacore
 from safedma.testing._verify.walk.block_garbage import (
     copy_in,
@@ -370,7 +371,7 @@ def _steps(
                         p,
                         view,
                         "the pipeline copies out",
-                        desc.where,
+                        desc.where + written_at(desc.jaxpr, desc.n_index + j),
                         "Write every output block before the grid step ends." + hint,
                     )
                 m.access(p, view, False, "copies the output block out of", desc.where)
@@ -586,7 +587,10 @@ def _returns(ctx: Ctx, desc: KernelDesc, sh: _Shared, clean: bool) -> None:
             buf.space in ("ANY", "HBM", "HOST") or buf.ident in eng.resident or blocked_result
         ) and (buf.sem_kind is None):
             view = _full(buf)
-            m.access(p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where})")
+            end = f"; its body ends at {desc.ends_at}" if desc.ends_at else ""
+            m.access(
+                p, view, False, "returns", f"the end of kernel {desc.name} ({desc.where}{end})"
+            )
             if buf.ident in eng.resident:
                 # VMEM/SMEM storage handed to the next kernel (a prefetch buffer, a
                 # pipeline window): garbage in it is reported where something reads it

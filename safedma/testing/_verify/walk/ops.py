@@ -206,6 +206,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
                 # a DMA future: the semaphore (and the buffer) outlive this call
                 outlives=any(b is dsem_ref.buffer for b in eng.futures),
                 copy=True,
+                receive=lambda: _sem_state(ctx, dsem_ref, target, where, "the copy's semaphore"),
             )
         dsem = _sem_state(ctx, dsem_ref, target, where, "the copy's semaphore")
         ssem = (
