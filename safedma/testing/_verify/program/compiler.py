@@ -42,7 +42,13 @@ from safedma.testing._verify.program.output_reads import (
     layout_reads,
 )
 from safedma.testing._verify.program.patchy import Patchy, carry
-from safedma.testing._verify.program.scalars import VECTOR, Unknown, scalar_rule, unknown_result
+from safedma.testing._verify.program.scalars import (
+    VECTOR,
+    Unknown,
+    lost_by,
+    scalar_rule,
+    unknown_result,
+)
 
 __all__ = [
     "Compiled",
@@ -88,6 +94,47 @@ def _vector_op(name: str, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
             env[s] = why
 
     return vector
+
+
+def _lazy_location(eqn: Any) -> Callable[[], str]:
+    """``location(eqn)``, found when a message first needs it (and kept)."""
+    found: list[str] = []
+    enclosing, in_kernel = [f[:] for f in _ENCLOSING], bool(_IN_KERNEL)
+
+    def where() -> str:
+        if not found:
+            saved, saved_in = _ENCLOSING[:], _IN_KERNEL[:]
+            _ENCLOSING[:] = enclosing
+            _IN_KERNEL[:] = [True] if in_kernel else []
+            try:
+                found.append(location(eqn))
+            finally:
+                _ENCLOSING[:], _IN_KERNEL[:] = saved, saved_in
+        return found[0]
+
+    return where
+
+
+def _outer_array(v: Any, aval: Any) -> Any:
+    """A value outside the kernels as the operation sees it: a kernel's output (or an
+    argument) whose every element the verifier knows is that array; one it does not
+    know is an unknown naming where it came from (the argument given as a shape)."""
+    if not isinstance(v, RefVal):
+        return v
+    buf = v.buffer
+    if v.steps or buf.sem_kind is not None:
+        return v
+    values = buf.values
+    if values is not None and not any(isinstance(x, Unknown) for x in values):
+        try:
+            return np.asarray(values, dtype=aval.dtype).reshape(buf.shape)
+        except (TypeError, ValueError, AttributeError):
+            return v
+    if values is not None:
+        return next(x for x in values if isinstance(x, Unknown))
+    if buf.origin is not None:
+        return Unknown(buf.origin)
+    return v
 
 
 def _refused(message: str) -> Op:
@@ -433,9 +480,13 @@ class Compiler:
         if not small:
             return _vector_op(eqn.primitive.name, ins, outs)
         memo: dict[tuple[Any, ...], list[Any]] = {}
+        where = _lazy_location(eqn)
+        avals = [getattr(a, "aval", None) for a in eqn.invars]
 
         def op(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
+            if self.outer:
+                vals = [_outer_array(v, a) for v, a in zip(vals, avals)]
             known = small and all(
                 isinstance(v, (int, float, bool, np.ndarray, np.generic)) for v in vals
             )
@@ -451,7 +502,7 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return
-            why = unknown_result(name, vals)
+            why = lost_by(name, where, unknown_result(name, vals))
             for s in outs:
                 env[s] = why
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from typing import Any, cast
+
+import numpy as np
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
@@ -24,6 +27,7 @@ from safedma.testing._verify.program.context import Ctx, Gen, InFlight, Op, RefV
 from safedma.testing._verify.program.output_reads import kernel_inputs
 from safedma.testing._verify.program.patchy import Patchy, materialize
 from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk import contents as _contents
 from safedma.testing._verify.walk import megacore as _megacore
 from safedma.testing._verify.walk.block_garbage import (
     copy_in,
@@ -196,6 +200,8 @@ class _Frame:
         self.leftover = False  # a semaphore of this core's was not back to zero at its exit
         # blocked input j -> the array its blocks are copied from (garbage moves with them)
         self.sources: dict[int, Buffer] = {}
+        # blocked operand j with a followed VMEM block -> its operand (contents.py)
+        self.known_blocks: dict[int, Any] = {}
 
 
 def _frame(
@@ -274,6 +280,11 @@ def _frame(
         )
         args.append(RefVal(buf))
         fr.blocked.append((j, buf, is_out))
+        if buf.values is None:
+            # a small VMEM block: its contents are followed from the operand's
+            _contents.track(buf, f"the block of {buf.name} (not known to the verifier)")
+            if buf.values is not None:
+                fr.known_blocks[j] = src
         if not is_out and isinstance(src, RefVal) and not src.steps:
             history = m.histories.get(src.buffer.ident)
             if history is None or not history.coverage.covers(src.buffer.full_box()):
@@ -308,6 +319,8 @@ def _frame(
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
+        if buf.values is None:
+            _contents.track(buf, f"scratch {buf.name} before the kernel writes it")
         if buf.values is not None:
             # scratch SMEM starts with nothing the caller could pass in
             unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
@@ -350,6 +363,8 @@ def _steps(
                 src = fr.sources.get(j)
                 if src is not None:
                     copy_in(m, p, desc, j, src, box, buf)
+                if j in fr.known_blocks:
+                    _block_in(desc, j, fr.known_blocks[j], box, buf)
             elif j not in visit:
                 box = block_box(desc, ctx, j, point, fr.prefetch)
                 check_revisit(ctx, desc, fr.visits, j, box, point)
@@ -382,6 +397,8 @@ def _steps(
                     res = sh.results[j]
                     block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
                     m.access(p, block_view, True, "copies an output block into", desc.where)
+                if j in fr.known_blocks and box is not None:
+                    _block_out(buf, box, sh.results[j])
                 if unread and box is not None:
                     copy_out(m, desc, j, buf, box, sh.results[j])
                 else:
@@ -391,6 +408,40 @@ def _steps(
                 if not last:
                     _fresh_block(m, buf)
     return None
+
+
+def _block_in(desc: KernelDesc, j: int, src: Any, box: Any, buf: Buffer) -> None:
+    """The pipeline's copy of input block ``box`` of operand ``src`` into ``buf``: its
+    known elements come along (``contents``)."""
+    name = desc.param_names[desc.n_index + j]
+    why = f"the contents of operand {name} (not known to the verifier)"
+    if isinstance(src, RefVal) and not src.steps:
+        values, shape = src.buffer.values, src.buffer.shape
+        if values is None and src.buffer.origin is not None:
+            why = src.buffer.origin
+    elif isinstance(src, (np.ndarray, np.generic, int, float, bool)):
+        arr = np.asarray(cast(object, src))
+        values, shape = cast("list[object]", arr.reshape(-1).tolist()), arr.shape
+    else:
+        values, shape = None, ()
+        if isinstance(src, Unknown):
+            why = src.why
+    if box is None:
+        values = None
+    _contents.copy_box(values, tuple(shape), box or (), buf, why)
+
+
+def _block_out(buf: Buffer, box: Any, res: Buffer) -> None:
+    """The pipeline's copy of output block ``buf`` into ``box`` of the result ``res``:
+    a small result keeps what the kernel wrote (the next kernel may read it as scalars)."""
+    if res.values is None:
+        if math.prod(res.shape) > _contents.LIMIT:
+            return
+        res.values = list[object](
+            [Unknown(f"the parts of {res.name} no block of the kernel wrote")]
+            * math.prod(res.shape)
+        )
+    _contents.copy_box(res.values, res.shape, box, buf, "", to_src=True)
 
 
 def _split(

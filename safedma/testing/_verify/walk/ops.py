@@ -24,6 +24,7 @@ from safedma.testing._verify.program.compiler import (
 )
 from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.program.scalars import VECTOR, Garbage, Unknown
+from safedma.testing._verify.walk import contents as _contents
 from safedma.testing._verify.walk.engine import engine_of
 
 __all__: list[str] = []
@@ -448,6 +449,7 @@ def _access(
     outs = c.outs(eqn)
     scalar_out = bool(outs) and getattr(eqn.outvars[0].aval, "shape", None) == ()
     g_val = c.reader(value_atom) if value_atom is not None else None
+    out_aval = eqn.outvars[0].aval if outs else None
     where = location(eqn)
     loaded: dict[str, Unknown] = {}  # the origin of vector loads, per buffer name
 
@@ -477,6 +479,8 @@ def _access(
                 old = Unknown(f"the contents of {buf.name} (not known to the verifier)")
             elif garbage is not None:
                 old = garbage
+            elif (known := _contents.load(view, out_aval, _contents.LIMIT)) is not None:
+                old = known  # elements the verifier knows: vector code on them is exact
             else:
                 old = loaded.get(buf.name)
                 if old is None:
@@ -491,9 +495,12 @@ def _access(
             _garbage_stored(m, view, where, stored if isinstance(stored, Garbage) else garbage)
             if buf.values is not None:
                 val = stored if g_val is not None else VECTOR
-                _smem_set(
-                    buf, view, val if not read or eqn.primitive.name != "addupdate" else VECTOR
-                )
+                if read and eqn.primitive.name == "addupdate":
+                    val = VECTOR
+                if view.shape != () and any(n != 1 for n in view.shape):
+                    _contents.store(view, val, f"the contents of {buf.name}, stored at {where}")
+                else:
+                    _smem_set(buf, view, val)
         for s in outs:
             env[s] = old
 
@@ -619,7 +626,10 @@ def _access_tr(
             if write and whole and isinstance(stored, Garbage):
                 _garbage_stored(m, view, where, stored)
             if write and buf.values is not None and g_val is not None:
-                _smem_set(buf, view, stored)
+                if whole and view.shape != () and any(n != 1 for n in view.shape):
+                    _contents.store(view, stored, f"the contents of {buf.name}, stored at {where}")
+                else:
+                    _smem_set(buf, view, stored)
         for s in outs:
             env[s] = out
 
