@@ -440,12 +440,13 @@ class Compiler:
             return _vector_op(eqn.primitive.name, ins, outs)
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
+        where = _lazy_location(eqn)
 
         def scalar(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
             for v in vals:
                 if isinstance(v, (Unknown, RefVal)) or v is None:
-                    why = v if isinstance(v, Unknown) else VECTOR
+                    why = lost_by(name, where, v) if isinstance(v, Unknown) else VECTOR
                     for s in outs:
                         env[s] = why
                     return
@@ -1077,21 +1078,25 @@ def kernel_of(ctx: Ctx, what: str, where: str) -> Any:
 def need_int(v: Any, what: str) -> int:
     if isinstance(v, Unknown) or v is None or isinstance(v, RefVal):
         raise VerificationUnsupportedError(
-            f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
-            "the verifier needs it as a scalar (pass the operand it comes from as a concrete "
-            "array; a value the kernel computes from vector data is out of its model: check "
-            "this kernel with safedma.testing.simulate)"
+            f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}; "
+            f"the verifier needs it as a scalar. {_FIX}"
         )
     return int(v)
+
+
+_FIX = (
+    "verify computes such values exactly from the function's arguments when they are "
+    "given as concrete arrays, through vector code, code between kernels and earlier "
+    "kernels' outputs (up to a few thousand elements a buffer); a value it cannot follow "
+    "(a buffer too large, data from another device) needs "
+    "safedma.testing.simulate (docs/verify.md, values computed by the program)."
+)
 
 
 def _data_dependent(what: str, v: Any, where: str) -> VerificationUnsupportedError:
     why = v.why if isinstance(v, Unknown) else "vector data"
     return VerificationUnsupportedError(
-        f"{what} at {where} depends on {why}, which the verifier does not compute "
-        "(it proves protocols without vector data). Pass the operand it comes from as a "
-        "concrete array if it is a scalar-prefetch/SMEM value, or check this kernel with "
-        "safedma.testing.simulate."
+        f"{what} at {where} depends on {why}; the verifier needs it as a scalar. {_FIX}"
     )
 
 

@@ -45,7 +45,7 @@ def lost_by(name: str, where: Callable[[], str], base: Unknown) -> Unknown:
     the program); plain vector data and garbage stay as they are."""
     if base is VECTOR or isinstance(base, (Garbage, Computed)):
         return base
-    return Computed(f"computed by `{name}` at {where()} from {base.why}")
+    return Computed(f"the value computed by `{name}` at {where()} from {base.why}")
 
 
 class Garbage(Unknown):
@@ -120,7 +120,7 @@ def unknown_result(name: str, vals: list[Any]) -> Unknown:
             if name in GARBAGE_KEEPING:
                 return v
             why = why or v.origin()
-        elif type(v) is Unknown and v is not VECTOR and why is None:
+        elif isinstance(v, Unknown) and v is not VECTOR and why is None:
             why = v
     return why or VECTOR
 

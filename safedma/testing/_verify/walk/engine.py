@@ -206,7 +206,10 @@ class Engine:
                 if isinstance(src, (np.ndarray, np.generic, int, float, bool))
                 else None
             )
+            lost = src if isinstance(src, Unknown) and src is not VECTOR else None
             src = self.input_value(ctx.p, aval, known, name)
+            if lost is not None:
+                src.buffer.origin = lost.why  # the operation that computed it
         if isinstance(src, RefVal) and not block and not smem:
             if src.buffer.name.startswith("argument ") and desc.param_named[pos]:
                 src.buffer.name = name  # messages name the kernel's own parameter
@@ -439,7 +442,8 @@ def operand_origin(name: str, src: Any) -> str:
         return f"the contents of operand {name}, {src.why}"
     buf = src.buffer if isinstance(src, RefVal) else None
     if buf is not None and buf.origin is not None:
-        return f"the contents of operand {name}, from {buf.origin}"
+        link = ", " if buf.origin.startswith("the value computed") else ", from "
+        return f"the contents of operand {name}{link}{buf.origin}"
     if buf is not None and buf.values is None and not buf.name.startswith("argument "):
         return (
             f"the contents of operand {name}, {buf.name} (written where the verifier does "

@@ -7,7 +7,6 @@ import math
 from collections.abc import Iterable
 from typing import Any, cast
 
-import numpy as np
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
@@ -45,7 +44,7 @@ from safedma.testing._verify.walk.blocks import (
     ints,
     known_values,
 )
-from safedma.testing._verify.walk.engine import engine_of
+from safedma.testing._verify.walk.engine import engine_of, operand_origin
 from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
 __all__ = ["KernelRun", "describe_leftover"]
@@ -200,8 +199,10 @@ class _Frame:
         self.leftover = False  # a semaphore of this core's was not back to zero at its exit
         # blocked input j -> the array its blocks are copied from (garbage moves with them)
         self.sources: dict[int, Buffer] = {}
-        # blocked operand j with a followed VMEM block -> its operand (contents.py)
-        self.known_blocks: dict[int, Any] = {}
+        # blocked outputs whose block's contents are followed (contents.py)
+        self.known_blocks: set[int] = set()
+        # blocked operand j -> why its contents may be unknown (engine.operand_origin)
+        self.origins: dict[int, str] = {}
 
 
 def _frame(
@@ -281,10 +282,12 @@ def _frame(
         args.append(RefVal(buf))
         fr.blocked.append((j, buf, is_out))
         if buf.values is None:
-            # a small VMEM block: its contents are followed from the operand's
+            # a small VMEM block: its contents are followed (an input's filled from the
+            # operand's at each step, as SMEM blocks are; an output's copied out)
             _contents.track(buf, f"the block of {buf.name} (not known to the verifier)")
-            if buf.values is not None:
-                fr.known_blocks[j] = src
+        if is_out and buf.values is not None:
+            fr.known_blocks.add(j)
+        fr.origins[j] = operand_origin(desc.param_names[pos], src)
         if not is_out and isinstance(src, RefVal) and not src.steps:
             history = m.histories.get(src.buffer.ident)
             if history is None or not history.coverage.covers(src.buffer.full_box()):
@@ -363,14 +366,12 @@ def _steps(
                 src = fr.sources.get(j)
                 if src is not None:
                     copy_in(m, p, desc, j, src, box, buf)
-                if j in fr.known_blocks:
-                    _block_in(desc, j, fr.known_blocks[j], box, buf)
             elif j not in visit:
                 box = block_box(desc, ctx, j, point, fr.prefetch)
                 check_revisit(ctx, desc, fr.visits, j, box, point)
                 visit[j] = (box, point)
         for j, buf, values in fr.smem_blocks:
-            fill_block(desc, ctx, j, buf, values, point, fr.prefetch)
+            fill_block(desc, ctx, j, buf, values, point, fr.prefetch, fr.origins.get(j))
         yield from run(desc.body, fr.args, ctx)
         last = nxt is None
         for j, buf, is_out in fr.blocked:
@@ -408,27 +409,6 @@ def _steps(
                 if not last:
                     _fresh_block(m, buf)
     return None
-
-
-def _block_in(desc: KernelDesc, j: int, src: Any, box: Any, buf: Buffer) -> None:
-    """The pipeline's copy of input block ``box`` of operand ``src`` into ``buf``: its
-    known elements come along (``contents``)."""
-    name = desc.param_names[desc.n_index + j]
-    why = f"the contents of operand {name} (not known to the verifier)"
-    if isinstance(src, RefVal) and not src.steps:
-        values, shape = src.buffer.values, src.buffer.shape
-        if values is None and src.buffer.origin is not None:
-            why = src.buffer.origin
-    elif isinstance(src, (np.ndarray, np.generic, int, float, bool)):
-        arr = np.asarray(cast(object, src))
-        values, shape = cast("list[object]", arr.reshape(-1).tolist()), arr.shape
-    else:
-        values, shape = None, ()
-        if isinstance(src, Unknown):
-            why = src.why
-    if box is None:
-        values = None
-    _contents.copy_box(values, tuple(shape), box or (), buf, why)
 
 
 def _block_out(buf: Buffer, box: Any, res: Buffer) -> None:
@@ -690,7 +670,7 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
             why = str(getattr(value, "why", "data the verifier does not compute"))
             raise VerificationUnsupportedError(
                 f"kernel {desc.name} at {desc.where} has a dynamic grid whose size depends "
-                f"on {why}: pass the operands it is computed from as concrete arrays, or "
+                f"on {why}; give the function's arguments it is computed from as concrete arrays, or "
                 "check this kernel with safedma.testing.simulate"
             )
         grid.append(int(value))

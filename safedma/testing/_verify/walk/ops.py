@@ -235,9 +235,10 @@ def _copy_values(src: View, dst: View, where: str) -> None:
     if d_idx is None:  # a reshaped/bitcast view: every element may change
         d_idx = list(range(len(values)))
         known = None
+    origin = src.buffer.origin or "data the verifier does not follow"
     why = Unknown(
         f"the contents of {dst.buffer.name}, which the copy at {where} fills from "
-        f"{src.buffer.name} (data the verifier does not compute)"
+        f"{src.buffer.name} ({origin})"
     )
     for n, flat in enumerate(d_idx):
         if known is not None and s_idx is not None and len(s_idx) == len(d_idx):
