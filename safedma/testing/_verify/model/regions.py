@@ -50,6 +50,8 @@ class Buffer:
     # why its contents are not known, when that is not simply "data": the argument of
     # the user's function given as a shape, the operation that computed it
     origin: str | None = None
+    # ``values`` follow a VMEM (or HBM scratch) buffer's contents, not an SMEM table's
+    followed: bool = False
 
     @property
     def nbytes(self) -> int:

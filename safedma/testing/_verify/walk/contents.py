@@ -33,6 +33,7 @@ def track(buf: Buffer, why: str) -> None:
     if buf.space in ("SMEM", "SEMAPHORE") or buf.sem_kind is not None or size > LIMIT:
         return
     buf.values = list[object]([Unknown(why)] * size)
+    buf.followed = True
 
 
 def flat_indices(view: View) -> list[int] | None:

@@ -421,6 +421,7 @@ def _block_out(buf: Buffer, box: Any, res: Buffer) -> None:
             [Unknown(f"the parts of {res.name} no block of the kernel wrote")]
             * math.prod(res.shape)
         )
+        res.followed = True
     _contents.copy_box(res.values, res.shape, box, buf, "", to_src=True)
 
 

@@ -512,7 +512,7 @@ def _garbage_loaded(m: Machine, view: View, where: str) -> Garbage | None:
     """What a vector load of ``view`` at ``where`` gives when nothing wrote any of it
     (followed to where it is stored: docs/verify.md, garbage through vector code)."""
     buf = view.buffer
-    if buf.values is not None or not m.unwritten(view):
+    if (buf.values is not None and not buf.followed) or not m.unwritten(view):
         return None
     return Garbage(
         f"vector data loaded from {buf.name} at {where}",
@@ -524,7 +524,8 @@ def _garbage_loaded(m: Machine, view: View, where: str) -> Garbage | None:
 
 def _garbage_stored(m: Machine, view: View, where: str, value: Garbage | None) -> None:
     """A store of ``value`` into ``view``: garbage makes the region unwritten again."""
-    if value is not None and view.buffer.values is None:
+    buf = view.buffer
+    if value is not None and (buf.values is None or buf.followed):
         m.store_garbage(view, f" (the store at {where} filled it with {value.note})", value.root)
 
 
