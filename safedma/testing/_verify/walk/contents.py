@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -79,9 +79,11 @@ def store(view: View, value: object, why: str) -> None:
         idx = list(range(len(values)))  # a reshaped view: any element may change
         value = None
     if isinstance(value, (np.ndarray, np.generic, int, float, bool)):
-        flat = np.broadcast_to(np.asarray(value), view.shape).reshape(-1)
+        known: np.ndarray[Any, Any] = np.asarray(cast(object, value))
+        flat = np.broadcast_to(known, view.shape).reshape(-1)
         if flat.size == len(idx):
-            for i, v in zip(idx, flat.tolist()):
+            elements: list[object] = flat.tolist()
+            for i, v in zip(idx, elements):
                 values[i] = v
             return
     lost = value if isinstance(value, Unknown) else Unknown(why)
