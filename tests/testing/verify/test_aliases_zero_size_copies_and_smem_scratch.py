@@ -314,8 +314,8 @@ def _smem_index(source: str, bad: bool = False) -> Any:
     def kernel(idx_ref: Any, x_ref: Any, o_ref: Any, vtab: Any, stab: Any, sem: Any) -> None:
         if source == "smem":
             pltpu.sync_copy(idx_ref, stab)
-        else:  # from VMEM: data the verifier does not compute
-            vtab[...] = jnp.zeros(vtab.shape, jnp.int32)
+        else:  # from VMEM, filled by vector code
+            vtab[...] = jnp.full(vtab.shape, 8, jnp.int32)
             pltpu.sync_copy(vtab, stab)
         row = stab[0] + (16 if bad else 0)
         copy = pltpu.make_async_copy(x_ref.at[pl.ds(row, 8)], o_ref, sem)
@@ -346,13 +346,12 @@ def test_an_smem_table_copied_from_known_smem_is_computed() -> None:
             verify(_smem_index("smem", bad=True), _IDX, _s(24, 128))
 
 
-def test_an_smem_table_filled_from_vector_data_names_the_copy_and_the_use() -> None:
+def test_an_smem_table_filled_from_vector_code_is_computed() -> None:
+    # the VMEM table's contents are followed (walk/contents.py): row 8, or 24 when bad
     with jax.sharding.use_abstract_mesh(abstract_mesh((), (), tpu="v5e")):
-        with pytest.raises(VerificationUnsupportedError) as caught:
-            verify(_smem_index("vmem"), _IDX, _s(24, 128))
-    message = str(caught.value)
-    assert "stab" in message and "fills from vtab" in message, message
-    assert len(__import__("re").findall(HERE, message)) >= 2, message  # the copy and the use
+        assert verify(_smem_index("vmem"), _IDX, _s(24, 128)).dmas == 2
+        with pytest.raises(OutOfBoundsDmaError, match=HERE):
+            verify(_smem_index("vmem", bad=True), _IDX, _s(24, 128))
 
 
 # ------------------------------------------------------ known small vectors
@@ -611,8 +610,8 @@ def test_a_pl_kernel_smem_scratch_table_is_computed() -> None:
 
 
 def test_a_predicate_from_a_vector_load_names_the_ref_and_the_load() -> None:
-    """SparseCore kernels read row counts from VMEM as vectors: out of the model, and
-    the error says which load the predicate came from."""
+    """SparseCore kernels read row counts from VMEM as vectors: computed when the count
+    is given, else the error says which load and argument the predicate came from."""
 
     def kernel(n_ref: Any, x_ref: Any, o_ref: Any, counts: Any, sem: Any) -> None:
         pltpu.sync_copy(n_ref, counts)
@@ -634,10 +633,13 @@ def test_a_predicate_from_a_vector_load_names_the_ref_and_the_load() -> None:
         )(n, x)
 
     with jax.sharding.use_abstract_mesh(abstract_mesh((), (), tpu="v5e")):
+        # given concretely, the count is followed through the copy and the load
+        assert verify(fn, np.full((8,), 3, np.int32), _s(8, 128)).dmas == 2
         with pytest.raises(VerificationUnsupportedError) as caught:
-            verify(fn, np.full((8,), 3, np.int32), _s(8, 128))
+            verify(fn, _s(8, dtype=jnp.int32), _s(8, 128))
     message = str(caught.value)
-    assert "vector data loaded from counts at" in message, message
+    assert "counts" in message and "argument `n`" in message, message
+    assert "pass it as a concrete array" not in message, message
     assert len(__import__("re").findall(HERE, message)) >= 2, message  # the when and the load
 
 

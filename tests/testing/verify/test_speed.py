@@ -210,7 +210,9 @@ def test_fast_scalar_ops_compute_what_the_general_path_does() -> None:
         assert [type(v) for v in got] == [type(v) for v in want]
     unknown = Unknown("the contents of an SMEM operand")
     got = run_plain(program, [unknown, 3], None)  # type: ignore[arg-type]
-    assert all(v is unknown for v in got)  # an Unknown operand's why reaches every result
+    # an Unknown operand's why reaches every result, with the operation that lost it
+    assert all(isinstance(v, Unknown) and unknown.why in v.why for v in got), got
+    assert all("computed by `" in v.why for v in got), got
 
 
 # ------------------------------------------------ history of a region rewritten by copies

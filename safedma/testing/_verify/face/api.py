@@ -81,7 +81,28 @@ def verify(
     with _progress.Progress("safedma verify", progress) as line:
         line.status("tracing the program")
         program = trace(fn, args, mesh, in_specs, out_specs)
-        return _prove(program, mesh, invocations, mode, budget, line)
+        return _prove(program, mesh, invocations, mode, budget, line, _arg_names(fn, args))
+
+
+def _arg_names(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[str]:
+    """The user's name of each flattened argument, for messages that ask for one to be
+    given concretely (``argument k`` where the signature does not say)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names: list[str] = []
+    for k, arg in enumerate(args):
+        leaves = len(jax.tree_util.tree_leaves(arg))
+        plain = k < len(params) and params[k].kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        )
+        name = params[k].name if plain else f"argument {k}"
+        names += [name] if leaves == 1 else [f"{name} (leaf {n})" for n in range(leaves)]
+    return names
 
 
 def _prove(
@@ -91,6 +112,7 @@ def _prove(
     mode: LockstepMode,
     budget: Budget,
     line: _progress.Progress,
+    arg_names: Sequence[str] = (),
 ) -> VerifyReport:
     """The report of ``program``: proved by the lockstep path, walked per device, or
     both (``mode``); ``line`` says which is running."""
@@ -127,7 +149,7 @@ def _prove(
         line.status(_walk_status(engine, hints.walks))
         try:
             try:
-                _walk(engine, compiled, program, invocations)
+                _walk(engine, compiled, program, invocations, arg_names)
             except SimulationError as err:
                 if proved is not None:
                     raise AssertionError(
@@ -222,6 +244,7 @@ def _walk(
     compiled: Compiled,
     program: DeviceProgram,
     invocations: int,
+    arg_names: Sequence[str] = (),
 ) -> None:
     """One walk of every participant's program through the model."""
     programs: list[Generator[Blocked, None, None]] = []
@@ -237,7 +260,8 @@ def _walk(
             value: np.ndarray[Any, Any] | None = None if raw is None else np.asarray(raw)
             if value is not None and program.op_specs is not None:
                 value = local_shard(value, program.op_specs[k], coords, engine.axis_sizes)
-            inputs.append(engine.outer_value(p, var.aval, value, f"argument {k}"))
+            arg = arg_names[k] if k < len(arg_names) else f"argument {k}"
+            inputs.append(engine.outer_value(p, var.aval, value, f"argument {k}", arg))
         programs.append(engine.main(p, _repeat(compiled, inputs, ctx, invocations)))
     engine.schedule(programs)
 

@@ -47,6 +47,11 @@ class Buffer:
     sem_kind: str | None = None
     values: list[object] | None = dataclasses.field(default=None)
     kernel_scoped: bool = True
+    # why its contents are not known, when that is not simply "data": the argument of
+    # the user's function given as a shape, the operation that computed it
+    origin: str | None = None
+    # ``values`` follow a VMEM (or HBM scratch) buffer's contents, not an SMEM table's
+    followed: bool = False
 
     @property
     def nbytes(self) -> int:

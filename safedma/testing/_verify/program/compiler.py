@@ -42,7 +42,13 @@ from safedma.testing._verify.program.output_reads import (
     layout_reads,
 )
 from safedma.testing._verify.program.patchy import Patchy, carry
-from safedma.testing._verify.program.scalars import VECTOR, Unknown, scalar_rule, unknown_result
+from safedma.testing._verify.program.scalars import (
+    VECTOR,
+    Unknown,
+    lost_by,
+    scalar_rule,
+    unknown_result,
+)
 
 __all__ = [
     "Compiled",
@@ -88,6 +94,47 @@ def _vector_op(name: str, ins: list[tuple[bool, Any]], outs: list[int]) -> Op:
             env[s] = why
 
     return vector
+
+
+def _lazy_location(eqn: Any) -> Callable[[], str]:
+    """``location(eqn)``, found when a message first needs it (and kept)."""
+    found: list[str] = []
+    enclosing, in_kernel = [f[:] for f in _ENCLOSING], bool(_IN_KERNEL)
+
+    def where() -> str:
+        if not found:
+            saved, saved_in = _ENCLOSING[:], _IN_KERNEL[:]
+            _ENCLOSING[:] = enclosing
+            _IN_KERNEL[:] = [True] if in_kernel else []
+            try:
+                found.append(location(eqn))
+            finally:
+                _ENCLOSING[:], _IN_KERNEL[:] = saved, saved_in
+        return found[0]
+
+    return where
+
+
+def _outer_array(v: Any, aval: Any) -> Any:
+    """A value outside the kernels as the operation sees it: a kernel's output (or an
+    argument) whose every element the verifier knows is that array; one it does not
+    know is an unknown naming where it came from (the argument given as a shape)."""
+    if not isinstance(v, RefVal):
+        return v
+    buf = v.buffer
+    if v.steps or buf.sem_kind is not None:
+        return v
+    values = buf.values
+    if values is not None and not any(isinstance(x, Unknown) for x in values):
+        try:
+            return np.asarray(values, dtype=aval.dtype).reshape(buf.shape)
+        except (TypeError, ValueError, AttributeError):
+            return v
+    if values is not None:
+        return next(x for x in values if isinstance(x, Unknown))
+    if buf.origin is not None:
+        return Unknown(buf.origin)
+    return v
 
 
 def _refused(message: str) -> Op:
@@ -393,12 +440,13 @@ class Compiler:
             return _vector_op(eqn.primitive.name, ins, outs)
         rule = scalar_rule(name, eqn.params)
         kinds = [getattr(a, "dtype", None) for a in out_avals]
+        where = _lazy_location(eqn)
 
         def scalar(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
             for v in vals:
                 if isinstance(v, (Unknown, RefVal)) or v is None:
-                    why = v if isinstance(v, Unknown) else VECTOR
+                    why = lost_by(name, where, v) if isinstance(v, Unknown) else VECTOR
                     for s in outs:
                         env[s] = why
                     return
@@ -433,9 +481,13 @@ class Compiler:
         if not small:
             return _vector_op(eqn.primitive.name, ins, outs)
         memo: dict[tuple[Any, ...], list[Any]] = {}
+        where = _lazy_location(eqn)
+        avals = [getattr(a, "aval", None) for a in eqn.invars]
 
         def op(env: list[Any], ctx: Ctx) -> None:
             vals = [env[x] if is_var else x for is_var, x in ins]
+            if self.outer:
+                vals = [_outer_array(v, a) for v, a in zip(vals, avals)]
             known = small and all(
                 isinstance(v, (int, float, bool, np.ndarray, np.generic)) for v in vals
             )
@@ -451,7 +503,7 @@ class Compiler:
                 for s, v in zip(outs, res):
                     env[s] = v
                 return
-            why = unknown_result(name, vals)
+            why = lost_by(name, where, unknown_result(name, vals))
             for s in outs:
                 env[s] = why
 
@@ -1026,21 +1078,25 @@ def kernel_of(ctx: Ctx, what: str, where: str) -> Any:
 def need_int(v: Any, what: str) -> int:
     if isinstance(v, Unknown) or v is None or isinstance(v, RefVal):
         raise VerificationUnsupportedError(
-            f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}: "
-            "the verifier needs it as a scalar (pass the operand it comes from as a concrete "
-            "array; a value the kernel computes from vector data is out of its model: check "
-            "this kernel with safedma.testing.simulate)"
+            f"{what} in a copy or ref access depends on {getattr(v, 'why', 'vector data')}; "
+            f"the verifier needs it as a scalar. {_FIX}"
         )
     return int(v)
+
+
+_FIX = (
+    "verify computes such values exactly from the function's arguments when they are "
+    "given as concrete arrays, through vector code, code between kernels and earlier "
+    "kernels' outputs (up to a few thousand elements a buffer); a value it cannot follow "
+    "(a buffer too large, data from another device) needs "
+    "safedma.testing.simulate (docs/verify.md, values computed by the program)."
+)
 
 
 def _data_dependent(what: str, v: Any, where: str) -> VerificationUnsupportedError:
     why = v.why if isinstance(v, Unknown) else "vector data"
     return VerificationUnsupportedError(
-        f"{what} at {where} depends on {why}, which the verifier does not compute "
-        "(it proves protocols without vector data). Pass the operand it comes from as a "
-        "concrete array if it is a scalar-prefetch/SMEM value, or check this kernel with "
-        "safedma.testing.simulate."
+        f"{what} at {where} depends on {why}; the verifier needs it as a scalar. {_FIX}"
     )
 
 

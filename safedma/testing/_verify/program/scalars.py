@@ -32,6 +32,22 @@ class Unknown:
 VECTOR = Unknown("vector data")
 
 
+class Computed(Unknown):
+    """A value an operation of the program computed from data the verifier lacks; its
+    ``why`` names that operation, its line and where its input came from."""
+
+    __slots__ = ()
+
+
+def lost_by(name: str, where: Callable[[], str], base: Unknown) -> Unknown:
+    """What operation ``name`` (at ``where()``) outputs from unknown input ``base``: the
+    first operation that lost the value is named (docs/verify.md, values computed by
+    the program); plain vector data and garbage stay as they are."""
+    if base is VECTOR or isinstance(base, (Garbage, Computed)):
+        return base
+    return Computed(f"the value computed by `{name}` at {where()} from {base.why}")
+
+
 class Garbage(Unknown):
     """Vector data loaded from a region nothing wrote, or computed from such data element
     by element with no way to mask it (moves, casts, sums, unary math: ``GARBAGE_KEEPING``).
@@ -104,7 +120,7 @@ def unknown_result(name: str, vals: list[Any]) -> Unknown:
             if name in GARBAGE_KEEPING:
                 return v
             why = why or v.origin()
-        elif type(v) is Unknown and v is not VECTOR and why is None:
+        elif isinstance(v, Unknown) and v is not VECTOR and why is None:
             why = v
     return why or VECTOR
 

@@ -227,8 +227,11 @@ def fill_block(
     values: list[object] | None,
     point: tuple[int, ...],
     prefetch: list[Any],
+    origin: str | None = None,
 ) -> None:
-    """Load the values of grid step ``point``'s block of SMEM operand ``j`` into ``buf``.
+    """Load the values of grid step ``point``'s block of operand ``j`` into ``buf`` (an
+    SMEM block, or a small VMEM one whose contents are followed: walk/contents.py);
+    ``origin``: why the operand's contents are not known, when they are not.
 
     Pallas copies the block the index map names into SMEM before the step; the
     kernel then reads page tables, indices and lengths from it as scalars. Parts
@@ -238,9 +241,7 @@ def fill_block(
     block: dict[str, Any] = desc.blocks[j]
     name = desc.param_names[desc.n_index + j]
     size = len(buf.values) if buf.values is not None else 0
-    unknown: object = Unknown(
-        f"the contents of operand {name} (pass it as a concrete array, not a ShapeDtypeStruct)"
-    )
+    unknown: object = Unknown(origin or f"the contents of operand {name}")
     kinds: tuple[str, ...] = tuple(block.get("block_kinds", ()))
     if values is None or any(k not in ("blocked", "squeezed") for k in kinds):
         buf.values = list[object]([unknown] * size)

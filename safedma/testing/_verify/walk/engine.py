@@ -20,7 +20,8 @@ from safedma.testing._verify.model.regions import Buffer
 from safedma.testing._verify.model.semantics import Blocked, Machine, SemState
 from safedma.testing._verify.model.termination import Budget
 from safedma.testing._verify.program.context import Ctx, Gen, RefVal
-from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.program.scalars import VECTOR, Unknown
+from safedma.testing._verify.walk.contents import LIMIT
 from safedma.testing._verify.walk.megacore import Chip
 
 __all__ = ["Engine", "collector_paused", "engine_of"]
@@ -205,7 +206,10 @@ class Engine:
                 if isinstance(src, (np.ndarray, np.generic, int, float, bool))
                 else None
             )
+            lost = src if isinstance(src, Unknown) and src is not VECTOR else None
             src = self.input_value(ctx.p, aval, known, name)
+            if lost is not None:
+                src.buffer.origin = lost.why  # the operation that computed it
         if isinstance(src, RefVal) and not block and not smem:
             if src.buffer.name.startswith("argument ") and desc.param_named[pos]:
                 src.buffer.name = name  # messages name the kernel's own parameter
@@ -220,10 +224,7 @@ class Engine:
             if values is not None and len(values) == math.prod(buf.shape):
                 buf.values = list[object](values)
             else:
-                why = (
-                    f"the contents of operand {name} (pass it as a concrete array, "
-                    "not a ShapeDtypeStruct)"
-                )
+                why = operand_origin(name, src)
                 unknown: list[object] = [Unknown(why)] * math.prod(buf.shape)
                 buf.values = unknown
         return buf
@@ -279,12 +280,20 @@ class Engine:
         return element_name(s.buffer.name, s.buffer.shape, s.index)
 
     def outer_value(
-        self, p: int, aval: Any, value: np.ndarray[Any, Any] | None, name: str
+        self, p: int, aval: Any, value: np.ndarray[Any, Any] | None, name: str, arg: str = ""
     ) -> object:
-        """An argument of the per-device program: its values when small and known."""
+        """An argument of the per-device program: its values when small and known;
+        else a buffer whose unknown contents name the user's argument ``arg``."""
         if value is not None and value.size <= _MAX_KNOWN:
             return value
-        return self.input_value(p, aval, None, name)
+        ref = self.input_value(p, aval, None, name)
+        if value is None:
+            ref.buffer.origin = (
+                f"argument `{arg or name}` of the function, given as a shape (a "
+                f"ShapeDtypeStruct): give `{arg or name}` as a concrete array and verify "
+                "computes this value exactly"
+            )
+        return ref
 
     def input_value(
         self, p: int, aval: Any, value: np.ndarray[Any, Any] | None, name: str
@@ -422,3 +431,26 @@ def engine_of(ctx: Ctx) -> Engine:
     every ``Ctx`` of a walk is built by an :class:`Engine` (``Engine.core_ctx``,
     ``face.api``): so this is a narrowing, not a conversion."""
     return cast(Engine, ctx.engine)
+
+
+def operand_origin(name: str, src: Any) -> str:
+    """Why the contents of kernel operand ``name`` (fed by ``src``) are not known: the
+    operation outside the kernels that computed it from unknown data, the argument of
+    the user's function given as a shape, or a kernel's output the verifier could not
+    follow; a plain "give it as a concrete array" only where the operand is an argument."""
+    if isinstance(src, Unknown) and src is not VECTOR:
+        return f"the contents of operand {name}, {src.why}"
+    buf = src.buffer if isinstance(src, RefVal) else None
+    if buf is not None and buf.origin is not None:
+        link = ", " if buf.origin.startswith("the value computed") else ", from "
+        return f"the contents of operand {name}{link}{buf.origin}"
+    if buf is not None and buf.values is None and not buf.name.startswith("argument "):
+        return (
+            f"the contents of operand {name}, {buf.name} (written where the verifier does "
+            f"not follow contents: a buffer over {LIMIT} elements, or a copy "
+            "from one)"
+        )
+    return (
+        f"the contents of operand {name}, computed by the program from data the verifier "
+        "does not have (give the function's arguments as concrete arrays)"
+    )

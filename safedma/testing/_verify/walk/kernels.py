@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from typing import Any, cast
+
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
@@ -25,6 +27,7 @@ from safedma.testing._verify.program.output_reads import kernel_inputs
 from safedma.testing._verify.program.patchy import Patchy, materialize
 from safedma.testing._verify.program.scalars import Unknown
 from safedma.testing._verify.walk.write_sites import written_at
+from safedma.testing._verify.walk import contents as _contents
 from safedma.testing._verify.walk import megacore as _megacore
 from safedma.testing._verify.walk.block_garbage import (
     copy_in,
@@ -42,7 +45,7 @@ from safedma.testing._verify.walk.blocks import (
     ints,
     known_values,
 )
-from safedma.testing._verify.walk.engine import engine_of
+from safedma.testing._verify.walk.engine import engine_of, operand_origin
 from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
 __all__ = ["KernelRun", "describe_leftover"]
@@ -197,6 +200,10 @@ class _Frame:
         self.leftover = False  # a semaphore of this core's was not back to zero at its exit
         # blocked input j -> the array its blocks are copied from (garbage moves with them)
         self.sources: dict[int, Buffer] = {}
+        # blocked outputs whose block's contents are followed (contents.py)
+        self.known_blocks: set[int] = set()
+        # blocked operand j -> why its contents may be unknown (engine.operand_origin)
+        self.origins: dict[int, str] = {}
 
 
 def _frame(
@@ -275,6 +282,13 @@ def _frame(
         )
         args.append(RefVal(buf))
         fr.blocked.append((j, buf, is_out))
+        if buf.values is None:
+            # a small VMEM block: its contents are followed (an input's filled from the
+            # operand's at each step, as SMEM blocks are; an output's copied out)
+            _contents.track(buf, f"the block of {buf.name} (not known to the verifier)")
+        if is_out and buf.values is not None:
+            fr.known_blocks.add(j)
+        fr.origins[j] = operand_origin(desc.param_names[pos], src)
         if not is_out and isinstance(src, RefVal) and not src.steps:
             history = m.histories.get(src.buffer.ident)
             if history is None or not history.coverage.covers(src.buffer.full_box()):
@@ -309,6 +323,8 @@ def _frame(
     for k in range(desc.n_scratch):
         pos = desc.n_index + desc.n_in + desc.n_out + k
         buf = eng.operand_buffer(ctx, instance, pos, desc, None, smem=False)
+        if buf.values is None:
+            _contents.track(buf, f"scratch {buf.name} before the kernel writes it")
         if buf.values is not None:
             # scratch SMEM starts with nothing the caller could pass in
             unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
@@ -356,7 +372,7 @@ def _steps(
                 check_revisit(ctx, desc, fr.visits, j, box, point)
                 visit[j] = (box, point)
         for j, buf, values in fr.smem_blocks:
-            fill_block(desc, ctx, j, buf, values, point, fr.prefetch)
+            fill_block(desc, ctx, j, buf, values, point, fr.prefetch, fr.origins.get(j))
         yield from run(desc.body, fr.args, ctx)
         last = nxt is None
         for j, buf, is_out in fr.blocked:
@@ -383,6 +399,8 @@ def _steps(
                     res = sh.results[j]
                     block_view = View(res, box, tuple(hi - lo for lo, hi in box), res.itemsize)
                     m.access(p, block_view, True, "copies an output block into", desc.where)
+                if j in fr.known_blocks and box is not None:
+                    _block_out(buf, box, sh.results[j])
                 if unread and box is not None:
                     copy_out(m, desc, j, buf, box, sh.results[j])
                 else:
@@ -392,6 +410,20 @@ def _steps(
                 if not last:
                     _fresh_block(m, buf)
     return None
+
+
+def _block_out(buf: Buffer, box: Any, res: Buffer) -> None:
+    """The pipeline's copy of output block ``buf`` into ``box`` of the result ``res``:
+    a small result keeps what the kernel wrote (the next kernel may read it as scalars)."""
+    if res.values is None:
+        if math.prod(res.shape) > _contents.LIMIT:
+            return
+        res.values = list[object](
+            [Unknown(f"the parts of {res.name} no block of the kernel wrote")]
+            * math.prod(res.shape)
+        )
+        res.followed = True
+    _contents.copy_box(res.values, res.shape, box, buf, "", to_src=True)
 
 
 def _split(
@@ -643,7 +675,7 @@ def _grid(desc: KernelDesc, operands: list[Any]) -> tuple[int, ...]:
             why = str(getattr(value, "why", "data the verifier does not compute"))
             raise VerificationUnsupportedError(
                 f"kernel {desc.name} at {desc.where} has a dynamic grid whose size depends "
-                f"on {why}: pass the operands it is computed from as concrete arrays, or "
+                f"on {why}; give the function's arguments it is computed from as concrete arrays, or "
                 "check this kernel with safedma.testing.simulate"
             )
         grid.append(int(value))

@@ -24,6 +24,7 @@ from safedma.testing._verify.program.compiler import (
 )
 from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.program.scalars import VECTOR, Garbage, Unknown
+from safedma.testing._verify.walk import contents as _contents
 from safedma.testing._verify.walk.engine import engine_of
 
 __all__: list[str] = []
@@ -235,9 +236,10 @@ def _copy_values(src: View, dst: View, where: str) -> None:
     if d_idx is None:  # a reshaped/bitcast view: every element may change
         d_idx = list(range(len(values)))
         known = None
+    origin = src.buffer.origin or "data the verifier does not follow"
     why = Unknown(
         f"the contents of {dst.buffer.name}, which the copy at {where} fills from "
-        f"{src.buffer.name} (data the verifier does not compute)"
+        f"{src.buffer.name} ({origin})"
     )
     for n, flat in enumerate(d_idx):
         if known is not None and s_idx is not None and len(s_idx) == len(d_idx):
@@ -449,6 +451,7 @@ def _access(
     outs = c.outs(eqn)
     scalar_out = bool(outs) and getattr(eqn.outvars[0].aval, "shape", None) == ()
     g_val = c.reader(value_atom) if value_atom is not None else None
+    out_aval = eqn.outvars[0].aval if outs else None
     where = location(eqn)
     loaded: dict[str, Unknown] = {}  # the origin of vector loads, per buffer name
 
@@ -478,6 +481,8 @@ def _access(
                 old = Unknown(f"the contents of {buf.name} (not known to the verifier)")
             elif garbage is not None:
                 old = garbage
+            elif (known := _contents.load(view, out_aval, _contents.LIMIT)) is not None:
+                old = known  # elements the verifier knows: vector code on them is exact
             else:
                 old = loaded.get(buf.name)
                 if old is None:
@@ -492,9 +497,12 @@ def _access(
             _garbage_stored(m, view, where, stored if isinstance(stored, Garbage) else garbage)
             if buf.values is not None:
                 val = stored if g_val is not None else VECTOR
-                _smem_set(
-                    buf, view, val if not read or eqn.primitive.name != "addupdate" else VECTOR
-                )
+                if read and eqn.primitive.name == "addupdate":
+                    val = VECTOR
+                if view.shape != () and any(n != 1 for n in view.shape):
+                    _contents.store(view, val, f"the contents of {buf.name}, stored at {where}")
+                else:
+                    _smem_set(buf, view, val)
         for s in outs:
             env[s] = old
 
@@ -505,7 +513,7 @@ def _garbage_loaded(m: Machine, view: View, where: str) -> Garbage | None:
     """What a vector load of ``view`` at ``where`` gives when nothing wrote any of it
     (followed to where it is stored: docs/verify.md, garbage through vector code)."""
     buf = view.buffer
-    if buf.values is not None or not m.unwritten(view):
+    if (buf.values is not None and not buf.followed) or not m.unwritten(view):
         return None
     return Garbage(
         f"vector data loaded from {buf.name} at {where}",
@@ -517,7 +525,8 @@ def _garbage_loaded(m: Machine, view: View, where: str) -> Garbage | None:
 
 def _garbage_stored(m: Machine, view: View, where: str, value: Garbage | None) -> None:
     """A store of ``value`` into ``view``: garbage makes the region unwritten again."""
-    if value is not None and view.buffer.values is None:
+    buf = view.buffer
+    if value is not None and (buf.values is None or buf.followed):
         m.store_garbage(view, f" (the store at {where} filled it with {value.note})", value.root)
 
 
@@ -620,7 +629,10 @@ def _access_tr(
             if write and whole and isinstance(stored, Garbage):
                 _garbage_stored(m, view, where, stored)
             if write and buf.values is not None and g_val is not None:
-                _smem_set(buf, view, stored)
+                if whole and view.shape != () and any(n != 1 for n in view.shape):
+                    _contents.store(view, stored, f"the contents of {buf.name}, stored at {where}")
+                else:
+                    _smem_set(buf, view, stored)
         for s in outs:
             env[s] = out
 
