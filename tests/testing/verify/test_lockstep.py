@@ -27,6 +27,7 @@ import safedma.kernels as sk
 from safedma.testing import SimulationError, abstract_mesh, verify
 from safedma.testing._verify.face import api as _api
 from safedma.testing._verify.model import clocks as _clocks
+from safedma.testing._verify.lockstep.clocks import Snapshot
 from safedma.testing._verify.lockstep.model import Model, SemBuf
 from tests.corpus.ring_collectives import chunked_ring_program
 
@@ -227,9 +228,9 @@ def test_a_bulk_wait_learns_and_guarantees_what_the_per_device_model_does(
     n = 6
     k = int(rng.integers(2 if shape == "any one suffices" else 1, 6))
     single_issuer = shape == "one issuer"
-    model = Model(n)
-    model.rows = rng.integers(1, 30, (n, n)).astype(np.int32)
-    model.rows[model.devs, model.devs] = 40  # own epochs ahead of what others know
+    model = Model(n, symmetric=False)
+    rows = model.clocks.dense = rng.integers(1, 30, (n, n)).astype(np.int32)
+    rows[model.devs, model.devs] = 40  # own epochs ahead of what others know
     sem = SemBuf("s", (), "DMA", False, n)
     amounts = [rng.integers(1, 4, n) for _ in range(k)]
     # credit may be negative (earlier waits consumed contributions they did not guarantee)
@@ -249,12 +250,12 @@ def test_a_bulk_wait_learns_and_guarantees_what_the_per_device_model_does(
             clock = rng.integers(0, 30, (n, n)).astype(np.int32)
             issuer = rng.integers(0, n, n)
         clocks.append(clock.copy())
-        model.contribute(sem, slot, amount, clock.copy(), [], issuer)
+        model.contribute(sem, slot, amount, Snapshot(None, clock.copy()), [], issuer)
     total = credit + np.sum(amounts, axis=0)
     need_total = np.asarray([int(rng.integers(1, t + 1)) for t in total])
     if shape == "any one suffices":
         need_total = rng.integers(1, 4, n)
-    before = model.rows.copy()
+    before = model.clocks.matrix().copy()
     model.wait(sem, slot, need_total)
     for o in range(n):
         amts = [int(a[o]) for a in amounts]
@@ -264,7 +265,7 @@ def test_a_bulk_wait_learns_and_guarantees_what_the_per_device_model_does(
         if need > 0:
             learned = _clocks.learned([c[o] for c in clocks], amts, int(need))
             want = np.maximum(want, learned)
-        assert np.array_equal(model.rows[o], want), o
+        assert np.array_equal(model.clocks.matrix()[o], want), o
         landed = sum(a for a, g in zip(amts, guaranteed) if g)
         assert sem.credit[o, 0] == credit[o] + landed - need_total[o]
         assert sem.in_flight[o, 0] == sum(amts) - landed
