@@ -25,8 +25,8 @@ Clock = npt.NDArray[np.int32]
 
 def _circulant(f: Clock) -> Clock:
     """The dense matrix ``m[d, q] = f[(q - d) % n]``."""
-    n = f.shape[0]
-    idx = (np.arange(n)[None, :] - np.arange(n)[:, None]) % n
+    n = int(f.shape[0])
+    idx: Ints = (np.arange(n)[None, :] - np.arange(n)[:, None]) % n
     dense: Clock = f[idx]
     return dense
 
