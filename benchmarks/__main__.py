@@ -29,7 +29,7 @@ from typing import Any  # noqa: E402
 
 from benchmarks._common import default_results_path, machine_info, write_json  # noqa: E402
 
-BENCHMARKS = ("identity", "overhead", "typecheck", "tpu", "verify", "sanitize")
+BENCHMARKS = ("identity", "overhead", "typecheck", "tpu", "verify", "sanitize", "verify_scale")
 
 
 def _names(text: str) -> list[str]:
@@ -156,6 +156,10 @@ def main(argv: list[str]) -> int:
 
             record = sanitize.run(reps=ns.reps or 20, quick=ns.quick)
             ok = ok and record.get("ok", True)
+        elif name == "verify_scale":
+            from benchmarks import verify_scale
+
+            record = verify_scale.run()
         else:
             from benchmarks import verify
 

@@ -27,6 +27,7 @@ import safedma.kernels as sk
 from safedma.testing import SimulationError, abstract_mesh, verify
 from safedma.testing._verify.face import api as _api
 from safedma.testing._verify.model import clocks as _clocks
+from safedma.testing._verify.lockstep.clocks import Snapshot
 from safedma.testing._verify.lockstep.model import Model, SemBuf
 from tests.corpus.ring_collectives import chunked_ring_program
 
@@ -227,9 +228,9 @@ def test_a_bulk_wait_learns_and_guarantees_what_the_per_device_model_does(
     n = 6
     k = int(rng.integers(2 if shape == "any one suffices" else 1, 6))
     single_issuer = shape == "one issuer"
-    model = Model(n)
-    model.rows = rng.integers(1, 30, (n, n)).astype(np.int32)
-    model.rows[model.devs, model.devs] = 40  # own epochs ahead of what others know
+    model = Model(n, symmetric=False)
+    rows = model.clocks.dense = rng.integers(1, 30, (n, n)).astype(np.int32)
+    rows[model.devs, model.devs] = 40  # own epochs ahead of what others know
     sem = SemBuf("s", (), "DMA", False, n)
     amounts = [rng.integers(1, 4, n) for _ in range(k)]
     # credit may be negative (earlier waits consumed contributions they did not guarantee)
@@ -249,12 +250,12 @@ def test_a_bulk_wait_learns_and_guarantees_what_the_per_device_model_does(
             clock = rng.integers(0, 30, (n, n)).astype(np.int32)
             issuer = rng.integers(0, n, n)
         clocks.append(clock.copy())
-        model.contribute(sem, slot, amount, clock.copy(), [], issuer)
+        model.contribute(sem, slot, amount, Snapshot(None, clock.copy()), [], issuer)
     total = credit + np.sum(amounts, axis=0)
     need_total = np.asarray([int(rng.integers(1, t + 1)) for t in total])
     if shape == "any one suffices":
         need_total = rng.integers(1, 4, n)
-    before = model.rows.copy()
+    before = model.clocks.matrix().copy()
     model.wait(sem, slot, need_total)
     for o in range(n):
         amts = [int(a[o]) for a in amounts]
@@ -264,7 +265,76 @@ def test_a_bulk_wait_learns_and_guarantees_what_the_per_device_model_does(
         if need > 0:
             learned = _clocks.learned([c[o] for c in clocks], amts, int(need))
             want = np.maximum(want, learned)
-        assert np.array_equal(model.rows[o], want), o
+        assert np.array_equal(model.clocks.matrix()[o], want), o
         landed = sum(a for a, g in zip(amts, guaranteed) if g)
         assert sem.credit[o, 0] == credit[o] + landed - need_total[o]
         assert sem.in_flight[o, 0] == sum(amts) - landed
+
+
+def _outcomes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The lockstep path's outcomes of the verify calls that follow (models included)."""
+    from safedma.testing._verify.lockstep import prove as _prove
+
+    seen: list[Any] = []
+    real = _prove.prove
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(_api._lockstep, "prove", keep)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_a_1024_device_ring_is_proved_in_lockstep_with_clocks_linear_in_devices(
+    kind: str, lockstep_only: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ring stays symmetric: the clocks are one circulant row throughout, so each
+    release and acquire touches ``devices`` clock entries (a dense matrix: devices^2)."""
+    outcomes = _outcomes(monkeypatch)
+    n = 1024
+    report = _collective(kind, (n,), ("x",), None)()
+    assert _api._LAST_LOCKSTEP[0] == ""
+    assert report.devices == n
+    clocks = outcomes[-1].model.clocks
+    assert clocks.symmetric and clocks.densified == 0
+    # a few clock operations per ring step per semaphore, each of n entries
+    assert clocks.entries_touched < 64 * n * n
+    waits = report.waits // n
+    assert clocks.entries_touched < 8 * n * (waits + report.dmas // n + report.signals // n)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_circulant_clocks_hold_the_numbers_of_dense_ones(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same ring walked with the clocks kept circulant and kept dense: the same
+    report, and the same clock of every device at the end."""
+    from safedma.testing._verify.lockstep import clocks as _lclocks
+    from safedma.testing._verify.lockstep import model as _lmodel
+
+    monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "on")
+    outcomes = _outcomes(monkeypatch)
+    run = _collective(kind, (16,), ("x",), None)
+    circulant = run()
+    assert outcomes[-1].model.clocks.symmetric
+    matrix = outcomes[-1].model.clocks.matrix().copy()
+    monkeypatch.setattr(_lmodel, "Clocks", lambda n, symmetric=True: _lclocks.Clocks(n, False))
+    dense = run()
+    assert not outcomes[-1].model.clocks.symmetric
+    assert dense == circulant
+    assert np.array_equal(outcomes[-1].model.clocks.matrix(), matrix)
+
+
+def test_a_ring_that_is_not_a_shift_turns_the_clocks_dense_and_is_still_proved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a 2x4 mesh with the ring along x the targets are no cyclic shift of the flat
+    device index: the clocks turn dense once, and the result is the walk's."""
+    monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "check")
+    outcomes = _outcomes(monkeypatch)
+    _collective("all_gather", (2, 4), ("y", "x"), None)()
+    assert _api._LAST_LOCKSTEP[0] == ""
+    assert outcomes[-1].model.clocks.densified == 1

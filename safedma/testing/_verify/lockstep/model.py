@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from safedma.testing._verify.lockstep.clocks import Clocks, Snapshot
+
 __all__ = ["Bail", "DataBuf", "Model", "SemBuf"]
 
 Ints = npt.NDArray[np.int64]
@@ -109,15 +111,14 @@ class _Contribution:
     # device's clock, shared by the contributions of one event, read lazily); None once
     # every target knows all of it (learning it changes nothing then; dropping it keeps
     # a never-guaranteed signal of a credit ring from holding a devices^2 snapshot each)
-    clock: Clock | None
+    clock: Snapshot | None
     rows_of: Ints
     records: list[tuple[int, Ints]]  # (record id, owner per target) it settles when guaranteed
 
     def of(self, targets: Ints) -> Clock:
         """The clock each of ``targets`` would learn (the clock must not be dropped)."""
         assert self.clock is not None
-        rows: Clock = self.clock[self.rows_of[targets]]
-        return rows
+        return self.clock.rows(self.rows_of[targets])
 
 
 @dataclass
@@ -156,11 +157,10 @@ class SemBuf:
 class Model:
     """Clocks, semaphores and region histories of every device, as arrays."""
 
-    def __init__(self, devices: int) -> None:
+    def __init__(self, devices: int, symmetric: bool = True) -> None:
         self.n = devices
         self.devs: Ints = np.arange(devices, dtype=np.int64)
-        self.rows: Clock = np.zeros((devices, devices), dtype=np.int32)
-        self.rows[self.devs, self.devs] = 1
+        self.clocks = Clocks(devices, symmetric)
         self.entry: Ints = np.zeros(devices, dtype=np.int64)
         # records: row r holds, per owner device, who settled it and at what epoch
         # (-1: a copy no wait has guaranteed yet); an optional second settler
@@ -178,18 +178,14 @@ class Model:
     # ------------------------------------------------------------------ clocks
 
     def own(self) -> Ints:
-        return self.rows[self.devs, self.devs].astype(np.int64)
+        return self.clocks.own()
 
-    def release(self) -> Clock:
+    def release(self) -> Snapshot:
         """Every device hands on a copy of its clock and starts a new epoch."""
-        sent = self.rows.copy()
-        self.rows[self.devs, self.devs] += 1
-        return sent
+        return self.clocks.release()
 
     def barrier(self) -> None:
-        joined = self.rows.max(axis=0)
-        self.rows[:] = joined
-        self.rows[self.devs, self.devs] += 1
+        self.clocks.barrier()
 
     def enter(self, device_barrier: bool) -> None:
         self.entry = self.own()
@@ -204,8 +200,8 @@ class Model:
         at = self.at[safe, owner]
         alt_part = self.alt_part[safe, owner]
         alt_at = self.alt_at[safe, owner]
-        seen = (part >= 0) & (self.rows[accessor, np.maximum(part, 0)] >= at)
-        seen |= (alt_part >= 0) & (self.rows[accessor, np.maximum(alt_part, 0)] >= alt_at)
+        seen = (part >= 0) & (self.clocks.at(accessor, np.maximum(part, 0)) >= at)
+        seen |= (alt_part >= 0) & (self.clocks.at(accessor, np.maximum(alt_part, 0)) >= alt_at)
         ordered: Bools = none | seen
         return ordered
 
@@ -300,7 +296,7 @@ class Model:
         sem: SemBuf,
         slot: Ints,
         amount: Ints,
-        clock: Clock,
+        clock: Snapshot,
         records: list[tuple[int, Ints]],
         issuer: Ints,
         rows_of: Ints | None = None,
@@ -313,7 +309,7 @@ class Model:
             raise Bail(f"a semaphore index outside {sem.name}")
         last = sem.last_wait[self.devs, slot]
         rows = self.devs if rows_of is None else rows_of
-        if (clock[rows, self.devs] < last).any():
+        if (clock.at(rows, self.devs) < last).any():
             raise Bail(f"a contribution to {sem.name} that could count at an earlier wait")
         sem.pending.append(_Contribution(clock, rows, records))
         sem.amounts = np.vstack([sem.amounts, amount[None]])
@@ -361,9 +357,10 @@ class Model:
             # per wait keeps pace with the contributions a credit ring leaves pending)
             for c in sem.pending if len(sem.pending) > 1 else ():
                 if c.clock is not None:
-                    if (self.rows >= c.of(self.devs)).all():
+                    if self.clocks.knows_all(c.clock, c.rows_of):
                         c.clock = None
                     break
+            _merge_known(sem)
         else:
             credit = sem.credit[self.devs, slot]
         sem.credit[self.devs, slot] = credit - amount
@@ -375,10 +372,10 @@ class Model:
         assert c.clock is not None
         if (issuers == waiters).all():
             return
-        if len(waiters) == self.n:  # every device: in place, no gathered copy of the rows
-            np.maximum(self.rows, c.clock[c.rows_of], out=self.rows)
+        if len(waiters) == self.n:  # every device (the waiters are ``devs`` in order)
+            self.clocks.acquire_all(c.clock, c.rows_of)
             return
-        self.rows[waiters] = np.maximum(self.rows[waiters], c.of(waiters))
+        self.clocks.acquire(waiters, c.of(waiters))
 
     def _learn(
         self,
@@ -418,7 +415,9 @@ class Model:
         # counts as the waiter's own row: the learned clock, once joined with the
         # waiter's row, is the same (raising a candidate to at most that row moves the
         # least sufficient value only up to that row)
-        stack = np.stack([c.of(who) if c.clock is not None else self.rows[who] for c in cands])
+        stack = np.stack(
+            [c.of(who) if c.clock is not None else self.clocks.rows(who) for c in cands]
+        )
         keyed = np.where(h[..., None], stack, np.iinfo(stack.dtype).max)
         order = np.argsort(keyed, axis=0, kind="stable")
         values = np.take_along_axis(keyed, order, axis=0)
@@ -426,13 +425,48 @@ class Model:
         sums = np.cumsum(sizes, axis=0)
         first = np.argmax(sums >= need[learn][None, :, None], axis=0)
         got = np.take_along_axis(values, first[None], axis=0)[0]
-        self.rows[who] = np.maximum(self.rows[who], got)
+        self.clocks.acquire(who, got)
 
     def check_entered(self, issuer: Ints, target: Ints, what: str) -> None:
         """R10: a remote signal or copy needs its target known to be inside the call."""
-        if (self.rows[issuer, target] < self.entry[target]).any():
+        if (self.clocks.at(issuer, target) < self.entry[target]).any():
             raise Bail(f"{what} to a device not known to have entered the kernel")
 
     def empty_at_exit(self, sem: SemBuf) -> None:
         if (sem.credit + sem.in_flight).any():
             raise Bail(f"{sem.name} not back to zero at exit")
+
+
+def _merge_known(sem: SemBuf) -> None:
+    """Fold the oldest pending contributions that every target already knows and that
+    settle no access into one (same index and issuer on every device, amounts summed).
+
+    Why: a credit ring's capacity signals are never guaranteed one by one (any of the
+    pending signals could serve each wait), so they stay pending, and each wait would
+    cost pending x devices: devices^3 over a ring. Folding them keeps every total and
+    the prefix sums the waits compare with; it can only land more at once (the folded
+    contribution is guaranteed when the pair is), which lowers what later waits learn,
+    never raises it: the path then gives up where it would not have, and proves nothing
+    it would not have proved.
+    """
+    run = 0
+    for c in sem.pending:
+        if c.clock is not None or c.records:
+            break
+        run += 1
+    if run < 2:
+        return
+    same = [
+        i
+        for i in range(1, run)
+        if np.array_equal(sem.slots[i], sem.slots[0])
+        and np.array_equal(sem.issuers[i], sem.issuers[0])
+    ]
+    if not same or same != list(range(1, len(same) + 1)):
+        return  # only a contiguous run from the oldest: the issue order is kept
+    last = len(same) + 1
+    sem.amounts[0] = sem.amounts[:last].sum(axis=0)
+    sem.pending = sem.pending[:1] + sem.pending[last:]
+    sem.amounts = np.delete(sem.amounts, np.s_[1:last], axis=0)
+    sem.slots = np.delete(sem.slots, np.s_[1:last], axis=0)
+    sem.issuers = np.delete(sem.issuers, np.s_[1:last], axis=0)
