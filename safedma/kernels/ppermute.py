@@ -43,8 +43,10 @@ kernel has no barrier of its own and Mosaic's default device barrier before
 the kernel provides that; TPU interpret mode models it as a global barrier.
 With an int ``collective_id`` the kernel instead synchronises only with its
 two peers, on the barrier semaphore of that id, which is cheaper on a large
-mesh. Kernels with different communication patterns that may run at once
-need different ids. The second round on a REGULAR semaphore is the
+mesh. Calls whose devices meet other peers (``shift`` not equal to ``±shift``
+of the other call, mod ``n``) need different ids even back to back in one
+program: devices are not in step between calls, and a device already in the
+next call would release the barrier of a device still in this one. The second round on a REGULAR semaphore is the
 double barrier of the JAX distributed Pallas guide: without it a source that
 has already finished could signal the barrier again from its *next* call and
 release this device before the target has entered this call.

@@ -268,6 +268,9 @@ def _ragged_call(body: Any, entry: Any, **extra: Any) -> Any:
     return run
 
 
+# The ragged copies fill each page only up to its length and the test reads only that
+# part: the rest of the output is never written, which verify reports (R6).
+@pytest.mark.safedma_verify_expected("UnwrittenReadError")
 def test_copies_of_smem_lengths_match_raw_and_run() -> None:
     lens = jax.ShapeDtypeStruct((4,), jnp.int32)
     x = jax.ShapeDtypeStruct((4, 16, 128), jnp.float32)

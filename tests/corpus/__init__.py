@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from tests.corpus._case import Case
+from tests.corpus._case import Case, Raises
 
 FAMILIES = tuple(
     sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
@@ -52,11 +53,37 @@ def cases(
 
 def params(tool: str, selected: Iterable[Case] | None = None) -> list[Any]:
     """pytest parameters, one per case with a verdict for ``tool`` (id: the case's name;
-    ``slow`` where the case says so for this tool)."""
+    ``slow`` where the case says so for this tool; ``safedma_verify_expected`` with the
+    error verify reports, where another tool runs a program verify rejects, so that
+    ``pytest --safedma-verify`` expects that finding instead of failing the test)."""
     import pytest
 
     chosen = cases(tool) if selected is None else [c for c in selected if tool in c.expect]
+    return [pytest.param(c, id=c.name, marks=_marks(c, tool)) for c in chosen]
+
+
+def _marks(case: Case, tool: str) -> list[Any]:
+    import pytest
+
+    marks = [pytest.mark.slow] if tool in case.slow else []
+    verdict = case.expect.get("verify")
+    if tool != "verify" and isinstance(verdict, Raises):
+        # A program verify rejects only at trace time never runs: nothing to expect.
+        expected = _verify_error_classes(verdict.error)
+        if expected:
+            marks.append(pytest.mark.safedma_verify_expected(*expected))
+    return marks
+
+
+def _verify_error_classes(pattern: str) -> list[str]:
+    """The run-time error classes of ``safedma.testing`` whose names ``pattern`` matches,
+    as the corpus checks a verdict (``re.search`` over class names)."""
+    import safedma.testing
+
     return [
-        pytest.param(c, id=c.name, marks=[pytest.mark.slow] if tool in c.slow else [])
-        for c in chosen
+        name
+        for name in safedma.testing.__all__
+        if isinstance(getattr(safedma.testing, name), type)
+        and issubclass(getattr(safedma.testing, name), Exception)
+        and re.search(pattern, name)
     ]

@@ -22,7 +22,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tests.support.collectives import MESH_IDS, MESHES, TOPOLOGIES, blocks, compile_on, mapped, spec
 from tests.support.twins import ppermute as twin
 from safedma.kernels.ppermute import ppermute
-from safedma.testing import abstract_mesh, assert_same_mosaic, simulate, simulated_mesh
+from safedma.testing import (
+    SignalAfterExitError,
+    abstract_mesh,
+    assert_same_mosaic,
+    simulate,
+    simulated_mesh,
+    verify,
+)
 
 DType: TypeAlias = Any
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -95,17 +102,49 @@ def test_with_its_own_neighbour_barrier(
     check(mesh_shape, names, axis, -3, (8, 128), BF16, collective_id=7)
 
 
-def test_barrier_kernel_runs_twice_in_one_program() -> None:
-    """Two barrier kernels with the same collective_id back to back both run clean."""
+@pytest.mark.parametrize("second_shift", [-3, 3, 11], ids=["back", "again", "wrapped"])
+def test_barrier_kernels_with_one_collective_id_and_the_same_peers_run_twice(
+    second_shift: int,
+) -> None:
+    """Shifts 3 and -3 (or 3 and 11 on a ring of 8) meet the same two peers: one id serves both."""
     mesh = simulated_mesh((8,), ("x",))
     x = blocks(8, (8, 128), F32)
 
     def twice(block: jax.Array) -> jax.Array:
         once = ppermute(block, axis="x", shift=3, collective_id=0)
-        return ppermute(once, axis="x", shift=-1, collective_id=0)
+        return ppermute(once, axis="x", shift=second_shift, collective_id=0)
 
+    verify(twice, x, mesh=mesh)
+    out = simulate(twice, x, mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(out), reference(x, mesh, "x", 3 + second_shift))
+
+
+def test_barrier_kernels_with_other_peers_run_twice_on_their_own_ids() -> None:
+    mesh = simulated_mesh((8,), ("x",))
+    x = blocks(8, (8, 128), F32)
+
+    def twice(block: jax.Array) -> jax.Array:
+        once = ppermute(block, axis="x", shift=3, collective_id=0)
+        return ppermute(once, axis="x", shift=-1, collective_id=1)
+
+    verify(twice, x, mesh=mesh)
     out = simulate(twice, x, mesh=mesh)
     np.testing.assert_array_equal(np.asarray(out), reference(x, mesh, "x", 2))
+
+
+def test_one_collective_id_for_two_peer_sets_is_reported() -> None:
+    """Shift 3, then -1, on one id: a device done with the first call signals the
+    barrier of a device still waiting in it (not its peer there), releasing it before
+    its true peer has entered; the next signal reaches that peer early (R10)."""
+    mesh = abstract_mesh((8,), ("x",))
+    x = jax.ShapeDtypeStruct((64, 128), F32)
+
+    def twice(block: jax.Array) -> jax.Array:
+        once = ppermute(block, axis="x", shift=3, collective_id=0)
+        return ppermute(once, axis="x", shift=-1, collective_id=0)
+
+    with pytest.raises(SignalAfterExitError, match="collective_id=0"):
+        verify(twice, x, mesh=mesh)
 
 
 def test_interpret_argument_runs_without_simulate() -> None:

@@ -227,6 +227,8 @@ def test_jax_ragged_paged_attention_compiles_sanitized_for_v5e() -> None:
     assert _sites.registered() > before
 
 
+# verify sees the dropped wait as the read it no longer guards (R7/R9).
+@pytest.mark.safedma_verify_expected("RaceDetectedError")
 def test_a_wait_dropped_from_jax_paged_attention_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -61,7 +61,7 @@ class Tally:
     verified: int = 0  # programs verify walked
     seconds: float = 0.0
     from_cache: int = 0  # runs whose verdict was already known
-    problems: list[dict[str, object]] = field(default_factory=lambda: [])
+    problems: list[dict[str, object]] = field(default_factory=list[dict[str, object]])
 
     def add(self, report: pytest.TestReport) -> None:
         self.add_records(getattr(report, REPORT_ATTRIBUTE, None) or ())

@@ -28,6 +28,7 @@ naming this file's line.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import jax
@@ -413,6 +414,56 @@ def test_the_core_swap_without_a_collective_id_names_pl_kernel_in_the_fix() -> N
     with pytest.raises(MissingCollectiveIdError, match=HERE) as err:
         verify(_core_swap(wait=True, collective_id=None), _s(8, 256))
     assert "to the pl.kernel (T9)" in str(err.value)
+
+
+def _device_swap(**params: Any) -> Any:
+    """A one-core pl.kernel on each of two devices that sends its block to the other
+    device, with no barrier of its own: Mosaic's default device barrier orders it."""
+
+    def body(x_ref: Any, o_ref: Any, sems: Any) -> None:
+        peer = 1 - jax.lax.axis_index("x")
+        copy = pltpu.make_async_remote_copy(
+            x_ref, o_ref, sems.at[0], sems.at[1], device_id=(peer,),
+            device_id_type=pl.DeviceIdType.MESH,
+        )  # fmt: skip
+        copy.start()
+        copy.wait()
+
+    out = jax.ShapeDtypeStruct((8, 128), F32)
+    sems = [pltpu.SemaphoreType.DMA((2,))]
+    shapes: dict[str, Any] = (
+        {"out_type": out, "scratch_types": sems}  # jax 0.12
+        if "out_type" in inspect.signature(pl.kernel).parameters
+        else {"out_shape": out, "scratch_shapes": sems}  # jax 0.10
+    )
+    return pl.kernel(
+        body,
+        mesh=pltpu.create_tensorcore_mesh("core", num_cores=1),
+        compiler_params=pltpu.CompilerParams(**params),
+        **shapes,
+    )
+
+
+def test_a_pl_kernel_without_a_collective_id_is_behind_the_device_barrier() -> None:
+    report = verify(
+        _device_swap(),
+        _s(16, 128),
+        mesh=abstract_mesh((2,), ("x",)),
+        in_specs=P("x"),
+        out_specs=P("x"),
+    )
+    assert report.remote_dmas == 2
+
+
+def test_a_pl_kernel_that_skips_the_device_barrier_is_r10() -> None:
+    with pytest.raises(SignalAfterExitError, match="before it has entered"):
+        verify(
+            _device_swap(skip_device_barrier=True),
+            _s(16, 128),
+            mesh=abstract_mesh((2,), ("x",)),
+            in_specs=P("x"),
+            out_specs=P("x"),
+        )
 
 
 def test_a_barrier_signalled_twice_names_the_signals_left_over() -> None:

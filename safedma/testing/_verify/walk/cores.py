@@ -107,6 +107,12 @@ class _CoreKernel:
         self.aliases = {int(o): int(i) for i, o in aliases.items()}
         cp = _jax.tpu_compiler_params(p)
         self.collective_id: object = getattr(cp, "collective_id", None)
+        # pl.kernel lowers to the same Mosaic custom call as pallas_call, with the same
+        # compiler parameters: without a collective_id, Mosaic's default device barrier
+        # runs before it (unless skip_device_barrier).
+        self.barrier = self.collective_id is None and not bool(
+            getattr(cp, "skip_device_barrier", False)
+        )
         self.grid: tuple[int, ...] = ()
 
 
@@ -195,6 +201,9 @@ def _run(ctx: Ctx, desc: _CoreKernel, operands: list[Any], outs: list[int], env:
         shared.append(RefVal(buf))
         if is_out:
             outputs.append(buf)
+    if desc.barrier and eng.devices > 1:
+        # each device's core 0 meets the others before the kernel starts on its cores
+        yield from eng.entry_barrier(ctx, instance, desc.where, eng.devices)
     launch = m.clocks.release(p)
     helpers = [p + k for k in range(1, desc.cores)]
     done = {q: False for q in helpers}
