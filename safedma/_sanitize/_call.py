@@ -228,6 +228,8 @@ def _sanitized_body(
             _inside.reset(token)
         names = _leaf_names(signature, user_args, kwargs)
         scratch = _scratch_leaves(user_args, kwargs, scratch_positional)
+        if backend is Backend.TPU_INTERPRET:
+            _refuse_semaphore_operands(kernel_name, leaves, names, scratch)
         exits = [
             NamedRef(leaf, name or f"scratch semaphore {k}")
             for k, (leaf, name) in enumerate(zip(leaves, names))
@@ -240,6 +242,27 @@ def _sanitized_body(
     sanitized.__qualname__ = getattr(checked_body, "__qualname__", kernel_name)
     setattr(sanitized, _KERNEL_MARK, True)
     return sanitized
+
+
+def _refuse_semaphore_operands(
+    kernel: str, leaves: Sequence[Any], names: Sequence[str | None], scratch: set[int]
+) -> None:
+    """jax's TPU interpreter runs one kernel at a time, its semaphores living only while
+    it runs: a semaphore taken or returned by a kernel (a DMA future, started in one
+    ``pallas_call`` and waited in another) fails deep inside the interpreter, sanitized
+    or not. Refuse it here, by name, instead."""
+    for k, leaf in enumerate(leaves):
+        if k in scratch or _jax.semaphore_kind(getattr(leaf, "aval", None)) is None:
+            continue
+        name = names[k] if k < len(names) and names[k] else f"operand {k}"
+        raise SanitizerUnsupportedError(
+            f"kernel {kernel} takes or returns the semaphore {name} (a DMA future: a copy "
+            "started in one pallas_call and waited in another). jax's TPU interpreter runs "
+            "one kernel at a time and cannot hand a semaphore from one to the next, with or "
+            "without the sanitizer, so this program cannot be sanitized in interpret mode. "
+            "Run it sanitized on a TPU, or check its protocol on the CPU with "
+            "safedma.testing.verify, which follows futures across pallas_calls."
+        )
 
 
 def _scratch_leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any], scratch: int) -> set[int]:

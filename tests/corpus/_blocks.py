@@ -148,7 +148,9 @@ class Pair:
     ``scratch`` is the pltpu form, used by both; ``verify``: the verdict on the bug;
     ``simulate_bug``: what simulate says of the bug today (``"clean"``: it passes it;
     ``None``: it depends on the schedule, so nothing is pinned); ``trace_bug``: the
-    trace-time error that already stops the safedma bug.
+    trace-time error that already stops the safedma bug; ``sanitize_bug``: what the
+    on-chip sanitizer reports of the bug (None: a mistake it cannot see, such as a race,
+    so the bug gets no ``sanitize`` verdict; every fix gets ``OK``).
     """
 
     name: str
@@ -167,6 +169,7 @@ class Pair:
     trace_bug: Raises | None = None
     devices: int = RING
     slow_simulate: bool = False  # even the pltpu spelling's simulations are slow
+    sanitize_bug: Raises | None = None
 
     @property
     def variants(self) -> tuple[str, str]:
@@ -202,6 +205,10 @@ class Pair:
             expect["verify"] = caught if caught is not None else self.verify
             if caught is not None:
                 expect["trace"] = caught
+                # sanitize=True traces the body with the same checks first.
+                expect["sanitize"] = caught
+            elif self.sanitize_bug is not None:
+                expect["sanitize"] = self.sanitize_bug
             elif self.simulate_bug is not None:
                 expect["simulate"] = (
                     OK if self.simulate_bug == "clean" else Raises(self.simulate_bug, exact=True)
@@ -213,6 +220,7 @@ class Pair:
             if flavour == "safedma":
                 expect["trace"] = OK
             expect["simulate"] = OK
+            expect["sanitize"] = OK
             if self.kind == "silent" or flavour == "safedma" or self.slow_simulate:
                 slow.append("simulate")
         if flavour == "safedma" and self.kind != "silent" and "simulate" in expect:
@@ -253,3 +261,21 @@ def caught(
     describes the mistake, names one of ``devices`` and of the kernel parameters
     ``names``, the user's ``# fix:`` line and the advice ``fix``."""
     return Raises(classes, matches=(message, fix), one_of=(devices, names), kind="SimulationError")
+
+
+def sanitized(
+    classes: str, devices: tuple[str, ...], names: tuple[str, ...], *, line: bool = True
+) -> Raises:
+    """The sanitizer's verdict on a bug: its error ``classes`` (the class itself), from
+    the sanitizer, naming a device that makes the mistake as ``(x=N)``, the semaphore by
+    one of the kernel's parameter ``names``, and (with ``line``) the user's ``# fix:``
+    line (a wait or a copy; a semaphore left non-zero at exit has no line of its own)."""
+    import re
+
+    return Raises(
+        classes,
+        exact=True,
+        matches=(r"^\[safedma sanitizer\]", "|".join(rf"\({re.escape(d)}\)" for d in devices)),
+        one_of=(names,),
+        line=line,
+    )

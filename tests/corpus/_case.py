@@ -28,7 +28,7 @@ import numpy as np
 
 import safedma
 
-TOOLS = ("trace", "mosaic", "verify", "simulate")
+TOOLS = ("trace", "mosaic", "verify", "simulate", "sanitize")
 """The tools with a driver in tests/tools/ (test_<tool>_corpus.py)."""
 
 PACKAGE = Path(safedma.__file__).resolve().parent
@@ -159,7 +159,8 @@ class Ok:
     """The tool accepts the program.
 
     ``report``: for verify, fields of the report and their values (``devices`` is
-    checked against the program's mesh whatever is given here). ``check``: called with
+    checked against the program's mesh whatever is given here); for sanitize,
+    ``{"checks": 0}`` when nothing in the program is instrumented. ``check``: called with
     the tool's result (verify's report, simulate's outputs) and the program, for what a
     field comparison cannot say.
     """
@@ -169,6 +170,11 @@ class Ok:
 
 
 OK = Ok()
+
+NOTHING_TO_CHECK = Ok(report={"checks": 0})
+"""The sanitizer's verdict on a correct program with no DMA or semaphore of its own (a
+BlockSpec grid's copies are made when it is lowered): it runs clean through the
+sanitized call and gives its unsanitized outputs, with no check put in."""
 
 
 @dataclasses.dataclass(frozen=True)

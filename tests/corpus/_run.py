@@ -4,6 +4,7 @@ tests/tools/ and by the subject tests that take their kernels from the corpus.""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -59,3 +60,72 @@ def simulate(program: Program, *, timeout_s: float = SIMULATE_TIMEOUT_S) -> Any:
 
     mesh = program.mesh.real() if program.per_device and program.mesh is not None else None
     return run(program.repeated(), *program.concrete_args(), mesh=mesh, timeout_s=timeout_s)
+
+
+SANITIZE_HANG_S = 0.2
+"""The sanitizer's spin bound in the corpus: a wait that has not completed 0.2 s in
+(about 200 polls in interpret mode) is a hang; every correct kernel's waits complete
+long before, so a correct case still has to run clean under it."""
+
+
+@contextlib.contextmanager
+def sanitizing() -> Iterator[None]:
+    """The sanitizer on, in TPU interpret mode on the CPU: every ``sd.pallas_call``
+    sanitized (``SAFEDMA_SANITIZE=1``), every raw ``pl.pallas_call`` routed through
+    ``sd.pallas_call(..., sanitize=...)`` as a user who switches to it would. A program
+    is built inside it too (some build their ``pallas_call`` when made)."""
+    import pytest
+    from jax.experimental.pallas import tpu as pltpu
+
+    import safedma as sd
+    from tests.sanitize.helpers import interpret, raw_calls_sanitized
+
+    options = sd.SanitizeOptions(hang_after_s=SANITIZE_HANG_S)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAFEDMA_SANITIZE", "1")
+        patch.setenv("SAFEDMA_SANITIZE_HANG_S", str(SANITIZE_HANG_S))
+        with raw_calls_sanitized(patch, options), pltpu.force_tpu_interpret_mode(interpret()):
+            yield
+
+
+@contextlib.contextmanager
+def unsanitized() -> Iterator[None]:
+    """The same TPU interpret mode with the sanitizer off (``SAFEDMA_SANITIZE=0``)."""
+    import pytest
+    from jax.experimental.pallas import tpu as pltpu
+
+    from tests.sanitize.helpers import interpret
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAFEDMA_SANITIZE", "0")
+        with pltpu.force_tpu_interpret_mode(interpret()):
+            yield
+
+
+def sanitize(program: Program) -> Any:
+    """The program run under :func:`sanitizing` (a per-device body under ``shard_map`` on
+    simulated devices); a mistake comes back as the sanitizer's own error
+    (``sd.sanitizer_errors``), else the outputs are returned."""
+    import safedma as sd
+
+    with sanitizing(), sd.sanitizer_errors():
+        return jax.block_until_ready(execute(program))
+
+
+def execute(program: Program) -> Any:
+    """Run the program on concrete values: whole, or each device's body under
+    ``jax.jit(shard_map)`` over simulated CPU devices, arguments split along the leading
+    dimension over every mesh axis."""
+    args = program.concrete_args()
+    if not program.per_device:
+        return program.repeated()(*args)
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    assert program.mesh is not None
+    mesh = program.mesh.real()
+    spec = P(program.mesh.names)
+    mapped = jax.jit(
+        jax.shard_map(program.repeated(), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    )
+    sharding = NamedSharding(mesh, spec)
+    return mapped(*(jax.device_put(a, sharding) for a in args))

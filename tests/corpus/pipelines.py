@@ -231,9 +231,10 @@ CASES += [
         "jax Pallas TPU pipelining guide (a manual DMA beside emit_pipeline), written for this suite",
         lambda: Program(on_a_tpu_mesh(False), (X16,)),
         {
+            "sanitize": OK,
             "verify": Ok(
                 report={"kernels": ("pipeline_with_a_side_copy",)}, check=_every_copy_waited
-            )
+            ),
         },
     ),
     # Eager DMAs land at their start, before the pipeline writes, so simulate once saw no
@@ -320,7 +321,7 @@ CASES += [
         "pipelines",
         "maxtext grouped matmul (rows the pipeline does not write zero-filled by DMA), written for this suite",
         lambda: Program(traced_on_a_tpu_mesh(zero_fill_then_pipeline(2)), (X32,)),
-        {"verify": Ok(report={"kernels": ("kernel",)}, check=_every_copy_waited)},
+        {"sanitize": OK, "verify": Ok(report={"kernels": ("kernel",)}, check=_every_copy_waited)},
     ),
     Case(
         "zero_fill_under_a_pipeline",

@@ -32,6 +32,7 @@ from tests.corpus._blocks import (
     F32,
     Pair,
     caught,
+    sanitized,
     dma,
     neighbour,
     send_right,
@@ -240,6 +241,9 @@ PAIRS = (
         rows=6 * CHUNK,
         simulate_bug="RaceDetectedError",
         slow_simulate=True,
+        # The credits the last round signals are never waited: left on the REGULAR
+        # semaphore at exit (the race itself is not visible to it).
+        sanitize_bug=sanitized("LeftoverSemaphoreError", ALL, ("credits",), line=False),
     ),
 )
 

@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from tests.corpus._blocks import ALL, AXIS, HBM, Pair, caught
+from tests.corpus._blocks import ALL, AXIS, HBM, Pair, caught, sanitized
 from tests.corpus._calls import local
 from tests.corpus._case import OK, Case, Ok, Program, Raises, Unsupported
 
@@ -76,6 +76,7 @@ PAIRS = (
             r"(?i)dma_semaphores\(3\)|index|semaphores",
         ),
         simulate_bug="KernelFailedError",
+        sanitize_bug=sanitized("SemaphoreIndexError", ALL, ("sems",)),
         # A static index outside the array is rejected when the copy is described.
         trace_bug=Raises("^SemaphoreIndexError$", exact=True),
     ),
@@ -94,6 +95,7 @@ PAIRS = (
             r"(?i)dma_semaphores\(4\)|index|semaphores",
         ),
         simulate_bug="KernelFailedError",
+        sanitize_bug=sanitized("SemaphoreIndexError", ("x=2", "x=3"), ("sems",)),
     ),
 )
 

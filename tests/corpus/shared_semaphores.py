@@ -44,6 +44,7 @@ from tests.corpus._blocks import (
     first,
     neighbour,
     read_chunks,
+    sanitized,
     second,
     write_out,
 )
@@ -352,7 +353,8 @@ def _moe_clean(devices: int) -> Case:
     guarantees no block in particular (any n of them may release it); the second
     guarantees them all, and nothing reads a block in between."""
     expect: dict[str, Any] = {
-        "verify": Ok(report={"dmas": devices * devices, "waits": 2 * devices})
+        "verify": Ok(report={"dmas": devices * devices, "waits": 2 * devices}),
+        "sanitize": OK,
     }
     if devices == 4:
         expect["mosaic"] = OK
@@ -373,14 +375,14 @@ CASES += [
         "shared_semaphores",
         MOE,
         lambda: moe_program(moe_then_read(own_block, early=False), scratch=moe_read_scratch),
-        {"verify": Ok(report={"dmas": 20})},
+        {"sanitize": OK, "verify": Ok(report={"dmas": 20})},
     ),
     Case(
         "moe_received_block_read_after_the_total_wait",
         "shared_semaphores",
         MOE,
         lambda: moe_program(moe_then_read(received_block, early=False), scratch=moe_read_scratch),
-        {"verify": Ok(report={"dmas": 20})},
+        {"sanitize": OK, "verify": Ok(report={"dmas": 20})},
     ),
     # The first wait (4 blocks of the 7 the semaphore counts) may be released by the 3
     # sent blocks and a received one, so the local block is not guaranteed there. The
@@ -424,7 +426,11 @@ CASES += [
             "verify": Raises(
                 "LeftoverSemaphoreError|UnwrittenReadError|RaceDetectedError|SignalAfterExitError",
                 one_of=(("o_ref", "sem"),),
-            )
+            ),
+            # The block the second wait leaves out stays on sem at kernel exit.
+            "sanitize": sanitized(
+                "LeftoverSemaphoreError", tuple(f"x={i}" for i in range(4)), ("sem",), line=False
+            ),
         },
     ),
     Case(
@@ -656,6 +662,7 @@ CASES += [
             {
                 "simulate": Ok(check=_kv_pages_read),
                 "verify": Raises(r"^RaceDetectedError$", line=False, says=("R7/R9",)),
+                "sanitize": OK,
             },
         )
         for variant in ("correct", "waits_swapped")
@@ -669,7 +676,16 @@ CASES += [
             "simulate": Raises(
                 "RaceDetectedError",
                 check=_v_page_race("out = k_buf[slot] + 2.0 * v_buf[slot]"),
-            )
+            ),
+            # The race is not the sanitizer's to see; the V page's copy, never waited,
+            # is: left on the shared semaphore (the kernel's refs[6]) at kernel exit.
+            "sanitize": Raises(
+                "LeftoverSemaphoreError",
+                exact=True,
+                matches=(r"^\[safedma sanitizer\]", r"holds 16384 bytes at kernel exit"),
+                one_of=(("refs",),),
+                line=False,
+            ),
         },
     ),
     Case(

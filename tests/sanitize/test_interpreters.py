@@ -121,3 +121,52 @@ def test_generic_interpreter_leftover() -> None:
 def test_tpu_interpreter_counts_bytes() -> None:
     with pytest.raises(LeftoverSemaphoreError, match=r"holds 8192 bytes"):
         hbm_call(leaks, [pltpu.VMEM(X, F32), pltpu.SemaphoreType.DMA(())])(example(X))
+
+
+# ---------------------------------------------------------------- what the interpreter cannot run
+
+
+def _future_start(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+    pltpu.make_async_copy(x_hbm, o_hbm, sem).start()
+
+
+def _future_start_call(x: jax.Array) -> Any:
+    return sd.pallas_call(
+        _future_start,
+        (jax.ShapeDtypeStruct(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())),
+        in_specs=[HBM],
+        out_specs=(HBM, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+        interpret=interpret(),
+        sanitize=QUICK,
+    )(x)
+
+
+def test_a_semaphore_handed_between_kernels_is_refused_in_the_tpu_interpreter() -> None:
+    """A DMA future (a semaphore a kernel returns) cannot run in jax's TPU interpreter,
+    sanitized or not: the sanitizer says so, by kernel and semaphore, instead of the
+    interpreter's failure deep inside (``nan + dma_sem``)."""
+    with pytest.raises(sd.SanitizerUnsupportedError) as refused:
+        _future_start_call(example((8, 128)))
+    text = str(refused.value)
+    assert "kernel _future_start" in text and "semaphore sem " in text, text
+    assert "DMA future" in text and "safedma.testing.verify" in text, text
+
+
+def test_the_same_kernel_is_not_refused_for_the_chip() -> None:
+    """The refusal is the interpreter's limit: sanitized for the chip, the same kernel
+    lowers (a semaphore it returns is not checked at exit: it may hold a count across
+    kernels)."""
+    spec = jax.ShapeDtypeStruct((8, 128), F32)
+
+    def for_chip(x: jax.Array) -> Any:
+        return sd.pallas_call(
+            _future_start,
+            (jax.ShapeDtypeStruct(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())),
+            in_specs=[HBM],
+            out_specs=(HBM, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+            sanitize=QUICK,
+        )(x)
+
+    from safedma.testing import mosaic_text
+
+    assert "tpu.enqueue_dma" in mosaic_text(for_chip, spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,18 +14,27 @@ REFUSALS = {
     "mosaic": ("UnsupportedDmaError", "UnsupportedByJaxError"),
     "verify": ("VerificationUnsupportedError",),
     "simulate": ("SimulationUnsupportedError",),
+    "sanitize": ("SanitizerUnsupportedError",),
 }
 
 
-def check(case: Case, tool: str, run: Callable[[Program], Any]) -> Any:
+def check(
+    case: Case,
+    tool: str,
+    run: Callable[[Program], Any],
+    within: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> Any:
     """Build the case's program, run ``tool`` on it and hold the outcome to the verdict.
 
+    ``within``: the tool's setting, in force while the program is built (a program may
+    make its ``pallas_call`` when built, and read the setting then).
     Returns what the tool returned (for an ``Ok``), after ``Ok.check``.
     """
     import re
 
     verdict = case.expect[tool]
-    program = case.build()
+    with within():
+        program = case.build()
     if isinstance(verdict, Ok):
         result = run(program)
         if verdict.check is not None:
