@@ -165,6 +165,8 @@ class Pair:
     rows: int = BLOCK[0]
     simulate_bug: str | None = "clean"
     trace_bug: Raises | None = None
+    # The trace-time error that stops the raw pltpu bug (its body under sd.checked).
+    trace_raw_bug: Raises | None = None
     devices: int = RING
     slow_simulate: bool = False  # even the pltpu spelling's simulations are slow
 
@@ -202,6 +204,8 @@ class Pair:
             expect["verify"] = caught if caught is not None else self.verify
             if caught is not None:
                 expect["trace"] = caught
+            elif flavour == "pltpu" and self.trace_raw_bug is not None:
+                expect["trace"] = self.trace_raw_bug
             elif self.simulate_bug is not None:
                 expect["simulate"] = (
                     OK
@@ -212,8 +216,7 @@ class Pair:
                     slow.append("simulate")
         else:
             expect["verify"] = Ok(report={"devices": self.devices})
-            if flavour == "safedma":
-                expect["trace"] = OK
+            expect["trace"] = OK  # the raw twin under sd.checked too
             expect["simulate"] = OK
             if self.kind == "silent" or flavour == "safedma" or self.slow_simulate:
                 slow.append("simulate")
