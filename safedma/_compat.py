@@ -806,9 +806,12 @@ def dma_operands(eqn: Any, operands: list[object]) -> tuple[object, ...] | None:
     return cast("tuple[object, ...]", args)
 
 
-def view_slot(view: object) -> tuple[int | None, ...] | None:
+def view_slot(
+    view: object, known: Mapping[int, int] | None = None
+) -> tuple[int | None, ...] | None:
     """The static index of each indexed axis of a semaphore view (None: computed),
-    ``()`` for the bare ref; None when the view has other transforms or slices."""
+    ``()`` for the bare ref; None when the view has other transforms or slices.
+    ``known``: static values of variables by id (a literal a block received)."""
     slot: list[int | None] = []
     # Private: TransformedRef / NDIndexer (see ref_layout).
     while isinstance(view, _state_types.TransformedRef):
@@ -819,9 +822,19 @@ def view_slot(view: object) -> tuple[int | None, ...] | None:
                 if isinstance(index, _state_indexing.Slice):
                     return None
                 literal = getattr(index, "val", index)  # a Literal holds its value
-                slot.append(_static_int(literal) if not is_jaxpr_var(index) else None)
+                if is_jaxpr_var(index):
+                    slot.append((known or {}).get(id(index)))
+                else:
+                    slot.append(_static_int(literal))
         view = view.ref
     return tuple(slot)
+
+
+def literal_int(value: object) -> int | None:
+    """The integer a jaxpr literal holds (None for a variable or another literal)."""
+    if is_jaxpr_var(value):
+        return None
+    return _static_int(getattr(value, "val", value))
 
 
 def is_jaxpr_var(value: object) -> bool:

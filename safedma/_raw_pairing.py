@@ -69,7 +69,15 @@ class _Reader:
     def __init__(self, is_own_file: Any) -> None:
         self.events: list[_Event] = []
         self.opaque: set[int] = set()
+        # Static values of block inputs that received a literal (an index a descriptor
+        # made outside a branch carries in), by the variable's id.
+        self.known: dict[int, int] = {}
         self.is_own_file = is_own_file
+
+    def static(self, operand: object) -> int | None:
+        if _compat.is_jaxpr_var(operand):
+            return self.known.get(id(operand))
+        return _compat.literal_int(operand)
 
     def root(self, var: object, env: Mapping[int, int]) -> int | None:
         base = _compat.view_base(var)
@@ -104,7 +112,12 @@ class _Reader:
             for jaxpr, positions in blocks:
                 inner = dict(env)
                 for var, k in zip([*jaxpr.constvars, *jaxpr.invars], positions):
-                    if 0 <= k < len(operands) and _compat.is_jaxpr_var(operands[k]):
+                    if not 0 <= k < len(operands):
+                        continue
+                    value = self.static(operands[k])
+                    if value is not None and name not in _LOOPS:  # a loop's carry changes
+                        self.known[id(var)] = value
+                    if _compat.is_jaxpr_var(operands[k]):
                         key = self.root(operands[k], env)
                         if key is not None:
                             inner[id(var)] = key
@@ -139,7 +152,7 @@ class _Reader:
                 _Event(
                     start,
                     key,
-                    _compat.view_slot(view),
+                    _compat.view_slot(view, self.known),
                     _compat.view_nbytes(data),
                     raw,
                     remote,
@@ -243,6 +256,7 @@ def _over_waited(
         if needed <= most:
             continue
         sem = _name(w.root, names, w.slot)
+        extra = [o for o in same if o.raw][-1]  # the wait past what is signalled
         if not signals:
             problem = f"no copy in the kernel body signals {sem}"
             fix = (
@@ -257,7 +271,7 @@ def _over_waited(
             )
             fix = "Keep one wait per copy started: remove the extra wait."
         raise HandleWaitedTwiceError(
-            f"kernel {kernel_name!r}: the raw wait at {_where(w.line)} can never be "
+            f"kernel {kernel_name!r}: the raw wait at {_where(extra.line)} can never be "
             f"satisfied: {problem}, so the kernel hangs there on every path. {fix}"
         )
 
