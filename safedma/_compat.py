@@ -819,7 +819,7 @@ def view_slot(
             if not isinstance(transform, _state_indexing.NDIndexer):
                 return None
             for index in transform.indices:
-                if isinstance(index, _state_indexing.Slice):
+                if isinstance(index, _indexing.Slice):
                     return None
                 literal = getattr(index, "val", index)  # a Literal holds its value
                 if is_jaxpr_var(index):

@@ -179,7 +179,11 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
 
 
 def _check_raw_copies(
-    ledger: Any, name: str, named: Mapping[str, object], args: tuple[object, ...], scratch: int | None
+    ledger: Any,
+    name: str,
+    named: Mapping[str, object],
+    args: tuple[object, ...],
+    scratch: int | None,
 ) -> None:
     """Pair the raw pltpu copies of the body's jaxpr (safedma/_raw_pairing.py), semaphores
     named by the parameters holding them; those a kernel takes as operands (``scratch``

@@ -121,9 +121,7 @@ class _Reader:
                         key = self.root(operands[k], env)
                         if key is not None:
                             inner[id(var)] = key
-                self.read(
-                    list(jaxpr.eqns), _invars, inner, top=inner_top, loop=inner_loop
-                )
+                self.read(list(jaxpr.eqns), _invars, inner, top=inner_top, loop=inner_loop)
 
     def dma(
         self, eqn: Any, operands: list[Any], env: Mapping[int, int], *, top: bool, loop: bool
@@ -260,8 +258,7 @@ def _over_waited(
         if not signals:
             problem = f"no copy in the kernel body signals {sem}"
             fix = (
-                "Wait the semaphore slot the copy was started on (or start the copy on this "
-                "slot)."
+                "Wait the semaphore slot the copy was started on (or start the copy on this slot)."
             )
         else:
             started = ", ".join(sorted({_where(s.line) for s in signals}))
@@ -282,7 +279,9 @@ def _bytes_differ(
     roots = {e.root for e in waits if e.raw} | {e.root for e in starts if e.raw}
     for root in roots:
         mine = [e for e in (*starts, *waits) if e.root == root]
-        if not all(e.top and _static(e.slot) and e.nbytes is not None and not e.remote for e in mine):
+        if not all(
+            e.top and _static(e.slot) and e.nbytes is not None and not e.remote for e in mine
+        ):
             continue
         for slot in {e.slot for e in mine}:
             here = [e for e in mine if e.slot == slot]
@@ -299,8 +298,11 @@ def _bytes_differ(
                 f"{_name(root, names, slot)} waits {total} bytes in all, while the copies "
                 f"started on that slot (at {begun}) signal {started}: a wait decrements the "
                 "semaphore by its descriptor's size, so the kernel "
-                + ("hangs" if total > started else "reads data still in flight and ends with "
-                   "the semaphore not zero")
+                + (
+                    "hangs"
+                    if total > started
+                    else "reads data still in flight and ends with the semaphore not zero"
+                )
                 + ". Wait with a descriptor of the same source and destination as the copy "
                 "started (the same .at[...] slices)."
             )
