@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 import safedma as sd
 from tests import corpus
 from tests.corpus import _run
-from tests.corpus._case import Case, Ok
+from tests.corpus._case import Case, Raises
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 X = jax.ShapeDtypeStruct((32, 128), jnp.float32)
@@ -178,7 +178,12 @@ def test_a_computed_slot_meets_every_static_one() -> None:
 
 
 def _correct(case: Case) -> bool:
-    return "bug" not in case.tags and all(isinstance(v, Ok) for v in case.expect.values())
+    """No seeded mistake: every tool accepts it (or refuses it as unsupported), or it is
+    one of jax's own ops/tpu kernels (all_gather on 4 devices included: verify reports
+    a race there, a question of order, not of counts)."""
+    if case.provenance.startswith("jax ops/tpu"):
+        return True
+    return "bug" not in case.tags and not any(isinstance(v, Raises) for v in case.expect.values())
 
 
 CORRECT = [c for c in corpus.CASES if _correct(c)]
