@@ -850,3 +850,118 @@ def compiled_for_chip() -> str | None:
         return str(jax.devices()[0].device_kind)
     except RuntimeError:  # no backend could be started: not a chip
         return None
+
+
+# Raw DMA equations for the raw-copy pairing (safedma/_raw_pairing.py). Private: the
+# operand layout of jax's ``dma_start`` / ``dma_wait`` (their ``tree``: ``(src, dst,
+# sem, other_sem, device_id)``, jax 0.10.2 and 0.12 alike; a wait's ``sem`` and ``dst``
+# are the waited side's, jax swaps them for a send wait) and the indexer a view carries
+# (NDIndexer, see ref_layout). No public API exposes an equation's operands.
+DMA_START = "dma_start"
+DMA_WAIT = "dma_wait"
+
+
+def dma_operands(eqn: Any, operands: list[object]) -> tuple[object, ...] | None:
+    """``(src, dst, sem, other_sem, device_id)`` of a ``dma_start`` / ``dma_wait`` whose
+    flat operands are ``operands`` (jaxpr variables or literals); None if not that form."""
+    try:
+        args = eqn.params["tree"].unflatten(list(operands))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    if not isinstance(args, tuple) or len(cast("tuple[object, ...]", args)) != 5:
+        return None
+    return cast("tuple[object, ...]", args)
+
+
+def view_slot(
+    view: object, known: Mapping[int, int] | None = None
+) -> tuple[int | None, ...] | None:
+    """The static index of each indexed axis of a semaphore view (None: computed),
+    ``()`` for the bare ref; None when the view has other transforms or slices.
+    ``known``: static values of variables by id (a literal a block received)."""
+    slot: list[int | None] = []
+    # Private: TransformedRef / NDIndexer (see ref_layout).
+    while isinstance(view, _state_types.TransformedRef):
+        for transform in view.transforms:
+            if not isinstance(transform, _state_indexing.NDIndexer):
+                return None
+            for index in transform.indices:
+                if isinstance(index, _indexing.Slice):
+                    return None
+                literal = getattr(index, "val", index)  # a Literal holds its value
+                if is_jaxpr_var(index):
+                    slot.append((known or {}).get(id(index)))
+                else:
+                    slot.append(_static_int(literal))
+        view = view.ref
+    return tuple(slot)
+
+
+def literal_int(value: object) -> int | None:
+    """The integer a jaxpr literal holds (None for a variable or another literal)."""
+    if is_jaxpr_var(value):
+        return None
+    return _static_int(getattr(value, "val", value))
+
+
+def is_jaxpr_var(value: object) -> bool:
+    """Whether ``value`` is a jaxpr variable (not a literal)."""
+    # Private: the Var class has no public home in jax 0.10.2.
+    return isinstance(value, _jax_core.Var)
+
+
+def view_nbytes(view: object) -> int | None:
+    """The bytes a view of a data ref covers, when its shape is static; else None."""
+    base = view_base(view)
+    aval = getattr(base, "aval", None)
+    dtype = getattr(aval, "dtype", None)
+    shape: tuple[object, ...] = tuple(getattr(aval, "shape", ()))
+    # Private: NDIndexer.get_indexer_shape (see ref_layout); the last indexer gives the shape.
+    current: object = view
+    indexers: list[Any] = []
+    while isinstance(current, _state_types.TransformedRef):
+        indexers = list(current.transforms) + indexers
+        current = current.ref
+    if indexers:
+        last = indexers[-1]
+        if not isinstance(last, _state_indexing.NDIndexer):
+            return None
+        shape = tuple(last.get_indexer_shape())
+    if dtype is None or not all(isinstance(d, int) for d in shape):
+        return None
+    try:
+        size = int(np.prod(cast("tuple[int, ...]", shape))) * int(np.dtype(dtype).itemsize)
+    except TypeError:
+        return None
+    return size
+
+
+def eqn_user_line(eqn: Any) -> tuple[str, int] | None:
+    """The innermost frame outside jax that traced ``eqn`` (see emitted_from)."""
+    traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    frame = _source_info.user_frame(traceback) if traceback is not None else None
+    if frame is None:
+        return None
+    return str(frame.file_name), int(frame.start_line)
+
+
+def enclosing_scratch_count() -> int | None:
+    """How many ref leaves the innermost ``pl.pallas_call`` being traced hands its body as
+    scratch, after its operands (0 for scratch given as a mapping: keywords), or None
+    outside one: a body checked under a plain ``pl.pallas_call`` tells its scratch
+    semaphores from those it takes as operands (DMA futures) this way."""
+    import inspect
+
+    # Private: pallas_call's body wrapper holds the scratch (avals) as its local
+    # ``scratch_args`` (jax 0.10.2 and 0.12 alike); if jax renames it, nothing is found and
+    # every semaphore parameter is taken for an operand (the raw pairing then skips it).
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if filename.endswith("pallas/pallas_call.py") and "scratch_args" in frame.f_locals:
+            scratch: object = frame.f_locals["scratch_args"]
+            if isinstance(scratch, Mapping):
+                return 0
+            return len(jax.tree_util.tree_leaves(scratch))
+        frame = frame.f_back
+    return None

@@ -25,7 +25,9 @@ from jax.experimental import pallas as pl
 from safedma import _compat
 from safedma._compat import SemaphoreKind
 from safedma._jax_errors import rewrite
+from safedma._describe import is_library_file
 from safedma._ledger import ledger_scope, settle_semaphore
+from safedma._raw_pairing import check_raw_copies
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._sanitize import Sanitize, for_body, for_call
 from safedma._scratch import Scratch
@@ -151,7 +153,7 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
         _sanitizer_reach(traced)  # before the config of a plain entry point is set
         with (
             _config_of_enclosing_call(),
-            kernel_scope(name, _named_arguments(signature, args, kwargs)),
+            kernel_scope(name, named := _named_arguments(signature, args, kwargs)),
             ledger_scope() as ledger,
         ):
             if scratch is not None:
@@ -164,6 +166,8 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
                     raise
                 raise rewritten from error
             ledger.check_all_waited(name)
+            if ledger.parent is None:  # a nested body's copies are its kernel's
+                _check_raw_copies(ledger, name, named, args, scratch)
 
     # jax names a kernel after its function, looking through functools.partial;
     # a partial has no __name__ for wraps() to copy, so give the wrapper the
@@ -172,6 +176,39 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
     traced.__qualname__ = getattr(_unwrap_partial(body), "__qualname__", name)
     setattr(traced, _MARK, True)
     return traced
+
+
+def _check_raw_copies(
+    ledger: Any,
+    name: str,
+    named: Mapping[str, object],
+    args: tuple[object, ...],
+    scratch: int | None,
+) -> None:
+    """Pair the raw pltpu copies of the body's jaxpr (safedma/_raw_pairing.py), semaphores
+    named by the parameters holding them; those a kernel takes as operands (``scratch``
+    known) may outlive it (DMA futures) and are left alone."""
+    names: dict[int, str] = {}
+    for text, ref in named.items():
+        var = _compat.jaxpr_var_of(_compat.root_of(ref))
+        if var is not None and id(var) not in names:
+            names[id(var)] = text
+    operands: object = args
+    if scratch is not None:
+        operands = args[: len(args) - scratch] if scratch else args
+    else:
+        # Under a plain pl.pallas_call: the scratch jax handed the body, if found (none
+        # found: every parameter is taken for an operand).
+        count = _compat.enclosing_scratch_count()
+        leaves = jax.tree_util.tree_leaves(args, is_leaf=_compat.is_ref)
+        operands = leaves[: len(leaves) - count] if count else leaves
+    skip: set[int] = set()
+    for leaf in jax.tree_util.tree_leaves(operands, is_leaf=_compat.is_ref):
+        if _compat.is_ref(leaf):
+            var = _compat.jaxpr_var_of(_compat.root_of(leaf))
+            if var is not None:
+                skip.add(id(var))
+    check_raw_copies(ledger.frame, ledger.begins_at, name, names, skip, is_library_file)
 
 
 def _sanitizer_reach(body: object) -> None:

@@ -167,6 +167,8 @@ class Pair:
     rows: int = BLOCK[0]
     simulate_bug: str | None = "clean"
     trace_bug: Raises | None = None
+    # The trace-time error that stops the raw pltpu bug (its body under sd.checked).
+    trace_raw_bug: Raises | None = None
     devices: int = RING
     slow_simulate: bool = False  # even the pltpu spelling's simulations are slow
     sanitize_bug: Raises | None = None
@@ -207,18 +209,24 @@ class Pair:
                 expect["trace"] = caught
                 # sanitize=True traces the body with the same checks first.
                 expect["sanitize"] = caught
-            elif self.sanitize_bug is not None:
-                expect["sanitize"] = self.sanitize_bug
-            elif self.simulate_bug is not None:
-                expect["simulate"] = (
-                    OK if self.simulate_bug == "clean" else Raises(self.simulate_bug, exact=True)
-                )
-                if flavour == "safedma" or self.slow_simulate:
-                    slow.append("simulate")
+            elif flavour == "pltpu" and self.trace_raw_bug is not None:
+                expect["trace"] = self.trace_raw_bug
+                # The sanitizer sends raw calls through sd.pallas_call: the same check first.
+                expect["sanitize"] = self.trace_raw_bug
+            else:
+                if self.sanitize_bug is not None:
+                    expect["sanitize"] = self.sanitize_bug
+                if self.simulate_bug is not None:
+                    expect["simulate"] = (
+                        OK
+                        if self.simulate_bug == "clean"
+                        else Raises(self.simulate_bug, exact=True)
+                    )
+                    if flavour == "safedma" or self.slow_simulate:
+                        slow.append("simulate")
         else:
             expect["verify"] = Ok(report={"devices": self.devices})
-            if flavour == "safedma":
-                expect["trace"] = OK
+            expect["trace"] = OK  # the raw twin under sd.checked too
             expect["simulate"] = OK
             expect["sanitize"] = OK
             if self.kind == "silent" or flavour == "safedma" or self.slow_simulate:

@@ -18,18 +18,38 @@ def _mesh_context(mesh: Any) -> contextlib.AbstractContextManager[object]:
     return contextlib.nullcontext() if mesh is None else jax.sharding.use_abstract_mesh(mesh)
 
 
+@contextlib.contextmanager
+def _raw_bodies_checked() -> Any:
+    """Bodies of a plain ``pl.pallas_call`` (raw pltpu twins) traced under ``sd.checked``, as
+    a user wraps a raw kernel: the trace-time checks then read their raw copies too."""
+    import safedma as sd
+    from jax.experimental import pallas as pl
+
+    original = pl.pallas_call
+
+    def checked_call(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(sd.checked(kernel), *args, **kwargs)
+
+    pl.pallas_call = checked_call
+    try:
+        yield
+    finally:
+        pl.pallas_call = original
+
+
 def trace(program: Program) -> Any:
-    """Trace the whole program: every kernel body runs, so every trace-time check runs;
-    nothing is lowered. A ``lower=True`` program is lowered to Mosaic (for checks that
+    """Trace the whole program: every kernel body runs (a plain ``pl.pallas_call``'s under
+    ``sd.checked``), so every trace-time check runs; nothing is lowered. A ``lower=True`` program is lowered to Mosaic (for checks that
     run there, and to count its kernels): its Mosaic kernels are returned."""
     fn, args, mesh = program.whole()
     if program.lower:
         from safedma.testing import mosaic_kernels
 
-        kernels = mosaic_kernels(fn, *args, mesh=mesh)
+        with _raw_bodies_checked():
+            kernels = mosaic_kernels(fn, *args, mesh=mesh)
         assert kernels, "the program lowers to no Mosaic kernel"
         return kernels
-    with _mesh_context(mesh):
+    with _mesh_context(mesh), _raw_bodies_checked():
         jax.jit(fn).trace(*args)
     return None
 

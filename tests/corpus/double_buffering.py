@@ -198,6 +198,10 @@ PAIRS = (
             matches=(r"double_buffering\.py:\d+: wait\(\) never",),
             exact=True,
         ),
+        # The raw twin alike: its jaxpr waits sems.at[0] only (raw copies paired per slot).
+        trace_raw_bug=Raises(
+            "^CopyNeverWaitedError$", says=("sems[1]", "raw pltpu copy"), exact=True
+        ),
     ),
     Pair(
         "writeback",

@@ -33,7 +33,13 @@ def _vmem(rows: int = 8) -> Any:
 
 
 def raw_wait_never_started(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).wait()  # hangs
+    # Inside a loop: the trace-time pairing leaves a wait whose run count depends on the
+    # path to the run (at the body's top level it reports this wait before any run).
+    def once(i: Any, carry: Any) -> Any:
+        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).wait()  # hangs
+        return carry
+
+    jax.lax.fori_loop(0, 1, once, 0)
 
 
 def raw_regular_never_signalled(x_hbm: Any, o_hbm: Any, reg: Any) -> None:

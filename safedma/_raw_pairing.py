@@ -1,0 +1,308 @@
+"""Raw pltpu copies paired per semaphore slot from the kernel body's jaxpr.
+
+``pltpu.make_async_copy(...).start()`` / ``.wait()`` (and remote copies' ``wait_send`` /
+``wait_recv``) leave no record in safedma's ledger; the body's equations do:
+``dma_start`` and ``dma_wait``. Once the body is traced, its equations (and those of
+every branch, loop body, ``run_scoped`` and ``jax.jit`` helper inside) are read; each
+start signals its semaphore slots (the destination's, on the target device for a remote
+copy, and the source's), each wait decrements one. safedma's own copies are equations
+too: they count as partners, but only raw ones are reported (the ledger reports its own).
+
+Only what is wrong on every path is reported, so a correct kernel is never rejected:
+
+* a raw start no wait anywhere in the body could pair with (every wait on its semaphore
+  array is on another static slot): :class:`~safedma.CopyNeverWaitedError`;
+* unconditional waits (top level of the body) on a static slot that the starts able to
+  signal it cannot cover, counted in bytes (each start outside loops runs at most once
+  per body run): a second wait of one copy, or a wait no start signals,
+  :class:`~safedma.HandleWaitedTwiceError`;
+* a root whose every start and wait is unconditional, where the bytes started and waited
+  on one static slot differ: :class:`~safedma.CopyShapeMismatchError`.
+
+A computed slot index meets every slot (silent); a semaphore used by anything else (a
+kernel operand, a ``semaphore_signal``, a block the reader does not know) is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from safedma import _compat
+from safedma._errors import CopyNeverWaitedError, CopyShapeMismatchError, HandleWaitedTwiceError
+from safedma._raw_waits import block_inputs
+
+__all__ = ["check_raw_copies"]
+
+_LOOPS = ("scan", "while", "emit_pipeline")
+_BRANCHES = ("cond",)
+
+Slot = tuple[int | None, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Event:
+    start: bool
+    root: int  # the key of the semaphore array (a kernel-level variable, an allocation)
+    slot: Slot
+    nbytes: int | None
+    raw: bool  # not emitted by safedma
+    remote: bool  # the signal lands on another device (a remote copy's destination side)
+    top: bool  # runs exactly once per body run (no loop or branch around it)
+    in_loop: bool
+    line: tuple[str, int] | None
+    eqn: int  # the identity of its equation (one start eqn signals at most once a run)
+
+
+def _meet(a: Slot, b: Slot) -> bool:
+    if a is None or b is None or len(a) != len(b):
+        return True
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _static(slot: Slot) -> bool:
+    return slot is not None and all(x is not None for x in slot)
+
+
+class _Reader:
+    def __init__(self, is_own_file: Any) -> None:
+        self.events: list[_Event] = []
+        self.opaque: set[int] = set()
+        # Static values of block inputs that received a literal (an index a descriptor
+        # made outside a branch carries in), by the variable's id.
+        self.known: dict[int, int] = {}
+        self.is_own_file = is_own_file
+
+    def static(self, operand: object) -> int | None:
+        if _compat.is_jaxpr_var(operand):
+            return self.known.get(id(operand))
+        return _compat.literal_int(operand)
+
+    def root(self, var: object, env: Mapping[int, int]) -> int | None:
+        base = _compat.view_base(var)
+        if not _compat.is_jaxpr_var(base):
+            return None
+        return env.get(id(base), id(base))
+
+    def read(
+        self, eqns: list[Any], operands_of: Any, env: dict[int, int], *, top: bool, loop: bool
+    ) -> None:
+        for eqn in eqns:
+            operands = operands_of(eqn)
+            name = eqn.primitive.name
+            if name in (_compat.DMA_START, _compat.DMA_WAIT):
+                self.dma(eqn, operands, env, top=top, loop=loop)
+                continue
+            subs = list(_compat.sub_jaxprs(eqn.params))
+            sems = [
+                self.root(v, env)
+                for v in operands
+                if _compat.is_jaxpr_var(v) and _compat.is_semaphore_var(v)
+            ]
+            if not subs:
+                self.opaque.update(r for r in sems if r is not None)
+                continue
+            blocks = block_inputs(eqn)
+            if blocks is None:
+                self.opaque.update(r for r in sems if r is not None)
+                continue
+            inner_top = top and name not in _LOOPS and name not in _BRANCHES
+            inner_loop = loop or name in _LOOPS
+            for jaxpr, positions in blocks:
+                inner = dict(env)
+                for var, k in zip([*jaxpr.constvars, *jaxpr.invars], positions):
+                    if not 0 <= k < len(operands):
+                        continue
+                    value = self.static(operands[k])
+                    if value is not None and name not in _LOOPS:  # a loop's carry changes
+                        self.known[id(var)] = value
+                    if _compat.is_jaxpr_var(operands[k]):
+                        key = self.root(operands[k], env)
+                        if key is not None:
+                            inner[id(var)] = key
+                self.read(list(jaxpr.eqns), _invars, inner, top=inner_top, loop=inner_loop)
+
+    def dma(
+        self, eqn: Any, operands: list[Any], env: Mapping[int, int], *, top: bool, loop: bool
+    ) -> None:
+        args = _compat.dma_operands(eqn, operands)
+        raw = not _compat.emitted_from(eqn, self.is_own_file)
+        if args is None:
+            # Unknown layout: every semaphore it names is left alone.
+            for v in operands:
+                if _compat.is_jaxpr_var(v) and _compat.is_semaphore_var(v):
+                    key = self.root(v, env)
+                    if key is not None:
+                        self.opaque.add(key)
+            return
+        src, dst, sem, other, device_id = args
+        line = _compat.eqn_user_line(eqn)
+        start = eqn.primitive.name == _compat.DMA_START
+
+        def add(view: object, data: object, *, remote: bool) -> None:
+            if view is None:
+                return
+            key = self.root(view, env)
+            if key is None:
+                return
+            self.events.append(
+                _Event(
+                    start,
+                    key,
+                    _compat.view_slot(view, self.known),
+                    _compat.view_nbytes(data),
+                    raw,
+                    remote,
+                    top,
+                    loop,
+                    line,
+                    id(eqn),
+                )
+            )
+
+        if start:
+            add(sem, dst, remote=device_id is not None)
+            add(other, src, remote=False)
+        else:
+            add(sem, dst, remote=False)
+
+
+def _invars(eqn: Any) -> list[Any]:
+    return list(eqn.invars)
+
+
+def _top_operands(eqn: Any) -> list[Any]:
+    return [_compat.jaxpr_var_of(t) for t in _compat.operand_tracers(eqn)]
+
+
+def _where(line: tuple[str, int] | None) -> str:
+    return "an unknown line" if line is None else f"{line[0]}:{line[1]}"
+
+
+def _name(root: int, names: Mapping[int, str], slot: Slot) -> str:
+    base = names.get(root, "a semaphore allocated in the body")
+    if slot:
+        base += "[" + ", ".join("?" if i is None else str(i) for i in slot) + "]"
+    return base
+
+
+def check_raw_copies(
+    frame: object,
+    since: int,
+    kernel_name: str,
+    names: Mapping[int, str],
+    skip: set[int],
+    is_own_file: Any,
+) -> None:
+    """Check the raw copies traced into ``frame`` (from its ``since``-th equation on).
+
+    ``names``: kernel-level semaphore variables (by id) and the parameter text naming
+    them; ``skip``: ids of semaphore variables whose copies may outlive the body (kernel
+    operands: DMA futures)."""
+    reader = _Reader(is_own_file)
+    reader.read(_compat.traced_eqns(frame, since), _top_operands, {}, top=True, loop=False)
+    events = [e for e in reader.events if e.root not in reader.opaque and e.root not in skip]
+    starts = [e for e in events if e.start]
+    waits = [e for e in events if not e.start]
+    _never_waited(kernel_name, starts, waits, names)
+    _over_waited(kernel_name, starts, waits, names)
+    _bytes_differ(kernel_name, starts, waits, names)
+
+
+def _never_waited(
+    kernel_name: str, starts: list[_Event], waits: list[_Event], names: Mapping[int, str]
+) -> None:
+    left = [
+        s
+        for s in starts
+        if s.raw and not any(w.root == s.root and _meet(w.slot, s.slot) for w in waits)
+    ]
+    if not left:
+        return
+    lines = sorted({(_where(s.line), _name(s.root, names, s.slot), s.remote) for s in left})
+    listed = "\n".join(
+        f"  - a raw pltpu copy signalling {sem}{' on the target device' if remote else ''}, "
+        f"started at {where}: no wait on that semaphore slot"
+        for where, sem, remote in lines
+    )
+    raise CopyNeverWaitedError(
+        f"kernel {kernel_name!r}: {len(lines)} raw cop{'y was' if len(lines) == 1 else 'ies were'} "
+        "started and never waited anywhere in the kernel body (in no branch, no loop; every "
+        "wait on the same semaphore array is on another slot):\n"
+        f"{listed}\nOn a TPU this crashes the program; in interpret mode the copy never lands. "
+        "Call .wait() on the descriptor (wait_send() and wait_recv() for a remote copy), or "
+        "wait a descriptor of the same size on the same semaphore slot where the copy is "
+        "consumed (a later loop iteration or grid step)."
+    )
+
+
+def _over_waited(
+    kernel_name: str, starts: list[_Event], waits: list[_Event], names: Mapping[int, str]
+) -> None:
+    for w in waits:
+        if not (w.raw and w.top and _static(w.slot)):
+            continue
+        same = [o for o in waits if o.top and o.root == w.root and o.slot == w.slot]
+        signals = [s for s in starts if s.root == w.root and _meet(s.slot, w.slot)]
+        if any(s.remote or s.in_loop or s.nbytes is None for s in signals):
+            continue  # peers may signal it, or a loop any number of times
+        if any(o.nbytes is None for o in same):
+            continue
+        most = sum({s.eqn: s.nbytes or 0 for s in signals}.values())
+        needed = sum(o.nbytes or 0 for o in same)
+        if needed <= most:
+            continue
+        sem = _name(w.root, names, w.slot)
+        extra = [o for o in same if o.raw][-1]  # the wait past what is signalled
+        if not signals:
+            problem = f"no copy in the kernel body signals {sem}"
+            fix = (
+                "Wait the semaphore slot the copy was started on (or start the copy on this slot)."
+            )
+        else:
+            started = ", ".join(sorted({_where(s.line) for s in signals}))
+            problem = (
+                f"its waits on {sem} decrement {needed} bytes on every run of the body, while "
+                f"the copies able to signal it (started at {started}) add at most {most}"
+            )
+            fix = "Keep one wait per copy started: remove the extra wait."
+        raise HandleWaitedTwiceError(
+            f"kernel {kernel_name!r}: the raw wait at {_where(extra.line)} can never be "
+            f"satisfied: {problem}, so the kernel hangs there on every path. {fix}"
+        )
+
+
+def _bytes_differ(
+    kernel_name: str, starts: list[_Event], waits: list[_Event], names: Mapping[int, str]
+) -> None:
+    roots = {e.root for e in waits if e.raw} | {e.root for e in starts if e.raw}
+    for root in roots:
+        mine = [e for e in (*starts, *waits) if e.root == root]
+        if not all(
+            e.top and _static(e.slot) and e.nbytes is not None and not e.remote for e in mine
+        ):
+            continue
+        for slot in {e.slot for e in mine}:
+            here = [e for e in mine if e.slot == slot]
+            started = sum(e.nbytes or 0 for e in here if e.start)
+            waited = [e for e in here if not e.start]
+            total = sum(e.nbytes or 0 for e in waited)
+            if not waited or total == started or started == 0:
+                continue
+            raw_waits = [e for e in waited if e.raw]
+            subject = raw_waits[0] if raw_waits else waited[0]
+            begun = ", ".join(sorted({_where(e.line) for e in here if e.start}))
+            raise CopyShapeMismatchError(
+                f"kernel {kernel_name!r}: the wait at {_where(subject.line)} on "
+                f"{_name(root, names, slot)} waits {total} bytes in all, while the copies "
+                f"started on that slot (at {begun}) signal {started}: a wait decrements the "
+                "semaphore by its descriptor's size, so the kernel "
+                + (
+                    "hangs"
+                    if total > started
+                    else "reads data still in flight and ends with the semaphore not zero"
+                )
+                + ". Wait with a descriptor of the same source and destination as the copy "
+                "started (the same .at[...] slices)."
+            )
