@@ -109,3 +109,28 @@ def settle() -> None:
     from safedma._sanitize._jax import forget_failed_effects
 
     forget_failed_effects()
+
+
+def past_the_trace_checks(operation: Callable[[], object]) -> None:
+    """Run ``operation`` in a loop of one iteration. The trace-time pairing of raw copies
+    does not count copies inside loops (it cannot know their trip counts), so a mistake
+    written this way reaches the sanitizer at run time instead of being refused first."""
+
+    def step(i: Any, carry: Any) -> Any:
+        operation()
+        return carry
+
+    jax.lax.fori_loop(0, 1, step, 0)
+
+
+def started_never_waited(copy: Any) -> None:
+    """Start ``copy`` and never wait it, in a way only a run can tell: its one wait sits
+    in a loop of zero iterations. The trace-time pairing of raw copies sees a wait on
+    the slot (it does not count loop trips), so the mistake reaches the sanitizer."""
+    copy.start()
+
+    def step(i: Any, carry: Any) -> Any:
+        copy.wait()
+        return carry
+
+    jax.lax.fori_loop(0, 0, step, 0)

@@ -19,7 +19,7 @@ from safedma.testing import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
 )
-from tests.sanitize.helpers import F32, example, hbm_call, on_mesh, settle
+from tests.sanitize.helpers import F32, example, hbm_call, on_mesh, settle, started_never_waited
 from tests.support.simulation import line_of
 
 X = (64, 128)
@@ -94,7 +94,7 @@ def test_a_hung_wait_returns_within_the_bound() -> None:
 
 
 def raw_started_never_waited(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).start()
+    started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem))
 
 
 def raw_signal_never_waited(x_hbm: Any, o_hbm: Any, regs: Any) -> None:
@@ -103,7 +103,7 @@ def raw_signal_never_waited(x_hbm: Any, o_hbm: Any, regs: Any) -> None:
 
 def raw_scoped_leftover(x_hbm: Any, o_hbm: Any) -> None:
     def body(buf: Any, scoped_sem: Any) -> None:
-        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, scoped_sem).start()
+        started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, scoped_sem))
 
     pl.run_scoped(body, _vmem(), pltpu.SemaphoreType.DMA(()))
 

@@ -229,17 +229,16 @@ def test_jax_ragged_paged_attention_compiles_sanitized_for_v5e() -> None:
 
 # verify sees the dropped wait as the read it no longer guards (R7/R9).
 @pytest.mark.safedma_verify_expected("RaceDetectedError")
-def test_a_wait_dropped_from_jax_paged_attention_is_reported(
+def test_a_wait_dropped_from_jax_paged_attention_is_refused_before_it_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The checks are live on jax's kernel: one of its waits left out is a leftover."""
+    """The checks are live on jax's kernel: one of its waits left out (every wait on
+    ``k_sems``) is refused when the sanitized call traces the body, before it runs."""
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa
-
-    from safedma.testing import LeftoverSemaphoreError
 
     monkeypatch.setenv("SAFEDMA_SANITIZE", "1")
     monkeypatch.setattr(pa, "pltpu", DropWait(pltpu, 0))
     inputs = grids.paged_attention_inputs()
     with raw_calls_sanitized(monkeypatch), pltpu.force_tpu_interpret_mode(interpret()):
-        with pytest.raises(LeftoverSemaphoreError, match=r"paged_flash_attention_kernel"):
+        with pytest.raises(sd.CopyNeverWaitedError, match=r"(?s)paged_flash_attention_kernel.*k_sems"):
             jax.block_until_ready(grids.paged_attention().fn(*inputs))

@@ -329,50 +329,41 @@ def run_scoped() -> LaneCase:
 
 def dma_future() -> LaneCase:
     """sd.start_async in one pallas_call, sd.finish_async in the next (the suite's)."""
-    from tests.support import census_kernels
+    from tests.corpus import futures
 
     x = rows_f32(64)
-    return LaneCase(census_kernels.copy_through_future, (x,), x, FUTURES)
+    return LaneCase(futures.copy_through_future, (x,), x, FUTURES)
 
 
 def staggered_futures() -> LaneCase:
     """Four futures chained: each call finishes one copy and starts the next."""
-    from tests.support import census_kernels
+    from tests.corpus import futures
 
     x = rows_f32(64)
-    return LaneCase(census_kernels.staggered_futures, (x,), x, FUTURES)
+    return LaneCase(futures.staggered_futures, (x,), x, FUTURES)
 
 
 def emit_pipeline_and_sync_copy() -> LaneCase:
     """sd.emit_pipeline in a checked kernel next to sd.sync_copy (the suite's pipelined_scale)."""
-    from tests.support import census_kernels
+    from tests.corpus import pipelines
 
     x = rows_f32(64)
-    fn = census_kernels.pipeline_call(
-        census_kernels.pipelined_scale,
-        [sd.vmem(census_kernels.BLOCK, F32)],
-        pallas=_checked_pallas_call,
+    fn = pipelines._pipeline_call(  # noqa: SLF001 (the corpus's own set-up, shared)
+        pipelines.pipelined_scale, [sd.vmem(pipelines.BLOCK, F32)], sd.pallas_call
     )
     return LaneCase(fn, (x,), x * 2, PIPELINE_TILING)
-
-
-def _checked_pallas_call(kernel: Callable[..., None], **options: Any) -> Any:
-    out = options.pop("out_shape")
-    return sd.pallas_call(kernel, out, **options)
 
 
 def paged_prefetch() -> LaneCase:
     """Scalar-prefetched page table, grid-step prefetch into a double buffer, a 2-D
     semaphore array per slot and page, the result out through reshape + bitcast views."""
-    from tests.support import census_kernels as ck
+    from tests.corpus import semaphore_arrays as sa
 
-    steps, num_pages = 3, 20
-    pages = rows_f32(num_pages * ck.PAGE_ROWS).reshape(num_pages, ck.PAGE_ROWS, LANES)
-    table = np.array([(7 * i + 3) % num_pages for i in range(steps * ck.PAGES)], dtype=np.int32)
-    fn = ck.rpa_call(
-        ck.rpa_prefetch, steps, num_pages, pallas=_checked_pallas_call, scratch=ck.rpa_scratch()
-    )
-    want = pages[table].reshape(steps, ck.PAGES * ck.PAGE_ROWS, LANES).view(np.uint32)
+    steps, num_pages = sa.RPA_STEPS, sa.RPA_NUM_PAGES
+    pages = rows_f32(num_pages * sa.PAGE_ROWS).reshape(num_pages, sa.PAGE_ROWS, LANES)
+    table = np.array([(7 * i + 3) % num_pages for i in range(steps * sa.PAGES)], dtype=np.int32)
+    fn = sa.rpa_program(True).fn
+    want = pages[table].reshape(steps, sa.PAGES * sa.PAGE_ROWS, LANES).view(np.uint32)
     return LaneCase(fn, (table, pages), want, RESHAPE_VIEWS)
 
 
