@@ -240,5 +240,7 @@ def test_a_wait_dropped_from_jax_paged_attention_is_refused_before_it_runs(
     monkeypatch.setattr(pa, "pltpu", DropWait(pltpu, 0))
     inputs = grids.paged_attention_inputs()
     with raw_calls_sanitized(monkeypatch), pltpu.force_tpu_interpret_mode(interpret()):
-        with pytest.raises(sd.CopyNeverWaitedError, match=r"(?s)paged_flash_attention_kernel.*k_sems"):
+        with pytest.raises(
+            sd.CopyNeverWaitedError, match=r"(?s)paged_flash_attention_kernel.*k_sems"
+        ):
             jax.block_until_ready(grids.paged_attention().fn(*inputs))
