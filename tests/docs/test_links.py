@@ -1,6 +1,6 @@
 """Every relative link in the README and docs/ resolves inside the repository.
 
-A link that leaves the repository (``../shared/...``) or names a file that moved
+A link that leaves the repository (``../elsewhere/...``) or names a file that moved
 sends a reader nowhere; an anchor that no longer exists lands them at the top of
 a long page. Both fail here.
 """
