@@ -27,6 +27,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from safedma._sanitize import _jax, _report
 from safedma._sanitize._errors import SanitizerUnsupportedError
+from safedma._sanitize._drain import BUFFER
 from safedma._sanitize._flags import WORDS, Recorder
 from safedma._sanitize._instrument import Instrumenter, KernelPlan, NamedRef
 from safedma._sanitize._options import ENV_SWITCH, SanitizeOptions
@@ -130,10 +131,12 @@ def sanitized_pallas_call(
     if grid_spec is not None:
         spec = copy.copy(grid_spec)
         spec.out_specs = with_flags(getattr(grid_spec, "out_specs", None))
+        spec.scratch_shapes = _with_drain_buffer(getattr(grid_spec, "scratch_shapes", None))
         given["grid_spec"] = spec
         grid = _grid_rank(getattr(grid_spec, "grid", ()))
     else:
         given["out_specs"] = with_flags(given.get("out_specs"))
+        given["scratch_shapes"] = _with_drain_buffer(given.get("scratch_shapes"))
         grid = _grid_rank(given.get("grid"))
     traced: dict[str, Backend] = {}
     body = _sanitized_body(
@@ -199,6 +202,12 @@ def _sanitized_body(
 
     @functools.wraps(checked_body)
     def sanitized(*args: Any, **kwargs: Any) -> None:
+        if _DRAIN_KEY in kwargs:
+            kwargs = dict(kwargs)
+            drain_buffer = kwargs.pop(_DRAIN_KEY)
+        else:
+            *rest, drain_buffer = args
+            args = tuple(rest)
         at = len(args) - scratch_positional - 1
         flags = args[at]
         user_args = (*args[:at], *args[at + 1 :])
@@ -214,6 +223,7 @@ def _sanitized_body(
             recorder=Recorder(flags, tuple(axes), len(grid)),
             axes=tuple(axes.items()),
             grid=grid,
+            drain_buffer=drain_buffer,
         )
         leaves, tree = _jax.tree_flatten((user_args, kwargs))
 
@@ -263,6 +273,21 @@ def _refuse_semaphore_operands(
             "Run it sanitized on a TPU, or check its protocol on the CPU with "
             "safedma.testing.verify, which follows futures across pallas_calls."
         )
+
+
+#: The keyword the drain buffer takes when the caller's scratch is a mapping.
+_DRAIN_KEY = "_safedma_sanitizer_drain_buffer"
+
+
+def _with_drain_buffer(scratch: object) -> object:
+    """The caller's scratch with the exit drain's SMEM buffer after it (last positional
+    argument, or a keyword of its own when the scratch is a mapping)."""
+    buffer = pltpu.SMEM(BUFFER, jnp.int32)
+    if scratch is None:
+        return (buffer,)
+    if isinstance(scratch, Mapping):
+        return {**cast("Mapping[str, object]", scratch), _DRAIN_KEY: buffer}
+    return (*cast("Sequence[object]", scratch), buffer)
 
 
 def _scratch_leaves(args: tuple[Any, ...], kwargs: Mapping[str, Any], scratch: int) -> set[int]:

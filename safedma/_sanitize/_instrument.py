@@ -13,7 +13,9 @@ kernel's own trace, each primitive bound again at its user's line, with:
   the copy windows and semaphore indices that are not static; a copy or
   operation out of bounds is recorded and not issued;
 * at the end of each ``run_scoped`` body and at the kernel's last grid step:
-  every semaphore allocated there must be back to zero.
+  every semaphore allocated there must be back to zero; one that is not is
+  recorded, then drained (a DMA one with DMA waits, :mod:`._drain`), since the
+  chip halts a kernel that exits with a semaphore not at zero.
 
 ``cond`` / ``while`` / ``scan`` / ``run_scoped`` bodies are instrumented in
 place (rebuilt with ``lax.switch`` / ``lax.while_loop`` / ``lax.scan`` /
@@ -35,6 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from safedma._sanitize import _jax
+from safedma._sanitize._drain import drain_dma, settle
 from safedma._sanitize._errors import SanitizerUnsupportedError
 from safedma._sanitize._flags import (
     LEFTOVER,
@@ -90,6 +93,8 @@ class KernelPlan:
     recorder: Recorder
     axes: tuple[tuple[str, int], ...]
     grid: tuple[int | None, ...]
+    #: The SMEM buffer whose windows the exit drain of a DMA semaphore waits on.
+    drain_buffer: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,8 +455,8 @@ class Instrumenter:
     # ---------------------------------------------------------------- exit checks
 
     def exit_check(self, semaphores: Sequence[NamedRef], where: str, frames: Sequence[Any]) -> None:
-        """Every slot of every semaphore in ``semaphores`` must read 0; a REGULAR one that
-        does not is drained after it is recorded. On the chip, a copy started just before
+        """Every slot of every semaphore in ``semaphores`` must read 0; one that does not
+        is drained after it is recorded (a DMA one with DMA waits, :mod:`._drain`). On the chip, a copy started just before
         (and never waited) may not have begun to land: the check first lets about
         :data:`EXIT_SETTLE_POLLS` polls pass (some 12 us)."""
         dma = [n for n in semaphores if _jax.semaphore_kind(getattr(n.ref, "aval", None)) == "DMA"]
@@ -515,7 +520,18 @@ class Instrumenter:
         if count is None:
             count = _jax.read_semaphore(root, transforms, self.plan.backend)
 
+        backend = self.plan.backend
+
         def leftover() -> None:
+            if kind == "DMA":
+                # A DMA semaphore left non-zero halts the chip's core at exit (the flags
+                # are never read): record the count once it stopped changing, then drain
+                # it with DMA waits.
+                held = settle(root, transforms, count, backend, self.drain)
+                self.recorder.record(LEFTOVER, site, [held, flat])
+                buffer = self.plan.drain_buffer
+                _when(held > 0, lambda: drain_dma(view, held, buffer, backend, self.drain))
+                return
             self.recorder.record(LEFTOVER, site, [count, flat])
             if kind == "REGULAR":
 

@@ -163,7 +163,7 @@ def _started_never_waited(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
 
 
 def case_leftover_dma() -> str:
-    """A copy never waited: its count is left on the semaphore at exit."""
+    """A copy never waited: reported, and drained with DMA waits so the chip stays clean."""
     from safedma.testing import LeftoverSemaphoreError
 
     x = _x()
@@ -175,6 +175,37 @@ def case_leftover_dma() -> str:
         lambda: call(x),
         "DMA semaphore sem",
         _units("holds 128 DMA units", "holds 4096 bytes"),
+    )
+    _still_works()
+    return text
+
+
+def _still_landing(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
+    def scoped(scoped_buf: Any, scoped_sem: Any) -> None:
+        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 3)], scoped_buf, scoped_sem).start()
+
+    pl.run_scoped(scoped, pltpu.VMEM((3, 128), F32), pltpu.SemaphoreType.DMA(()))
+    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8), pl.ds(0, 64)], buf, sems.at[2]).start()
+    pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]).start()  # 4 MiB, landing at exit
+
+
+def case_leftover_dma_in_flight() -> str:
+    """Copies never waited on a scoped semaphore and on two slots of a 12-slot array (the
+    exit check's loop), one of 4 MiB still landing at exit: the first is reported, all
+    are drained."""
+    from safedma.testing import LeftoverSemaphoreError
+
+    x = _x((8192, 128))
+    call = _call(
+        _still_landing,
+        x.shape,
+        [pltpu.VMEM((8, 64), F32), pltpu.SemaphoreType.DMA((12,))],
+    )
+    text = _expect(
+        LeftoverSemaphoreError,
+        lambda: call(x),
+        "DMA semaphore scoped_sem",
+        _units("holds 48 DMA units", "holds 1536 bytes"),
     )
     _still_works()
     return text
@@ -321,6 +352,7 @@ CASES: dict[str, Callable[[], str]] = {
     "hang_dma": case_hang_dma,
     "hang_regular_under_jit": case_hang_regular_under_jit,
     "leftover_dma": case_leftover_dma,
+    "leftover_dma_in_flight": case_leftover_dma_in_flight,
     "leftover_regular": case_leftover_regular,
     "out_of_bounds": case_out_of_bounds,
     "semaphore_index": case_semaphore_index,

@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import safedma as sd
@@ -72,6 +74,30 @@ def test_sanitize_options_reach_the_compiled_kernel() -> None:
             out_specs=tpu_kernels.HBM,
             scratch_shapes=[sd.vmem((2, 8, 128), F32), sd.dma_semaphores(2)],
             sanitize=sd.SanitizeOptions(hang_after_s=1.0),
+        )(v)
+        return out
+
+    compile_for_tpu(
+        fn, jax.ShapeDtypeStruct((64, 128), F32), topology="v5e:2x2", in_specs=P(), out_specs=P()
+    )
+
+
+def _never_waited(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
+    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[1]).start()
+
+
+@pytest.mark.parametrize("slots", [2, 12])
+def test_the_dma_exit_drain_compiles_for_v5e(slots: int) -> None:
+    """libtpu takes the drain's DMA waits on SMEM windows (unrolled slots, and a loop)."""
+
+    def fn(v: jax.Array) -> jax.Array:
+        out: jax.Array = sd.pallas_call(
+            _never_waited,
+            jax.ShapeDtypeStruct((8, 128), F32),
+            in_specs=[tpu_kernels.HBM],
+            out_specs=tpu_kernels.HBM,
+            scratch_shapes=[sd.vmem((8, 128), F32), pltpu.SemaphoreType.DMA((slots,))],
+            sanitize=True,
         )(v)
         return out
 
