@@ -182,11 +182,13 @@ def case_leftover_dma() -> str:
 
 def _still_landing(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
     def scoped(scoped_buf: Any, scoped_sem: Any) -> None:
-        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 3)], scoped_buf, scoped_sem).start()
+        started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 3)], scoped_buf, scoped_sem))
 
     pl.run_scoped(scoped, pltpu.VMEM((3, 128), F32), pltpu.SemaphoreType.DMA(()))
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8), pl.ds(0, 64)], buf, sems.at[2]).start()
-    pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]).start()  # 4 MiB, landing at exit
+    started_never_waited(
+        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8), pl.ds(0, 64)], buf, sems.at[2])
+    )
+    started_never_waited(pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]))  # 4 MiB, landing at exit
 
 
 def case_leftover_dma_in_flight() -> str:

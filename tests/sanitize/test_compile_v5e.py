@@ -16,6 +16,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import safedma as sd
+from tests.sanitize.helpers import started_never_waited
 from benchmarks import tpu_kernels
 from safedma._sanitize import _sites
 from safedma.kernels import gather_pages, pipeline, ppermute
@@ -83,7 +84,7 @@ def test_sanitize_options_reach_the_compiled_kernel() -> None:
 
 
 def _never_waited(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[1]).start()
+    started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[1]))
 
 
 @pytest.mark.parametrize("slots", [2, 12])

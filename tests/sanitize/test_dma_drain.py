@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from tests.sanitize.helpers import started_never_waited
 from safedma._sanitize import _jax
 from safedma._sanitize._drain import BUFFER, drain_dma, pieces, settle
 from safedma._sanitize._units import Backend, amount
@@ -57,7 +58,9 @@ def test_every_measured_chip_count_is_a_sum_of_drain_windows(shape: Any, dtype: 
 
 def _drain_kernel(window: tuple[int, ...], dtype: Any, backend: Backend) -> Any:
     def kernel(x_hbm: Any, o_ref: Any, buf: Any, sem: Any, drain: Any) -> None:
-        pltpu.make_async_copy(x_hbm.at[tuple(pl.ds(0, d) for d in window)], buf, sem).start()
+        started_never_waited(
+            pltpu.make_async_copy(x_hbm.at[tuple(pl.ds(0, d) for d in window)], buf, sem)
+        )
         held = settle(sem, (), _jax.read_semaphore(sem, (), backend), backend, 100)
         o_ref[0] = held
         drain_dma(sem, held, drain, backend, 100)
@@ -138,16 +141,16 @@ CHIP_WINDOWS = [f"{r}x128xi32" for r in (8, 4, 2, 1)]
 
 
 def started(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).start()
+    started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem))
 
 
 def started_on_slot(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[3]).start()
+    started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[3]))
 
 
 def started_in_scope(x_hbm: Any, o_hbm: Any) -> None:
     def body(buf: Any, scoped_sem: Any) -> None:
-        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, scoped_sem).start()
+        started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, scoped_sem))
 
     pl.run_scoped(body, pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA(()))
 
@@ -176,11 +179,11 @@ def test_chip_scope_end_drain_waits_the_run_scoped_dma_semaphore() -> None:
 
 def started_everywhere(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
     def body(scoped_buf: Any, scoped_sem: Any) -> None:
-        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 3)], scoped_buf, scoped_sem).start()
+        started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 3)], scoped_buf, scoped_sem))
 
     pl.run_scoped(body, pltpu.VMEM((3, 128), F32), pltpu.SemaphoreType.DMA(()))
-    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[2]).start()
-    pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]).start()
+    started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[2]))
+    started_never_waited(pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]))
 
 
 @pytest.mark.parametrize(
