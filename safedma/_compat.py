@@ -847,7 +847,8 @@ def compiled_for_chip() -> str | None:
     try:
         if jax.default_backend() != "tpu":
             return None
-        return str(jax.devices()[0].device_kind)
+        devices_of: Callable[[], Sequence[object]] = getattr(jax, "devices")
+        return str(getattr(devices_of()[0], "device_kind", ""))
     except RuntimeError:  # no backend could be started: not a chip
         return None
 

@@ -175,7 +175,8 @@ _STATUS = jax.ShapeDtypeStruct((), jnp.int32)
 def _needs_cpu_platform() -> None:
     """Under jit on a TPU the flags are checked in a host callback, which needs the CPU
     platform (jax places the callback's operands on a CPU device)."""
-    platforms = str(jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS", "") or "")
+    configured: object = getattr(jax.config, "jax_platforms", None)
+    platforms = str(configured or os.environ.get("JAX_PLATFORMS", "") or "")
     names = {p.strip() for p in platforms.split(",") if p.strip()}
     if names and "cpu" not in names:
         raise SanitizerUnsupportedError(

@@ -217,8 +217,10 @@ def trace_block(
     with config.mutable_array_checks(False):
         nocache: Callable[..., Any] | None = getattr(_pe, "trace_to_jaxpr_nocache", None)
         if nocache is not None:
-            from jax._src import flattree  # noqa: PLC0415
+            # Private, jax 0.12 only (with trace_to_jaxpr_nocache): flattened avals.
+            import importlib  # noqa: PLC0415
 
+            flattree = importlib.import_module("jax._src.flattree")
             flatten: Callable[..., Any] = getattr(flattree, "flatten")
             registry: Any = getattr(jax.tree_util, "default_registry")
             flat = flatten((tuple(avals), {}), registry=registry)

@@ -73,8 +73,12 @@ class Progress:
     # ------------------------------------------------------------ the work's side
 
     def status(self, status: Status) -> None:
-        """What the line says from now on (a function is called at each redraw)."""
+        """What the line says from now on (a function is called at each redraw); drawn
+        now if a redraw is due, so a short run still shows its line once the delay is
+        over, whenever the redrawing thread gets to run."""
         self._status = status
+        if self._thread is not None:
+            self.tick()
 
     def __enter__(self) -> Progress:
         self.start()

@@ -259,7 +259,10 @@ class Case:
     def files(self) -> tuple[Path, ...]:
         if self.sources:
             return self.sources
-        return (Path(inspect.getsourcefile(self.build) or ""),)
+        build = self.build
+        while isinstance(build, functools.partial):
+            build = build.func
+        return (Path(inspect.getsourcefile(build) or ""),)
 
     def fix_lines(self) -> list[tuple[Path, tuple[int, ...]]]:
         """Each file's lines marked ``# fix:`` for this case (at least one line in all)."""

@@ -89,6 +89,7 @@ def _arg_names(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[str]:
     given concretely (``argument k`` where the signature does not say)."""
     import inspect
 
+    params: list[inspect.Parameter]
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

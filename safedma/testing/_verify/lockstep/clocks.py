@@ -137,7 +137,7 @@ class Clocks:
     def barrier(self) -> None:
         if self.row is not None:
             self.entries_touched += self.n
-            self.row[:] = self.row.max()
+            self.row[:] = int(np.max(self.row))
             self.row[0] += 1
             return
         assert self.dense is not None
