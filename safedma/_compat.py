@@ -842,10 +842,9 @@ def compiled_for_chip() -> str | None:
     run on, when this process's default backend is a TPU and the kernel is not
     interpreted; None otherwise (the CPU, interpret mode, or compile-only builds for a
     topology, whose chip this process does not run)."""
-    if interpret_mode():
-        return None
     try:
-        if jax.default_backend() != "tpu":
+        # The backend first: on a CPU host (the common case) no frame walk is needed.
+        if jax.default_backend() != "tpu" or interpret_mode():
             return None
         devices_of: Callable[[], Sequence[object]] = getattr(jax, "devices")
         return str(getattr(devices_of()[0], "device_kind", ""))
