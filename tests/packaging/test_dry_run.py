@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.packaging._source import copy_source
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 PLATFORMS = {
     "macos-arm64": ["macosx_14_0_arm64"],
     "windows-amd64": ["win_amd64"],
@@ -27,12 +28,15 @@ PLATFORMS = {
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
-        check=True,
+    source = copy_source(out / "source")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
         capture_output=True,
+        text=True,
         timeout=900,
+        check=False,
     )
+    assert result.returncode == 0, f"pip wheel failed:\n{result.stdout}\n{result.stderr}"
     (built,) = out.glob("safedma-*.whl")
     return built
 

@@ -22,7 +22,6 @@ without ``PYTHONPATH``, so the checkout's ``safedma`` cannot stand in.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -34,9 +33,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.packaging._source import copy_source
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 CHECKERS = ("mypy", "pyright[nodejs]", "basedpyright", "pyrefly", "ty")
 
 # A raw-pltpu kernel annotated with safedma's brands; line 9 is the seed mistake.
@@ -158,22 +158,7 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("install")
     source = root / "source"
-    shutil.copytree(
-        REPO,
-        source,
-        symlinks=True,  # as a git checkout has them: the mypy stub tree links to the pyright one
-        ignore=shutil.ignore_patterns(
-            ".git",
-            ".venv",
-            "build",
-            "dist",
-            "*.egg-info",
-            "__pycache__",
-            ".mypy_cache",
-            ".pytest_cache",
-            ".hypothesis",
-        ),
-    )
+    copy_source(source)
     builder = root / "builder"
     _ok(_run([sys.executable, "-m", "venv", builder], root))
     _ok(_run([builder / "bin" / "python", "-m", "pip", "install", "--quiet", "build"], root))

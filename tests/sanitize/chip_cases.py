@@ -186,7 +186,7 @@ def _still_landing(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
 
     pl.run_scoped(scoped, pltpu.VMEM((3, 128), F32), pltpu.SemaphoreType.DMA(()))
     started_never_waited(
-        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8), pl.ds(0, 64)], buf, sems.at[2])
+        pltpu.make_async_copy(x_hbm.at[pl.ds(8, 8)], buf, sems.at[2])
     )
     started_never_waited(pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]))  # 4 MiB, landing at exit
 
@@ -201,7 +201,7 @@ def case_leftover_dma_in_flight() -> str:
     call = _call(
         _still_landing,
         x.shape,
-        [pltpu.VMEM((8, 64), F32), pltpu.SemaphoreType.DMA((12,))],
+        [pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA((12,))],
     )
     text = _expect(
         LeftoverSemaphoreError,
