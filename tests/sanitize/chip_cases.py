@@ -185,9 +185,7 @@ def _still_landing(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any) -> None:
         started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(0, 3)], scoped_buf, scoped_sem))
 
     pl.run_scoped(scoped, pltpu.VMEM((3, 128), F32), pltpu.SemaphoreType.DMA(()))
-    started_never_waited(
-        pltpu.make_async_copy(x_hbm.at[pl.ds(8, 8)], buf, sems.at[2])
-    )
+    started_never_waited(pltpu.make_async_copy(x_hbm.at[pl.ds(8, 8)], buf, sems.at[2]))
     started_never_waited(pltpu.make_async_copy(x_hbm, o_hbm, sems.at[9]))  # 4 MiB, landing at exit
 
 

@@ -192,6 +192,16 @@ SLOW_NODE_IDS = (
     "tests/testing/test_simulate_clock_entries.py::test_many_in_flight_runs_again_with_an_entry_for_each",
     "tests/kernels/test_*.py::test_compiles_for_16_chips*",
     "tests/kernels/test_*.py::test_compiles_for_large_v6e_meshes*",
+    # The 1024-device ring (17 s; ./dev test keeps it): the fast lane proves rings of 2
+    # to 8 devices in lockstep. Of the switch that verifies a whole suite, the ini key
+    # stays fast (each of these runs a pytest of its own, about 10 s).
+    "tests/testing/verify/test_lockstep.py::test_a_1024_device_ring_*",
+    "tests/pytest_verify/test_options.py::test_the_environment_variable_*",
+    # The run without the option (about 14 s) serves only these two; the run with it
+    # stays fast. And the check that xdist keeps these groups (a pytest of its own).
+    "tests/pytest_verify/test_verify_every_kernel.py::test_the_hook_is_in_jax_only_with_the_option",
+    "tests/pytest_verify/test_verify_every_kernel.py::test_without_the_option_the_seeded_mistakes_pass",
+    "tests/tooling/test_worker_groups.py::*",
     # Watchdog tests that wait out a timeout on purpose (about 5 s each).
     "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
     "tests/testing/test_simulate.py::test_r3_receiver_waits_for_a_send_that_never_comes",
@@ -226,6 +236,10 @@ GROUPS = (
     ("tests/typing/test_patterns_raw_kernels.py::*", "test_patterns_raw_kernels"),
     ("tests/packaging/test_wheel_install.py::*", "test_wheel_install"),
     ("tests/packaging/test_dry_run.py::*", "test_dry_run"),
+    # A pytest run with and without --safedma-verify (about 14 s each), and the manual's
+    # strict build (about 7 s).
+    ("tests/pytest_verify/test_verify_every_kernel.py::*", "test_verify_every_kernel"),
+    ("tests/docs/test_manual.py::*", "test_manual"),
 )
 
 
