@@ -43,10 +43,11 @@ def hbm_call(
     scratch: Sequence[object],
     *,
     sanitize: object = QUICK,
-    mode: str = "eager",
+    mode: str | None = "eager",
     **options: Any,
 ) -> Callable[[jax.Array], jax.Array]:
-    """``kernel(x_hbm, o_hbm, *scratch)`` through ``sd.pallas_call``, sanitized, interpreted."""
+    """``kernel(x_hbm, o_hbm, *scratch)`` through ``sd.pallas_call``, sanitized, interpreted
+    in DMA execution ``mode`` (``None``: compiled for the chip, to read its Mosaic text)."""
 
     def call(x: jax.Array) -> jax.Array:
         result: jax.Array = sd.pallas_call(
@@ -55,7 +56,7 @@ def hbm_call(
             in_specs=[HBM],
             out_specs=HBM,
             scratch_shapes=list(scratch),
-            interpret=interpret(mode),
+            interpret=None if mode is None else interpret(mode),
             sanitize=sanitize,  # type: ignore[typeddict-item]
             **options,
         )(x)

@@ -14,7 +14,6 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-import safedma as sd
 from tests.sanitize.helpers import started_never_waited
 from safedma._sanitize import _jax
 from safedma._sanitize._drain import BUFFER, drain_dma, pieces, settle
@@ -120,17 +119,7 @@ def _waits(text: str) -> list[str]:
 
 
 def _sanitized_text(body: Any, scratch: list[Any]) -> str:
-    def fn(x: jax.Array) -> jax.Array:
-        out: jax.Array = sd.pallas_call(
-            body,
-            jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=scratch,
-            sanitize=True,
-        )(x)
-        return out
-
+    fn = hbm_call(body, scratch, sanitize=True, mode=None)
     # a v5e mesh: jax 0.12 asks the TPU generation when it lowers a run_scoped
     return mosaic_text(
         fn, jax.ShapeDtypeStruct((64, 128), F32), mesh=abstract_mesh((), (), tpu="v5e")
