@@ -25,7 +25,11 @@ from jax.sharding import PartitionSpec as P
 
 from safedma.testing import SimulationError, abstract_mesh, verify
 from safedma.testing._verify.face import api as _api
-from tests.testing.verify.test_distributed_guide_protocols import all_reduce, gather
+from tests.testing.verify.test_distributed_guide_protocols import (
+    all_reduce,
+    gather,
+    reduce_scatter,
+)
 
 AXIS = "x"
 ROWS = 8
@@ -84,11 +88,16 @@ def _gives_up_and_the_walk_answers(
 # ------------------------------------------------------------------ grid collectives
 
 
-GUIDE: dict[str, Callable[[jax.Array], Any]] = {
+GUIDE: dict[str, tuple[Callable[[jax.Array], Any], int]] = {
     # a ring all-gather over a grid of n - 1 steps, a receive semaphore per step
-    "all_gather": gather,
+    "all_gather": (gather, ROWS),
     # an all-reduce over a grid of n steps: VMEM input and output blocks, HBM scratch
-    "all_reduce": lambda x: all_reduce(x, double=False)[0],
+    "all_reduce": (lambda x: all_reduce(x, double=False)[0], ROWS),
+    # the same behind a double barrier, its second round on a run_scoped semaphore
+    "all_reduce behind a double barrier": (lambda x: all_reduce(x)[0], ROWS),
+    # a (step, phase) grid, two accumulators travelling left and right (rows: n blocks
+    # of 16 per device, set below)
+    "reduce_scatter": (reduce_scatter, 0),
 }
 
 
@@ -98,7 +107,9 @@ GUIDE: dict[str, Callable[[jax.Array], Any]] = {
 def test_grid_collectives_are_proved_by_the_lockstep_path_with_the_walks_report(
     name: str, n: int, invocations: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    report = _proved_alone_as_walked(_run(GUIDE[name], n, ROWS, invocations), monkeypatch)
+    program, rows = GUIDE[name]
+    run = _run(program, n, rows or 16 * n, invocations)
+    report = _proved_alone_as_walked(run, monkeypatch)
     assert report.devices == n and report.remote_dmas > 0
 
 
@@ -381,3 +392,44 @@ def _axis_named_grid(x: jax.Array) -> jax.Array:
 def test_a_named_grid_axis_is_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
     report = _proved_alone_as_walked(_run(_axis_named_grid, 4, 4 * ROWS), monkeypatch)
     assert report.dmas == 4 * 4
+
+
+# ------------------------------------------------------------------ run_scoped
+
+
+def _scoped_handshake(signals: int) -> Callable[[jax.Array], jax.Array]:
+    """At each grid step, a run_scoped REGULAR semaphore: ``signals`` signals to the
+    right neighbour's, one wait on our own (two signals leave one at the region's end)."""
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        right = lax.rem(lax.axis_index(AXIS) + 1, lax.axis_size(AXIS))
+
+        def region(sem: Any) -> None:
+            for _ in range(signals):
+                pl.semaphore_signal(sem, 1, device_id={AXIS: right})
+            pl.semaphore_wait(sem, 1)
+
+        pl.run_scoped(region, pltpu.SemaphoreType.REGULAR)
+        o_ref[...] = x_ref[...]
+
+    return _blocked(
+        body, (2,), lambda i: (i, 0), lambda i: (i, 0), compiler_params=pltpu.CompilerParams()
+    )
+
+
+def test_a_run_scoped_semaphore_per_step_is_proved_with_the_walks_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    report = _proved_alone_as_walked(_run(_scoped_handshake(1), 4, 2 * ROWS), monkeypatch)
+    assert report.signals == 4 * 2
+    # named as the walk names it: the line of the region
+    assert any("run_scoped" in name for name in report.max_bytes_in_flight), report
+
+
+def test_a_run_scoped_semaphore_left_non_zero_makes_it_give_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    said = _gives_up_and_the_walk_answers(
+        _run(_scoped_handshake(2), 4, 2 * ROWS), monkeypatch, "not back to zero"
+    )
+    assert said[0] == "VerifiedLeftoverError", said

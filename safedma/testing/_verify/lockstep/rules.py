@@ -25,6 +25,7 @@ from safedma.testing._verify.lockstep.values import (
     is_scalar,
     literal,
 )
+from safedma.testing._verify.lockstep.scoped import run_scoped
 from safedma.testing._verify.lockstep.walker import Handler, LockstepWalk, callee
 
 __all__ = ["CONTROL", "EFFECTS", "HARMLESS", "handler"]
@@ -197,6 +198,7 @@ EFFECTS: dict[str, Rule] = {
     "get": _get,
     "swap": _swap,
     "addupdate": _addupdate,
+    "run_scoped": run_scoped,
 }
 
 # effects with no bearing on the protocol

@@ -38,7 +38,7 @@ from safedma.testing._verify.lockstep.values import (
 from safedma.testing._verify.walk.blocks import grid_points
 from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
-__all__ = ["Handler", "LockstepWalk", "callee"]
+__all__ = ["Handler", "LockstepWalk", "callee", "itemsize"]
 
 
 # primitives that call a jaxpr once, as a function: their kernels run in program order
@@ -78,6 +78,7 @@ class LockstepWalk:
         self.desc: KernelDesc | None = None  # the kernel being walked
         self.consts: list[object] = []  # its jaxpr's own constants
         self.point: tuple[int, ...] = ()  # the grid point being walked
+        self.scoped_where: dict[int, str] = {}  # run_scoped equation (by id) -> its line
 
     def run_program(self, jaxpr: Any) -> None:
         """The kernels of ``jaxpr`` in program order; other operations are skipped."""
@@ -171,13 +172,13 @@ class LockstepWalk:
                 args.append(Ref(sem))
                 continue
             if k < first_in:  # scalar prefetch: SMEM the caller filled
-                buf = DataBuf(name, shape, _itemsize(aval), "SMEM", True, self.n)
+                buf = DataBuf(name, shape, itemsize(aval), "SMEM", True, self.n)
                 prefetch.append(Ref(buf))
             elif k >= first_scratch:
                 space = _jax.memory_space(aval)
                 if space not in ("VMEM", "ANY", "HBM"):
                     raise Bail(f"scratch in {space}")
-                buf = DataBuf(name, shape, _itemsize(aval), space, False, self.n)
+                buf = DataBuf(name, shape, itemsize(aval), space, False, self.n)
             else:
                 buf = self._operand(desc, k, aval, shape, in_place, blocks)
                 blocked = bool(blocks) and blocks[-1].buf is buf
@@ -214,14 +215,14 @@ class LockstepWalk:
         space = str(block["space"])
         if space in ("ANY", "HBM"):
             if alias is None:
-                return DataBuf(name, shape, _itemsize(aval), space, not is_out, self.n)
+                return DataBuf(name, shape, itemsize(aval), space, not is_out, self.n)
             source = in_place.get(alias)
             if source is None:
                 raise Bail("an output aliased to an operand not left in place")
             return source
         if space not in ("VMEM", "SMEM"):
             raise Bail(f"an operand in {space}")
-        buf = DataBuf(name, shape, _itemsize(aval), space, not is_out, self.n)
+        buf = DataBuf(name, shape, itemsize(aval), space, not is_out, self.n)
         result: DataBuf | None = None
         if is_out:
             if alias is not None and (
@@ -415,7 +416,7 @@ def callee(eqn: Any) -> Any:
     raise Bail(f"the call {eqn.primitive.name}")
 
 
-def _itemsize(aval: Any) -> int:
+def itemsize(aval: Any) -> int:
     dtype = getattr(getattr(aval, "inner_aval", aval), "dtype", None)
     if dtype is None:
         raise Bail("an operand with no dtype")
