@@ -6,7 +6,8 @@ copied in before each point, an output block copied out when the next point maps
 elsewhere). Each correct kernel here is proved by the lockstep path alone (the
 per-device walk made to fail if it runs) and its report equals the per-device walk's
 (``lockstep="off"``); each seeded mistake makes the path give up, and the walk then
-answers word for word as without it.
+answers word for word as without it. jax's own kernels from the corpus, run on every
+device of a mesh, get the walk's verdict whether the path proves them or gives up.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 
 from safedma.testing import SimulationError, abstract_mesh, verify
 from safedma.testing._verify.face import api as _api
+from tests import corpus
+from tests.corpus._case import Case
 from tests.testing.verify.test_distributed_guide_protocols import (
     all_reduce,
     gather,
@@ -433,3 +436,61 @@ def test_a_run_scoped_semaphore_left_non_zero_makes_it_give_up(
         _run(_scoped_handshake(2), 4, 2 * ROWS), monkeypatch, "not back to zero"
     )
     assert said[0] == "VerifiedLeftoverError", said
+
+
+# ------------------------------------------------------------------ jax's own kernels
+
+
+def _jax_whole_programs() -> list[Case]:
+    """The corpus's single-device programs of jax's own kernels (jax's all_gather runs
+    its own shard_map, so it is left out)."""
+    chosen: list[Case] = []
+    for case in corpus.cases("verify"):
+        if not case.provenance.startswith("jax ops/tpu") or "all_gather" in case.provenance:
+            continue
+        program = case.build()
+        if program.mesh is None and not program.lower:
+            chosen.append(case)
+    return chosen
+
+
+# proved by the lockstep path on every device (the rest read block indices, loop
+# bounds or grid sizes from data, which the path leaves to the walk)
+JAX_PROVED = frozenset(
+    {
+        "jax_example_kernel_double",
+        "jax_matmul",
+        "jax_flash_attention",
+        "jax_flash_attention_causal",
+        "jax_flash_attention_causal_backward",
+        "jax_random_threefry",
+    }
+)
+
+
+@pytest.mark.parametrize("case", _jax_whole_programs(), ids=lambda c: c.name)
+def test_jax_kernels_on_every_device_get_the_walks_verdict(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each program run on every device of a 2-device mesh (its arguments whole on
+    each): the lockstep path's answer is the walk's, report or error word for word."""
+    program = case.build()
+    mesh = abstract_mesh((2,), (AXIS,))
+
+    def run() -> Any:
+        return verify(
+            program.fn,
+            *program.args,
+            mesh=mesh,
+            in_specs=P(),
+            out_specs=P(),
+            invocations=program.invocations,
+        )
+
+    monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "off")
+    without = _say(run)
+    monkeypatch.setenv("SAFEDMA_VERIFY_LOCKSTEP", "on")
+    with_it = _say(run)
+    assert with_it == without
+    proved = _api._LAST_LOCKSTEP[0] == ""
+    assert proved == (case.name in JAX_PROVED), _api._LAST_LOCKSTEP[0]
