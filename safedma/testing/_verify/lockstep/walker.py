@@ -101,8 +101,14 @@ class LockstepWalk:
         desc = self._descs.get(id(eqn))
         if desc is None:
             desc = KernelDesc(eqn)
-            if desc.n_dynamic or desc.core_axes or desc.n_consts or desc.params["vmapped_dims"]:
-                raise Bail("a dynamic grid, a captured ref, a vmapped grid or a core mesh")
+            for unmodelled, why in (
+                (desc.n_dynamic, "a dynamic grid"),
+                (desc.params["vmapped_dims"], "a vmapped grid"),
+                (desc.n_consts, "a ref the kernel closes over"),
+                (desc.core_axes, "a core mesh"),
+            ):
+                if unmodelled:
+                    raise Bail(why)
             self._descs[id(eqn)] = desc
         return desc
 
