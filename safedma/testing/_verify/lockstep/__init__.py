@@ -2,6 +2,6 @@
 
 ``model`` (every device's protocol state as numpy arrays), ``values`` (scalars as
 arrays over the devices), ``walker`` (the walk itself: kernels, jaxprs, refs, device
-ids), ``rules`` (each primitive's rule), ``prove`` (the entry point: proved, or why it
-gave up).
+ids), ``pipeline`` (a grid's block copies around each step), ``rules`` (each
+primitive's rule), ``prove`` (the entry point: proved, or why it gave up).
 """

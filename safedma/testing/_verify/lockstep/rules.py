@@ -25,6 +25,7 @@ from safedma.testing._verify.lockstep.values import (
     is_scalar,
     literal,
 )
+from safedma.testing._verify.lockstep.scoped import run_scoped
 from safedma.testing._verify.lockstep.walker import Handler, LockstepWalk, callee
 
 __all__ = ["CONTROL", "EFFECTS", "HARMLESS", "handler"]
@@ -197,6 +198,7 @@ EFFECTS: dict[str, Rule] = {
     "get": _get,
     "swap": _swap,
     "addupdate": _addupdate,
+    "run_scoped": run_scoped,
 }
 
 # effects with no bearing on the protocol
@@ -256,6 +258,10 @@ def _axis_index(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
         if isinstance(named, tuple)
         else [str(named)]
     )
+    if len(axes) == 1 and w.desc is not None and axes[0] in w.desc.params["grid_names"]:
+        # a named grid axis (the per-device walk reads these first too)
+        at = list(w.desc.params["grid_names"]).index(axes[0])
+        return [as_dtype(np.asarray(w.point[at]), eqn.outvars[0].aval)]
     flat = np.zeros(w.n, dtype=np.int64)
     sizes = dict(zip(w.names, w.sizes))
     for a in axes:
@@ -263,6 +269,21 @@ def _axis_index(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
             raise Bail(f"axis_index of {a!r}")
         flat = flat * sizes[a] + w.coords[a]
     return [as_dtype(flat, eqn.outvars[0].aval)]
+
+
+def _program_id(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+    """The grid step's index along an axis: the same on every device."""
+    axis = int(eqn.params["axis"])
+    if axis >= len(w.point):
+        raise Bail("program_id outside a grid")
+    return [as_dtype(np.asarray(w.point[axis]), eqn.outvars[0].aval)]
+
+
+def _num_programs(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
+    axis = int(eqn.params["axis"])
+    if w.desc is None or axis >= len(w.desc.grid):
+        raise Bail("num_programs outside a grid")
+    return [as_dtype(np.asarray(w.desc.grid[axis]), eqn.outvars[0].aval)]
 
 
 CONTROL: dict[str, Rule] = {
@@ -278,6 +299,8 @@ CONTROL: dict[str, Rule] = {
     "custom_jvp_call": _call,
     "custom_vjp_call": _call,
     "axis_index": _axis_index,
+    "program_id": _program_id,
+    "num_programs": _num_programs,
 }
 
 

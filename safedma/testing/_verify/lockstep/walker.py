@@ -9,10 +9,12 @@ device as before; so it decides nothing the per-device walk would decide otherwi
 and every message still comes from the per-device walk.
 
 It walks the kernels of the device program in program order (XLA operations between
-them need no model: see :class:`LockstepWalk`) and gives up on: kernels inside control
-flow, a grid, scalar-prefetch or SMEM operands, aliases, TensorCore meshes or megacore
-splits, DMA futures, control flow that differs between devices, remote targets that are
-not a permutation of the devices, ref views other than slices and indices, and every
+them need no model: see :class:`LockstepWalk`), each kernel's body once per grid point
+with the pipeline's block copies around it (``pipeline.py``), and gives up on: kernels
+inside control flow, dynamic or vmapped grids, SMEM scratch, operands that live in
+VMEM/SMEM between kernels, TensorCore meshes or megacore splits, DMA futures, control
+flow or block indices that differ between devices, remote targets that are not a
+permutation of the devices, ref views other than slices and indices, and every
 primitive it does not list.
 """
 
@@ -27,14 +29,16 @@ import numpy as np
 
 from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.lockstep.model import Bail, DataBuf, Ints, Model, SemBuf
+from safedma.testing._verify.lockstep.pipeline import Block, Pipeline
 from safedma.testing._verify.lockstep.values import (
     Ref,
     Vec,
     literal,
 )
+from safedma.testing._verify.walk.blocks import grid_points
 from safedma.testing._verify.walk.kernel_desc import KernelDesc
 
-__all__ = ["Handler", "LockstepWalk", "callee"]
+__all__ = ["Handler", "LockstepWalk", "callee", "itemsize"]
 
 
 # primitives that call a jaxpr once, as a function: their kernels run in program order
@@ -73,6 +77,8 @@ class LockstepWalk:
         self._plans: dict[int, _Plan] = {}  # per jaxpr walked (by id; the plan keeps it)
         self.desc: KernelDesc | None = None  # the kernel being walked
         self.consts: list[object] = []  # its jaxpr's own constants
+        self.point: tuple[int, ...] = ()  # the grid point being walked
+        self.scoped_where: dict[int, str] = {}  # run_scoped equation (by id) -> its line
 
     def run_program(self, jaxpr: Any) -> None:
         """The kernels of ``jaxpr`` in program order; other operations are skipped."""
@@ -95,16 +101,14 @@ class LockstepWalk:
         desc = self._descs.get(id(eqn))
         if desc is None:
             desc = KernelDesc(eqn)
-            if (
-                desc.grid
-                or desc.n_index
-                or desc.aliases
-                or desc.n_dynamic
-                or desc.core_axes
-                or desc.n_consts
-                or desc.params["vmapped_dims"]
+            for unmodelled, why in (
+                (desc.n_dynamic, "a dynamic grid"),
+                (desc.params["vmapped_dims"], "a vmapped grid"),
+                (desc.n_consts, "a ref the kernel closes over"),
+                (desc.core_axes, "a core mesh"),
             ):
-                raise Bail("a grid, prefetch operands, aliases or a core mesh")
+                if unmodelled:
+                    raise Bail(why)
             self._descs[id(eqn)] = desc
         return desc
 
@@ -112,17 +116,55 @@ class LockstepWalk:
 
     def run_kernel(self, desc: KernelDesc) -> None:
         """One call of a kernel: fresh buffers and semaphores (a barrier semaphore is the
-        program's, by collective id)."""
+        program's, by collective id), its body run at each grid point in row-major order
+        (the per-device walk's), with the pipeline's block copies around each."""
         m = self.model
         self.desc = desc
         self.consts = [literal(c) for c in _jax.jaxpr_of(desc.params["jaxpr"])[1]]
+        args, data, outputs, sems, blocks, prefetch = self._operands(desc)
+        m.enter(desc.barrier)
+        self.sems = sems
+        pipe = Pipeline(self, blocks, prefetch)
+        points = grid_points(desc.grid)
+        nxt = next(points, None)
+        with np.errstate(all="ignore"):  # int32 wrap-around, as on the TPU's scalar unit
+            while nxt is not None:
+                point, nxt = nxt, next(points, None)
+                self.check_time()
+                self.point = point
+                pipe.before(point)
+                self.eval_jaxpr(desc.jaxpr, self.consts, args)
+                pipe.after(point, nxt)
+        self.point = ()
+        barrier = self.barrier_sems.get(desc.collective_id)
+        if barrier is not None:
+            sems.append(barrier)
+        for sem in sems:
+            m.empty_at_exit(sem)
+        for buf in data:
+            m.settled_for_owner(buf)
+        for buf in outputs:
+            if not buf.written.all():
+                raise Bail(f"output {buf.name} not written everywhere")
+        pipe.finish()
+        m.release()  # leaving the kernel is a point of its own (the per-device walk's too)
+
+    def _operands(
+        self, desc: KernelDesc
+    ) -> tuple[list[Any], list[DataBuf], list[DataBuf], list[SemBuf], list[Block], list[Ref]]:
+        """The kernel's arguments (scalar prefetch, inputs, outputs, scratch, as Refs), its
+        data buffers, the outputs it writes in place, its semaphores, its blocked operands
+        and its scalar-prefetch refs."""
         args: list[Any] = []
-        copied_in: list[DataBuf] = []
         data: list[DataBuf] = []
         outputs: list[DataBuf] = []
         sems: list[SemBuf] = []
-        first_out = desc.n_in
-        first_scratch = desc.n_in + desc.n_out
+        blocks: list[Block] = []
+        prefetch: list[Ref] = []
+        in_place: dict[int, DataBuf] = {}  # input operands left in HBM, by position
+        first_in = desc.n_index
+        first_out = first_in + desc.n_in
+        first_scratch = first_out + desc.n_out
         for k, aval in enumerate(desc.avals):
             name = desc.param_names[k]
             kind = _jax.semaphore_kind(aval)
@@ -135,55 +177,68 @@ class LockstepWalk:
                 self.all_sems.append(sem)
                 args.append(Ref(sem))
                 continue
-            space = self._space(k, aval)
-            buf = DataBuf(name, shape, _itemsize(aval), space, k < first_out, self.n)
+            if k < first_in:  # scalar prefetch: SMEM the caller filled
+                buf = DataBuf(name, shape, itemsize(aval), "SMEM", True, self.n)
+                prefetch.append(Ref(buf))
+            elif k >= first_scratch:
+                space = _jax.memory_space(aval)
+                if space not in ("VMEM", "ANY", "HBM"):
+                    raise Bail(f"scratch in {space}")
+                buf = DataBuf(name, shape, itemsize(aval), space, False, self.n)
+            else:
+                buf = self._operand(desc, k, aval, shape, in_place, blocks)
+                blocked = bool(blocks) and blocks[-1].buf is buf
+                if not blocked and k >= first_out:
+                    outputs.append(buf)
+                    if any(buf is b for b in in_place.values()):
+                        args.append(Ref(buf))  # aliased to an input left in place: its memory
+                        continue
+                elif not blocked:
+                    in_place[k] = buf
             data.append(buf)
-            if first_out <= k < first_scratch:
-                outputs.append(buf)
-            elif k < first_out and space == "VMEM":
-                copied_in.append(buf)
             args.append(Ref(buf))
-        for buf in copied_in:  # the copy-in of a VMEM block, on its own device
-            record = m.new_record(self.devs)
-            whole = list(buf.shape or (1,))
-            m.access(buf, [self.devs * 0 for _ in whole], whole, self.devs, True, record, False)
-        m.enter(desc.barrier)
-        self.sems = sems
-        with np.errstate(all="ignore"):  # int32 wrap-around, as on the TPU's scalar unit
-            self.eval_jaxpr(desc.jaxpr, self.consts, args)
-        barrier = self.barrier_sems.get(desc.collective_id)
-        if barrier is not None:
-            sems.append(barrier)
-        for sem in sems:
-            m.empty_at_exit(sem)
-        for buf in data:
-            m.settled_for_owner(buf)
-        for buf in outputs:
-            if not buf.written.all():
-                raise Bail(f"output {buf.name} not written everywhere")
-        m.release()  # leaving the kernel is a point of its own (the per-device walk's too)
+        return args, data, outputs, sems, blocks, prefetch
 
-    def _space(self, k: int, aval: Any) -> str:
-        """The memory space of operand ``k``, or Bail for those the path does not model."""
-        desc = self.desc
-        assert desc is not None
-        if k >= desc.n_in + desc.n_out:
-            space = _jax.memory_space(aval)
-            if space not in ("VMEM", "ANY", "HBM"):
-                raise Bail(f"scratch in {space}")
-            return space
-        block = desc.blocks[k]
-        space = str(block["space"])
-        if space == "VMEM":
-            if tuple(block["block_shape"]) != tuple(block["array_shape"]) or any(
-                kd != "blocked" for kd in block["block_kinds"]
-            ):
-                raise Bail("a block smaller than its array")
-        elif space not in ("ANY", "HBM"):
-            raise Bail(f"an operand in {space}")
+    def _operand(
+        self,
+        desc: KernelDesc,
+        k: int,
+        aval: Any,
+        shape: tuple[int, ...],
+        in_place: dict[int, DataBuf],
+        blocks: list[Block],
+    ) -> DataBuf:
+        """Input or output ``k``'s buffer: the operand itself (HBM, ANY), or its block
+        (VMEM, SMEM: added to ``blocks``); an output aliased to an input is that input's
+        memory (in place) or starts as it (blocked)."""
+        j = k - desc.n_index
+        block = desc.blocks[j]
+        is_out = j >= desc.n_in
+        name = desc.param_names[k]
         if str(block["array_space"]) not in ("ANY", "HBM"):
             raise Bail("an operand that lives in VMEM/SMEM between kernels")
-        return space
+        alias = desc.aliases.get(j - desc.n_in) if is_out else None
+        space = str(block["space"])
+        if space in ("ANY", "HBM"):
+            if alias is None:
+                return DataBuf(name, shape, itemsize(aval), space, not is_out, self.n)
+            source = in_place.get(alias)
+            if source is None:
+                raise Bail("an output aliased to an operand not left in place")
+            return source
+        if space not in ("VMEM", "SMEM"):
+            raise Bail(f"an operand in {space}")
+        buf = DataBuf(name, shape, itemsize(aval), space, not is_out, self.n)
+        result: DataBuf | None = None
+        if is_out:
+            if alias is not None and (
+                alias < desc.n_index or str(desc.blocks[alias - desc.n_index]["space"]) != space
+            ):
+                raise Bail("an output block aliased to an operand that is not a block")
+            dims = tuple(int(d) for d in block["array_shape"])
+            result = DataBuf(name, dims, buf.itemsize, "HBM", alias is not None, self.n)
+        blocks.append(Block(desc, j, buf, result))
+        return buf
 
     # ------------------------------------------------------------------ jaxprs
 
@@ -367,7 +422,7 @@ def callee(eqn: Any) -> Any:
     raise Bail(f"the call {eqn.primitive.name}")
 
 
-def _itemsize(aval: Any) -> int:
+def itemsize(aval: Any) -> int:
     dtype = getattr(getattr(aval, "inner_aval", aval), "dtype", None)
     if dtype is None:
         raise Bail("an operand with no dtype")
