@@ -27,27 +27,32 @@ class Addressing:
         # copy line -> the lines that computed its device id, found on demand
         self._origins: dict[str, Callable[[], list[str]]] = {}
         self._found: dict[str, list[str]] = {}
-        # destination semaphore label -> copy line -> (issuer, target) pairs seen
+        # destination semaphore label -> copy line -> a few (issuer, target) pairs seen
         self.sent: dict[str, dict[str, list[tuple[int, int]]]] = {}
-
-    def note(
-        self,
-        where: str,
-        issuer: int,
-        target: int,
-        sem_label: str,
-        origin: Callable[[], list[str]],
-    ) -> None:
-        """A copy started at ``where`` on ``issuer``, addressed to ``target``."""
-        if where not in self._origins:
-            self._origins[where] = origin
-        by_line = self.sent.setdefault(sem_label, {})
-        pairs = by_line.setdefault(where, [])
-        if len(pairs) < _KEPT and (issuer, target) not in pairs:
-            pairs.append((issuer, target))
+        # destination semaphore label -> every device a copy by device id reached
+        self.reached: dict[str, set[int]] = {}
 
     def knows(self, where: str) -> bool:
+        """Whether the copy at ``where`` was noted (its origin is then known)."""
         return where in self._origins
+
+    def learn(self, where: str, origin: Callable[[], list[str]]) -> None:
+        """How to find the lines that computed the device id of the copy at ``where``."""
+        self._origins[where] = origin
+
+    def note(self, where: str, issuer: int, target: int, sem_label: str) -> None:
+        """A copy started at ``where`` on ``issuer``, addressed to ``target``, landing
+        on the semaphore ``sem_label`` there."""
+        reached = self.reached.get(sem_label)
+        if reached is None:
+            reached = self.reached[sem_label] = set()
+        reached.add(target)
+        by_line = self.sent.setdefault(sem_label, {})
+        pairs = by_line.get(where)
+        if pairs is None:
+            pairs = by_line[where] = []
+        if len(pairs) < _KEPT and (issuer, target) not in pairs:
+            pairs.append((issuer, target))
 
     def origin(self, where: str) -> list[str]:
         """The user's lines that computed the device id of the copy at ``where``."""
@@ -84,9 +89,7 @@ class Addressing:
         addressed to that semaphore on other devices, and how their ids were computed;
         ``""`` when a copy did reach ``owner`` or none was addressed by device id."""
         by_line = self.sent.get(sem_label)
-        if not by_line:
-            return ""
-        if any(t == owner for pairs in by_line.values() for _, t in pairs):
+        if not by_line or owner in self.reached.get(sem_label, ()):
             return ""
         parts = []
         for where, pairs in list(by_line.items())[:2]:

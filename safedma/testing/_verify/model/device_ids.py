@@ -121,7 +121,9 @@ class _ConstsAsInvars:
         self.eqns = jaxpr.eqns
 
 
+# The flows of the latest kernel bodies a message asked about (each holds its jaxpr).
 _FLOWS: dict[int, tuple[Any, _Flow]] = {}
+_FLOWS_KEPT = 8
 
 
 def _flow(root: Any) -> _Flow:
@@ -129,6 +131,8 @@ def _flow(root: Any) -> _Flow:
     if hit is not None and hit[0] is root:
         return hit[1]
     flow = _Flow(root)
+    if len(_FLOWS) >= _FLOWS_KEPT:
+        _FLOWS.pop(next(iter(_FLOWS)))
     _FLOWS[id(root)] = (root, flow)
     return flow
 

@@ -227,9 +227,10 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
             ssem = None
         if dev_atoms:
             # the messages of a copy sent to the wrong device name where its id was computed
-            ctx.machine.addressing.note(
-                where, ctx.p, target, dsem.label, _id_origin(ctx, eqn, dev_atoms)
-            )
+            addressing = ctx.machine.addressing
+            if not addressing.knows(where):
+                addressing.learn(where, _id_origin(ctx, eqn, dev_atoms))
+            addressing.note(where, ctx.p, target, dsem.label)
         ctx.machine.dma_start(ctx.p, target, sv, dv, dsem, ssem, where, kernel.name)
         if dv.buffer.values is not None:
             _copy_values(sv, dv, where)
