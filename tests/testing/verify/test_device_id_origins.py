@@ -172,3 +172,25 @@ def test_self_send_says_the_copy_went_to_itself() -> None:
     message = str(caught.value)
     assert "to itself" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "self_send")), message
+
+
+@pytest.mark.filterwarnings("ignore:.*device_id_type.*:DeprecationWarning")
+def test_a_logical_device_id_is_followed_too() -> None:
+    """A LOGICAL id (one integer, not a mesh dict) is followed the same way."""
+
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, slot: Any, send: Any, recv: Any) -> None:
+        me = lax.axis_index("x")
+        peer = lax.rem(me + 1, lax.axis_size("x") - 1)  # fix: logical_id
+        c = pltpu.make_async_remote_copy(
+            x_ref, buf, send, recv, device_id=peer, device_id_type=pl.DeviceIdType.LOGICAL
+        )
+        c.start()
+        c.wait()
+        out = pltpu.make_async_copy(buf, o_ref, send)
+        out.start()
+        out.wait()
+
+    with pytest.raises(SimulationError) as caught:
+        verify(program(kernel), X, mesh=RING)
+    message = str(caught.value)
+    assert names_line(message, HERE, marked_lines(HERE, "logical_id")), message

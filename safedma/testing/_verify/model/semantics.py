@@ -867,9 +867,9 @@ class Machine:
                 "which is not ordered after that wait"
             )
         if sem.kind == "DMA":
-            because += _sizes_note(
-                {c.where: c.amount for c in present if c.dma is not None}, self.sem_names(sem)
-            )
+            sizes = {c.where: c.amount for c in present if c.dma is not None}
+            if len(set(sizes.values())) > 1:
+                because += _sizes_note(sizes, self.sem_names(sem))
         for c in present:
             if c.dma is not None and c.seq not in guaranteed:
                 c.dma.withheld = because

@@ -188,7 +188,10 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         try:
             target = _target(ctx, g_dev(env), id_type, where)
         except VerifyKernelError as err:
-            computed = _id_origin(ctx, eqn, dev_atoms)()
+            try:
+                computed = _id_origin(ctx, eqn, dev_atoms)()
+            except Exception:  # noqa: BLE001 - a hint only: the error itself stands
+                computed = []
             if computed:
                 err.args = (f"{err.args[0]} (the device id is computed at {computed[0]})",)
             raise
