@@ -194,3 +194,35 @@ def test_a_logical_device_id_is_followed_too() -> None:
         verify(program(kernel), X, mesh=RING)
     message = str(caught.value)
     assert names_line(message, HERE, marked_lines(HERE, "logical_id")), message
+
+
+def test_a_signal_to_the_wrong_device_names_the_line_that_computed_it() -> None:
+    """Each device signals the flag of the device it meant to be its right neighbour and
+    waits for its left neighbour's signal: with the wrong wraparound device 0 is never
+    signalled and its wait never returns."""
+
+    def kernel(x_ref: Any, o_ref: Any, flag: Any, sem: Any) -> None:
+        me = lax.axis_index("x")
+        n = lax.axis_size("x")
+        right = jnp.where(me == n - 1, 1, me + 1)  # fix: signal_wraparound
+        pl.semaphore_signal(flag, 1, device_id={"x": right})
+        pl.semaphore_wait(flag, 1)
+        out = pltpu.make_async_copy(x_ref, o_ref, sem)
+        out.start()
+        out.wait()
+
+    def per_device(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=HBM,
+            scratch_shapes=[pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(())],
+        )(x)
+        return out
+
+    with pytest.raises(SimulationError) as caught:
+        verify(per_device, X, mesh=RING)
+    message = str(caught.value)
+    assert "Nothing sent by device id was addressed to device 0 (x=0)" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "signal_wraparound")), message

@@ -27,6 +27,7 @@ class Addressing:
         # copy line -> the lines that computed its device id, found on demand
         self._origins: dict[str, Callable[[], list[str]]] = {}
         self._found: dict[str, list[str]] = {}
+        self._what: dict[str, str] = {}  # copy line -> "copy" or "signal"
         # destination semaphore label -> copy line -> a few (issuer, target) pairs seen
         self.sent: dict[str, dict[str, list[tuple[int, int]]]] = {}
         # destination semaphore label -> every device a copy by device id reached
@@ -36,9 +37,11 @@ class Addressing:
         """Whether the copy at ``where`` was noted (its origin is then known)."""
         return where in self._origins
 
-    def learn(self, where: str, origin: Callable[[], list[str]]) -> None:
-        """How to find the lines that computed the device id of the copy at ``where``."""
+    def learn(self, where: str, origin: Callable[[], list[str]], what: str = "copy") -> None:
+        """How to find the lines that computed the device id of the copy (or ``what``:
+        signal) at ``where``."""
         self._origins[where] = origin
+        self._what[where] = what
 
     def note(self, where: str, issuer: int, target: int, sem_label: str) -> None:
         """A copy started at ``where`` on ``issuer``, addressed to ``target``, landing
@@ -98,10 +101,11 @@ class Addressing:
             )
             computed = self.computed(where)
             parts.append(
-                f"the copy at {where} went from {went}" + (f"; {computed}" if computed else "")
+                f"the {self._what.get(where, 'copy')} at {where} went from {went}"
+                + (f"; {computed}" if computed else "")
             )
         return (
-            f" No copy with a device id was addressed to {labels[owner]}'s {sem_label}: "
+            f" Nothing sent by device id was addressed to {labels[owner]}'s {sem_label}: "
             + "; ".join(parts)
             + ". Check the device id names the device that waits."
         )

@@ -945,19 +945,19 @@ class Machine:
             self.leftovers.append((p, when, text))
 
     def _left_by(self, s: SemState) -> str:
-        """What a leftover message adds about the copies counted on ``s``: those
-        addressed by device id (and where the ids were computed), and copies of
+        """What a leftover message adds about what is counted on ``s``: copies and
+        signals addressed by device id (and where the ids were computed), and copies of
         different sizes sharing it."""
         notes = []
         seen: set[str] = set()
         for c in s.pending:
-            d = c.dma
-            if d is None or d.where in seen:
+            if c.where in seen:
                 continue
-            seen.add(d.where)
-            note = self._addressed(d)
+            seen.add(c.where)
+            target = c.dma.target if c.dma is not None else s.buffer.owner
+            note = self.addressing.note_for(self.labels, c.where, c.issuer, target)
             if note:
-                notes.append(f" [the copy from {self.labels[d.issuer]} at {d.where}{note}]")
+                notes.append(f" [the {c.what()} from {self.labels[c.issuer]} at {c.where}{note}]")
         if s.kind == "DMA":
             notes.append(_sizes_note(s.sizes, self.sem_names(s), sentence=True))
         return "".join(notes[:3])

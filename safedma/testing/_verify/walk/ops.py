@@ -379,6 +379,7 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
     g_core = c.value_getter(core) if core is not None else None
     id_type = eqn.params.get("device_id_type")
     where = location(eqn)
+    dev_atoms = _device_atoms(dev)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         device_id = g_dev(env)
@@ -410,6 +411,12 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
                 outlives=future,
             )
         s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
+        if dev_atoms:
+            # a wait no signal reaches names where the signals' device ids were computed
+            addressing = ctx.machine.addressing
+            if not addressing.knows(where):
+                addressing.learn(where, _id_origin(ctx, eqn, dev_atoms), "signal")
+            addressing.note(where, ctx.p, target, s.label)
         ctx.machine.signal(ctx.p, s, need_int(g_inc(env), "a signal increment"), where)
 
     return op
