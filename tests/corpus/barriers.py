@@ -5,21 +5,44 @@ rounds on REGULAR semaphores, signals that must land while the target is in the 
   (written for this suite);
 * R10, a ring permute behind one barrier round, invoked twice on a ring of five: a
   neighbour's next call can pass the barrier for us; the fix is jax's own (PR #27963), a
-  second round on a REGULAR semaphore.
+  second round on a REGULAR semaphore;
+* a missing barrier: with a ``collective_id`` Mosaic runs no device barrier, and a
+  kernel that sends to both ring neighbours before any barrier round may write into a
+  neighbour that has not entered the kernel; the message names the first remote copy,
+  where the barrier belongs (written for this suite).
 """
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any
 
+import jax
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from tests.corpus._blocks import ALL, AXIS, Pair, caught, dma, neighbour, send_right, write_out
+from safedma.kernels.reduce_scatter import neighbour_barrier
+from tests.corpus._blocks import (
+    ALL,
+    AXIS,
+    BLOCK,
+    F32,
+    RING,
+    Pair,
+    caught,
+    dma,
+    first,
+    kernel_call,
+    neighbour,
+    second,
+    send_right,
+    write_out,
+)
 from tests.corpus._calls import on_ring
-from tests.corpus._case import OK, Case
+from tests.corpus._case import OK, Case, Ok, Program, Raises, ring
 
 D = sd.DataRef
 S = sd.SemRef
@@ -169,4 +192,87 @@ CASES += [
         {"mosaic": OK},
         twin=lambda: on_ring(logical_signal_raw, [pltpu.SemaphoreType.REGULAR(())], checked=False),
     ),
+]
+
+
+# ---------------------------------------------------------------- a missing barrier
+
+
+def missing_barrier_pltpu(x_ref: Any, o_ref: Any, send: Any, recv: Any, *, bug: bool) -> None:
+    """Each device sends its first chunk into its right neighbour's ``o_ref`` and its
+    second into its left neighbour's. With a collective_id Mosaic runs no device barrier:
+    the bug starts the copies before any barrier round, so a neighbour may not have
+    entered the kernel yet."""
+    if not bug:
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, 1, device_id=neighbour(-1))
+        pl.semaphore_signal(barrier, 1, device_id=neighbour(1))
+        pl.semaphore_wait(barrier, 2)
+    right = pltpu.make_async_remote_copy(
+        first(x_ref), first(o_ref), send.at[0], recv.at[0], device_id=neighbour(1)
+    )
+    left = pltpu.make_async_remote_copy(
+        second(x_ref), second(o_ref), send.at[1], recv.at[1], device_id=neighbour(-1)
+    )
+    right.start()  # fix: missing_barrier
+    left.start()
+    right.wait()
+    left.wait()
+
+
+def missing_barrier_safedma(
+    x_ref: D, o_ref: D, send: sd.SemArray, recv: sd.SemArray, *, bug: bool
+) -> None:
+    if not bug:  # the bug sends before the neighbours are known to be in the kernel
+        neighbour_barrier(AXIS)
+    right = sd.RemoteCopy(first(x_ref), first(o_ref), recv.at[0]).with_send_sem(send.at[0])
+    left = sd.RemoteCopy(second(x_ref), second(o_ref), recv.at[1]).with_send_sem(send.at[1])
+    sent_right = right.to(sd.neighbour(AXIS)).start()  # fix: missing_barrier
+    sent_left = left.to(sd.neighbour(AXIS, -1)).start()
+    sent_right.wait()
+    sent_left.wait()
+
+
+def _missing_barrier(kernel: Any, *, safedma: bool, bug: bool) -> Program:
+    body = functools.partial(kernel, bug=bug)
+    functools.update_wrapper(body, kernel)
+    per_device = kernel_call(
+        body,
+        lambda: [pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,))],
+        name=f"missing_barrier_{'bug' if bug else 'fix'}",
+        safedma=safedma,
+        collective_id=0,
+    )
+    spec = jax.ShapeDtypeStruct((BLOCK[0] * RING, BLOCK[1]), F32)
+    return Program(per_device, (spec,), ring(RING, AXIS))
+
+
+_NO_BARRIER = Raises(
+    "SignalAfterExitError",
+    matches=(r"before it has entered", r"a barrier belongs before this access, at \S+:\d+"),
+    one_of=(ALL, ("o_ref",)),
+    says=("get_barrier_semaphore", "neighbour_barrier"),
+    kind="SimulationError",
+)
+
+CASES += [
+    Case(
+        f"missing_barrier-{variant}-{flavour}",
+        "barriers",
+        "written for this suite",
+        functools.partial(
+            _missing_barrier,
+            missing_barrier_safedma if flavour == "safedma" else missing_barrier_pltpu,
+            safedma=flavour == "safedma",
+            bug=variant == "bug",
+        ),
+        {"verify": _NO_BARRIER if variant == "bug" else Ok(report={"devices": RING})},
+        sources=(Path(__file__),),
+        fix="missing_barrier",
+        tags=frozenset(
+            {"missing_barrier", flavour, variant} | ({"bug"} if variant == "bug" else set())
+        ),
+    )
+    for variant in ("bug", "fix")
+    for flavour in ("pltpu", "safedma")
 ]

@@ -10,6 +10,10 @@ under flow control, chunks spread over semaphore slots.
   (the property tests' family; written for this suite);
 * :func:`local_ring`: a clean ring permute;
 * a ring permute to a LOGICAL device id, and a static logical id outside the mesh;
+* wrong device ids: a ring permute whose wraparound names device 1 instead of 0 (two
+  copies land on device 1, none on device 0), a pairwise exchange in which odd devices
+  send to themselves; each message names the line that computed the id (written for
+  this suite);
 * jax ops/tpu all_gather: clean on 2 devices, a race on 4 (it relies on in-order
   delivery between neighbours).
 """
@@ -20,6 +24,8 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -39,7 +45,7 @@ from tests.corpus._blocks import (
     write_out,
 )
 from tests.corpus._calls import on_ring
-from tests.corpus._case import OK, Case, Ok, Program, Raises
+from tests.corpus._case import OK, Case, Ok, Program, Raises, ring
 
 D = sd.DataRef
 S = sd.SemRef
@@ -370,4 +376,109 @@ CASES += [
             )
         },
     ),
+]
+
+
+# ---------------------------------------------------------------- wrong device ids
+
+
+def _peer(me: jax.Array, n: jax.Array, mistake: str) -> jax.Array:
+    """The device this one sends its block to: its right neighbour (``wraparound``: the
+    last device's wraps to 1, not 0), or its partner in a pairwise exchange
+    (``self_send``: odd devices name themselves, not ``me - 1``)."""
+    if mistake == "wraparound":
+        return jnp.where(me == n - 1, 1, me + 1)  # fix: wrong_device_id_wraparound
+    if mistake == "self_send":
+        return jnp.where(me % 2 == 0, me + 1, me)  # fix: wrong_device_id_self_send
+    if mistake == "pairs":
+        return jnp.where(me % 2 == 0, me + 1, me - 1)
+    return lax.rem(me + 1, n)
+
+
+def send_to_peer_pltpu(
+    x_ref: Any, o_ref: Any, buf: Any, send: Any, recv: Any, out_sem: Any, *, mistake: str
+) -> None:
+    """Send this device's block into its peer's ``buf``, wait both sides, copy ``buf``
+    out: every device sends one block and receives one when the ids are right."""
+    me = lax.axis_index("x")
+    n = lax.axis_size("x")
+    peer = _peer(me, n, mistake)
+    copy = pltpu.make_async_remote_copy(x_ref, buf, send, recv, device_id={"x": peer})
+    copy.start()
+    copy.wait()
+    write_out(buf, o_ref, out_sem)
+
+
+def send_to_peer_safedma(
+    x_ref: D, o_ref: D, buf: D, send: S, recv: S, out_sem: S, *, mistake: str
+) -> None:
+    peer = _peer(sd.my_index("x"), sd.axis_size("x"), mistake)
+    sd.RemoteCopy(x_ref, buf, recv).with_send_sem(send).to(sd.device(x=peer)).start().wait()
+    sd.LocalCopy(buf, o_ref, out_sem).start().wait()
+
+
+def _send_to_peer(kernel: Any, *, safedma: bool, mistake: str) -> Program:
+    from tests.corpus._blocks import BLOCK, RING, kernel_call
+
+    body = functools.partial(kernel, mistake=mistake)
+    functools.update_wrapper(body, kernel)
+    per_device = kernel_call(
+        body,
+        lambda: [pltpu.VMEM(BLOCK, F32), *dma(3)],
+        name=f"send_to_peer_{mistake}",
+        safedma=safedma,
+    )
+    spec = jax.ShapeDtypeStruct((BLOCK[0] * RING, BLOCK[1]), F32)
+    return Program(per_device, (spec,), ring(RING, "x"))
+
+
+# verify's error is where the bytes land (a race on the buf of a device two copies
+# reach, a wait no copy feeds); the line it names is _peer's, where the id is computed.
+_WRONG_ID = {
+    "wraparound": Raises(
+        "RaceDetectedError|UnsatisfiableWaitError|LeftoverSemaphoreError",
+        says=("its device id is computed at",),
+        kind="SimulationError",
+    ),
+    "self_send": Raises(
+        "RaceDetectedError|UnsatisfiableWaitError|LeftoverSemaphoreError",
+        says=("its device id is computed at",),
+        kind="SimulationError",
+    ),
+}
+
+CASES += [
+    Case(
+        f"wrong_device_id_{mistake}-bug-{flavour}",
+        "ring_collectives",
+        "written for this suite",
+        functools.partial(
+            _send_to_peer,
+            send_to_peer_safedma if flavour == "safedma" else send_to_peer_pltpu,
+            safedma=flavour == "safedma",
+            mistake=mistake,
+        ),
+        {"verify": verdict},
+        fix=f"wrong_device_id_{mistake}",
+        tags=frozenset({"wrong_device_id", flavour, "bug"}),
+    )
+    for mistake, verdict in _WRONG_ID.items()
+    for flavour in ("pltpu", "safedma")
+]
+CASES += [
+    Case(
+        f"peer_{fixed}-fix-{flavour}",
+        "ring_collectives",
+        "written for this suite",
+        functools.partial(
+            _send_to_peer,
+            send_to_peer_safedma if flavour == "safedma" else send_to_peer_pltpu,
+            safedma=flavour == "safedma",
+            mistake=fixed,
+        ),
+        {"verify": Ok(report={"devices": 4, "remote_dmas": 4})},
+        tags=frozenset({"wrong_device_id", flavour, "fix"}),
+    )
+    for fixed in ("ring", "pairs")
+    for flavour in ("pltpu", "safedma")
 ]

@@ -3,6 +3,11 @@ by one (each wait may count another copy's bytes) or once by their total.
 
 * R9, two same-sized local copies on one semaphore, each waited before its chunk is
   read; the fix waits both at once (written for this suite);
+* copies of different sizes on one semaphore (4 KiB and 8 KiB): the small copy's wait
+  released by the big one's bytes before its buffer is read, the small copy waited
+  twice (8 of 12 KiB: a count left at exit), the big one waited twice (more than ever
+  lands: a hang); each message names both copies' lines and sizes (written for this
+  suite);
 * the early wait of MoE all-to-alls: one semaphore counts a local fetch and the left
   neighbour's incoming copy, so the local wait can return on the neighbour's bytes (the
   protocol of vLLM tpu-inference's and tokamax's fused MoE);
@@ -694,5 +699,126 @@ CASES += [
         XLA_PAGED,
         lambda: paged_kv_program("waits_swapped_read_between"),
         {"simulate": Raises("RaceDetectedError", check=_v_page_race("v_part = 2.0 * v_buf[slot]"))},
+    ),
+]
+
+
+# ---------------------------------------------------------------- copies of different sizes
+
+
+def mixed_sizes_pltpu(
+    x_ref: Any, o_ref: Any, head: Any, whole: Any, sem: Any, out_sem: Any, *, mistake: str
+) -> None:
+    """A 4 KiB copy (the first chunk into ``head``) and an 8 KiB copy (the whole block
+    into ``whole``) on one DMA semaphore. ``read``: the small copy's wait, released by the
+    big copy's bytes as well, before ``head`` is read; ``short``: the small copy waited
+    twice (8 of the 12 KiB: ``head`` is not read, and 4 KiB stay on the semaphore);
+    ``over``: the big copy waited twice (16 KiB, more than ever lands); ``""``: each copy
+    waited once before anything is read."""
+    small = pltpu.make_async_copy(first(x_ref), head, sem)
+    big = pltpu.make_async_copy(x_ref, whole, sem)
+    small.start()  # fix: mixed_sizes_read mixed_sizes_short mixed_sizes_over
+    big.start()  # fix: mixed_sizes_read mixed_sizes_short mixed_sizes_over
+    if mistake == "over":
+        big.wait()
+    else:
+        small.wait()
+    if mistake == "read":
+        head[...] = head[...] * 2.0
+    if mistake == "short":
+        small.wait()
+    else:
+        big.wait()
+    if not mistake:
+        head[...] = head[...] * 2.0
+    write_out(whole, o_ref, out_sem)
+
+
+def mixed_sizes_safedma(
+    x_ref: D, o_ref: D, head: D, whole: D, sem: S, out_sem: S, *, mistake: str
+) -> None:
+    small = sd.LocalCopy(first(x_ref), head, sem).start()  # fix: mixed_sizes_read
+    big = sd.LocalCopy(x_ref, whole, sem).start()  # fix: mixed_sizes_read
+    small.wait()
+    if mistake == "read":  # the small copy's wait may have counted the big copy's bytes
+        head[...] = head[...] * 2.0
+    big.wait()
+    if mistake != "read":
+        head[...] = head[...] * 2.0
+    sd.LocalCopy(whole, o_ref, out_sem).start().wait()
+
+
+def _mixed_sizes(kernel: Any, *, safedma: bool, mistake: str) -> Program:
+    from tests.corpus._blocks import BLOCK, CHUNK, F32, RING, kernel_call
+
+    body = functools.partial(kernel, mistake=mistake)
+    functools.update_wrapper(body, kernel)
+    per_device = kernel_call(
+        body,
+        lambda: [pltpu.VMEM((CHUNK, BLOCK[1]), F32), block(), *dma(2)],
+        name=f"mixed_sizes_{mistake or 'fix'}",
+        safedma=safedma,
+    )
+    spec = jax.ShapeDtypeStruct((BLOCK[0] * RING, BLOCK[1]), F32)
+    return Program(per_device, (spec,), ring(RING, AXIS))
+
+
+def _both_sizes(error: str, *says: str) -> Raises:
+    """verify names both copies sharing the semaphore, each by its line and size."""
+    return Raises(
+        error,
+        says=("copies of different sizes", *says),
+        matches=(
+            r"started at \S+:\d+ \S+ \(4096 bytes\)",
+            r"started at \S+:\d+ \S+ \(8192 bytes\)",
+        ),
+        one_of=(ALL, ("sem",)),
+        kind="SimulationError",
+    )
+
+
+_MIXED = {
+    "read": _both_sizes("RaceDetectedError", "whichever land first"),
+    "short": _both_sizes("LeftoverSemaphoreError", "holds 4096 bytes"),
+    "over": _both_sizes("UnsatisfiableWaitError", "for 8192 bytes"),
+}
+
+CASES += [
+    Case(
+        f"mixed_sizes_{mistake}-bug-pltpu",
+        "shared_semaphores",
+        "written for this suite",
+        functools.partial(_mixed_sizes, mixed_sizes_pltpu, safedma=False, mistake=mistake),
+        {"verify": verdict},
+        fix=f"mixed_sizes_{mistake}",
+        tags=frozenset({"mixed_sizes", "pltpu", "bug"}),
+    )
+    for mistake, verdict in _MIXED.items()
+]
+CASES += [
+    Case(
+        "mixed_sizes_read-bug-safedma",
+        "shared_semaphores",
+        "written for this suite",
+        functools.partial(_mixed_sizes, mixed_sizes_safedma, safedma=True, mistake="read"),
+        {"verify": _MIXED["read"]},
+        fix="mixed_sizes_read",
+        tags=frozenset({"mixed_sizes", "safedma", "bug"}),
+    ),
+    *(
+        Case(
+            f"mixed_sizes-fix-{flavour}",
+            "shared_semaphores",
+            "written for this suite",
+            functools.partial(
+                _mixed_sizes,
+                mixed_sizes_safedma if flavour == "safedma" else mixed_sizes_pltpu,
+                safedma=flavour == "safedma",
+                mistake="",
+            ),
+            {"verify": Ok(report={"devices": 4, "dmas": 12})},
+            tags=frozenset({"mixed_sizes", flavour, "fix"}),
+        )
+        for flavour in ("pltpu", "safedma")
     ),
 ]

@@ -34,6 +34,7 @@ from safedma.testing._verify.errors import (
     VerifiedRaceError,
     VerifyKernelError,
 )
+from safedma.testing._verify.model.addressing import Addressing
 from safedma.testing._verify.model.clocks import Clock, Clocks
 from safedma.testing._verify.model.regions import (
     Box,
@@ -51,6 +52,10 @@ __all__ = ["Machine", "Dma", "SemState", "Blocked", "LooseMiss", "PruneMiss"]
 # A semaphore's completed waits are pruned (see Machine._prune_waits) once it holds this
 # many, and again whenever their number doubles: amortised O(1) work per wait.
 _PRUNE_FROM = 16
+
+
+# Lines of copies whose sizes a semaphore keeps for messages (SemState.sizes).
+_SIZES_KEPT = 4
 
 
 # The waits kept for explain() (messages only): the newest this many. A message whose
@@ -172,6 +177,7 @@ class SemState:
         "horizon",
         "next_prune",
         "last_wait",
+        "sizes",
     )
 
     def __init__(self, buffer: Buffer, index: int, label: str) -> None:
@@ -193,6 +199,9 @@ class SemState:
         # per waiter, where its latest completed wait here is (kept when ``waits`` is
         # pruned): where a missing receive wait belongs, for messages
         self.last_wait: dict[int, str] = {}
+        # the size of the copies counted here, by the line that started them (the first
+        # few lines): a message names copies of different sizes sharing the semaphore
+        self.sizes: dict[str, int] = {}
 
     def total(self) -> int:
         if not self.pending:
@@ -273,6 +282,8 @@ class Machine:
         # drop completed waits no later contribution can count at (memory: without it a
         # ring keeps devices^2 wait records, each holding clocks of devices entries)
         self.prune = True
+        # copies addressed by device id, for the messages (where their ids came from)
+        self.addressing = Addressing()
 
     def keep_loose(self, newest: int | None) -> None:
         """Keep the ``newest`` waits for explain() (None: all of them).
@@ -426,7 +437,7 @@ class Machine:
         self, p: int, view: View, write: bool, what: str, where: str, other: Record, dma: Dma | None
     ) -> None:
         who = (
-            f"the copy started on {self.labels[dma.issuer]} at {dma.where}"
+            f"the copy started on {self.labels[dma.issuer]} at {dma.where}" + self._addressed(dma)
             if dma
             else (f"{self.labels[p]}")
         )
@@ -434,8 +445,8 @@ class Machine:
             od = other.dma
             them = (
                 f"{'writes' if other.write else 'reads'} it in the copy started on "
-                f"{self.labels[od.issuer]} at {od.where}, which no wait has guaranteed "
-                "complete yet"
+                f"{self.labels[od.issuer]} at {od.where}{self._addressed(od)}, which no "
+                "wait has guaranteed complete yet"
             )
             if od.withheld is not None:
                 them += f" ({od.withheld}: it does not guarantee this copy)"
@@ -463,6 +474,11 @@ class Machine:
             f"{_fmt_box(view.box)}: {who} {what} it at {where}; {them}. {fix}"
         )
 
+    def _addressed(self, d: Dma) -> str:
+        """Where a copy sent by device id went and where that id was computed (a copy to
+        the wrong peer is found where its bytes land), or ``""``."""
+        return self.addressing.note_for(self.labels, d.where, d.issuer, d.target)
+
     # ---------------------------------------------------------------- semaphores
 
     def sem(self, buf: Buffer, index: int) -> SemState:
@@ -489,6 +505,10 @@ class Machine:
                 self._early(sem, c)
         sem.pending.append(c)
         sem.contributors.add(c.issuer)
+        if c.dma is not None:
+            sizes = sem.sizes
+            if len(sizes) < _SIZES_KEPT and c.where not in sizes:
+                sizes[c.where] = c.amount
         total = sem.total()
         if total > sem.peak:
             sem.peak = total
@@ -580,8 +600,14 @@ class Machine:
         if entered is None or rows[p, target] < entered:
             why, relied = self.explain(p, target, entered) if entered is not None else ("", None)
             fix = (
-                "synchronise first, e.g. with the barrier semaphore "
-                "(pltpu.get_barrier_semaphore with a collective_id) or leave "
+                f"a barrier belongs before this access, at {where} (the first one on "
+                f"{self.labels[p]} that needs it): signal the barrier semaphore of every "
+                "device this kernel writes to or signals and wait for their signals "
+                "(b = pltpu.get_barrier_semaphore(), pltpu.semaphore_signal(b, 1, "
+                "device_id=peer) per peer, then pltpu.semaphore_wait(b, peers), with a "
+                "collective_id in the compiler params; in safedma sd.signal and sd.wait on "
+                "sd.barrier_semaphore(), or safedma.kernels.reduce_scatter."
+                "neighbour_barrier(axis) for both ring neighbours), or leave "
                 "collective_id unset for Mosaic's default device barrier."
             )
             if self.cores > 1 and p // self.cores == target // self.cores:
@@ -620,8 +646,8 @@ class Machine:
                         f"call (from what its waits received), not {self.labels[target]}: a "
                         "barrier wait tells a device only that the devices that signalled it "
                         "entered. Have every device you write to or signal signal you, and "
-                        "wait for those signals before this access (e.g. signal both "
-                        "neighbours and wait for 2)."
+                        f"wait for those signals before this access, at {where} (e.g. "
+                        "signal both neighbours and wait for 2)."
                     )
             raise SignalAfterExitError(
                 f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
@@ -840,6 +866,10 @@ class Machine:
                 f", including the {e.what} from {self.labels[e.issuer]} at {e.where}, "
                 "which is not ordered after that wait"
             )
+        if sem.kind == "DMA":
+            sizes = {c.where: c.amount for c in present if c.dma is not None}
+            if len(set(sizes.values())) > 1:
+                because += _sizes_note(sizes, self.sem_names(sem))
         for c in present:
             if c.dma is not None and c.seq not in guaranteed:
                 c.dma.withheld = because
@@ -907,9 +937,30 @@ class Machine:
                     continue
                 total = s.total()
                 if total != 0:
-                    leftovers.append(describe(s))
+                    text, more = describe(s), self._left_by(s)
+                    if more and not text.rstrip().endswith("."):
+                        text += "."
+                    leftovers.append(text + more)
         for text in leftovers:
             self.leftovers.append((p, when, text))
+
+    def _left_by(self, s: SemState) -> str:
+        """What a leftover message adds about what is counted on ``s``: copies and
+        signals addressed by device id (and where the ids were computed), and copies of
+        different sizes sharing it."""
+        notes = []
+        seen: set[str] = set()
+        for c in s.pending:
+            if c.where in seen:
+                continue
+            seen.add(c.where)
+            target = c.dma.target if c.dma is not None else s.buffer.owner
+            note = self.addressing.note_for(self.labels, c.where, c.issuer, target)
+            if note:
+                notes.append(f" [the {c.what()} from {self.labels[c.issuer]} at {c.where}{note}]")
+        if s.kind == "DMA":
+            notes.append(_sizes_note(s.sizes, self.sem_names(s), sentence=True))
+        return "".join(notes[:3])
 
     def leftover_error(self) -> VerifiedLeftoverError | None:
         """Every semaphore left non-zero, on every device, in device order."""
@@ -959,6 +1010,17 @@ class Machine:
                 )
             )
         lines = _blocked_lines(waits)
+        # the line to fix behind a wait nothing releases: copies aimed elsewhere, or
+        # copies of different sizes on one semaphore (once per semaphore)
+        causes: dict[str, None] = {}
+        for b in sorted(blocked, key=lambda b: b.participant):
+            if b.sem is None:
+                continue
+            s = b.sem
+            causes[self.addressing.missing(self.labels, s.label, b.participant)] = None
+            if s.kind == "DMA":
+                causes[_sizes_note(s.sizes, self.sem_names(s), sentence=True)] = None
+        lines += [f" {c.strip()}" for c in causes if c]
         hint = (
             "No device can move: each wait above needs a start or signal that no "
             "running device will issue (a copy or signal skipped by a condition, aimed "
@@ -980,6 +1042,23 @@ class Machine:
 # devices all waiting at one line would otherwise print 256 lines).
 _GROUP_FROM = 3
 _HOLDS = "\x00holds\x00"  # "it holds" on a device's own line, "each holds" on a group's
+
+
+def _sizes_note(sizes: dict[str, int], name: str, sentence: bool = False) -> str:
+    """Copies of different sizes counted on one DMA semaphore, by line and size: a wait
+    sized for one is released by another's bytes, and waits sized per copy add up only
+    if each waits its own (``""`` when the sizes agree)."""
+    if len(set(sizes.values())) < 2:
+        return ""
+    copies = " and ".join(f"the copy started at {w} ({n} bytes)" for w, n in sizes.items())
+    if not sentence:
+        return f"; {name} counts copies of different sizes: {copies}"
+    return (
+        f" DMA semaphore {name} is shared by copies of different sizes: {copies}; a wait "
+        "sized for one of them is released by the bytes of another, and the waits on it "
+        "must add up to the copies' total. Give each copy its own semaphore, or wait for "
+        "all of them at once by their total."
+    )
 
 
 def _fed(fed: str | None) -> str:

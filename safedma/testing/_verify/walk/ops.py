@@ -12,6 +12,7 @@ from safedma.testing._verify.errors import (
     VerificationUnsupportedError,
     VerifyKernelError,
 )
+from safedma.testing._verify.model.device_ids import origin_lines
 from safedma.testing._verify.model.regions import View
 from safedma.testing._verify.model.semantics import Blocked, Machine, SemState
 from safedma.testing._verify.program.compiler import (
@@ -171,6 +172,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
     id_type = eqn.params.get("device_id_type")
     where = location(eqn)
     adds = bool(eqn.params.get("add", False))
+    dev_atoms = _device_atoms(dev)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         if adds:
@@ -183,7 +185,16 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
             )
         eng = engine_of(ctx)
         label = eng.labels[ctx.p]
-        target = _target(ctx, g_dev(env), id_type, where)
+        try:
+            target = _target(ctx, g_dev(env), id_type, where)
+        except VerifyKernelError as err:
+            try:
+                computed = _id_origin(ctx, eqn, dev_atoms)()
+            except Exception:  # noqa: BLE001 - a hint only: the error itself stands
+                computed = []
+            if computed:
+                err.args = (f"{err.args[0]} (the device id is computed at {computed[0]})",)
+            raise
         s = _need_ref(g_src(env), "the copy source", where)
         d = _need_ref(g_dst(env), "the copy destination", where)
         sv = view_of(s, where, "the copy source", label)
@@ -217,11 +228,37 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
         )
         if target == ctx.p and ssem is not None and ssem is dsem:
             ssem = None
+        if dev_atoms:
+            # the messages of a copy sent to the wrong device name where its id was computed
+            addressing = ctx.machine.addressing
+            if not addressing.knows(where):
+                addressing.learn(where, _id_origin(ctx, eqn, dev_atoms))
+            addressing.note(where, ctx.p, target, dsem.label)
         ctx.machine.dma_start(ctx.p, target, sv, dv, dsem, ssem, where, kernel.name)
         if dv.buffer.values is not None:
             _copy_values(sv, dv, where)
 
     return op
+
+
+def _device_atoms(dev: Any) -> list[Any]:
+    """The jaxpr atoms of a copy's device-id operand (a dict's values, a tuple's items)."""
+    if dev is None:
+        return []
+    if isinstance(dev, dict):
+        return list(cast("dict[object, object]", dev).values())
+    if isinstance(dev, (tuple, list)):
+        return list(cast("tuple[object, ...]", dev))
+    return [dev]
+
+
+def _id_origin(ctx: Ctx, eqn: Any, atoms: list[Any]) -> Callable[[], list[str]]:
+    """The lines that computed a copy's device id, found when a message asks: data flow
+    back from ``atoms`` in the body of the kernel running the copy."""
+    root = getattr(getattr(getattr(ctx, "kernel", None), "desc", None), "jaxpr", None)
+    if root is None:
+        return list
+    return lambda: origin_lines(root, eqn, atoms)
 
 
 def _copy_values(src: View, dst: View, where: str) -> None:
@@ -342,6 +379,7 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
     g_core = c.value_getter(core) if core is not None else None
     id_type = eqn.params.get("device_id_type")
     where = location(eqn)
+    dev_atoms = _device_atoms(dev)
 
     def op(env: list[Any], ctx: Ctx) -> None:
         device_id = g_dev(env)
@@ -373,6 +411,12 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
                 outlives=future,
             )
         s = _sem_state(ctx, ref, target, where, "the signalled semaphore")
+        if dev_atoms:
+            # a wait no signal reaches names where the signals' device ids were computed
+            addressing = ctx.machine.addressing
+            if not addressing.knows(where):
+                addressing.learn(where, _id_origin(ctx, eqn, dev_atoms), "signal")
+            addressing.note(where, ctx.p, target, s.label)
         ctx.machine.signal(ctx.p, s, need_int(g_inc(env), "a signal increment"), where)
 
     return op
