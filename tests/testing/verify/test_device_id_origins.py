@@ -226,3 +226,22 @@ def test_a_signal_to_the_wrong_device_names_the_line_that_computed_it() -> None:
     message = str(caught.value)
     assert "Nothing sent by device id was addressed to device 0 (x=0)" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "signal_wraparound")), message
+
+
+def without_a_modulo(me: jax.Array, n: jax.Array, wrong: bool, slot: Any) -> jax.Array:
+    return me + 1 if wrong else (me + 1) % n  # fix: without_a_modulo
+
+
+@pytest.mark.parametrize("under_when", [False, True], ids=["plain", "under_when"])
+def test_a_neighbour_past_the_last_device_is_off_the_mesh(under_when: bool) -> None:
+    """Pallas turns a mesh coordinate into a device by the axes' strides, without wrapping
+    around: the last device's ``me + 1`` is no device at all."""
+    kernel = send_kernel(without_a_modulo, True, under_when=under_when)
+    with pytest.raises(SimulationError) as caught:
+        verify(program(kernel), X, mesh=RING)
+    message = str(caught.value)
+    assert "x=4 is outside the mesh" in message, message
+    assert "% size" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "without_a_modulo")), message
+    fixed = send_kernel(without_a_modulo, False, under_when=under_when)
+    assert verify(program(fixed), X, mesh=RING).remote_dmas == 4

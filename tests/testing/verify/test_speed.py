@@ -101,7 +101,20 @@ def test_a_view_cached_by_shape_names_the_buffer_it_is_asked_about() -> None:
             view_of(RefVal(buf, outside), "k.py:3", "the copy source", "device 0")
 
 
+def _outcome(ctx: Any, device_id: dict[str, int]) -> int | str:
+    """The device ``device_id`` names, or the error it is refused with."""
+    from safedma.testing._verify.errors import VerifyKernelError
+    from safedma.testing._verify.walk.ops import _target
+
+    try:
+        return _target(ctx, device_id, "DeviceIdType.MESH", "k.py:1")
+    except VerifyKernelError as refused:
+        return str(refused)
+
+
 def test_direct_mesh_addressing_matches_the_general_rule() -> None:
+    """Both ways of reading a mesh device id name the same device, and both refuse a
+    coordinate outside its axis (Pallas does not wrap it around)."""
     from safedma.testing._verify.walk.engine import Engine
     from safedma.testing._verify.walk.ops import _target
     from safedma.testing._verify.program.context import Ctx
@@ -116,11 +129,13 @@ def test_direct_mesh_addressing_matches_the_general_rule() -> None:
             ctx = Ctx(p, engine, engine.coords(p))
             for axis in names:
                 for v in range(-2 * engine.devices, 2 * engine.devices):
-                    fast = _target(ctx, {axis: v}, "DeviceIdType.MESH", "k.py:1")
-                    slow = _target(ctx, General({axis: v}), "DeviceIdType.MESH", "k.py:1")
+                    fast = _outcome(ctx, {axis: v})
+                    slow = _outcome(ctx, General({axis: v}))
                     assert fast == slow
+                    inside = 0 <= v < engine.axis_sizes[axis]
+                    assert isinstance(fast, int) == inside, (axis, v, fast)
                     checked += 1
-            both = {n: p + i for i, n in enumerate(names)}
+            both = {n: (p + i) % engine.axis_sizes[n] for i, n in enumerate(names)}
             assert _target(ctx, both, "MESH", "w") == _target(ctx, General(both), "MESH", "w")
         assert checked > 0
 

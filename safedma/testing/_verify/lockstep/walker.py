@@ -383,9 +383,12 @@ class LockstepWalk:
                     else (str(k),)
                 )
                 v = self.ints(env_read(raw), "a device id").copy()
+                if any(key not in sizes for key in keys):
+                    raise Bail(f"a device id naming an axis of none of {keys!r}")
+                span = sizes[keys[0]]  # one axis: no wrap-around (see walk/ops.py)
+                if len(keys) == 1 and ((v < 0).any() or (v >= span).any()):
+                    raise Bail("a device id off the mesh")  # the walk reports where
                 for key in reversed(keys):
-                    if key not in sizes:
-                        raise Bail(f"a device id naming axis {key!r}")
                     coords[key] = v % sizes[key]
                     v = v // sizes[key]
             flat = np.ravel_multi_index(tuple(coords[n] for n in self.names), self.sizes)

@@ -72,9 +72,22 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
                     )
                 core = v
                 continue
-            for name in reversed(keys):
+            for name in keys:
                 if name not in eng.axis_sizes:
                     raise VerifyKernelError(f"device id at {where} names unknown axis {name!r}")
+            # Pallas turns one axis's coordinate into a device by the axis's stride, with
+            # no wrap-around: a neighbour computed without a modulo is off the mesh (or,
+            # on a mesh of several axes, another row's device). A key of several axes is
+            # split into coordinates with a wrap-around, as Pallas splits it.
+            span = math.prod(eng.axis_sizes[name] for name in keys)
+            if len(keys) == 1 and not 0 <= v < span:
+                axes = "x".join(keys)
+                raise VerifyKernelError(
+                    f"device id at {where}: {axes}={v} is outside the mesh ({axes} has "
+                    f"{span} devices); a ring neighbour needs the modulo, e.g. "
+                    f"(lax.axis_index(axis) + 1) % size"
+                )
+            for name in reversed(keys):
                 coords[name] = v % eng.axis_sizes[name]
                 v //= eng.axis_sizes[name]
     else:
@@ -125,17 +138,20 @@ def _on_core(ctx: Ctx, target: int, core: int, where: str) -> int:
 
 def _mesh_target(ctx: Ctx, device_id: dict[object, object]) -> int | None:
     """The common remote address, ``{axis: int}`` on a one-core mesh, computed directly
-    (the general path in :func:`_target` gives the same device); None for any other form."""
+    (the general path in :func:`_target` gives the same device); None for any other form,
+    and for a coordinate outside its axis, which the general path reports."""
     sizes = ctx.engine.axis_sizes
     for k, raw in device_id.items():
         if type(k) is not str or type(raw) is not int or k not in sizes:
+            return None
+        if not 0 <= raw < sizes[k]:
             return None
     flat = 0
     here = ctx.axis_index
     for n in engine_of(ctx).axis_names:
         size = sizes[n]
         v = device_id.get(n)
-        flat = flat * size + (here[n] if v is None else cast(int, v) % size)
+        flat = flat * size + (here[n] if v is None else cast(int, v))
     return flat
 
 
