@@ -55,8 +55,7 @@ class Snapshot:
     def at(self, device: Ints, q: Ints) -> Clock:
         """Elementwise ``snapshot[device, q]``."""
         if self.row is not None:
-            n = self.row.shape[0]
-            got: Clock = self.row[(q - device) % n]
+            got: Clock = np.take(self.row, q - device, mode="wrap")
             return got
         assert self.dense is not None
         vals: Clock = self.dense[device, q]
@@ -82,6 +81,7 @@ class Clocks:
         self.row: Clock | None = np.zeros(devices, dtype=np.int32)
         self.row[0] = 1
         self.dense: Clock | None = None
+        self._own: Ints | None = None  # own() while circulant, kept until the epoch moves
         self.densified = 0  # how often an event turned the clocks dense (0 or 1)
         self.entries_touched = 0  # clock entries read or written: the cost proxy
         if not symmetric:
@@ -107,15 +107,20 @@ class Clocks:
         return self.dense
 
     def own(self) -> Ints:
+        """Every device's own epoch (read-only: shared until the epoch moves)."""
         if self.row is not None:
-            return np.full(self.n, int(self.row[0]), dtype=np.int64)
+            epoch = int(self.row[0])
+            if self._own is None or int(self._own[0]) != epoch:
+                self._own = np.full(self.n, epoch, dtype=np.int64)
+                self._own.flags.writeable = False
+            return self._own
         assert self.dense is not None
         return self.dense[self.devs, self.devs].astype(np.int64)
 
     def at(self, device: Ints, q: Ints) -> Clock:
         """Elementwise ``rows[device, q]``."""
         if self.row is not None:
-            got: Clock = self.row[(q - device) % self.n]
+            got: Clock = np.take(self.row, q - device, mode="wrap")
             return got
         assert self.dense is not None
         vals: Clock = self.dense[device, q]

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from safedma.testing._verify.lockstep.clocks import Clocks, Snapshot
+from safedma.testing._verify.lockstep.records import Records
 
 __all__ = ["Bail", "DataBuf", "Model", "SemBuf"]
 
@@ -90,17 +91,23 @@ class DataBuf:
             self.last_write = np.repeat(self.last_write, factor, axis=d + 1)
             self.reads = np.repeat(self.reads, factor, axis=d + 1)
 
-    def cells(self, starts: list[Ints], sizes: list[int]) -> tuple[Ints, ...]:
-        """Index arrays (device, cell...) selecting every cell of each device's window."""
+    def cells(self, starts: list[Ints], sizes: list[int]) -> tuple[Ints, int]:
+        """(the flat index of every cell of each device's window, device-major; cells per
+        device) into the raveled grid (``flat(buf.written)`` and the like)."""
+        grid = self.written.shape
         n = len(sizes)
-        index: list[Ints] = [np.arange(self.devices).reshape((-1,) + (1,) * n)]
+        flat: Ints = np.arange(self.devices, dtype=np.int64).reshape((-1,) + (1,) * n)
+        per = 1
         for d, (start, size) in enumerate(zip(starts, sizes)):
             k = size // self.cell[d]
-            shape = [1] * n
-            shape[d] = k
+            per *= k
             first = (start // self.cell[d]).reshape((-1,) + (1,) * n)
-            index.append(first + np.arange(k).reshape(shape))
-        return tuple(index)
+            if k > 1:
+                shape = [1] * (n + 1)
+                shape[d + 1] = k
+                first = first + np.arange(k).reshape(shape)
+            flat = flat * grid[d + 1] + first
+        return flat.reshape(-1), per
 
 
 @dataclass
@@ -162,14 +169,7 @@ class Model:
         self.devs: Ints = np.arange(devices, dtype=np.int64)
         self.clocks = Clocks(devices, symmetric)
         self.entry: Ints = np.zeros(devices, dtype=np.int64)
-        # records: row r holds, per owner device, who settled it and at what epoch
-        # (-1: a copy no wait has guaranteed yet); an optional second settler
-        self._cap = 64
-        self.part = np.full((self._cap, devices), -1, dtype=np.int64)
-        self.at = np.zeros((self._cap, devices), dtype=np.int64)
-        self.alt_part = np.full((self._cap, devices), -1, dtype=np.int64)
-        self.alt_at = np.zeros((self._cap, devices), dtype=np.int64)
-        self.records = 0
+        self.table = Records(devices)  # who orders each access record, per device
         self.dmas = 0
         self.remote_dmas = 0
         self.waits = 0
@@ -193,50 +193,27 @@ class Model:
             self.barrier()
 
     def _ordered(self, accessor: Ints, ids: Ints, owner: Ints) -> Bools:
-        """Per element: is record ``ids`` (on ``owner``'s buffer) ordered before ``accessor``?"""
-        none = ids < 0
-        safe = np.where(none, 0, ids)
-        part = self.part[safe, owner]
-        at = self.at[safe, owner]
-        alt_part = self.alt_part[safe, owner]
-        alt_at = self.alt_at[safe, owner]
-        seen = (part >= 0) & (self.clocks.at(accessor, np.maximum(part, 0)) >= at)
-        seen |= (alt_part >= 0) & (self.clocks.at(accessor, np.maximum(alt_part, 0)) >= alt_at)
-        ordered: Bools = none | seen
-        return ordered
+        """Per element (1-D): is record ``ids`` (on ``owner``'s buffer) ordered before
+        ``accessor``?"""
+        return self.table.ordered(self.clocks.at, accessor, ids, owner)
+
+    def _all_ordered(self, accessor: Ints, ids: Ints, owner: Ints) -> bool:
+        return self.table.all_ordered(self.clocks.at, accessor, ids, owner)
 
     # ------------------------------------------------------------------ records
 
     def new_record(self, accessor: Ints | None) -> int:
         """A record of an access on every device: a plain access by ``accessor`` now,
         or (None) a copy's pending access, settled later by the wait that guarantees it."""
-        r = self.records
-        if r == self._cap:
-            self._cap *= 2
-            for name in ("part", "at", "alt_part", "alt_at"):
-                old = getattr(self, name)
-                grown = np.full((self._cap, self.n), -1 if "part" in name else 0, dtype=np.int64)
-                grown[:r] = old
-                setattr(self, name, grown)
-        self.records += 1
-        if accessor is not None:
-            self.part[r] = accessor
-            self.at[r] = self.own()[accessor]
-        return r
+        if accessor is None:
+            return self.table.new(None, None)
+        return self.table.new(accessor, self.own()[accessor])
 
     def settle(self, record: int, owner: Ints, waiter: Ints) -> None:
         """A wait by ``waiter`` guarantees a copy's access on ``owner``'s buffer (the first
         settler orders it; a second, e.g. the receiver for a source read, is kept as an
         alternative; later ones are dropped, which can only make the path give up)."""
-        epoch = self.own()[waiter]
-        part = self.part[record, owner]
-        fresh = part < 0
-        self.part[record, owner] = np.where(fresh, waiter, part)
-        self.at[record, owner] = np.where(fresh, epoch, self.at[record, owner])
-        other = ~fresh & (part != waiter) & (self.alt_part[record, owner] < 0)
-        if other.any():
-            self.alt_part[record, owner[other]] = waiter[other]
-            self.alt_at[record, owner[other]] = epoch[other]
+        self.table.settle(record, owner, waiter, self.own()[waiter])
 
     def access(
         self,
@@ -256,37 +233,43 @@ class Model:
             if (start < 0).any() or (start + size > dim).any():
                 raise Bail(f"a window outside {buf.name}")
         buf.refine(starts, sizes)
-        idx = buf.cells(starts, sizes)
-        owner = np.broadcast_to(idx[0], np.broadcast_shapes(*[i.shape for i in idx]))
-        who = accessor[owner]
-        if needs_written and not buf.written[idx].all():
+        cells, per = buf.cells(starts, sizes)
+        owner = self.devs if per == 1 else np.repeat(self.devs, per)
+        who = accessor if per == 1 else np.repeat(accessor, per)
+        written, last_write = _flat(buf.written), _flat(buf.last_write)
+        if needs_written and not written[cells].all():
             raise Bail(f"a read of {buf.name} where nothing may have written")
-        if not self._ordered(who, buf.last_write[idx], owner).all():
+        if not self._all_ordered(who, last_write[cells], owner):
             raise Bail(f"an access to {buf.name} not ordered after its last write")
-        reads = buf.reads[idx]
+        slots = _flat(buf.reads).reshape(-1, _READ_SLOTS)
+        reads = slots[cells]
         if write:
-            if not self._ordered(who[..., None], reads, owner[..., None]).all():
+            if not self._all_ordered(
+                np.repeat(who, _READ_SLOTS), reads.reshape(-1), np.repeat(owner, _READ_SLOTS)
+            ):
                 raise Bail(f"a write to {buf.name} not ordered after its reads")
-            buf.last_write[idx] = record
-            buf.reads[idx] = -1
-            buf.written[idx] = True
+            last_write[cells] = record
+            slots[cells] = -1
+            written[cells] = True
             return
-        free = (reads < 0) | self._ordered(who[..., None], reads, owner[..., None])
+        if (reads < 0).all(axis=-1).all():
+            slots[cells, 0] = record  # the common case: no read of these cells kept
+            return
+        free = self._ordered(
+            np.repeat(who, _READ_SLOTS), reads.reshape(-1), np.repeat(owner, _READ_SLOTS)
+        ).reshape(reads.shape)
         if not free.any(axis=-1).all():
             raise Bail(f"more than {_READ_SLOTS} unordered reads of one part of {buf.name}")
-        first = free.argmax(axis=-1)
-        flat = reads.reshape(-1, _READ_SLOTS)
-        flat[np.arange(flat.shape[0]), first.reshape(-1)] = record
-        buf.reads[idx] = flat.reshape(reads.shape)
+        slots[cells, free.argmax(axis=-1)] = record
 
     def settled_for_owner(self, buf: DataBuf) -> None:
         """Exit: everything recorded on each device's ``buf`` is ordered before that device."""
-        owner = np.broadcast_to(
-            self.devs.reshape((-1,) + (1,) * (buf.last_write.ndim - 1)), buf.last_write.shape
-        )
-        if not self._ordered(owner, buf.last_write, owner).all():
+        per = buf.last_write.size // self.n
+        owner = np.repeat(self.devs, per)
+        if not self._all_ordered(owner, _flat(buf.last_write), owner):
             raise Bail(f"{buf.name} may still be written when a device leaves the kernel")
-        if not self._ordered(owner[..., None], buf.reads, owner[..., None]).all():
+        owner = np.repeat(self.devs, per * _READ_SLOTS)
+        if not self._all_ordered(owner, _flat(buf.reads), owner):
             raise Bail(f"{buf.name} may still be read when a device leaves the kernel")
 
     # ------------------------------------------------------------------ semaphores
@@ -435,6 +418,12 @@ class Model:
     def empty_at_exit(self, sem: SemBuf) -> None:
         if (sem.credit + sem.in_flight).any():
             raise Bail(f"{sem.name} not back to zero at exit")
+
+
+def _flat(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    """A 1-D view of the C-ordered array ``a`` (writes through it land in ``a``)."""
+    assert a.flags.c_contiguous
+    return a.reshape(-1)
 
 
 def _merge_known(sem: SemBuf) -> None:
