@@ -21,6 +21,7 @@ __all__ = ["Records"]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 Clock = npt.NDArray[np.int32]
+Ids = npt.NDArray[np.int32] | npt.NDArray[np.int64]  # record ids (negative: none)
 
 _EPOCH = (1 << 32) - 1
 # ``knows(accessor, device)``: elementwise, the epoch of ``device`` that ``accessor`` knows
@@ -38,6 +39,7 @@ class Records:
 
     def __init__(self, devices: int) -> None:
         self.n = devices
+        self._n = np.int64(devices)  # an int32 id times this is an int64
         self.count = 0
         self._first: Ints = np.zeros((64, devices), dtype=np.int64)
         self._second: Ints = np.zeros((64, devices), dtype=np.int64)
@@ -48,7 +50,7 @@ class Records:
         if r == self._first.shape[0]:
             for name in ("_first", "_second"):
                 old: Ints = getattr(self, name)
-                grown: Ints = np.zeros((2 * r, self.n), dtype=np.int64)
+                grown: Ints = np.zeros((8 * r, self.n), dtype=np.int64)
                 grown[:r] = old
                 setattr(self, name, grown)
         self.count += 1
@@ -70,26 +72,26 @@ class Records:
         if other.any():
             second[owner[other]] = packed[other]
 
-    def ordered(self, knows: Knows, accessor: Ints, ids: Ints, owner: Ints) -> Bools:
-        """Per element (1-D arrays): is record ``ids`` (-1: none) on ``owner``'s buffer
-        ordered before ``accessor``?"""
+    def ordered(self, knows: Knows, accessor: Ints, ids: Ids, owner: Ints) -> Bools:
+        """Per element (1-D arrays): is record ``ids`` (negative: none) on ``owner``'s
+        buffer ordered before ``accessor``?"""
         live = ids >= 0
         if not live.any():
             return ~live
         if live.all():
-            return self._seen(knows, accessor, ids * self.n + owner)
+            return self._seen(knows, accessor, owner + ids * self._n)
         out = ~live
-        out[live] = self._seen(knows, accessor[live], ids[live] * self.n + owner[live])
+        out[live] = self._seen(knows, accessor[live], owner[live] + ids[live] * self._n)
         return out
 
-    def all_ordered(self, knows: Knows, accessor: Ints, ids: Ints, owner: Ints) -> bool:
+    def all_ordered(self, knows: Knows, accessor: Ints, ids: Ids, owner: Ints) -> bool:
         """Is every record ``ids`` ordered before its ``accessor`` (see :meth:`ordered`)?"""
         live = ids >= 0
         if live.all():
-            return bool(self._seen(knows, accessor, ids * self.n + owner).all())
+            return bool(self._seen(knows, accessor, owner + ids * self._n).all())
         if not live.any():
             return True
-        return bool(self._seen(knows, accessor[live], ids[live] * self.n + owner[live]).all())
+        return bool(self._seen(knows, accessor[live], owner[live] + ids[live] * self._n).all())
 
     def _seen(self, knows: Knows, accessor: Ints, flat: Ints) -> Bools:
         seen = self._by(self._first, knows, accessor, flat)
