@@ -179,7 +179,7 @@ class SemBuf:
             if slot.any():
                 raise Bail(f"a semaphore index outside {self.name}")
             return self._rows
-        if (slot < 0).any() or (slot >= self.count).any():
+        if slot.min() < 0 or slot.max() >= self.count:
             raise Bail(f"a semaphore index outside {self.name}")
         at: Ints = self._rows + slot
         return at
@@ -314,7 +314,7 @@ class Model:
     ) -> None:
         """A contribution to ``sem[slot[t]]`` on every target t, issued by ``issuer[t]``,
         carrying ``clock[rows_of[t]]`` (``rows_of`` None: ``clock[t]``)."""
-        if (amount <= 0).any():
+        if amount.min() <= 0:
             raise Bail(f"an empty contribution to {sem.name}")
         at = sem.index(slot)
         last = sem.last_wait.reshape(-1)[at]
@@ -323,9 +323,9 @@ class Model:
             raise Bail(f"a contribution to {sem.name} that could count at an earlier wait")
         shift = self.clocks.shift_of(rows) if self.clocks.symmetric else None
         sem.pending.append(_Contribution(clock, rows, records, shift))
-        sem.amounts = np.vstack([sem.amounts, amount[None]])
-        sem.slots = np.vstack([sem.slots, slot[None]])
-        sem.issuers = np.vstack([sem.issuers, issuer[None]])
+        sem.amounts = np.concatenate((sem.amounts, amount[None]))
+        sem.slots = np.concatenate((sem.slots, slot[None]))
+        sem.issuers = np.concatenate((sem.issuers, issuer[None]))
         sem.touched = True
         in_flight = sem.in_flight.reshape(-1)
         in_flight[at] += amount
@@ -394,6 +394,15 @@ class Model:
             return
         self.clocks.acquire(waiters, c.of(waiters))
 
+    def _acquire_some(self, who: Ints, which: Bools, c: _Contribution, issuers: Ints) -> None:
+        """The waiters ``who[which]`` learn the clock ``c`` carries to them (``issuers``:
+        ``c``'s issuer per device)."""
+        if which.all():
+            self._acquire(who, c, issuers[who])
+        elif which.any():
+            w = who[which]
+            self._acquire(w, c, issuers[w])
+
     def _learn(
         self,
         sem: SemBuf,
@@ -404,29 +413,29 @@ class Model:
         guaranteed: Bools,
     ) -> None:
         cands = sem.pending
-        who = self.devs[learn]
-        h = hits[:, learn]
-        if (guaranteed[:, learn] | ~h).all():
+        every = bool(learn.all())  # the usual case: no column to pick
+        who = self.devs if every else self.devs[learn]
+        h = hits if every else hits[:, learn]
+        if ((guaranteed if every else guaranteed[:, learn]) | ~h).all():
             # every candidate is needed: the waiter learns each in full
             for i in np.flatnonzero(h.any(axis=1)):
                 if cands[i].clock is not None:
-                    w = who[h[i]]
-                    self._acquire(w, cands[i], sem.issuers[i][w])
+                    self._acquire_some(who, h[i], cands[i], sem.issuers[i])
             return
-        a = amounts[:, learn]
-        issuers = sem.issuers[:, learn]
-        first_issuer = issuers[h.argmax(axis=0), np.arange(len(who))]
+        a = amounts if every else amounts[:, learn]
+        issuers = sem.issuers if every else sem.issuers[:, learn]
+        first_issuer = np.take_along_axis(issuers, h.argmax(axis=0)[None], axis=0)
         if ((issuers == first_issuer) | ~h).all():
             # one issuer per waiter: its contributions' clocks grow in the order they
             # were issued (the pending order), so per participant the least clock at
             # which the candidates reach the need is that of the first prefix (in
             # issue order) that reaches it; one row per waiter.
-            reach = np.argmax(np.cumsum(a, axis=0) >= need[learn], axis=0)
-            for j in np.unique(reach):
-                w = who[reach == j]
-                chosen = cands[int(j)]
-                if chosen.clock is not None:
-                    self._acquire(w, chosen, sem.issuers[int(j)][w])
+            reach = np.argmax(np.cumsum(a, axis=0) >= (need if every else need[learn]), axis=0)
+            chosen = range(len(cands)) if len(cands) <= 8 else np.unique(reach)
+            for j in chosen:
+                c = cands[int(j)]
+                if c.clock is not None:
+                    self._acquire_some(who, reach == j, c, sem.issuers[int(j)])
             return
         # (candidate, waiter, participant); a dropped clock, which the waiter already knows,
         # counts as the waiter's own row: the learned clock, once joined with the

@@ -67,6 +67,9 @@ class Records:
         first, second = self._first[record], self._second[record]
         cur = first[owner]
         fresh = cur == 0
+        if fresh.all():  # the first wait to guarantee it everywhere
+            first[owner] = packed
+            return
         first[owner] = np.where(fresh, packed, cur)
         other = ~fresh & ((cur >> 32) != waiter + 1) & (second[owner] == 0)
         if other.any():
