@@ -216,12 +216,12 @@ class Model:
         if device_barrier and self.n > 1:
             self.barrier()
 
-    def _ordered(self, accessor: Ints, ids: Ints, owner: Ints) -> Bools:
+    def _ordered(self, accessor: Ints, ids: Ids, owner: Ints) -> Bools:
         """Per element (1-D): is record ``ids`` (on ``owner``'s buffer) ordered before
         ``accessor``?"""
         return self.table.ordered(self.clocks.at, accessor, ids, owner)
 
-    def _all_ordered(self, accessor: Ints, ids: Ints, owner: Ints) -> bool:
+    def _all_ordered(self, accessor: Ints, ids: Ids, owner: Ints) -> bool:
         return self.table.all_ordered(self.clocks.at, accessor, ids, owner)
 
     # ------------------------------------------------------------------ records
