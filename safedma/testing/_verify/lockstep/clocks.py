@@ -31,15 +31,6 @@ def _circulant(f: Clock) -> Clock:
     return dense
 
 
-def _shift(rows_of: Ints, devs: Ints) -> int | None:
-    """``k`` when ``rows_of[t] == (t + k) % n`` for every t, else None."""
-    n = int(devs.shape[0])
-    k = int(rows_of[0]) % n
-    if ((devs + k) % n == rows_of).all():
-        return k
-    return None
-
-
 class Snapshot:
     """The clocks every device handed on at one release: circulant (``row``) or dense."""
 
@@ -55,8 +46,7 @@ class Snapshot:
     def at(self, device: Ints, q: Ints) -> Clock:
         """Elementwise ``snapshot[device, q]``."""
         if self.row is not None:
-            n = self.row.shape[0]
-            got: Clock = self.row[(q - device) % n]
+            got: Clock = np.take(self.row, q - device, mode="wrap")
             return got
         assert self.dense is not None
         vals: Clock = self.dense[device, q]
@@ -82,6 +72,8 @@ class Clocks:
         self.row: Clock | None = np.zeros(devices, dtype=np.int32)
         self.row[0] = 1
         self.dense: Clock | None = None
+        self._shifts: dict[int, Ints] = {}  # (devs + k) % n per shift k seen
+        self._own: Ints | None = None  # own() while circulant, kept until the epoch moves
         self.densified = 0  # how often an event turned the clocks dense (0 or 1)
         self.entries_touched = 0  # clock entries read or written: the cost proxy
         if not symmetric:
@@ -107,15 +99,20 @@ class Clocks:
         return self.dense
 
     def own(self) -> Ints:
+        """Every device's own epoch (read-only: shared until the epoch moves)."""
         if self.row is not None:
-            return np.full(self.n, int(self.row[0]), dtype=np.int64)
+            epoch = int(self.row[0])
+            if self._own is None or int(self._own[0]) != epoch:
+                self._own = np.full(self.n, epoch, dtype=np.int64)
+                self._own.flags.writeable = False
+            return self._own
         assert self.dense is not None
         return self.dense[self.devs, self.devs].astype(np.int64)
 
     def at(self, device: Ints, q: Ints) -> Clock:
         """Elementwise ``rows[device, q]``."""
         if self.row is not None:
-            got: Clock = self.row[(q - device) % self.n]
+            got: Clock = np.take(self.row, q - device, mode="wrap")
             return got
         assert self.dense is not None
         vals: Clock = self.dense[device, q]
@@ -145,14 +142,31 @@ class Clocks:
         self.dense[:] = self.dense.max(axis=0)
         self.dense[self.devs, self.devs] += 1
 
-    def acquire_all(self, snap: Snapshot, rows_of: Ints) -> None:
-        """Every device t learns ``snap[rows_of[t]]``."""
-        k = _shift(rows_of, self.devs) if self.row is not None and snap.row is not None else None
-        if k is not None:
-            assert self.row is not None and snap.row is not None
-            self.entries_touched += self.n
-            np.maximum(self.row, np.roll(snap.row, k), out=self.row)
-            return
+    def shift_of(self, rows_of: Ints) -> int | None:
+        """``k`` when ``rows_of[t] == (t + k) % n`` for every t (a ring's neighbour), else
+        None. The index arrays of each shift seen are kept: a ring uses one or two."""
+        k = int(rows_of[0]) % self.n
+        if not (self._shifted(k) == rows_of).all():
+            return None
+        return k
+
+    def _shifted(self, k: int) -> Ints:
+        """``(devs + k) % n``, made once per shift."""
+        got = self._shifts.get(k)
+        if got is None:
+            got = self._shifts[k] = (self.devs + k) % self.n
+        return got
+
+    def acquire_all(self, snap: Snapshot, rows_of: Ints, shift: int | None = None) -> None:
+        """Every device t learns ``snap[rows_of[t]]`` (``shift``: ``shift_of(rows_of)``,
+        when the caller knows it)."""
+        if self.row is not None and snap.row is not None:
+            k = self.shift_of(rows_of) if shift is None else shift
+            if k is not None:
+                self.entries_touched += self.n
+                # np.roll(row, k)[t] == row[(t - k) % n]
+                np.maximum(self.row, snap.row[self._shifted(-k % self.n)], out=self.row)
+                return
         dense = self._densify()
         self.entries_touched += self.n * self.n
         np.maximum(dense, snap.matrix()[rows_of], out=dense)
@@ -171,12 +185,12 @@ class Clocks:
         rows: Clock = self.dense[devices]
         return rows
 
-    def knows_all(self, snap: Snapshot, rows_of: Ints) -> bool:
+    def knows_all(self, snap: Snapshot, rows_of: Ints, shift: int | None = None) -> bool:
         """Does every device t know all of ``snap[rows_of[t]]``?"""
         if self.row is not None and snap.row is not None:
-            k = _shift(rows_of, self.devs)
+            k = self.shift_of(rows_of) if shift is None else shift
             if k is not None:
                 self.entries_touched += self.n
-                return bool((self.row >= np.roll(snap.row, k)).all())
+                return bool((self.row >= snap.row[self._shifted(-k % self.n)]).all())
         self.entries_touched += self.n * self.n
         return bool((self.matrix() >= snap.matrix()[rows_of]).all())

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from safedma.testing._verify.lockstep.clocks import Clocks, Snapshot
+from safedma.testing._verify.lockstep.records import Records
 
 __all__ = ["Bail", "DataBuf", "Model", "SemBuf"]
 
@@ -41,6 +43,8 @@ Bools = npt.NDArray[np.bool_]
 Clock = npt.NDArray[np.int32]
 
 _READ_SLOTS = 4  # unordered reads kept per cell before the lockstep path gives up
+_UNWRITTEN = -2  # a cell's last write when nothing has written it
+Ids = npt.NDArray[np.int32]  # record ids per cell (-1, _UNWRITTEN: none)
 
 
 class Bail(Exception):
@@ -53,7 +57,13 @@ class DataBuf:
 
     Regions are cells of a grid that is refined as accesses arrive (a cell is the
     largest size dividing every window start and size seen along a dimension), so
-    a buffer of any byte size costs what its distinct windows need.
+    a buffer of any byte size costs what its distinct windows need. Per cell: the
+    record of its last write (``_UNWRITTEN``: nothing wrote it, -1: written before
+    the kernel) and up to ``_READ_SLOTS`` records of reads since, slot-major and filled
+    in order (slot 0 empty: no read kept), as int32: a ring touches one cell per device
+    at each step, scattered over the buffer, so each access costs a cache miss per
+    device and array; one array for both "written" and the last write, and one slot
+    read in the common case, keep those few.
     """
 
     name: str
@@ -63,22 +73,27 @@ class DataBuf:
     written_at_entry: bool
     devices: int
     cell: list[int] = field(default_factory=lambda: list[int]())
-    written: Bools = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    last_write: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    reads: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    last_write: Ids = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    reads: Ids = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    slots_used: int = 0  # read slots any cell has used (the rest are empty everywhere)
 
     def __post_init__(self) -> None:
         dims = self.shape or (1,)
         self.cell = list(dims)
         grid = (self.devices,) + (1,) * len(dims)
-        self.written = np.full(grid, self.written_at_entry, dtype=bool)
-        self.last_write = np.full(grid, -1, dtype=np.int64)
-        self.reads = np.full(grid + (_READ_SLOTS,), -1, dtype=np.int64)
+        self.last_write = np.full(grid, -1 if self.written_at_entry else _UNWRITTEN, np.int32)
+        self.reads = np.full((_READ_SLOTS,) + grid, -1, dtype=np.int32)
+
+    @property
+    def written(self) -> Bools:
+        """Per device and cell: has anything written it?"""
+        got: Bools = self.last_write != _UNWRITTEN
+        return got
 
     def refine(self, starts: list[Ints], sizes: list[int]) -> None:
         for d, (start, size) in enumerate(zip(starts, sizes)):
             cell = self.cell[d]
-            if size % cell == 0 and not (start % cell).any():
+            if cell == 1 or (size % cell == 0 and not (start % cell).any()):
                 continue  # the window is whole cells already (almost every access)
             values: Ints = np.concatenate([start, np.asarray([cell, size], dtype=np.int64)])
             g = math.gcd(*(int(v) for v in np.unique(values)))
@@ -86,21 +101,26 @@ class DataBuf:
                 continue
             factor = self.cell[d] // g
             self.cell[d] = g
-            self.written = np.repeat(self.written, factor, axis=d + 1)
             self.last_write = np.repeat(self.last_write, factor, axis=d + 1)
-            self.reads = np.repeat(self.reads, factor, axis=d + 1)
+            self.reads = np.repeat(self.reads, factor, axis=d + 2)
 
-    def cells(self, starts: list[Ints], sizes: list[int]) -> tuple[Ints, ...]:
-        """Index arrays (device, cell...) selecting every cell of each device's window."""
+    def cells(self, starts: list[Ints], sizes: list[int]) -> tuple[Ints, int]:
+        """(the flat index of every cell of each device's window, device-major; cells per
+        device) into the raveled grid (``_flat(buf.last_write)``, a row of the reads)."""
+        grid = self.last_write.shape
         n = len(sizes)
-        index: list[Ints] = [np.arange(self.devices).reshape((-1,) + (1,) * n)]
+        flat: Ints = np.arange(self.devices, dtype=np.int64).reshape((-1,) + (1,) * n)
+        per = 1
         for d, (start, size) in enumerate(zip(starts, sizes)):
             k = size // self.cell[d]
-            shape = [1] * n
-            shape[d] = k
+            per *= k
             first = (start // self.cell[d]).reshape((-1,) + (1,) * n)
-            index.append(first + np.arange(k).reshape(shape))
-        return tuple(index)
+            if k > 1:
+                shape = [1] * (n + 1)
+                shape[d + 1] = k
+                first = first + np.arange(k).reshape(shape)
+            flat = flat * grid[d + 1] + first
+        return flat.reshape(-1), per
 
 
 @dataclass
@@ -114,6 +134,7 @@ class _Contribution:
     clock: Snapshot | None
     rows_of: Ints
     records: list[tuple[int, Ints]]  # (record id, owner per target) it settles when guaranteed
+    shift: int | None  # k when rows_of[t] == (t + k) % n for every t (``Clocks.shift_of``)
 
     def of(self, targets: Ints) -> Clock:
         """The clock each of ``targets`` would learn (the clock must not be dropped)."""
@@ -139,6 +160,9 @@ class SemBuf:
 
     def __post_init__(self) -> None:
         self.count = math.prod(self.shape)
+        # each device's first entry in the raveled per-device arrays
+        self._rows: Ints = np.arange(self.devices, dtype=np.int64) * self.count
+        self._rows.flags.writeable = False
         self.touched = False
         self.credit = np.zeros((self.devices, self.count), dtype=np.int64)
         # the sum of the pending contributions, per device and index
@@ -148,10 +172,17 @@ class SemBuf:
         self.slots = np.zeros((0, self.devices), dtype=np.int64)
         self.issuers = np.zeros((0, self.devices), dtype=np.int64)
 
-    def totals(self, slot: Ints) -> Ints:
-        rows = np.arange(self.devices)
-        total: Ints = self.credit[rows, slot] + self.in_flight[rows, slot]
-        return total
+    def index(self, slot: Ints) -> Ints:
+        """Each device's ``slot`` as an index into the raveled per-device arrays
+        (``credit``, ``in_flight``, ``last_wait``), or Bail when one is outside."""
+        if self.count == 1:
+            if slot.any():
+                raise Bail(f"a semaphore index outside {self.name}")
+            return self._rows
+        if slot.min() < 0 or slot.max() >= self.count:
+            raise Bail(f"a semaphore index outside {self.name}")
+        at: Ints = self._rows + slot
+        return at
 
 
 class Model:
@@ -162,14 +193,7 @@ class Model:
         self.devs: Ints = np.arange(devices, dtype=np.int64)
         self.clocks = Clocks(devices, symmetric)
         self.entry: Ints = np.zeros(devices, dtype=np.int64)
-        # records: row r holds, per owner device, who settled it and at what epoch
-        # (-1: a copy no wait has guaranteed yet); an optional second settler
-        self._cap = 64
-        self.part = np.full((self._cap, devices), -1, dtype=np.int64)
-        self.at = np.zeros((self._cap, devices), dtype=np.int64)
-        self.alt_part = np.full((self._cap, devices), -1, dtype=np.int64)
-        self.alt_at = np.zeros((self._cap, devices), dtype=np.int64)
-        self.records = 0
+        self.table = Records(devices)  # who orders each access record, per device
         self.dmas = 0
         self.remote_dmas = 0
         self.waits = 0
@@ -192,51 +216,28 @@ class Model:
         if device_barrier and self.n > 1:
             self.barrier()
 
-    def _ordered(self, accessor: Ints, ids: Ints, owner: Ints) -> Bools:
-        """Per element: is record ``ids`` (on ``owner``'s buffer) ordered before ``accessor``?"""
-        none = ids < 0
-        safe = np.where(none, 0, ids)
-        part = self.part[safe, owner]
-        at = self.at[safe, owner]
-        alt_part = self.alt_part[safe, owner]
-        alt_at = self.alt_at[safe, owner]
-        seen = (part >= 0) & (self.clocks.at(accessor, np.maximum(part, 0)) >= at)
-        seen |= (alt_part >= 0) & (self.clocks.at(accessor, np.maximum(alt_part, 0)) >= alt_at)
-        ordered: Bools = none | seen
-        return ordered
+    def _ordered(self, accessor: Ints, ids: Ids, owner: Ints) -> Bools:
+        """Per element (1-D): is record ``ids`` (on ``owner``'s buffer) ordered before
+        ``accessor``?"""
+        return self.table.ordered(self.clocks.at, accessor, ids, owner)
+
+    def _all_ordered(self, accessor: Ints, ids: Ids, owner: Ints) -> bool:
+        return self.table.all_ordered(self.clocks.at, accessor, ids, owner)
 
     # ------------------------------------------------------------------ records
 
     def new_record(self, accessor: Ints | None) -> int:
         """A record of an access on every device: a plain access by ``accessor`` now,
         or (None) a copy's pending access, settled later by the wait that guarantees it."""
-        r = self.records
-        if r == self._cap:
-            self._cap *= 2
-            for name in ("part", "at", "alt_part", "alt_at"):
-                old = getattr(self, name)
-                grown = np.full((self._cap, self.n), -1 if "part" in name else 0, dtype=np.int64)
-                grown[:r] = old
-                setattr(self, name, grown)
-        self.records += 1
-        if accessor is not None:
-            self.part[r] = accessor
-            self.at[r] = self.own()[accessor]
-        return r
+        if accessor is None:
+            return self.table.new(None, None)
+        return self.table.new(accessor, self.own()[accessor])
 
     def settle(self, record: int, owner: Ints, waiter: Ints) -> None:
         """A wait by ``waiter`` guarantees a copy's access on ``owner``'s buffer (the first
         settler orders it; a second, e.g. the receiver for a source read, is kept as an
         alternative; later ones are dropped, which can only make the path give up)."""
-        epoch = self.own()[waiter]
-        part = self.part[record, owner]
-        fresh = part < 0
-        self.part[record, owner] = np.where(fresh, waiter, part)
-        self.at[record, owner] = np.where(fresh, epoch, self.at[record, owner])
-        other = ~fresh & (part != waiter) & (self.alt_part[record, owner] < 0)
-        if other.any():
-            self.alt_part[record, owner[other]] = waiter[other]
-            self.alt_at[record, owner[other]] = epoch[other]
+        self.table.settle(record, owner, waiter, self.own()[waiter])
 
     def access(
         self,
@@ -253,40 +254,50 @@ class Model:
         if any(s == 0 for s in sizes):
             return
         for start, size, dim in zip(starts, sizes, buf.shape or (1,)):
-            if (start < 0).any() or (start + size > dim).any():
+            if start.min() < 0 or start.max() + size > dim:
                 raise Bail(f"a window outside {buf.name}")
         buf.refine(starts, sizes)
-        idx = buf.cells(starts, sizes)
-        owner = np.broadcast_to(idx[0], np.broadcast_shapes(*[i.shape for i in idx]))
-        who = accessor[owner]
-        if needs_written and not buf.written[idx].all():
+        cells, per = buf.cells(starts, sizes)
+        owner = self.devs if per == 1 else np.repeat(self.devs, per)
+        who = accessor if per == 1 else np.repeat(accessor, per)
+        last_write = _flat(buf.last_write)
+        slots = _flat(buf.reads).reshape(_READ_SLOTS, -1)
+        last = last_write[cells]
+        if needs_written and (last == _UNWRITTEN).any():
             raise Bail(f"a read of {buf.name} where nothing may have written")
-        if not self._ordered(who, buf.last_write[idx], owner).all():
+        if not self._all_ordered(who, last, owner):
             raise Bail(f"an access to {buf.name} not ordered after its last write")
-        reads = buf.reads[idx]
+        used = buf.slots_used
         if write:
-            if not self._ordered(who[..., None], reads, owner[..., None]).all():
-                raise Bail(f"a write to {buf.name} not ordered after its reads")
-            buf.last_write[idx] = record
-            buf.reads[idx] = -1
-            buf.written[idx] = True
+            if used and (slots[0, cells] >= 0).any():
+                reads = slots[:used, cells].reshape(-1)
+                if not self._all_ordered(np.tile(who, used), reads, np.tile(owner, used)):
+                    raise Bail(f"a write to {buf.name} not ordered after its reads")
+                slots[:used, cells] = -1
+            last_write[cells] = record
             return
-        free = (reads < 0) | self._ordered(who[..., None], reads, owner[..., None])
-        if not free.any(axis=-1).all():
+        if not used or (slots[0, cells] < 0).all():
+            slots[0, cells] = record  # the common case: no read of these cells kept
+            buf.slots_used = max(used, 1)
+            return
+        reads = slots[:, cells]
+        free = self._ordered(
+            np.tile(who, _READ_SLOTS), reads.reshape(-1), np.tile(owner, _READ_SLOTS)
+        ).reshape(reads.shape)
+        if not free.any(axis=0).all():
             raise Bail(f"more than {_READ_SLOTS} unordered reads of one part of {buf.name}")
-        first = free.argmax(axis=-1)
-        flat = reads.reshape(-1, _READ_SLOTS)
-        flat[np.arange(flat.shape[0]), first.reshape(-1)] = record
-        buf.reads[idx] = flat.reshape(reads.shape)
+        slot = free.argmax(axis=0)
+        slots[slot, cells] = record
+        buf.slots_used = max(used, int(slot.max()) + 1)
 
     def settled_for_owner(self, buf: DataBuf) -> None:
         """Exit: everything recorded on each device's ``buf`` is ordered before that device."""
-        owner = np.broadcast_to(
-            self.devs.reshape((-1,) + (1,) * (buf.last_write.ndim - 1)), buf.last_write.shape
-        )
-        if not self._ordered(owner, buf.last_write, owner).all():
+        owner = np.repeat(self.devs, buf.last_write.size // self.n)
+        if not self._all_ordered(owner, _flat(buf.last_write), owner):
             raise Bail(f"{buf.name} may still be written when a device leaves the kernel")
-        if not self._ordered(owner[..., None], buf.reads, owner[..., None]).all():
+        used = buf.slots_used
+        reads = _flat(buf.reads)[: used * owner.size]
+        if not self._all_ordered(np.tile(owner, used), reads, np.tile(owner, used)):
             raise Bail(f"{buf.name} may still be read when a device leaves the kernel")
 
     # ------------------------------------------------------------------ semaphores
@@ -303,50 +314,58 @@ class Model:
     ) -> None:
         """A contribution to ``sem[slot[t]]`` on every target t, issued by ``issuer[t]``,
         carrying ``clock[rows_of[t]]`` (``rows_of`` None: ``clock[t]``)."""
-        if (amount <= 0).any():
+        if amount.min() <= 0:
             raise Bail(f"an empty contribution to {sem.name}")
-        if (slot < 0).any() or (slot >= sem.count).any():
-            raise Bail(f"a semaphore index outside {sem.name}")
-        last = sem.last_wait[self.devs, slot]
+        at = sem.index(slot)
+        last = sem.last_wait.reshape(-1)[at]
         rows = self.devs if rows_of is None else rows_of
         if (clock.at(rows, self.devs) < last).any():
             raise Bail(f"a contribution to {sem.name} that could count at an earlier wait")
-        sem.pending.append(_Contribution(clock, rows, records))
-        sem.amounts = np.vstack([sem.amounts, amount[None]])
-        sem.slots = np.vstack([sem.slots, slot[None]])
-        sem.issuers = np.vstack([sem.issuers, issuer[None]])
+        shift = self.clocks.shift_of(rows) if self.clocks.symmetric else None
+        sem.pending.append(_Contribution(clock, rows, records, shift))
+        sem.amounts = np.concatenate((sem.amounts, amount[None]))
+        sem.slots = np.concatenate((sem.slots, slot[None]))
+        sem.issuers = np.concatenate((sem.issuers, issuer[None]))
         sem.touched = True
-        sem.in_flight[self.devs, slot] += amount
-        sem.peak = max(sem.peak, int(np.max(sem.totals(slot))))
+        in_flight = sem.in_flight.reshape(-1)
+        in_flight[at] += amount
+        sem.peak = max(sem.peak, int(np.max(sem.credit.reshape(-1)[at] + in_flight[at])))
 
     def wait(self, sem: SemBuf, slot: Ints, amount: Ints) -> None:
         """Rule 4 on every device at once: a contribution is guaranteed iff the wait
         cannot do without it; the waiter learns what every subset of the candidates
         that could have released it has in common (``model/clocks.learned``)."""
-        if (slot < 0).any() or (slot >= sem.count).any():
-            raise Bail(f"a semaphore index outside {sem.name}")
-        total = sem.totals(slot)
+        at = sem.index(slot)
+        credits, in_flight = sem.credit.reshape(-1), sem.in_flight.reshape(-1)
+        credit = credits[at]
+        total = credit + in_flight[at]
         if (total < amount).any():
             raise Bail(f"a wait on {sem.name} that lockstep cannot satisfy")
         self.waits += self.n
         cands = sem.pending
         if cands:
-            hits = (sem.slots == slot) & (sem.amounts > 0)
+            hits = sem.amounts > 0
+            if sem.count > 1:
+                hits &= sem.slots == slot
             amounts = np.where(hits, sem.amounts, 0)
             guaranteed = hits & (total - amounts < amount)
-            need = amount - sem.credit[self.devs, slot]
+            need = amount - credit
             learn = (need > 0) & hits.any(axis=0)
             if learn.any():
                 self._learn(sem, hits, amounts, need, learn, guaranteed)
             for i in np.flatnonzero(guaranteed.any(axis=1)):
                 records = cands[i].records
                 if records:
+                    if guaranteed[i].all():
+                        for record, owner in records:
+                            self.settle(record, owner, self.devs)
+                        continue
                     who = self.devs[guaranteed[i]]
                     for record, owner in records:
                         self.settle(record, owner[who], who)
             landed = (amounts * guaranteed).sum(axis=0)
-            credit = sem.credit[self.devs, slot] + landed
-            sem.in_flight[self.devs, slot] -= landed
+            credit = credit + landed
+            in_flight[at] -= landed
             sem.amounts = np.where(guaranteed, 0, sem.amounts)
             kept = np.flatnonzero(sem.amounts.any(axis=1))
             if len(kept) < len(cands):
@@ -357,14 +376,12 @@ class Model:
             # per wait keeps pace with the contributions a credit ring leaves pending)
             for c in sem.pending if len(sem.pending) > 1 else ():
                 if c.clock is not None:
-                    if self.clocks.knows_all(c.clock, c.rows_of):
+                    if self.clocks.knows_all(c.clock, c.rows_of, c.shift):
                         c.clock = None
                     break
             _merge_known(sem)
-        else:
-            credit = sem.credit[self.devs, slot]
-        sem.credit[self.devs, slot] = credit - amount
-        sem.last_wait[self.devs, slot] = self.own()
+        credits[at] = credit - amount
+        sem.last_wait.reshape(-1)[at] = self.own()
 
     def _acquire(self, waiters: Ints, c: _Contribution, issuers: Ints) -> None:
         """``waiters`` learn the clock ``c`` carries to them (nothing when each is its issuer:
@@ -373,9 +390,18 @@ class Model:
         if (issuers == waiters).all():
             return
         if len(waiters) == self.n:  # every device (the waiters are ``devs`` in order)
-            self.clocks.acquire_all(c.clock, c.rows_of)
+            self.clocks.acquire_all(c.clock, c.rows_of, c.shift)
             return
         self.clocks.acquire(waiters, c.of(waiters))
+
+    def _acquire_some(self, who: Ints, which: Bools, c: _Contribution, issuers: Ints) -> None:
+        """The waiters ``who[which]`` learn the clock ``c`` carries to them (``issuers``:
+        ``c``'s issuer per device)."""
+        if which.all():
+            self._acquire(who, c, issuers[who])
+        elif which.any():
+            w = who[which]
+            self._acquire(w, c, issuers[w])
 
     def _learn(
         self,
@@ -387,29 +413,29 @@ class Model:
         guaranteed: Bools,
     ) -> None:
         cands = sem.pending
-        who = self.devs[learn]
-        h = hits[:, learn]
-        if (guaranteed[:, learn] | ~h).all():
+        every = bool(learn.all())  # the usual case: no column to pick
+        who = self.devs if every else self.devs[learn]
+        h = hits if every else hits[:, learn]
+        if ((guaranteed if every else guaranteed[:, learn]) | ~h).all():
             # every candidate is needed: the waiter learns each in full
             for i in np.flatnonzero(h.any(axis=1)):
                 if cands[i].clock is not None:
-                    w = who[h[i]]
-                    self._acquire(w, cands[i], sem.issuers[i][w])
+                    self._acquire_some(who, h[i], cands[i], sem.issuers[i])
             return
-        a = amounts[:, learn]
-        issuers = sem.issuers[:, learn]
-        first_issuer = issuers[h.argmax(axis=0), np.arange(len(who))]
+        a = amounts if every else amounts[:, learn]
+        issuers = sem.issuers if every else sem.issuers[:, learn]
+        first_issuer = np.take_along_axis(issuers, h.argmax(axis=0)[None], axis=0)
         if ((issuers == first_issuer) | ~h).all():
             # one issuer per waiter: its contributions' clocks grow in the order they
             # were issued (the pending order), so per participant the least clock at
             # which the candidates reach the need is that of the first prefix (in
             # issue order) that reaches it; one row per waiter.
-            reach = np.argmax(np.cumsum(a, axis=0) >= need[learn], axis=0)
-            for j in np.unique(reach):
-                w = who[reach == j]
-                chosen = cands[int(j)]
-                if chosen.clock is not None:
-                    self._acquire(w, chosen, sem.issuers[int(j)][w])
+            reach = np.argmax(np.cumsum(a, axis=0) >= (need if every else need[learn]), axis=0)
+            chosen = range(len(cands)) if len(cands) <= 8 else np.unique(reach)
+            for j in chosen:
+                c = cands[int(j)]
+                if c.clock is not None:
+                    self._acquire_some(who, reach == j, c, sem.issuers[int(j)])
             return
         # (candidate, waiter, participant); a dropped clock, which the waiter already knows,
         # counts as the waiter's own row: the learned clock, once joined with the
@@ -435,6 +461,15 @@ class Model:
     def empty_at_exit(self, sem: SemBuf) -> None:
         if (sem.credit + sem.in_flight).any():
             raise Bail(f"{sem.name} not back to zero at exit")
+
+
+_A = TypeVar("_A", bound=np.generic)
+
+
+def _flat(a: npt.NDArray[_A]) -> npt.NDArray[_A]:
+    """A 1-D view of the C-ordered array ``a`` (writes through it land in ``a``)."""
+    assert a.flags.c_contiguous
+    return a.reshape(-1)
 
 
 def _merge_known(sem: SemBuf) -> None:

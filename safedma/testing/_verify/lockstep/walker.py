@@ -409,7 +409,9 @@ class LockstepWalk:
                         raise Bail("a device id off the mesh")
                 flat = np.ravel_multi_index(tuple(vals), self.sizes)
         target = np.asarray(flat, dtype=np.int64)
-        if np.unique(target).size != self.n:
+        hit = np.zeros(self.n, dtype=bool)  # (a mask, not np.unique: this runs per copy)
+        hit[target] = True
+        if not hit.all():
             raise Bail("remote targets that are not a permutation of the devices")
         return target
 
