@@ -23,8 +23,11 @@ can take in any loop iteration or grid step, read from the body's jaxpr once the
 body is traced (``_slot_ranges``): a wait on ``sems.at[i % 2]`` may stand for a
 copy on slot 0 or 1, never 2, and a copy started on ``(i + 1) % 2`` meets a wait on
 ``i % 2`` an iteration later. An index the analysis cannot follow (an SMEM read, a
-carry, a shift) may be any slot of its dimension (no error), and so is a copy's
-in a block that never runs (a branch its cond cannot pick: the copy never starts).
+carry, a shift) may be any slot of its dimension (no error). The index of a copy
+started in a branch or a while loop is read without the loops' and the grid's bounds
+(a loop index or ``program_id`` there is any value): the copy may never start (its
+guard may fail on exactly the iterations the bounds narrow it to), and a copy that
+never starts needs no wait. Waits are read within the bounds wherever they are.
 
 Where the array is a loop body's or branch's argument (a new tracer for whichever
 semaphore was passed in, as ``emit_pipeline`` passes its buffered refs), it is followed out to
@@ -91,8 +94,8 @@ class _Obligation:
     # names the enclosing body may not know); None: ``describe()`` as it is.
     described: str | None = None
     # The equations of the block it was started in (a branch's, a loop body's:
-    # ``_compat.eqn_record``): where that never runs, its computed indices stand for any
-    # slot (see BodySlots.runs_never).
+    # ``_compat.eqn_record``): unless that runs on every run of the body, its computed
+    # indices are read without the loops' and grid's bounds (see BodySlots.runs_always).
     record: object = None
 
     def text(self) -> str:
@@ -231,7 +234,9 @@ class Ledger:
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
         # Computed indices are read as the slots they can take, now the body is traced.
-        left = self._left_unwaited(kernel_name, BodySlots(self.frame))
+        left = self._left_unwaited(
+            kernel_name, BodySlots(self.frame), BodySlots(self.frame, bounds=False)
+        )
         if left:
             count = sum(left.values())
             raise CopyNeverWaitedError(
@@ -247,10 +252,12 @@ class Ledger:
             )
 
     def _left_unwaited(
-        self, kernel_name: str, body: BodySlots
+        self, kernel_name: str, body: BodySlots, unbounded: BodySlots
     ) -> dict[tuple[str, SourceLine, str], int]:
         """The copies no wait can stand for, one entry per start site (see
-        check_all_waited); those this body hands over to the one around it are not."""
+        check_all_waited); those this body hands over to the one around it are not.
+        ``body`` reads computed indices within the loops' and grid's bounds, ``unbounded``
+        without them (for a copy that may not start on every run of the body)."""
         # One entry per start site: copies with the same description, start line (with
         # the calls that led there) and unwaited sides are one line with a count, so a
         # row loop that leaks 16 copies says so once; distinct sites stay distinct, in
@@ -261,10 +268,11 @@ class Ledger:
         waited_inside: Callable[[object], bool] = bool
         for ob in self.obligations:
             missing: list[Side] = []
-            # A copy in a block that never runs (a branch its cond cannot pick): its
-            # computed indices are any slot, as the ranges say nothing of it.
+            # A copy's computed indices are read within the loops' and grid's bounds only
+            # where it starts on every run of the body; not in a branch, which may never
+            # run on the iterations the bounds narrow them to.
             computed = any(_compat.static_positions(s) is None for s in ob.sems.values())
-            own = None if computed and body.runs_never(ob.record) else body
+            own = body if not computed or body.runs_always(ob.record) else unbounded
             for side, sem in ob.sems.items():
                 if ob.waited[side]:
                     continue

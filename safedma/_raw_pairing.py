@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from safedma import _compat
-from safedma._slot_ranges import UNKNOWN, Index, Ranges, Scope, index_of, top_scope
+from safedma._slot_ranges import Index, Ranges, Scope, index_of, top_scope
 from safedma._errors import CopyNeverWaitedError, CopyShapeMismatchError, HandleWaitedTwiceError
 from safedma._raw_waits import block_inputs
 
@@ -79,23 +79,24 @@ class _Reader:
         # The values semaphore indices can take (a literal a block received, a loop
         # index, ``i % 2``...).
         self.ranges = Ranges()
+        self.unbounded = Ranges(bounds=False)  # for starts that may not always run
         self.is_own_file = is_own_file
 
-    def slot(self, view: object, scope: Scope) -> Slot:
-        """The view's index per dimension. In a block that never runs (a branch its cond
-        cannot pick) a computed index is any slot: the ranges say nothing of a copy that
-        never starts, which correct code may well leave unwaited."""
+    def slot(self, view: object, scope: Scope, *, start: bool) -> Slot:
+        """The view's index per dimension. A start's index is read within the loops' and
+        the grid's bounds only where the start runs on every run of the body
+        (``Scope.always``): one in a branch may never run (its guard may fail on exactly
+        the iterations the bounds narrow its index to), and then its slot proves nothing;
+        there the bounds are left out (a constant stays itself)."""
         axes = _compat.view_index_axes(view)
         if axes is None:
             return None
+        ranges = self.ranges if not start or scope.always else self.unbounded
         slot: list[Index] = []
         for i, size in axes:
             literal = not _compat.is_jaxpr_var(i)
-            if scope.dead and not literal:
-                slot.append(index_of(i, size, UNKNOWN))
-                continue
-            span = self.ranges.span(i, scope)
-            slot.append(index_of(i, size, span, self.ranges.key(i, scope), literal=literal))
+            span = ranges.span(i, scope)
+            slot.append(index_of(i, size, span, ranges.key(i, scope), literal=literal))
         return tuple(slot)
 
     def root(self, var: object, env: Mapping[int, int]) -> int | None:
@@ -172,7 +173,7 @@ class _Reader:
                 _Event(
                     start,
                     key,
-                    self.slot(view, scope),
+                    self.slot(view, scope, start=start),
                     _compat.view_nbytes(data),
                     raw,
                     remote,

@@ -33,6 +33,14 @@ everything), so a correct kernel is never rejected because of it:
 
 Two identical index expressions (one jaxpr variable, or the same pure equations over
 the same inputs) are one slot, whatever their ranges.
+
+A range is only what the index is *when the copy runs*. A wait's is always used, but
+a start's only where it runs on every run of the body (``Scope.always``: not in a
+branch or a while loop): a prefetch ``pl.when(i + 1 < n)`` in a loop of one iteration
+has the range {1} for ``(i + 1) % 2`` and never runs; reading it as slot 1 would
+report a copy that never starts. There a start's index is read without the loops' and
+the grid's bounds (``Ranges(bounds=False)``): a constant is still itself, a loop index
+any value.
 """
 
 from __future__ import annotations
@@ -234,9 +242,10 @@ class Scope:
         self.inputs: dict[int, _Input] = dict(inputs or {})
         # Tracers by the id of their variable (a trace being recorded): a constant's value.
         self.tracers: dict[int, object] = {}
-        # Never runs: a cond branch its index cannot pick, a scan of length 0, or a block
-        # inside one. A copy there never starts, so its index's range says nothing.
-        self.dead = False
+        # Runs on every run of the body (the kernel's, or a loop's that runs): not inside
+        # a branch, a while loop or an unknown block. Only there does a copy surely
+        # start, so that its slot is one of its index's range (see ``always``).
+        self.always = True
         self._defs: dict[int, tuple[Any, int]] | None = None
 
     def definition(self, var: object) -> tuple[Any, int] | None:
@@ -269,6 +278,17 @@ def top_scope(eqns: Iterable[Any]) -> Scope:
     return scope
 
 
+def _runs_with_caller(eqn: Any) -> bool:
+    """Whether the blocks of ``eqn`` run whenever ``eqn`` does: a call, a ``run_scoped``
+    body, a scan of static length 1 or more; not a branch, a while loop's body (it may
+    run no time) or a block of a primitive not known here."""
+    name = eqn.primitive.name
+    if name == "scan":
+        length = eqn.params.get("length")
+        return isinstance(length, int) and length >= 1
+    return name in _CALLS or name == "run_scoped"
+
+
 def _inner(value: object) -> Any:
     return getattr(value, "jaxpr", value)
 
@@ -278,9 +298,14 @@ class _OutOfBudget(Exception):
 
 
 class Ranges:
-    """Spans and identities of index expressions, memoised per scope."""
+    """Spans and identities of index expressions, memoised per scope.
 
-    def __init__(self) -> None:
+    ``bounds=False``: spans that hold whatever a loop's or the grid's bounds are (a
+    loop index, ``program_id`` and ``axis_index`` unknown): what an index is in any
+    iteration it runs in, for a copy that may not run in every one."""
+
+    def __init__(self, *, bounds: bool = True) -> None:
+        self.bounds = bounds
         self._memo: dict[tuple[int, int], Span] = {}
         self._children: dict[tuple[int, int, int], Scope] = {}
         self._keep: list[object] = []  # ids are keys: keep what they name alive
@@ -304,23 +329,8 @@ class Ranges:
             # Spans read while binding saw the block's inputs still unbound (a carry's
             # step may read the loop index itself): not kept.
             self._memo.clear()
-            found.dead = scope.dead or self._never_runs(eqn, scope, jaxpr)
+            found.always = scope.always and _runs_with_caller(eqn)
         return found
-
-    def _never_runs(self, eqn: Any, scope: Scope, jaxpr: Any) -> bool:
-        """Whether block ``jaxpr`` of ``eqn`` never runs: a branch the cond's index
-        cannot pick, the body of a scan of length 0."""
-        name, params = eqn.primitive.name, eqn.params
-        if name == "cond":
-            branches = [_inner(b) for b in params.get("branches", ())]
-            picks = [i for i, b in enumerate(branches) if b is jaxpr]
-            if not picks:
-                return False
-            which = self.span(scope.operands_of(eqn)[0], scope)
-            return all(_meet(which, (i, i)) is None for i in picks)
-        if name == "scan":
-            return bool(params.get("length") == 0)
-        return False
 
     def _bind(self, eqn: Any, scope: Scope, jaxpr: Any, inner: Scope) -> None:
         name, params = eqn.primitive.name, eqn.params
@@ -517,7 +527,7 @@ class Ranges:
                 return constant
         bound = scope.inputs.get(id(var))
         if bound is not None and not isinstance(bound, _Outer):
-            return bound
+            return bound if self.bounds else (_dtype_bounds(var) or UNKNOWN)
         made = scope.definition(var)
         if made is None:
             return _dtype_bounds(var) or UNKNOWN
@@ -576,6 +586,8 @@ class Ranges:
             return arg(0)
         if name == "select_n":
             return self._select(eqn, operands, scope, facts)
+        if name in ("program_id", "axis_index") and not self.bounds:
+            return UNKNOWN
         if name == "program_id":
             axis = params.get("axis")
             size = _compat.grid_size(axis) if isinstance(axis, int) and axis >= 0 else None
@@ -789,6 +801,8 @@ def _binary(name: str, a: Span, b: Span, boolean: bool) -> Span:
         if n is None or n == 0:
             return UNKNOWN
         m = abs(n) - 1
+        if a[0] is not None and a[1] is not None and -m <= a[0] and a[1] <= m:
+            return a  # no value reaches n: each is its own remainder
         if a[0] is not None and a[0] >= 0:
             return (0, m if a[1] is None else min(m, a[1]))
         if a[1] is not None and a[1] <= 0:
@@ -938,8 +952,8 @@ class BodySlots:
     the equations of the body traced into ``frame`` and of the traces around it, once
     the body is traced (a loop's bounds are known once the loop is an equation)."""
 
-    def __init__(self, frame: object) -> None:
-        self.ranges = Ranges()
+    def __init__(self, frame: object, *, bounds: bool = True) -> None:
+        self.ranges = Ranges(bounds=bounds)
         self._frames: list[object] = []
         current: object | None = frame
         while current is not None:
@@ -979,16 +993,16 @@ class BodySlots:
             out = _join(out, self.ranges.span(var, scope))
         return out
 
-    def runs_never(self, record: object) -> bool:
+    def runs_always(self, record: object) -> bool:
         """Whether the block whose equations ``record`` holds (``_compat.eqn_record`` of
-        a branch's or loop body's trace) never runs, as far as the body's equations tell
-        (see Scope.dead); False where it is not found."""
+        the trace a copy was started in) runs on every run of the body (Scope.always);
+        False where it is not found."""
         for eqn in _compat.recorded_eqns(record):
             for tracer in _compat.operand_tracers(eqn):
                 var = _compat.jaxpr_var_of(tracer)
                 scopes = self._where(var) if _compat.is_jaxpr_var(var) else []
                 if scopes:
-                    return all(scope.dead for scope in scopes)
+                    return all(scope.always for scope in scopes)
         return False
 
     def positions(self, view: object) -> frozenset[int] | None:

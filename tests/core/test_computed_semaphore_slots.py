@@ -108,9 +108,18 @@ def raw_slot_three_outside_program_id(x: Any, o: Any, buf: Any, sems: Any) -> No
     _copy(x, buf, sems, pl.program_id(0)).wait()
 
 
+def raw_computed_start_outside_every_wait(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    i = pl.program_id(0)
+    _copy(x, buf, sems, i % 2).start()
+    _copy(x, buf, sems, i % 2 + 2).start()  # line: leak
+    _copy(x, buf, sems, i % 2).wait()
+    _copy(x, buf, sems, 1 - i % 2).wait()
+
+
 @pytest.mark.parametrize(
     ("kernel", "grid", "slots"),
     [
+        (raw_computed_start_outside_every_wait, (4,), 4),
         (raw_slot_two_outside_a_floor_mod, (4,), 3),
         (raw_slot_two_outside_a_loop_index, (4,), 3),
         (raw_slot_zero_outside_a_dynamic_loop, (4,), 3),
@@ -159,9 +168,19 @@ def typed_slot_two_outside_a_raw_wait(x_ref: Any, o_ref: Any, buf: Any, sems: An
     pltpu.make_async_copy(x_ref, buf, sems.at[slot]).wait()
 
 
+def typed_computed_start_outside_every_wait(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+    def body(j: Any, carry: Any) -> Any:
+        sd.LocalCopy(x_ref, buf, sems.at[j + 1]).start()  # line: leak
+        sd.LocalCopy(x_ref, buf, sems.at[j % 2]).started_elsewhere().wait()
+        return carry
+
+    jax.lax.fori_loop(1, 2, body, 0)  # j is 1: starts slot 2, waits slot 1
+
+
 @pytest.mark.parametrize(
     "kernel",
     [
+        typed_computed_start_outside_every_wait,
         typed_slot_two_outside_a_floor_mod,
         typed_slot_two_outside_a_loop,
         typed_slot_two_outside_a_raw_wait,
@@ -388,9 +407,26 @@ def raw_double_buffered_single_trip(x: Any, o: Any, buf: Any, sems: Any) -> None
     jax.lax.fori_loop(0, 1, body, 0)
 
 
+def raw_guarded_prefetch_in_a_single_trip(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    """One iteration, and a prefetch guarded by a value read in the kernel: its slot
+    (1) is no wait's, but the guard (not the slot) is what keeps it from starting."""
+    _copy(x, buf, sems, 0).start()
+
+    def body(i: Any, carry: Any) -> Any:
+        @pl.when(buf[0, 0, 0] > i + 1)
+        def _() -> None:
+            _copy(x, buf, sems, (i + 1) % 2).start()
+
+        _copy(x, buf, sems, i % 2).wait()
+        return carry
+
+    jax.lax.fori_loop(0, 1, body, 0)
+
+
 @pytest.mark.parametrize(
     ("kernel", "grid"),
     [
+        (raw_guarded_prefetch_in_a_single_trip, (4,)),
         (raw_double_buffered_single_trip, (4,)),
         (raw_double_buffered_one_minus_slot, (1,)),
         (raw_ring_across_grid_steps, (1,)),
@@ -489,6 +525,20 @@ def typed_double_buffered_single_trip(x_ref: Any, o_ref: Any, buf: Any, sems: An
     jax.lax.fori_loop(0, 1, body, 0)
 
 
+def typed_guarded_prefetch_in_a_single_trip(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+    sd.LocalCopy(x_ref, buf, sems.at[0]).start()
+
+    def body(i: Any, carry: Any) -> Any:
+        @pl.when(buf[0, 0, 0] > i + 1)
+        def _() -> None:
+            sd.LocalCopy(x_ref, buf, sems.at[(i + 1) % 2]).start()
+
+        sd.LocalCopy(x_ref, buf, sems.at[i % 2]).started_elsewhere().wait()
+        return carry
+
+    jax.lax.fori_loop(0, 1, body, 0)
+
+
 def typed_ring_of_three(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
     i = pl.program_id(0)
     sd.LocalCopy(x_ref, buf, sems.at[2]).start()
@@ -526,6 +576,7 @@ def typed_loop_index_slots(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
     [
         typed_double_buffered_loop,
         typed_double_buffered_single_trip,
+        typed_guarded_prefetch_in_a_single_trip,
         typed_across_grid_steps,
         typed_ring_of_three,
         typed_unknown_slot,

@@ -43,6 +43,10 @@ within = _bounded(0, 9)
         (lambda x: (x + 1) % 4, (0, 3)),
         (lambda x: 1 - within(x) % 2, (0, 1)),
         (lambda x: jax.lax.rem(within(x), 3), (0, 2)),
+        (lambda x: jnp.clip(x, 1, 1) % 2, (1, 1)),
+        (lambda x: jax.lax.rem(jnp.clip(x, -3, -2), 4), (-3, -2)),
+        (lambda x: jax.lax.rem(jnp.clip(x, -3, 2), 4), (-3, 2)),
+        (lambda x: jax.lax.rem(jnp.clip(x, -3, 9), 4), (-3, 3)),
         (lambda x: jax.lax.rem(x, 3), (-2, 2)),  # follows the dividend's sign
         (lambda x: jax.lax.rem(within(x) - 9, 4), (-3, 0)),
         (lambda x: jnp.bitwise_and(x, 3), (0, 3)),
@@ -133,3 +137,32 @@ def test_an_index_outside_its_dimension_is_the_whole_dimension() -> None:
 def test_flat_positions_of_a_two_dimensional_view() -> None:
     assert flat_positions([Index(0, 1), Index(2, 2)], (2, 3)) == frozenset({2, 5})
     assert flat_positions([Index(0, 999), Index(0, 999)], (1000, 1000)) is None
+
+
+def test_without_bounds_a_loop_index_is_unknown() -> None:
+    jaxpr = jax.make_jaxpr(lambda x: jax.lax.fori_loop(0, 1, lambda i, c: c + (i + 1) % 2, x))(
+        ZERO
+    ).jaxpr
+    loop = jaxpr.eqns[-1]
+    body = loop.params["jaxpr"].jaxpr
+    spans, index = {}, {}
+    for bounds in (True, False):
+        ranges = Ranges(bounds=bounds)
+        inner = ranges.enter(loop, Scope(jaxpr.eqns, _operands), body)
+        index[bounds] = ranges.span(body.invars[0], inner)
+        spans[bounds] = [ranges.span(e.outvars[0], inner) for e in body.eqns if e.outvars]
+    assert index == {True: (0, 0), False: INT32}
+    assert spans[True].count((1, 1)) >= 2  # i + 1, (i + 1) % 2
+    assert (0, 1) in spans[False]  # (i + 1) % 2 of any i
+
+
+def test_axis_index_is_within_the_axis_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size is read where the body is traced (the named axes in scope); program_id's
+    from the grid being traced is pinned in test_computed_semaphore_slots.py."""
+    from safedma import _compat
+
+    jaxpr = jax.make_jaxpr(lambda x: jax.lax.axis_index("x") % 8, axis_env=[("x", 4)])(ZERO)
+    scope = Scope(jaxpr.jaxpr.eqns, _operands)
+    assert Ranges().span(jaxpr.jaxpr.outvars[0], scope) == (0, 7)  # no axis in scope: % 8
+    monkeypatch.setattr(_compat, "axes_in_scope", lambda: {"x": 4})
+    assert Ranges().span(jaxpr.jaxpr.outvars[0], scope) == (0, 3)
