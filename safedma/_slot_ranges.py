@@ -23,7 +23,7 @@ everything), so a correct kernel is never rejected because of it:
 * ``program_id`` is in [0, size-1] for a grid dimension of static size,
   ``axis_index`` in [0, size-1] for a named axis in scope;
 * a loop's index (a carry a ``fori_loop`` / ``while_loop`` / ``scan`` body adds a
-  positive constant to, bounded by the loop's trip count or its condition ``i < hi``)
+  step of one sign to, bounded by the loop's trip count or its condition ``i < hi``)
   is within the loop's bounds over all its iterations; a carry the body passes on
   unchanged is its initial value; any other carry, a ``scan``'s sliced input, an SMEM
   read, a float: unknown;
@@ -307,9 +307,13 @@ class Ranges:
     def __init__(self, *, bounds: bool = True) -> None:
         self.bounds = bounds
         self._memo: dict[tuple[int, int], Span] = {}
+        self._keys: dict[tuple[int, int], Hashable] = {}  # shared subexpressions: once
         self._children: dict[tuple[int, int, int], Scope] = {}
         self._keep: list[object] = []  # ids are keys: keep what they name alive
         self._budget = _BUDGET
+        self._active = 0  # questions being answered (one asks others: loop bounds)
+        self._under_facts: dict[tuple[int, int, int], Span] = {}
+        self._facts_alive: list[object] = []
 
     # ------------------------------------------------------------------ blocks
 
@@ -494,11 +498,17 @@ class Ranges:
         """The values ``operand`` (a variable or literal of ``scope``) can take; UNKNOWN
         where they are not known. ``facts``: spans variables are known to lie in (one case
         of a ``select_n``), by (variable id, scope id)."""
-        self._budget = _BUDGET
+        if self._active == 0:  # a question, not one asked while answering another
+            self._budget = _BUDGET
+            self._under_facts.clear()
+            self._facts_alive.clear()
+        self._active += 1
         try:
             return self._span(operand, scope, facts or {})
         except (_OutOfBudget, RecursionError):
             return UNKNOWN
+        finally:
+            self._active -= 1
 
     def _span(self, operand: object, scope: Scope, facts: Mapping[tuple[int, int], Span]) -> Span:
         operand, scope = self._resolve(operand, scope)
@@ -507,6 +517,10 @@ class Ranges:
         key = (id(operand), id(scope))
         if not facts and key in self._memo:
             return self._memo[key]
+        # Under facts (one case of a select_n), spans are kept for that case only.
+        under = (id(operand), id(scope), id(facts))
+        if facts and under in self._under_facts:
+            return self._under_facts[under]
         self._budget -= 1
         if self._budget < 0:
             raise _OutOfBudget
@@ -517,6 +531,9 @@ class Ranges:
         if not facts:
             self._memo[key] = span
             self._keep.append(operand)
+        else:
+            self._under_facts[under] = span
+            self._facts_alive += [facts, operand]  # ids are keys: alive for the question
         return span
 
     def _compute(self, var: object, scope: Scope, facts: Mapping[tuple[int, int], Span]) -> Span:
@@ -731,6 +748,12 @@ class Ranges:
 
     def _key(self, operand: object, scope: Scope, depth: int) -> Hashable:
         operand, scope = self._resolve(operand, scope)
+        memo = (id(operand), id(scope))
+        if memo not in self._keys:
+            self._keys[memo] = self._make_key(operand, scope, depth)
+        return self._keys[memo]
+
+    def _make_key(self, operand: object, scope: Scope, depth: int) -> Hashable:
         constant = _const(self.span(operand, scope))
         if constant is not None:
             return ("const", constant)

@@ -166,3 +166,18 @@ def test_axis_index_is_within_the_axis_size(monkeypatch: pytest.MonkeyPatch) -> 
     assert Ranges().span(jaxpr.jaxpr.outvars[0], scope) == (0, 7)  # no axis in scope: % 8
     monkeypatch.setattr(_compat, "axes_in_scope", lambda: {"x": 4})
     assert Ranges().span(jaxpr.jaxpr.outvars[0], scope) == (0, 3)
+
+
+def test_shared_subexpressions_are_read_once() -> None:
+    """40 doublings share each operand: read once each (not 2**40 times), the wrapped
+    value is any int32, and its floor-mod still 0 or 1."""
+
+    def fn(x: Any) -> Any:
+        for _ in range(40):
+            x = x + x
+        return x % 2
+
+    jaxpr = jax.make_jaxpr(fn)(ZERO).jaxpr
+    ranges, scope = Ranges(), Scope(jaxpr.eqns, _operands)
+    assert ranges.span(jaxpr.outvars[0], scope) == (0, 1)
+    assert ranges.key(jaxpr.outvars[0], scope) == ranges.key(jaxpr.outvars[0], scope)
