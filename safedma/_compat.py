@@ -92,6 +92,11 @@ __all__ = [
     "interpret_mode",
     "chip_generation",
     "compiled_for_chip",
+    "eqn_record",
+    "recorded_eqns",
+    "grid_size",
+    "scan_layout",
+    "view_index_axes",
 ]
 
 
@@ -965,3 +970,86 @@ def enclosing_scratch_count() -> int | None:
             return len(jax.tree_util.tree_leaves(scratch))
         frame = frame.f_back
     return None
+
+
+# Semaphore index ranges (safedma/_slot_ranges.py). Private, jax 0.10.2 and 0.12 alike
+# unless said: the pallas grid being traced, a scan equation's operand layout, and the
+# integer indices a semaphore view records (NDIndexer / Slice, see ref_layout). No public
+# API says how large the grid is without binding a primitive into the body (pl.num_programs
+# does so for a dynamic dimension), nor which of a scan's operands are carried.
+
+
+def grid_size(axis: int) -> int | None:
+    """The size of grid axis ``axis`` of the ``pl.pallas_call`` being traced, or None
+    (no grid in scope, a dynamic dimension, an axis out of range)."""
+    # Private: pallas_core.axis_frame(), the grid context pallas_call sets while it traces
+    # its body (what pl.num_programs reads); it asserts when there is none.
+    try:
+        size: object = _pallas_core.axis_frame().size(axis)
+    except (AssertionError, AttributeError, ValueError, IndexError, TypeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def scan_layout(params: Mapping[str, Any], n: int) -> tuple[int, int] | None:
+    """``(consts, carries)``: how many of a ``scan`` equation's ``n`` operands are its
+    constants and its carries (the rest are the sliced ``xs``); None if not known."""
+    # Private: jax 0.10.2 records them as ``num_consts`` / ``num_carry``; 0.12 as the
+    # flat tree ``ft_in`` of (consts, carry, xs).
+    if "num_consts" in params and "num_carry" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    tree: Any = params.get("ft_in")
+    if tree is None:
+        return None
+    try:
+        consts, carry, _ = tree.update(list(range(n))).unpack()
+        return len(consts), len(carry)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def view_index_axes(view: object) -> list[tuple[object, int]] | None:
+    """For a view that picks one semaphore of its root by an integer index per dimension
+    (``sems.at[i]``, ``sems.at[i, j]``, ``sems.at[i].at[j]``): each index (an int, a
+    tracer, a jaxpr variable or literal) with the size of the dimension it indexes, in
+    the root's dimension order; ``[]`` for the bare root; None for any other view (a
+    slice, an array index, a reshape)."""
+    indices: list[object] = []
+    current: object = view
+    transforms: list[Any] = []
+    while isinstance(current, _state_types.TransformedRef):
+        transforms = list(current.transforms) + transforms
+        current = current.ref
+    aval = getattr(current, "aval", current)
+    shape = tuple(getattr(aval, "shape", ()))
+    for transform in transforms:
+        if not isinstance(transform, _state_indexing.NDIndexer):
+            return None
+        for index in transform.indices:
+            if isinstance(index, _indexing.Slice) or getattr(index, "shape", ()) != ():
+                return None
+            indices.append(index)
+    if len(indices) != len(shape) or not all(isinstance(d, int) for d in shape):
+        return None
+    return [(index, int(size)) for index, size in zip(indices, cast("tuple[int, ...]", shape))]
+
+
+def eqn_record(frame: object) -> object:
+    """The record a trace keeps of its equations while it is traced. jax gives an ended
+    trace a new, empty record and leaves the old one as it was: a check that keeps it
+    can read, once the body is traced, the equations a block (a branch) traced."""
+    # Private: a DynamicJaxprTrace's ``frame.tracing_eqns`` (see traced_eqns), rebound to
+    # a new list when the trace ends (jax 0.10.2 and 0.12 alike).
+    record: object = getattr(getattr(frame, "frame", None), "tracing_eqns", None)
+    return record if isinstance(record, list) else []
+
+
+def recorded_eqns(record: object) -> list[Any]:
+    """The equations of an :func:`eqn_record` still alive (an effect's always is)."""
+    found: list[Any] = []
+    for entry in cast("list[object]", record) if isinstance(record, list) else []:
+        if isinstance(entry, weakref.ReferenceType):
+            entry = cast("weakref.ReferenceType[object]", entry)()
+        if entry is not None:
+            found.append(entry)
+    return found

@@ -18,10 +18,19 @@ other path repeats, waits that add up to more than was started) is left to
 ``safedma.testing.verify``, which follows each device's real path.
 
 Semaphores are compared per *slot*: a wait on ``sems.at[0]`` never stands for
-a copy on ``sems.at[1]``. Where an index is traced, the slot is unknown and
-the wait may stand for any copy on that array (no error). Where the array is a
-loop body's or branch's argument (a new tracer for whichever semaphore was
-passed in, as ``emit_pipeline`` passes its buffered refs), it is followed out to
+a copy on ``sems.at[1]``. Where an index is computed, it stands for every slot it
+can take in any loop iteration or grid step, read from the body's jaxpr once the
+body is traced (``_slot_ranges``): a wait on ``sems.at[i % 2]`` may stand for a
+copy on slot 0 or 1, never 2, and a copy started on ``(i + 1) % 2`` meets a wait on
+``i % 2`` an iteration later. An index the analysis cannot follow (an SMEM read, a
+carry, a shift) may be any slot of its dimension (no error). The index of a copy
+started in a branch or a while loop is read without the loops' and the grid's bounds
+(a loop index or ``program_id`` there is any value): the copy may never start (its
+guard may fail on exactly the iterations the bounds narrow it to), and a copy that
+never starts needs no wait. Waits are read within the bounds wherever they are.
+
+Where the array is a loop body's or branch's argument (a new tracer for whichever
+semaphore was passed in, as ``emit_pipeline`` passes its buffered refs), it is followed out to
 the operand it received once the body is traced (``_raw_waits.outer_ref``); where it
 cannot be, it may stand for any array of its type.
 """
@@ -36,6 +45,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import NamedTuple
 
 from safedma import _compat, _raw_waits
+from safedma._slot_ranges import BodySlots
 from safedma._compat import FlowKind
 from safedma._describe import Describe, SourceLine, call_site, copies_of, is_library_file
 from safedma._errors import CopyNeverWaitedError, HandleEscapedError, HandleWaitedTwiceError
@@ -83,6 +93,10 @@ class _Obligation:
     # Its description when handed over, fixed by the body that started it (whose refs'
     # names the enclosing body may not know); None: ``describe()`` as it is.
     described: str | None = None
+    # The equations of the block it was started in (a branch's, a loop body's:
+    # ``_compat.eqn_record``): unless that runs on every run of the body, its computed
+    # indices are read without the loops' and grid's bounds (see BodySlots.runs_always).
+    record: object = None
 
     def text(self) -> str:
         return self.described if self.described is not None else self.describe()
@@ -108,9 +122,18 @@ class _Slot(NamedTuple):
     aliased: bool = False
 
 
-def _slot(sem: object) -> _Slot:
+def _slot(sem: object, body: BodySlots | None = None) -> _Slot:
+    """``sem``'s slot; with ``body`` (the body traced so far), a computed index is read
+    as the slots it can take (``_slot_ranges``), else as any slot."""
     root = _compat.root_of(sem)
-    return _Slot(id(root), _compat.static_positions(sem), root, _raw_waits.is_block_argument(root))
+    return _Slot(id(root), _positions(sem, body), root, _raw_waits.is_block_argument(root))
+
+
+def _positions(view: object, body: BodySlots | None) -> frozenset[int] | None:
+    positions = _compat.static_positions(view)
+    if positions is None and body is not None:
+        positions = body.positions(view)
+    return positions
 
 
 _ANY_SEMAPHORE = -1
@@ -120,7 +143,9 @@ _ALLOCATED_INSIDE = -2
 meet every slot of such a semaphore, and none of the body's own (see _on_slot)."""
 
 
-def _raw_wait_slots(since: int = 0, primitive: str = "dma_wait") -> list[_Slot]:
+def _raw_wait_slots(
+    since: int = 0, primitive: str = "dma_wait", body: BodySlots | None = None
+) -> list[_Slot]:
     """Slots waited in raw pltpu (``pltpu.make_async_copy(...).wait()``) in the body so far
     (from the ``since``-th equation of its frame: where the body began).
 
@@ -135,7 +160,7 @@ def _raw_wait_slots(since: int = 0, primitive: str = "dma_wait") -> list[_Slot]:
         elif root is None:
             slots.append(_Slot(_ANY_SEMAPHORE, None))
         else:
-            positions = None if view is None else _compat.static_positions(view)
+            positions = None if view is None else _positions(view, body)
             slots.append(_Slot(id(root), positions, root, _raw_waits.is_block_argument(root)))
     return slots
 
@@ -163,10 +188,10 @@ def _named_in(slot: _Slot, outer_of: Callable[[object], object | None]) -> _Slot
     return _Slot(id(outer), slot.positions, outer)
 
 
-def _on_slot(sem: object, slots: Iterable[_Slot]) -> bool:
+def _on_slot(sem: object, slots: Iterable[_Slot], body: BodySlots | None = None) -> bool:
     """Whether ``sem`` could be one of the semaphores ``slots`` name: the per-slot match
     every question of this ledger (is a copy covered, started, waited?) comes down to."""
-    slot = _slot(sem)
+    slot = _slot(sem, body)
     for other in slots:
         if other.root == _ALLOCATED_INSIDE:
             if _raw_waits.allocated_inside(_compat.root_of(sem), _compat.current_frame()):
@@ -208,46 +233,10 @@ class Ledger:
 
     def check_all_waited(self, kernel_name: str) -> None:
         """Raise CopyNeverWaitedError for a copy no wait in the body can stand for (T7)."""
-        # One entry per start site: copies with the same description, start line (with
-        # the calls that led there) and unwaited sides are one line with a count, so a
-        # row loop that leaks 16 copies says so once; distinct sites stay distinct, in
-        # the order they were started.
-        left: dict[tuple[str, SourceLine, str], int] = {}
-        elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
-        named: list[_Slot] | None = None  # those that name their semaphore (see _hand_over)
-        waited_inside: Callable[[object], bool] = bool
-        for ob in self.obligations:
-            missing: list[Side] = []
-            for side, sem in ob.sems.items():
-                if ob.waited[side]:
-                    continue
-                if elsewhere is None:
-                    elsewhere = [_slot(w.sem) for w in self.elsewhere]
-                    elsewhere += [_slot(sem) for sem in self.settled]
-                    elsewhere += _raw_wait_slots(self.begins_at)
-                if not ob.bodies:
-                    covered = self.covers(sem, elsewhere)
-                else:
-                    # A copy handed over: both sides named by this body's semaphores, or
-                    # a raw wait inside a block on the very semaphore a block allocated.
-                    if named is None:
-                        named = [self._named(s) for s in elsewhere if s.root != _ALLOCATED_INSIDE]
-                        waited_inside = _raw_waits.raw_waited_inside(
-                            self.frame, is_library_file, self.begins_at
-                        )
-                    mine = self._named(_slot(sem))
-                    covered = any(_slots_meet(mine, s) for s in named) or waited_inside(mine.ref)
-                if not covered:
-                    missing.append(side)
-            if missing and self._hand_over(ob, kernel_name):
-                continue
-            if missing:
-                calls = " and ".join(side.value for side in missing)
-                inside = (
-                    " in the body " + " inside ".join(map(repr, ob.bodies)) if ob.bodies else ""
-                )
-                key = (ob.text() + inside, ob.started_at, calls)
-                left[key] = left.get(key, 0) + 1
+        # Computed indices are read as the slots they can take, now the body is traced.
+        left = self._left_unwaited(
+            kernel_name, BodySlots(self.frame), BodySlots(self.frame, bounds=False)
+        )
         if left:
             count = sum(left.values())
             raise CopyNeverWaitedError(
@@ -262,6 +251,60 @@ class Ledger:
                 f"lands. {_t7_fix(left)} Then {VERIFY_HINT}."
             )
 
+    def _left_unwaited(
+        self, kernel_name: str, body: BodySlots, unbounded: BodySlots
+    ) -> dict[tuple[str, SourceLine, str], int]:
+        """The copies no wait can stand for, one entry per start site (see
+        check_all_waited); those this body hands over to the one around it are not.
+        ``body`` reads computed indices within the loops' and grid's bounds, ``unbounded``
+        without them (for a copy that may not start on every run of the body)."""
+        # One entry per start site: copies with the same description, start line (with
+        # the calls that led there) and unwaited sides are one line with a count, so a
+        # row loop that leaks 16 copies says so once; distinct sites stay distinct, in
+        # the order they were started.
+        left: dict[tuple[str, SourceLine, str], int] = {}
+        elsewhere: list[_Slot] | None = None  # computed only if some copy needs it
+        named: list[_Slot] | None = None  # those that name their semaphore (see _hand_over)
+        waited_inside: Callable[[object], bool] = bool
+        for ob in self.obligations:
+            missing: list[Side] = []
+            # A copy's computed indices are read within the loops' and grid's bounds only
+            # where it starts on every run of the body; not in a branch, which may never
+            # run on the iterations the bounds narrow them to.
+            computed = any(_compat.static_positions(s) is None for s in ob.sems.values())
+            own = body if not computed or body.runs_always(ob.record) else unbounded
+            for side, sem in ob.sems.items():
+                if ob.waited[side]:
+                    continue
+                if elsewhere is None:
+                    elsewhere = [_slot(w.sem, body) for w in self.elsewhere]
+                    elsewhere += [_slot(sem, body) for sem in self.settled]
+                    elsewhere += _raw_wait_slots(self.begins_at, body=body)
+                if not ob.bodies:
+                    covered = self.covers(sem, elsewhere, own=own)
+                else:
+                    # A copy handed over: both sides named by this body's semaphores, or
+                    # a raw wait inside a block on the very semaphore a block allocated.
+                    if named is None:
+                        named = [self._named(s) for s in elsewhere if s.root != _ALLOCATED_INSIDE]
+                        waited_inside = _raw_waits.raw_waited_inside(
+                            self.frame, is_library_file, self.begins_at
+                        )
+                    mine = self._named(_slot(sem, own))
+                    covered = any(_slots_meet(mine, s) for s in named) or waited_inside(mine.ref)
+                if not covered:
+                    missing.append(side)
+            if missing and self._hand_over(ob, kernel_name):
+                continue
+            if missing:
+                calls = " and ".join(side.value for side in missing)
+                inside = (
+                    " in the body " + " inside ".join(map(repr, ob.bodies)) if ob.bodies else ""
+                )
+                key = (ob.text() + inside, ob.started_at, calls)
+                left[key] = left.get(key, 0) + 1
+        return left
+
     def _named(self, slot: _Slot) -> _Slot:
         return _named_in(slot, self._outer_ref)
 
@@ -274,19 +317,20 @@ class Ledger:
             self.outer_refs[id(root)] = _raw_waits.outer_ref(root, self.frame, self.begins_at)
         return self.outer_refs[id(root)]
 
-    def covers(self, sem: object, slots: list[_Slot]) -> bool:
+    def covers(self, sem: object, slots: list[_Slot], *, own: BodySlots | None = None) -> bool:
         """Whether a wait of ``slots`` may stand for a copy on ``sem`` (see _on_slot), once
         the body is traced. A ref of a block nested in the body (a loop's or branch's
         argument, a ``jax.jit`` helper's parameter) is followed out to the operand it
         received (``_named``); where both sides are followed, only the same semaphore slot
         meets (a copy on ``s.at[0]`` of a branch argument ``s`` is not waited by a wait on
         ``sems.at[1]`` after the branch, and is by one on ``sems.at[0]``); where one is not,
-        a block's argument meets any semaphore of its type, as before."""
-        mine = _slot(sem)
+        a block's argument meets any semaphore of its type, as before. ``own``: what
+        reads ``sem``'s computed indices (None: any slot; see _slot)."""
+        mine = _slot(sem, own)
         for other in slots:
             if _ANY_SEMAPHORE in (mine.root, other.root):
                 return True
-            met = _on_slot(sem, [other])
+            met = _on_slot(sem, [other], own)
             if met and (mine.root == other.root or other.root == _ALLOCATED_INSIDE):
                 return True
             if other.root == _ALLOCATED_INSIDE:
@@ -484,7 +528,13 @@ class HandleState:
             ledger.keep_alive.append(self._frame)
             ledger.keep_alive.extend(sems.values())
             if not started_elsewhere:
-                self._obligation = _Obligation(describe, call_site(), sems, self._waited)
+                self._obligation = _Obligation(
+                    describe,
+                    call_site(),
+                    sems,
+                    self._waited,
+                    record=_compat.eqn_record(self._frame),
+                )
                 ledger.obligations.append(self._obligation)
 
     def _origin(self) -> str:

@@ -19,8 +19,12 @@ Only what is wrong on every path is reported, so a correct kernel is never rejec
 * a root whose every start and wait is unconditional, where the bytes started and waited
   on one static slot differ: :class:`~safedma.CopyShapeMismatchError`.
 
-A computed slot index meets every slot (silent); a semaphore used by anything else (a
-kernel operand, a ``semaphore_signal``, a block the reader does not know) is skipped.
+A computed slot index stands for every slot it can take in any loop iteration or grid
+step (``_slot_ranges``: ``i % 2`` is slot 0 or 1, a loop index is within the loop's
+bounds), and for every slot of its dimension where that is not known; a wait meets a
+start where their slots can be equal in every dimension. A semaphore used by anything
+else (a kernel operand, a ``semaphore_signal``, a block the reader does not know) is
+skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from safedma import _compat
+from safedma._slot_ranges import Index, Ranges, Scope, index_of, top_scope
 from safedma._errors import CopyNeverWaitedError, CopyShapeMismatchError, HandleWaitedTwiceError
 from safedma._raw_waits import block_inputs
 
@@ -38,7 +43,9 @@ __all__ = ["check_raw_copies"]
 _LOOPS = ("scan", "while", "emit_pipeline")
 _BRANCHES = ("cond",)
 
-Slot = tuple[int | None, ...] | None
+Slot = tuple[Index, ...] | None
+"""A semaphore view's index per dimension of its array (``()``: the bare ref); None: a
+view the reader cannot follow (a slice, a reshape), any slot."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,26 +65,39 @@ class _Event:
 def _meet(a: Slot, b: Slot) -> bool:
     if a is None or b is None or len(a) != len(b):
         return True
-    return all(x is None or y is None or x == y for x, y in zip(a, b))
+    return all(x.meets(y) for x, y in zip(a, b))
 
 
 def _static(slot: Slot) -> bool:
-    return slot is not None and all(x is not None for x in slot)
+    return slot is not None and all(x.static for x in slot)
 
 
 class _Reader:
     def __init__(self, is_own_file: Any) -> None:
         self.events: list[_Event] = []
         self.opaque: set[int] = set()
-        # Static values of block inputs that received a literal (an index a descriptor
-        # made outside a branch carries in), by the variable's id.
-        self.known: dict[int, int] = {}
+        # The values semaphore indices can take (a literal a block received, a loop
+        # index, ``i % 2``...).
+        self.ranges = Ranges()
+        self.unbounded = Ranges(bounds=False)  # for starts that may not always run
         self.is_own_file = is_own_file
 
-    def static(self, operand: object) -> int | None:
-        if _compat.is_jaxpr_var(operand):
-            return self.known.get(id(operand))
-        return _compat.literal_int(operand)
+    def slot(self, view: object, scope: Scope, *, start: bool) -> Slot:
+        """The view's index per dimension. A start's index is read within the loops' and
+        the grid's bounds only where the start runs on every run of the body
+        (``Scope.always``): one in a branch may never run (its guard may fail on exactly
+        the iterations the bounds narrow its index to), and then its slot proves nothing;
+        there the bounds are left out (a constant stays itself)."""
+        axes = _compat.view_index_axes(view)
+        if axes is None:
+            return None
+        ranges = self.ranges if not start or scope.always else self.unbounded
+        slot: list[Index] = []
+        for i, size in axes:
+            literal = not _compat.is_jaxpr_var(i)
+            span = ranges.span(i, scope)
+            slot.append(index_of(i, size, span, ranges.key(i, scope), literal=literal))
+        return tuple(slot)
 
     def root(self, var: object, env: Mapping[int, int]) -> int | None:
         base = _compat.view_base(var)
@@ -85,14 +105,12 @@ class _Reader:
             return None
         return env.get(id(base), id(base))
 
-    def read(
-        self, eqns: list[Any], operands_of: Any, env: dict[int, int], *, top: bool, loop: bool
-    ) -> None:
-        for eqn in eqns:
-            operands = operands_of(eqn)
+    def read(self, scope: Scope, env: dict[int, int], *, top: bool, loop: bool) -> None:
+        for eqn in scope.eqns:
+            operands = scope.operands_of(eqn)
             name = eqn.primitive.name
             if name in (_compat.DMA_START, _compat.DMA_WAIT):
-                self.dma(eqn, operands, env, top=top, loop=loop)
+                self.dma(eqn, operands, scope, env, top=top, loop=loop)
                 continue
             subs = list(_compat.sub_jaxprs(eqn.params))
             sems = [
@@ -114,17 +132,22 @@ class _Reader:
                 for var, k in zip([*jaxpr.constvars, *jaxpr.invars], positions):
                     if not 0 <= k < len(operands):
                         continue
-                    value = self.static(operands[k])
-                    if value is not None and name not in _LOOPS:  # a loop's carry changes
-                        self.known[id(var)] = value
                     if _compat.is_jaxpr_var(operands[k]):
                         key = self.root(operands[k], env)
                         if key is not None:
                             inner[id(var)] = key
-                self.read(list(jaxpr.eqns), _invars, inner, top=inner_top, loop=inner_loop)
+                block = self.ranges.enter(eqn, scope, jaxpr)
+                self.read(block, inner, top=inner_top, loop=inner_loop)
 
     def dma(
-        self, eqn: Any, operands: list[Any], env: Mapping[int, int], *, top: bool, loop: bool
+        self,
+        eqn: Any,
+        operands: list[Any],
+        scope: Scope,
+        env: Mapping[int, int],
+        *,
+        top: bool,
+        loop: bool,
     ) -> None:
         args = _compat.dma_operands(eqn, operands)
         raw = not _compat.emitted_from(eqn, self.is_own_file)
@@ -150,7 +173,7 @@ class _Reader:
                 _Event(
                     start,
                     key,
-                    _compat.view_slot(view, self.known),
+                    self.slot(view, scope, start=start),
                     _compat.view_nbytes(data),
                     raw,
                     remote,
@@ -168,14 +191,6 @@ class _Reader:
             add(sem, dst, remote=False)
 
 
-def _invars(eqn: Any) -> list[Any]:
-    return list(eqn.invars)
-
-
-def _top_operands(eqn: Any) -> list[Any]:
-    return [_compat.jaxpr_var_of(t) for t in _compat.operand_tracers(eqn)]
-
-
 def _where(line: tuple[str, int] | None) -> str:
     return "an unknown line" if line is None else f"{line[0]}:{line[1]}"
 
@@ -183,7 +198,7 @@ def _where(line: tuple[str, int] | None) -> str:
 def _name(root: int, names: Mapping[int, str], slot: Slot) -> str:
     base = names.get(root, "a semaphore allocated in the body")
     if slot:
-        base += "[" + ", ".join("?" if i is None else str(i) for i in slot) + "]"
+        base += "[" + ", ".join(map(str, slot)) + "]"
     return base
 
 
@@ -201,7 +216,7 @@ def check_raw_copies(
     them; ``skip``: ids of semaphore variables whose copies may outlive the body (kernel
     operands: DMA futures)."""
     reader = _Reader(is_own_file)
-    reader.read(_compat.traced_eqns(frame, since), _top_operands, {}, top=True, loop=False)
+    reader.read(top_scope(_compat.traced_eqns(frame, since)), {}, top=True, loop=False)
     events = [e for e in reader.events if e.root not in reader.opaque and e.root not in skip]
     starts = [e for e in events if e.start]
     waits = [e for e in events if not e.start]
