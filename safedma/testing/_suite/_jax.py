@@ -185,7 +185,9 @@ class Program:
         jaxpr = _replaced(self._jaxpr, replacement, memo)
         if jaxpr is self._jaxpr:
             return self
-        return Program(self.name, self.constants, _kernels(jaxpr), jaxpr)
+        # named as the program that ran names them (the replacement's body may be a
+        # partial, which jax 0.10 leaves unnamed)
+        return Program(self.name, self.constants, self.kernels, jaxpr)
 
 
 def _kernel_body(eqn: Any) -> object:

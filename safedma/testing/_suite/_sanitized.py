@@ -41,14 +41,23 @@ __all__ = ["SanitizedCalls", "reported_mark", "reported_since"]
 #: Called with the kernel jaxpr of a sanitized call and the error its check raised.
 Raised = Callable[[object, BaseException], None]
 
+# The instrumented kernel jaxpr -> the caller's call, traced (then zeros for the flags).
+# One for the process: a session opened inside another (a test of the plugin, run
+# under the plugin) records for both.
+_callers: weakref.WeakKeyDictionary[Any, _jax.Traced] = weakref.WeakKeyDictionary()
+_callers_lock = threading.Lock()
+
+
+def _caller_of(kernel: object) -> _jax.Traced | None:
+    with _callers_lock:
+        return _callers.get(kernel)
+
 
 class SanitizedCalls:
     """The caller's own call behind each instrumented kernel run in this session."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # the instrumented kernel jaxpr -> the caller's call, traced (then the flags)
-        self._callers: weakref.WeakKeyDictionary[Any, _jax.Traced] = weakref.WeakKeyDictionary()
         self._views: weakref.WeakKeyDictionary[_jax.Program, _jax.Program] = (
             weakref.WeakKeyDictionary()
         )
@@ -73,14 +82,13 @@ class SanitizedCalls:
         with self._lock:
             view = self._views.get(program)
             if view is None:
-                view = program.replacing_kernels(self._callers.get)
+                view = program.replacing_kernels(_caller_of)
                 self._views[program] = view
         return view
 
     def runs_instrumented(self, program: _jax.Program) -> bool:
         """Whether ``program`` runs a kernel instrumented by the sanitizer."""
-        with self._lock:
-            return any(k in self._callers for k in program.kernel_bodies())
+        return any(_caller_of(k) is not None for k in program.kernel_bodies())
 
     def _watch(self, run: SanitizedRun, raised: Raised) -> Any:
         if _jax.jax_busy_here():  # verify's own jax work
@@ -107,8 +115,8 @@ class SanitizedCalls:
         if kernel is not None:
             callers = _callers_call(run, with_values, arrays, traced)
             if callers is not None:
-                with self._lock:
-                    self._callers[kernel] = callers
+                with _callers_lock:
+                    _callers[kernel] = callers
         outputs = traced(arrays)
         try:
             return run.check(outputs)
