@@ -182,9 +182,7 @@ def sanitized_pallas_call(
     call = pl.pallas_call(body, out_shape=outputs, **given)
 
     def unsanitized() -> Callable[..., Any]:
-        return cast(
-            "Callable[..., Any]", pl.pallas_call(checked_body, out_shape=out_shape, **options)
-        )
+        return pl.pallas_call(checked_body, out_shape=out_shape, **options)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         watcher = _watcher

@@ -58,7 +58,7 @@ class SanitizedCalls:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._views: weakref.WeakKeyDictionary[_jax.Program, _jax.Program] = (
+        self._views: weakref.WeakKeyDictionary[_jax.Program, _jax.Program | None] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -80,10 +80,11 @@ class SanitizedCalls:
         """``program`` with each instrumented kernel call replaced by its caller's
         (the program itself when it runs none)."""
         with self._lock:
-            view = self._views.get(program)
-            if view is None:
-                view = program.replacing_kernels(_caller_of)
-                self._views[program] = view
+            if program in self._views:
+                return self._views[program] or program
+            view = program.replacing_kernels(_caller_of)
+            # None for "the program itself": a value holding its key would keep it alive
+            self._views[program] = None if view is program else view
         return view
 
     def runs_instrumented(self, program: _jax.Program) -> bool:
@@ -101,7 +102,8 @@ class SanitizedCalls:
             given = list(leaves)
             for k, value in zip(dynamic, values):
                 given[k] = value
-            return jax.tree_util.tree_unflatten(tree, given)
+            args, kwargs = jax.tree_util.tree_unflatten(tree, given)
+            return args, kwargs
 
         def instrumented(*values: Any) -> Any:
             args, kwargs = with_values(values)
