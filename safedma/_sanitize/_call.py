@@ -17,6 +17,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import jax
@@ -35,10 +36,13 @@ from safedma._sanitize._units import Backend
 
 __all__ = [
     "MARK",
+    "SanitizedRun",
+    "Watcher",
     "inside_sanitized_call",
     "requested_by_body",
     "sanitized_pallas_call",
     "unsanitized_entry",
+    "watch_runs",
 ]
 
 #: The attribute ``@sd.checked(sanitize=...)`` sets on the body it returns.
@@ -52,6 +56,39 @@ _inside: contextvars.ContextVar[bool] = contextvars.ContextVar("safedma_sanitizi
 def inside_sanitized_call() -> bool:
     """Whether the body being traced is traced by a sanitized call (which instruments it)."""
     return _inside.get()
+
+
+@dataclass(frozen=True)
+class SanitizedRun:
+    """One run of a sanitized call, handed to the :data:`Watcher` in place of running it.
+
+    ``instrumented(*args, **kwargs)`` runs the instrumented kernel and returns the
+    caller's outputs then the flags; ``check`` takes those and returns the caller's
+    outputs (raising the sanitizer's error for a flagged mistake);
+    ``unsanitized()`` builds the caller's own call, the one that runs with the
+    sanitizer off.
+    """
+
+    instrumented: Callable[..., Any]
+    check: Callable[[Any], Any]
+    unsanitized: Callable[[], Callable[..., Any]]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+#: Runs a :class:`SanitizedRun` and returns what the call returns: safedma's
+#: ``pytest --safedma-verify`` watches sanitized calls so that verify is given the
+#: caller's kernel, not the instrumented one.
+Watcher = Callable[[SanitizedRun], Any]
+_watcher: Watcher | None = None
+
+
+def watch_runs(watcher: Watcher | None) -> Watcher | None:
+    """Hand every sanitized call's runs to ``watcher`` (None: run them directly);
+    returns the watcher it replaces."""
+    global _watcher
+    before, _watcher = _watcher, watcher
+    return before
 
 
 def requested_by_body(body: object) -> SanitizeOptions | bool | None:
@@ -144,8 +181,17 @@ def sanitized_pallas_call(
     )
     call = pl.pallas_call(body, out_shape=outputs, **given)
 
+    def unsanitized() -> Callable[..., Any]:
+        return pl.pallas_call(checked_body, out_shape=out_shape, **options)
+
     def run(*args: Any, **kwargs: Any) -> Any:
-        *results, flags = call(*args, **kwargs)
+        watcher = _watcher
+        if watcher is not None:
+            return watcher(SanitizedRun(call, checked, unsanitized, args, kwargs))
+        return checked(call(*args, **kwargs))
+
+    def checked(outputs: Any) -> Any:
+        *results, flags = outputs
         out = tuple(results) if several else results[0]
         if _jax.is_tracer(flags):
             if not _report.host_check_wanted():

@@ -29,6 +29,8 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
+import jax
+
 from safedma.testing._private import moved, private_module
 from safedma.testing._user_frames import traceback_frames, user_frame_of
 
@@ -38,9 +40,11 @@ __all__ = [
     "Program",
     "RunFailed",
     "RunObserver",
+    "Traced",
     "install",
     "jax_busy_here",
     "observer_running",
+    "trace",
 ]
 
 #: The primitives that run a Pallas TPU kernel: ``pallas_call``, and ``mpmd_map``
@@ -168,6 +172,150 @@ class Program:
     def constant_values(self) -> list[object]:
         """The values of the program's constants (equal texts may close over others)."""
         return list(getattr(self._jaxpr, "consts", None) or [])
+
+    def kernel_bodies(self) -> list[object]:
+        """The kernel jaxprs the program's kernel calls run."""
+        return [_kernel_body(eqn) for eqn, _ in _kernel_eqns(self._jaxpr)]
+
+    def replacing_kernels(self, replacement: Callable[[object], Traced | None]) -> Program:
+        """The same program with each kernel call whose kernel jaxpr ``replacement``
+        maps to a trace run as that trace instead (on the call's own operands, into
+        its own results); the program itself when it has none."""
+        memo: dict[int, Any] = {}
+        jaxpr = _replaced(self._jaxpr, replacement, memo)
+        if jaxpr is self._jaxpr:
+            return self
+        # named as the program that ran names them (the replacement's body may be a
+        # partial, which jax 0.10 leaves unnamed)
+        return Program(self.name, self.constants, self.kernels, jaxpr)
+
+
+def _kernel_body(eqn: Any) -> object:
+    # Why: a pallas_call equation's "jaxpr" parameter is the kernel it runs.
+    params: dict[str, Any] = eqn.params
+    return params.get("jaxpr")
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A function traced on a list of arguments: its jaxpr, and its results' structure
+    and shapes (flat)."""
+
+    _jaxpr: Any = field(repr=False)
+    _out_tree: Any = field(repr=False)
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...]
+
+    def __call__(self, leaves: Sequence[object]) -> Any:
+        """Run the traced program on ``leaves`` (arrays, or tracers of a trace under
+        way): its equations are bound again with the same parameters, so the kernels
+        they call are the very jaxprs :meth:`lone_kernel` names."""
+        # Why: jaxpr_as_fun binds the recorded equations again (the module docstring).
+        as_fun: Callable[..., Callable[..., Any]] = getattr(_core, "jaxpr_as_fun")
+        flat = as_fun(self._jaxpr)(*leaves)
+        return jax.tree_util.tree_unflatten(self._out_tree, list(flat))
+
+    def lone_kernel(self) -> object | None:
+        """The kernel jaxpr of the trace's one ``pallas_call``, when the trace is that
+        call alone, on the trace's own arguments into its own results; else None."""
+        open_ = _open(self._jaxpr)
+        if len(open_.eqns) != 1 or open_.constvars:
+            return None
+        eqn = open_.eqns[0]
+        own = list(eqn.invars) == list(open_.invars) and list(eqn.outvars) == list(open_.outvars)
+        return _kernel_body(eqn) if own and eqn.primitive.name == "pallas_call" else None
+
+    def inlined(self, invars: Sequence[Any], outvars: Sequence[Any]) -> list[Any] | None:
+        """The trace's equations, reading ``invars`` and writing ``outvars`` (those of
+        an equation it takes the place of); None when the trace cannot stand in for
+        it (other counts, constants, a result that no equation of its own writes)."""
+        open_ = _open(self._jaxpr)
+        if open_.constvars or len(open_.invars) != len(invars):
+            return None
+        results = list(open_.outvars)
+        written = {id(v) for e in open_.eqns for v in e.outvars}
+        if len(results) != len(outvars) or len({id(v) for v in results}) != len(results):
+            return None
+        if not all(isinstance(v, _core.Var) and id(v) in written for v in results):
+            return None
+        renamed: dict[int, Any] = {id(v): new for v, new in zip(open_.invars, invars)}
+        renamed.update({id(v): new for v, new in zip(results, outvars)})
+
+        def atom(v: Any) -> Any:
+            return renamed.get(id(v), v) if isinstance(v, _core.Var) else v
+
+        # Why: JaxprEqn.replace keeps an equation's primitive, parameters, effects and
+        # source line, with other variables.
+        return [
+            e.replace(invars=[atom(v) for v in e.invars], outvars=[atom(v) for v in e.outvars])
+            for e in open_.eqns
+        ]
+
+
+def trace(function: Callable[..., Any], leaves: Sequence[object]) -> Traced:
+    """``function(*leaves)`` traced (the leaves may be tracers of a trace under way)."""
+    jaxpr, shapes = jax.make_jaxpr(function, return_shape=True)(*leaves)
+    out_shapes = tuple(
+        jax.ShapeDtypeStruct(s.shape, s.dtype) for s in jax.tree_util.tree_leaves(shapes)
+    )
+    return Traced(jaxpr, jax.tree_util.tree_structure(shapes), out_shapes)
+
+
+def _replaced(
+    jaxpr: Any, replacement: Callable[[object], Traced | None], memo: dict[int, Any]
+) -> Any:
+    """``jaxpr`` with its kernel calls replaced (at any depth); itself when none is."""
+    done = memo.get(id(jaxpr))
+    if done is not None:
+        return done
+    open_ = _open(jaxpr)
+    eqns: list[Any] = []
+    changed = False
+    for eqn in open_.eqns:
+        if eqn.primitive.name in KERNEL_PRIMITIVES:
+            traced = replacement(_kernel_body(eqn))
+            inlined = None if traced is None else traced.inlined(eqn.invars, eqn.outvars)
+            if inlined is not None:
+                eqns.extend(inlined)
+                changed = True
+                continue
+            eqns.append(eqn)
+            continue
+        params = _params_replaced(eqn.params, replacement, memo)
+        if params is not None:
+            eqn = eqn.replace(params=params)
+            changed = True
+        eqns.append(eqn)
+    result = jaxpr
+    if changed:
+        # Why: Jaxpr.replace keeps a jaxpr's variables, effects and debug info (and, on
+        # jax 0.12, its constants); a jax 0.10 ClosedJaxpr takes the new open jaxpr.
+        new_open = open_.replace(eqns=eqns)
+        result = new_open if open_ is jaxpr else jaxpr.replace(jaxpr=new_open)
+    memo[id(jaxpr)] = result
+    return result
+
+
+def _params_replaced(
+    params: dict[str, Any], replacement: Callable[[object], Traced | None], memo: dict[int, Any]
+) -> dict[str, Any] | None:
+    """An equation's parameters with the kernel calls of their jaxprs replaced; None
+    when none is."""
+    new: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, _JAXPR_TYPES):
+            replaced = _replaced(value, replacement, memo)
+            if replaced is not value:
+                new[key] = replaced
+        elif isinstance(value, (tuple, list)):
+            items = cast("Sequence[Any]", value)
+            if any(isinstance(v, _JAXPR_TYPES) for v in items):
+                swapped = [
+                    _replaced(v, replacement, memo) if isinstance(v, _JAXPR_TYPES) else v
+                    for v in items
+                ]
+                if any(a is not b for a, b in zip(swapped, items)):
+                    new[key] = type(value)(swapped)
+    return {**params, **new} if new else None
 
 
 RunObserver = Callable[[Program, Sequence[object]], None]

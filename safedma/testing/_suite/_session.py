@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import cast
 
 from safedma.testing._suite import _jax
-from safedma.testing._suite._outcome import Outcome
+from safedma.testing._suite._outcome import FINDING, Outcome
+from safedma.testing._suite._sanitized import SanitizedCalls, reported_mark, reported_since
 from safedma.testing._suite._simulations import watch_simulations
 from safedma.testing._suite._verifier import RunVerifier
 
@@ -58,16 +59,20 @@ class SuiteSession:
 
     def __init__(self, timeout_s: float) -> None:
         self.verifier = RunVerifier(timeout_s)
+        self.sanitized = SanitizedCalls()
         self._lock = threading.Lock()
         self._phase: Phase = (OUTSIDE_TESTS, "")
         self._filed: dict[Phase, list[_Filed]] = {}
         self._simulation: _Simulation | None = None
         self._undo: list[Callable[[], None]] = []
+        # where the sanitizer's jit reports stood as each phase began
+        self._reported_at: dict[Phase, int] = {}
 
     def install(self) -> None:
         if not self._undo:
             self._undo.append(_jax.install(self.observe, self.run_failed))
             self._undo.append(watch_simulations(self._open_simulation, self._close_simulation))
+            self._undo.append(self.sanitized.install(self.sanitizer_raised))
 
     def close(self) -> None:
         while self._undo:
@@ -77,6 +82,7 @@ class SuiteSession:
         """Runs from now on belong to ``test``'s ``phase``."""
         with self._lock:
             self._phase = (test, phase)
+            self._reported_at[self._phase] = reported_mark()
 
     def end(self) -> None:
         with self._lock:
@@ -95,9 +101,25 @@ class SuiteSession:
                     return
         self._verify(filed)
 
+    def _reported(self, runs: list[_Filed], phase: Phase) -> None:
+        """Findings on sanitized kernels of a class the sanitizer reported under jit in
+        this phase reached the test (through its host callback) already."""
+        mark = self._reported_at.pop(phase, None)
+        reported: frozenset[str] = frozenset() if mark is None else reported_since(mark)
+        if not reported:
+            return
+        for filed in runs:
+            v = filed.verdict
+            if v is None or v.kind != FINDING or filed.observed or not v.is_one_of(reported):
+                continue
+            if self.sanitized.runs_instrumented(filed.program):
+                names = ", ".join(sorted(reported))
+                filed.observed = f"the sanitizer reported {names} in this test phase"
+
     def _verify(self, filed: _Filed) -> None:
         if filed.verdict is None:
-            filed.verdict = self.verifier.outcome(filed.program, filed.arguments)
+            program = self.sanitized.callers_view(filed.program)
+            filed.verdict = self.verifier.outcome(program, filed.arguments)
             filed.arguments = ()
 
     def run_failed(self, program: _jax.Program, error: BaseException) -> None:
@@ -106,6 +128,15 @@ class SuiteSession:
             for filed in reversed(self._filed.get(self._phase, [])):
                 if filed.program is program:
                     filed.observed = f"the run itself raised {type(error).__name__}"
+                    return
+
+    def sanitizer_raised(self, kernel: object, error: BaseException) -> None:
+        """The sanitizer's check of the last run of the instrumented ``kernel`` raised
+        ``error`` to the test (an eager call's check, after the run)."""
+        with self._lock:
+            for filed in reversed(self._filed.get(self._phase, [])):
+                if any(k is kernel for k in filed.program.kernel_bodies()):
+                    filed.observed = f"the sanitizer raised {type(error).__name__} on the run"
                     return
 
     def _open_simulation(self) -> object:
@@ -129,6 +160,7 @@ class SuiteSession:
         verdict however many runs, unobserved runs first."""
         with self._lock:
             runs = self._filed.pop((test, phase), [])
+        self._reported(runs, (test, phase))
         groups: dict[tuple[object, ...], list[Outcome]] = {}
         for filed in runs:
             if filed.verdict is None:  # in a simulate call that raised: not verified
