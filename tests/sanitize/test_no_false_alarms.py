@@ -191,6 +191,9 @@ def test_jax_paged_attention() -> None:
     np.testing.assert_allclose(np.asarray(out), np.asarray(plain), rtol=1e-6)
 
 
+# jax's all_gather has a race on rings of 4 devices and more that the sanitizer does not
+# look for and verify finds (the verify page walks through it).
+@pytest.mark.safedma_verify_expected("VerifiedRaceError")
 @pytest.mark.usefixtures("sanitized_everywhere")
 def test_jax_all_gather_on_a_ring() -> None:
     from jax.experimental.pallas.ops.tpu import all_gather as ag
