@@ -920,7 +920,7 @@ def view_nbytes(view: object) -> int | None:
     base = view_base(view)
     aval = getattr(base, "aval", None)
     dtype = getattr(aval, "dtype", None)
-    shape: tuple[object, ...] = tuple(getattr(aval, "shape", ()))
+    shape = tuple(getattr(aval, "shape", ()))
     # Private: NDIndexer.get_indexer_shape (see ref_layout); the last indexer gives the shape.
     current: object = view
     indexers: list[Any] = []
@@ -1021,7 +1021,8 @@ def view_index_axes(view: object) -> list[tuple[object, int]] | None:
         transforms = list(current.transforms) + transforms
         current = current.ref
     aval = getattr(current, "aval", current)
-    shape = tuple(getattr(aval, "shape", ()))
+    raw_shape: object = getattr(aval, "shape", ())
+    shape = tuple(cast("Sequence[object]", raw_shape))
     for transform in transforms:
         if not isinstance(transform, _state_indexing.NDIndexer):
             return None
@@ -1029,9 +1030,10 @@ def view_index_axes(view: object) -> list[tuple[object, int]] | None:
             if isinstance(index, _indexing.Slice) or getattr(index, "shape", ()) != ():
                 return None
             indices.append(index)
-    if len(indices) != len(shape) or not all(isinstance(d, int) for d in shape):
+    sizes = [d for d in shape if isinstance(d, int)]
+    if len(indices) != len(shape) or len(sizes) != len(shape):
         return None
-    return [(index, int(size)) for index, size in zip(indices, cast("tuple[int, ...]", shape))]
+    return list(zip(indices, sizes))
 
 
 def eqn_record(frame: object) -> object:
@@ -1041,7 +1043,7 @@ def eqn_record(frame: object) -> object:
     # Private: a DynamicJaxprTrace's ``frame.tracing_eqns`` (see traced_eqns), rebound to
     # a new list when the trace ends (jax 0.10.2 and 0.12 alike).
     record: object = getattr(getattr(frame, "frame", None), "tracing_eqns", None)
-    return record if isinstance(record, list) else []
+    return cast("list[object]", record) if isinstance(record, list) else list[object]()
 
 
 def recorded_eqns(record: object) -> list[Any]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 
@@ -136,7 +136,7 @@ def _dtype_bounds(var: object) -> Span | None:
     if kind == np.bool_:
         return (0, 1)
     if kind.kind == "i":
-        info = np.iinfo(kind)
+        info = np.iinfo(cast("type[np.signedinteger[Any]]", kind.type))
         return (int(info.min), int(info.max))
     return None
 
@@ -901,7 +901,9 @@ def _pure(jaxpr: Any) -> bool:
 
 
 def _axis_index(axis_name: object) -> Span:
-    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    names: tuple[object, ...] = (
+        cast("tuple[object, ...]", axis_name) if isinstance(axis_name, tuple) else (axis_name,)
+    )
     sizes = _compat.axes_in_scope()
     total = 1
     for name in names:

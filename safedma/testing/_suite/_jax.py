@@ -55,6 +55,18 @@ KERNEL_PRIMITIVES: Final = frozenset({"pallas_call", "mpmd_map"})
 # jaxpr_as_fun, the function that runs a jaxpr by binding its equations again,
 # are the program representation; jax exposes none of them publicly.
 _core = private_module("jax._src.core")
+
+# jax's pytree and tracing functions are partly unannotated: typed here once.
+tree_flatten = cast(
+    "Callable[[object], tuple[list[Any], Any]]", getattr(jax.tree_util, "tree_flatten")
+)
+tree_unflatten = cast(
+    "Callable[[Any, Sequence[object]], Any]", getattr(jax.tree_util, "tree_unflatten")
+)
+tree_leaves = cast("Callable[[object], list[Any]]", getattr(jax.tree_util, "tree_leaves"))
+_tree_structure = cast("Callable[[object], Any]", getattr(jax.tree_util, "tree_structure"))
+_make_jaxpr = cast("Callable[..., Callable[..., tuple[Any, Any]]]", getattr(jax, "make_jaxpr"))
+zeros = cast("Callable[[tuple[int, ...], Any], jax.Array]", getattr(jax.numpy, "zeros"))
 # Why: pxla holds the three points above (lowering, compiling, executing).
 _pxla = private_module("jax._src.interpreters.pxla")
 
@@ -212,7 +224,7 @@ class Traced:
         # Why: jaxpr_as_fun binds the recorded equations again (the module docstring).
         as_fun: Callable[..., Callable[..., Any]] = getattr(_core, "jaxpr_as_fun")
         flat = as_fun(self._jaxpr)(*leaves)
-        return jax.tree_util.tree_unflatten(self._out_tree, list(flat))
+        return tree_unflatten(self._out_tree, list(flat))
 
     def lone_kernel(self) -> object | None:
         """The kernel jaxpr of the trace's one ``pallas_call``, when the trace is that
@@ -253,11 +265,9 @@ class Traced:
 
 def trace(function: Callable[..., Any], leaves: Sequence[object]) -> Traced:
     """``function(*leaves)`` traced (the leaves may be tracers of a trace under way)."""
-    jaxpr, shapes = jax.make_jaxpr(function, return_shape=True)(*leaves)
-    out_shapes = tuple(
-        jax.ShapeDtypeStruct(s.shape, s.dtype) for s in jax.tree_util.tree_leaves(shapes)
-    )
-    return Traced(jaxpr, jax.tree_util.tree_structure(shapes), out_shapes)
+    jaxpr, shapes = _make_jaxpr(function, return_shape=True)(*leaves)
+    out_shapes = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in tree_leaves(shapes))
+    return Traced(jaxpr, _tree_structure(shapes), out_shapes)
 
 
 def _replaced(
@@ -314,7 +324,7 @@ def _params_replaced(
                     for v in items
                 ]
                 if any(a is not b for a, b in zip(swapped, items)):
-                    new[key] = type(value)(swapped)
+                    new[key] = cast("type[Any]", type(items))(swapped)
     return {**params, **new} if new else None
 
 

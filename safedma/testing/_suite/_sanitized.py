@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from safedma._sanitize import _report
@@ -94,7 +93,7 @@ class SanitizedCalls:
     def _watch(self, run: SanitizedRun, raised: Raised) -> Any:
         if _jax.jax_busy_here():  # verify's own jax work
             return run.check(run.instrumented(*run.args, **run.kwargs))
-        leaves, tree = jax.tree_util.tree_flatten((run.args, run.kwargs))
+        leaves, tree = _jax.tree_flatten((run.args, run.kwargs))
         # arrays (and tracers) are the trace's arguments; anything else is closed over
         dynamic = [k for k, leaf in enumerate(leaves) if _is_array(leaf)]
 
@@ -102,7 +101,7 @@ class SanitizedCalls:
             given = list(leaves)
             for k, value in zip(dynamic, values):
                 given[k] = value
-            args, kwargs = jax.tree_util.tree_unflatten(tree, given)
+            args, kwargs = _jax.tree_unflatten(tree, given)
             return args, kwargs
 
         def instrumented(*values: Any) -> Any:
@@ -158,7 +157,7 @@ def _callers_call(
     def callers(*values: Any) -> Any:
         args, kwargs = with_values(values)
         outputs = run.unsanitized()(*args, **kwargs)
-        return (*jax.tree_util.tree_leaves(outputs), jnp.zeros(flags.shape, flags.dtype))
+        return (*_jax.tree_leaves(outputs), _jax.zeros(flags.shape, flags.dtype))
 
     try:
         with warnings.catch_warnings():  # the instrumented trace gave the body's warnings

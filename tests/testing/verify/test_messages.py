@@ -199,13 +199,36 @@ def test_a_safedma_leak_is_rejected_at_trace_time_naming_the_users_line() -> Non
 def safedma_leak_through_started_elsewhere(
     x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
 ) -> None:
-    # The second slot is computed at run time, so the trace-time check (which
-    # compares static slots) cannot tell the copies apart: the leak is verify's.
-    other = sd.my_index("x") * 0 + 1
+    # The second slot is 1 on every device, through arithmetic (an exclusive or) whose
+    # values the trace-time check does not follow: it may be any slot there, so the
+    # check cannot tell the copies apart and the leak is verify's.
+    me = sd.my_index("x")
+    other = (me ^ me) + 1
     sd.LocalCopy(x_ref, bufs.at[0], sems.at[0]).start()
     sd.LocalCopy(x_ref, bufs.at[other], sems.at[other]).start()  # fix: msg_sd_slot
     sd.LocalCopy(x_ref, bufs.at[0], sems.at[0]).started_elsewhere().wait()
     sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
+
+
+def safedma_leak_on_a_computed_slot(
+    x_ref: sd.DataRef, o_ref: sd.DataRef, bufs: sd.DataRef, sems: sd.SemArray, out_sem: sd.SemRef
+) -> None:
+    # A computed slot that can only be 1: no wait (all on slot 0) can stand for it.
+    other = sd.my_index("x") * 0 + 1
+    sd.LocalCopy(x_ref, bufs.at[0], sems.at[0]).start()
+    sd.LocalCopy(x_ref, bufs.at[other], sems.at[other]).start()  # fix: msg_sd_computed
+    sd.LocalCopy(x_ref, bufs.at[0], sems.at[0]).started_elsewhere().wait()
+    sd.LocalCopy(x_ref, o_ref, out_sem).start().wait()
+
+
+def test_a_leak_on_a_computed_slot_no_wait_reaches_is_rejected_at_trace_time() -> None:
+    fn = checked(
+        safedma_leak_on_a_computed_slot,
+        [sd.vmem((2, *BLOCK), jnp.float32), sd.dma_semaphores(2), sd.dma_semaphore()],
+    )
+    with pytest.raises(sd.CopyNeverWaitedError) as caught:
+        run(fn, RING)
+    assert_names_line(caught.value, "msg_sd_computed")
 
 
 def test_a_safedma_copy_is_located_at_the_users_start_not_inside_safedma() -> None:

@@ -86,9 +86,17 @@ class DataBuf:
 
     @property
     def written(self) -> Bools:
-        """Per device and cell: has anything written it?"""
+        """Per device and cell: has anything written it? (Computed, so read-only: use
+        :meth:`mark_unwritten` to forget the writes.)"""
         got: Bools = self.last_write != _UNWRITTEN
+        got.flags.writeable = False
         return got
+
+    def mark_unwritten(self) -> None:
+        """Nothing has written any cell (a pipeline's output block after its copy-out:
+        what a step wrote does not count for the next block). Reads since are kept, so a
+        later write is still ordered after them."""
+        self.last_write[...] = _UNWRITTEN
 
     def refine(self, starts: list[Ints], sizes: list[int]) -> None:
         for d, (start, size) in enumerate(zip(starts, sizes)):
@@ -179,7 +187,7 @@ class SemBuf:
             if slot.any():
                 raise Bail(f"a semaphore index outside {self.name}")
             return self._rows
-        if slot.min() < 0 or slot.max() >= self.count:
+        if np.min(slot) < 0 or np.max(slot) >= self.count:
             raise Bail(f"a semaphore index outside {self.name}")
         at: Ints = self._rows + slot
         return at
@@ -254,7 +262,7 @@ class Model:
         if any(s == 0 for s in sizes):
             return
         for start, size, dim in zip(starts, sizes, buf.shape or (1,)):
-            if start.min() < 0 or start.max() + size > dim:
+            if np.min(start) < 0 or np.max(start) + size > dim:
                 raise Bail(f"a window outside {buf.name}")
         buf.refine(starts, sizes)
         cells, per = buf.cells(starts, sizes)
@@ -288,7 +296,7 @@ class Model:
             raise Bail(f"more than {_READ_SLOTS} unordered reads of one part of {buf.name}")
         slot = free.argmax(axis=0)
         slots[slot, cells] = record
-        buf.slots_used = max(used, int(slot.max()) + 1)
+        buf.slots_used = max(used, int(np.max(slot)) + 1)
 
     def settled_for_owner(self, buf: DataBuf) -> None:
         """Exit: everything recorded on each device's ``buf`` is ordered before that device."""
@@ -314,7 +322,7 @@ class Model:
     ) -> None:
         """A contribution to ``sem[slot[t]]`` on every target t, issued by ``issuer[t]``,
         carrying ``clock[rows_of[t]]`` (``rows_of`` None: ``clock[t]``)."""
-        if amount.min() <= 0:
+        if np.min(amount) <= 0:
             raise Bail(f"an empty contribution to {sem.name}")
         at = sem.index(slot)
         last = sem.last_wait.reshape(-1)[at]

@@ -111,7 +111,7 @@ class Pipeline:
             b.done.add(b.visit)
             b.visit = None
             if nxt is not None:
-                b.buf.written[...] = False
+                b.buf.mark_unwritten()
 
     def finish(self) -> None:
         """After the last step: every output array is covered by the blocks copied out."""

@@ -65,13 +65,8 @@ def _where(w: LockstepWalk, eqn: Any) -> str:
         return found  # the walk's plans keep its equations alive: ids stay theirs
     if w.desc is None:
         raise Bail("run_scoped outside a kernel")
-    saved, saved_in = _compiler._ENCLOSING[:], _compiler._IN_KERNEL[:]
-    _compiler._ENCLOSING.clear()
-    _compiler._IN_KERNEL[:] = [True]
-    try:
+    with _compiler.locating_from_the_kernel_top():
         _visit(w.desc.jaxpr, w.scoped_where)
-    finally:
-        _compiler._ENCLOSING[:], _compiler._IN_KERNEL[:] = saved, saved_in
     found = w.scoped_where.get(id(eqn))
     if found is None:
         raise Bail("a run_scoped region the lockstep path cannot name")
@@ -85,11 +80,8 @@ def _visit(jaxpr: Any, where: dict[int, str]) -> None:
             continue
         # the walk's compiler keeps the frames of each equation with a body while it
         # compiles that body (``Compiler.op``), a run_scoped's own included
-        _compiler._ENCLOSING.append(_jax.traceback_frames(eqn.source_info))
-        try:
+        with _compiler.inside_body_of(eqn):
             if eqn.primitive.name == "run_scoped":
                 where[id(eqn)] = _compiler.location(eqn)
             for sub in subs:
                 _visit(_jax.jaxpr_of(sub)[0], where)
-        finally:
-            _compiler._ENCLOSING.pop()

@@ -53,7 +53,7 @@ class Addressing:
         by_line = self.sent.setdefault(sem_label, {})
         pairs = by_line.get(where)
         if pairs is None:
-            pairs = by_line[where] = []
+            pairs = by_line[where] = list[tuple[int, int]]()
         if len(pairs) < _KEPT and (issuer, target) not in pairs:
             pairs.append((issuer, target))
 
@@ -62,9 +62,9 @@ class Addressing:
         found = self._found.get(where)
         if found is None:
             try:
-                found = self._origins[where]() if where in self._origins else []
+                found = self._origins[where]() if where in self._origins else list[str]()
             except Exception:  # noqa: BLE001 - a hint only: the error itself stands
-                found = []
+                found = list[str]()
             self._found[where] = found
         return found
 
@@ -94,7 +94,7 @@ class Addressing:
         by_line = self.sent.get(sem_label)
         if not by_line or owner in self.reached.get(sem_label, ()):
             return ""
-        parts = []
+        parts: list[str] = []
         for where, pairs in list(by_line.items())[:2]:
             went = ", ".join(
                 f"{labels[i]} to {'itself' if i == t else labels[t]}" for i, t in pairs[:3]

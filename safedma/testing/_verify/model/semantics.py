@@ -948,7 +948,7 @@ class Machine:
         """What a leftover message adds about what is counted on ``s``: copies and
         signals addressed by device id (and where the ids were computed), and copies of
         different sizes sharing it."""
-        notes = []
+        notes: list[str] = []
         seen: set[str] = set()
         for c in s.pending:
             if c.where in seen:
@@ -1048,6 +1048,8 @@ def _sizes_note(sizes: dict[str, int], name: str, sentence: bool = False) -> str
     """Copies of different sizes counted on one DMA semaphore, by line and size: a wait
     sized for one is released by another's bytes, and waits sized per copy add up only
     if each waits its own (``""`` when the sizes agree)."""
+    # A zero-length copy counts nothing: it is no second size.
+    sizes = {w: n for w, n in sizes.items() if n}
     if len(set(sizes.values())) < 2:
         return ""
     copies = " and ".join(f"the copy started at {w} ({n} bytes)" for w, n in sizes.items())

@@ -8,7 +8,8 @@ rules of the primitives that touch its state with :func:`register`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -278,6 +279,30 @@ _ENCLOSING: list[list[Any]] = []
 # Non-empty while a kernel body is compiled: its equations' frames plus _ENCLOSING reach
 # exactly the kernel function (jax cuts a body's frames where its trace began).
 _IN_KERNEL: list[bool] = []
+
+
+@contextlib.contextmanager
+def locating_from_the_kernel_top() -> Generator[None, None, None]:
+    """Locate equations (``location``) as while a kernel body is compiled from its top,
+    whatever is being compiled now: the lockstep path names a ``run_scoped`` region's
+    buffers by the line the per-device walk gives them."""
+    saved, saved_in = _ENCLOSING[:], _IN_KERNEL[:]
+    _ENCLOSING.clear()
+    _IN_KERNEL[:] = [True]
+    try:
+        yield
+    finally:
+        _ENCLOSING[:], _IN_KERNEL[:] = saved, saved_in
+
+
+@contextlib.contextmanager
+def inside_body_of(eqn: Any) -> Generator[None, None, None]:
+    """Locate equations as inside ``eqn``'s body (its frames enclose theirs)."""
+    _ENCLOSING.append(_jax.traceback_frames(eqn.source_info))
+    try:
+        yield
+    finally:
+        _ENCLOSING.pop()
 
 
 def _is_scalar(aval: Any) -> bool:

@@ -207,7 +207,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
             try:
                 computed = _id_origin(ctx, eqn, dev_atoms)()
             except Exception:  # noqa: BLE001 - a hint only: the error itself stands
-                computed = []
+                computed = list[str]()
             if computed:
                 err.args = (f"{err.args[0]} (the device id is computed at {computed[0]})",)
             raise
