@@ -200,3 +200,12 @@ def test_through_pytest_a_sanitized_mistake_fails_the_test_that_ran_it(
     assert "UnwrittenReadError" in report and "half_written" in report
     assert "o_hbm[8:16, 0:128]" in report
     assert f"test_sanitized_kernels.py:{_project_line('def half_written')}" in report
+
+
+def test_a_kernel_call_without_a_body_of_its_own_has_no_recorded_caller() -> None:
+    """A program's kernel call whose body it does not hold (a core map: None), or whose
+    body cannot be weakly referenced, was never recorded: verify keeps it as it ran."""
+    from safedma.testing._suite._sanitized import _caller_of
+
+    assert _caller_of(None) is None
+    assert _caller_of(3) is None

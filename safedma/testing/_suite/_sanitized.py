@@ -48,8 +48,15 @@ _callers_lock = threading.Lock()
 
 
 def _caller_of(kernel: object) -> _jax.Traced | None:
+    """The caller's call recorded for an instrumented kernel body; None for any other
+    (a kernel call whose body the program does not hold, such as a core map, has none)."""
+    if kernel is None:
+        return None
     with _callers_lock:
-        return _callers.get(kernel)
+        try:
+            return _callers.get(kernel)
+        except TypeError:  # not weakly referenceable: never recorded
+            return None
 
 
 class SanitizedCalls:
