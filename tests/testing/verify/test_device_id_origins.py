@@ -91,19 +91,25 @@ def send_kernel(peer_of: Peer, wrong: bool, *, under_when: bool) -> Any:
     return kernel
 
 
-def program(kernel: Any) -> Any:
+# A staging block, an SMEM slot for the peer, the send and receive semaphores.
+SEND_SCRATCH = (
+    pltpu.VMEM(BLOCK, jnp.float32),
+    pltpu.SMEM((1,), jnp.int32),
+    pltpu.SemaphoreType.DMA(()),
+    pltpu.SemaphoreType.DMA(()),
+)
+
+
+def program(kernel: Any, scratch: tuple[Any, ...] = SEND_SCRATCH) -> Any:
+    """Each device's ``kernel(x_hbm, o_hbm, *scratch)`` over its shard, in HBM."""
+
     def per_device(x: jax.Array) -> jax.Array:
         out: jax.Array = pl.pallas_call(
             kernel,
             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
             in_specs=[HBM],
             out_specs=HBM,
-            scratch_shapes=[
-                pltpu.VMEM(BLOCK, jnp.float32),
-                pltpu.SMEM((1,), jnp.int32),
-                pltpu.SemaphoreType.DMA(()),
-                pltpu.SemaphoreType.DMA(()),
-            ],
+            scratch_shapes=list(scratch),
         )(x)
         return out
 
@@ -153,22 +159,13 @@ def test_self_send_says_the_copy_went_to_itself() -> None:
         out.start()
         out.wait()
 
-    def per_device(x: jax.Array) -> jax.Array:
-        out: jax.Array = pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=[
-                pltpu.VMEM(X.shape[:0] + (8, 128), jnp.float32),
-                pltpu.SemaphoreType.DMA(()),
-                pltpu.SemaphoreType.DMA(()),
-            ],
-        )(x)
-        return out
-
+    scratch = (
+        pltpu.VMEM(BLOCK, jnp.float32),
+        pltpu.SemaphoreType.DMA(()),
+        pltpu.SemaphoreType.DMA(()),
+    )
     with pytest.raises(SimulationError) as caught:
-        verify(per_device, X, mesh=RING)
+        verify(program(kernel, scratch), X, mesh=RING)
     message = str(caught.value)
     assert "to itself" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "self_send")), message
@@ -211,18 +208,9 @@ def test_a_signal_to_the_wrong_device_names_the_line_that_computed_it() -> None:
         out.start()
         out.wait()
 
-    def per_device(x: jax.Array) -> jax.Array:
-        out: jax.Array = pl.pallas_call(
-            kernel,
-            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            in_specs=[HBM],
-            out_specs=HBM,
-            scratch_shapes=[pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(())],
-        )(x)
-        return out
-
+    scratch = (pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(()))
     with pytest.raises(SimulationError) as caught:
-        verify(per_device, X, mesh=RING)
+        verify(program(kernel, scratch), X, mesh=RING)
     message = str(caught.value)
     assert "Nothing sent by device id was addressed to device 0 (x=0)" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "signal_wraparound")), message
