@@ -383,11 +383,8 @@ class Compiler:
             return self.generic(eqn)
         if next(iter(_jax.sub_jaxprs(eqn.params)), None) is None:
             return builder(self, eqn)
-        _ENCLOSING.append(_jax.traceback_frames(eqn.source_info))
-        try:
+        with inside_body_of(eqn):
             return builder(self, eqn)
-        finally:
-            _ENCLOSING.pop()
 
     def outs(self, eqn: Any) -> list[int]:
         return [self.slot(v) for v in eqn.outvars]
