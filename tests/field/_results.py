@@ -1,0 +1,106 @@
+"""results.json: the field lane's committed verdicts, one run's records, and the summary.
+
+Each test writes its record to the run folder (one file per test, so pytest-xdist
+workers never share a file); ``python -m tests.field.summary`` gathers them, prints the
+lane's closing line and, with ``--record``, writes them into results.json, keeping the
+readings people wrote there. The committed file is what the lane asserts: a checker
+whose verdict on a kernel or a mutant changes fails its test until the change is read
+and recorded.
+
+A mutant's verdict ``kept`` says whether it counts: it traces, its program differs from
+the original's, and the original verifies clean. A kept mutant that verify does not
+catch counts as missed unless results.json holds a reading for it that starts with
+``equivalent:`` (the changed program still obeys every rule, and why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).with_name("results.json")
+RUN_VARIABLE = "SAFEDMA_FIELD_RUN"
+
+
+def committed() -> dict[str, Any]:
+    if not RESULTS.exists():
+        return {"kernels": {}, "mutants": {}}
+    data: dict[str, Any] = json.loads(RESULTS.read_text())
+    return data
+
+
+def run_folder() -> Path | None:
+    folder = os.environ.get(RUN_VARIABLE)
+    return Path(folder) if folder else None
+
+
+def write(kind: str, key: str, record: dict[str, Any]) -> None:
+    """Keep one test's record in the run folder (if the lane runs with one)."""
+    folder = run_folder()
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha1(f"{kind}/{key}".encode()).hexdigest()[:16]
+    (folder / f"{name}.json").write_text(json.dumps({"kind": kind, "key": key, "record": record}))
+
+
+def gathered(folder: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {"kernels": {}, "mutants": {}}
+    for path in sorted(folder.glob("*.json")):
+        item = json.loads(path.read_text())
+        out[item["kind"]][item["key"]] = item["record"]
+    return out
+
+
+def counts_as_missed(record: dict[str, Any]) -> bool:
+    return not str(record.get("reading", "")).startswith("equivalent:")
+
+
+def summary(results: dict[str, dict[str, Any]]) -> str:
+    """The lane's closing line over one run's records."""
+    kernels = results["kernels"]
+    packages = {r["package"] for r in kernels.values()}
+    false_alarms = sum(
+        1
+        for r in kernels.values()
+        if any(str(reading).startswith("false alarm") for reading in r.get("readings", {}).values())
+        or any(r.get(tool, {}).get("outcome") == "crash" for tool in ("verify", "trace"))
+    )
+    unsupported = sum(
+        1 for r in kernels.values() if r.get("verify", {}).get("outcome") == "unsupported"
+    )
+    counted = [
+        r
+        for r in results["mutants"].values()
+        if r.get("kept") and (r["verify"]["caught"] or counts_as_missed(r))
+    ]
+    caught = sum(1 for r in counted if r["verify"]["caught"])
+    at_line = sum(1 for r in counted if r["verify"]["at_line"])
+    traced = sum(1 for r in counted if r["trace"]["caught"])
+    return (
+        f"field: {len(kernels)} kernels ({len(packages)} packages), {false_alarms} false alarms, "
+        f"{unsupported} unsupported; mutants {len(counted)}: verify {caught} caught, "
+        f"{at_line} at the line to fix; trace {traced} caught"
+    )
+
+
+def record_run(results: dict[str, dict[str, Any]]) -> None:
+    """Write one run's records into results.json, keeping every reading already there
+    (a kernel's ``readings`` come from its driver; a mutant's ``reading`` from here)."""
+    old = committed()
+    merged: dict[str, Any] = {
+        "kernels": dict(old.get("kernels", {})),
+        "mutants": dict(old.get("mutants", {})),
+    }
+    merged["kernels"].update(results["kernels"])
+    for key, record in results["mutants"].items():
+        previous = old.get("mutants", {}).get(key, {})
+        if "reading" in previous:
+            record = {**record, "reading": previous["reading"]}
+        merged["mutants"][key] = record
+    merged["kernels"] = dict(sorted(merged["kernels"].items()))
+    merged["mutants"] = dict(sorted(merged["mutants"].items()))
+    RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=False) + "\n")

@@ -1,0 +1,111 @@
+"""The field lane's mutation operators on a small module written here: each finds its
+sites, changes exactly one, keeps every line number, and the mutant still compiles.
+Runs in the ordinary suite (no field package needed)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.field import _mutants
+
+SOURCE = textwrap.dedent(
+    """\
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+
+    def kernel(x_hbm, o_hbm, buf, sems, send_sem, recv_sem, n):
+        me = 0
+        slot = 0
+        next_slot = 1 - slot
+        right = (me + 1) % n
+        pltpu.make_async_copy(x_hbm, buf.at[next_slot], sems.at[next_slot]).start()
+        pltpu.make_async_copy(x_hbm, buf.at[slot], sems.at[slot]).wait()
+        barrier = pltpu.get_barrier_semaphore()
+        pl.semaphore_signal(barrier, 1, device_id=right)
+        pl.semaphore_wait(barrier, 1)
+        copy = pltpu.make_async_remote_copy(buf.at[0], o_hbm, send_sem, recv_sem, device_id=right)
+        copy.start()
+        copy.wait()
+
+        @pl.when(me == 0)
+        def _():
+            pltpu.make_async_copy(x_hbm, buf.at[0], sems.at[0]).start()
+
+        pltpu.async_copy(x_hbm, buf.at[1], sems.at[1]).wait()
+    """
+)
+
+
+@pytest.fixture
+def module_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "field_operator_probe.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "field_operator_probe"
+    sys.modules.pop("field_operator_probe", None)
+
+
+def _changed_lines(module_name: str, mutant: _mutants.Mutant) -> set[int]:
+    """The lines whose text differs between the original and the mutant's source."""
+    path = _mutants.source_path(module_name)
+    tree = ast.parse(path.read_text())
+    mutated = _mutants.mutated_tree(module_name, mutant)
+
+    def by_line(root: ast.AST) -> dict[int, list[str]]:
+        lines: dict[int, list[str]] = {}
+        for node in ast.walk(root):
+            if isinstance(node, (ast.stmt, ast.expr)):
+                lines.setdefault(node.lineno, []).append(ast.dump(node))
+        return lines
+
+    before, after = by_line(tree), by_line(mutated)
+    return {line for line in before.keys() | after.keys() if before.get(line) != after.get(line)}
+
+
+def test_every_operator_finds_a_site_in_the_probe(module_name: str) -> None:
+    found = {m.operator for m in _mutants.mutants_of(module_name)}
+    assert found == set(_mutants.OPERATORS), set(_mutants.OPERATORS) - found
+
+
+@pytest.mark.parametrize("operator", _mutants.OPERATORS)
+def test_a_mutant_changes_its_own_line_and_compiles(module_name: str, operator: str) -> None:
+    for mutant in (m for m in _mutants.mutants_of(module_name) if m.operator == operator):
+        module = _mutants.mutated_module(module_name, mutant)
+        assert callable(module.kernel)
+        assert module.kernel.__code__.co_filename == str(_mutants.source_path(module_name))
+        changed = _changed_lines(module_name, mutant)
+        assert mutant.line in changed, (mutant, changed)
+
+
+def test_dropping_a_start_and_wait_keeps_the_start(module_name: str) -> None:
+    line = (
+        SOURCE.splitlines().index("    pltpu.async_copy(x_hbm, buf.at[1], sems.at[1]).wait()") + 1
+    )
+    mutant = next(
+        m
+        for m in _mutants.mutants_of(module_name, 99)
+        if m.operator == "drop_wait" and m.line == line
+    )
+    text = ast.unparse(_mutants.mutated_tree(module_name, mutant))
+    assert "pltpu.async_copy(x_hbm, buf.at[1], sems.at[1])\n" in text + "\n"
+    assert "sems.at[1]).wait()" not in text
+
+
+def test_a_wait_only_descriptor_moves_to_the_next_slot(module_name: str) -> None:
+    mutant = next(m for m in _mutants.mutants_of(module_name) if m.operator == "wrong_wait_slot")
+    text = ast.unparse(_mutants.mutated_tree(module_name, mutant))
+    assert (
+        "sems.at[(slot + 1) % (sems.shape[0] if hasattr(sems, 'shape') else len(sems))]).wait()"
+        in text
+    )
+
+
+def test_the_modulo_goes_only_where_remote_traffic_is(module_name: str) -> None:
+    mutant = next(m for m in _mutants.mutants_of(module_name) if m.operator == "no_modulo")
+    text = ast.unparse(_mutants.mutated_tree(module_name, mutant))
+    assert "right = me + 1\n" in text
