@@ -36,8 +36,8 @@ def lane_kernels() -> tuple[FieldKernel, ...]:
 
 def lane_mutants() -> list[tuple[FieldKernel, _mutants.Mutant]]:
     """The mutants of the first kernel driving each module (its other drivers are
-    variants of one source); in CI's slice, one site per operator."""
-    per_operator = 1 if in_ci_slice() else _mutants.SITES_PER_OPERATOR
+    variants of one source)."""
+    per_operator = _mutants.SITES_PER_OPERATOR
     seen: set[str] = set()
     out = []
     for kernel in lane_kernels():
@@ -91,7 +91,7 @@ def mutant_record(kernel: FieldKernel, mutant: _mutants.Mutant) -> dict[str, Any
         "why": "",
         "verify": {
             "caught": found.outcome == "finding",
-            "at_line": found.outcome == "finding" and found.names_line(mutant.path, mutant.line),
+            "at_line": found.outcome == "finding" and found.names_line(mutant.path, mutant.lines),
             "error": found.error,
         },
         "trace": {"caught": traced.outcome == "finding", "error": traced.error},

@@ -37,6 +37,7 @@ import ast
 import dataclasses
 import importlib.util
 import itertools
+import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,19 +52,25 @@ SEM_ARG = {  # positional index of the semaphore arguments of each copy maker
 }
 SEM_KEYWORDS = ("sem", "send_sem", "recv_sem")
 SIGNALS = ("semaphore_signal", "semaphore_wait")
-SITES_PER_OPERATOR = 2
+SITES_PER_OPERATOR = 1
 """At most this many sites of each operator per module, spread over the module."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
-    """One change to one site: ``operator`` at ``line`` of ``path``."""
+    """One change to one site: ``operator`` at ``line`` of ``path``.
+
+    ``lines`` are the lines of the statement the change is in (first, last): a message
+    that names any of them names the line to fix (a call written over several lines is
+    reported at the line of whichever part jax records). A change inside a compound
+    statement's header (a ``pl.when`` decorator) counts the header's own lines only."""
 
     operator: str
     path: str
     line: int
     site: int  # which site of this operator (its order in the module), for a stable id
     what: str  # the change, in words
+    lines: tuple[int, int] = (0, 0)
 
     @property
     def ident(self) -> str:
@@ -171,6 +178,27 @@ def _functions_with_remote_traffic(tree: ast.Module) -> list[ast.AST]:
             if names & {"make_async_remote_copy", "async_remote_copy", "semaphore_signal"}:
                 found.append(node)
     return found
+
+
+def _statement_lines(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> tuple[int, int]:
+    """The lines of the simple statement holding ``node`` (``node``'s own lines where it
+    is a statement, or sits in a compound statement's header)."""
+    at = node
+    while not isinstance(at, ast.stmt) and at in parents:
+        at = parents[at]
+    compound = (
+        ast.FunctionDef,
+        ast.AsyncFunctionDef,
+        ast.ClassDef,
+        ast.If,
+        ast.For,
+        ast.While,
+        ast.With,
+    )
+    if not isinstance(at, ast.stmt) or (isinstance(at, compound) and at is not node):
+        at = node
+    first = int(getattr(at, "lineno", 0))
+    return first, int(getattr(at, "end_lineno", None) or first)
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -385,11 +413,13 @@ def mutants_of(module_name: str, per_operator: int = SITES_PER_OPERATOR) -> list
     tree = ast.parse(path.read_text(), str(path))
     found: list[Mutant] = []
     seen: set[str] = set()
+    parents = _parents(tree)
     for operator, sites in _sites(tree).items():
         sites = _ordered(sites)
         for k in _spread(sites, per_operator):
             node, what = sites[k]
-            mutant = Mutant(operator, str(path), int(getattr(node, "lineno", 0)), k, what)
+            line = int(getattr(node, "lineno", 0))
+            mutant = Mutant(operator, str(path), line, k, what, _statement_lines(node, parents))
             if mutant.ident not in seen:
                 seen.add(mutant.ident)
                 found.append(mutant)
@@ -417,7 +447,17 @@ def mutated_module(module_name: str, mutant: Mutant) -> types.ModuleType:
     module.__file__ = str(path)
     module.__spec__ = spec
     module.__package__ = module_name.rpartition(".")[0]
-    exec(code, module.__dict__)  # the package's own code, one site changed
+    # The module is registered under its name while it runs (dataclasses and typing look
+    # a class's module up there), then the original is put back.
+    original = sys.modules.get(module_name)
+    sys.modules[module_name] = module
+    try:
+        exec(code, module.__dict__)  # the package's own code, one site changed
+    finally:
+        if original is not None:
+            sys.modules[module_name] = original
+        else:
+            sys.modules.pop(module_name, None)
     return module
 
 

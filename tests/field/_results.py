@@ -88,14 +88,11 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
 
 
 def record_run(results: dict[str, dict[str, Any]]) -> None:
-    """Write one run's records into results.json, keeping every reading already there
-    (a kernel's ``readings`` come from its driver; a mutant's ``reading`` from here)."""
+    """Write one (whole) run's records as results.json, keeping the reading of every
+    mutant still there (a kernel's ``readings`` come from its driver; a mutant's
+    ``reading`` is written here, by hand)."""
     old = committed()
-    merged: dict[str, Any] = {
-        "kernels": dict(old.get("kernels", {})),
-        "mutants": dict(old.get("mutants", {})),
-    }
-    merged["kernels"].update(results["kernels"])
+    merged: dict[str, Any] = {"kernels": dict(results["kernels"]), "mutants": {}}
     for key, record in results["mutants"].items():
         previous = old.get("mutants", {}).get(key, {})
         if "reading" in previous:

@@ -1,7 +1,7 @@
 """The field lane runs only when asked (``./dev field``, which sets ``SAFEDMA_FIELD=1``):
 it installs real packages from the package index and takes minutes per kernel family.
-``SAFEDMA_FIELD_SLICE=ci`` keeps the kernels not marked slow and the mutants of the
-first kernels only (what CI runs)."""
+``SAFEDMA_FIELD_SLICE=ci`` keeps the kernels not marked slow and their mutants (what CI
+runs)."""
 
 from __future__ import annotations
 

@@ -38,6 +38,9 @@ SOURCE = textwrap.dedent(
             pltpu.make_async_copy(x_hbm, buf.at[0], sems.at[0]).start()
 
         pltpu.async_copy(x_hbm, buf.at[1], sems.at[1]).wait()
+        pltpu.make_async_copy(
+            x_hbm, buf.at[0], sems.at[0]
+        ).wait()
     """
 )
 
@@ -109,3 +112,16 @@ def test_the_modulo_goes_only_where_remote_traffic_is(module_name: str) -> None:
     mutant = next(m for m in _mutants.mutants_of(module_name) if m.operator == "no_modulo")
     text = ast.unparse(_mutants.mutated_tree(module_name, mutant))
     assert "right = me + 1\n" in text
+
+
+def test_a_change_is_scored_on_every_line_of_its_statement(module_name: str) -> None:
+    first = SOURCE.splitlines().index("    pltpu.make_async_copy(") + 1
+    found = [m for m in _mutants.mutants_of(module_name, 99) if m.line in (first, first + 1)]
+    assert {m.operator for m in found} >= {"drop_wait", "off_by_one_slot"}, found
+    assert all(m.lines == (first, first + 2) for m in found), found
+
+
+def test_a_guard_is_scored_on_its_own_line_not_the_function_it_guards(module_name: str) -> None:
+    line = SOURCE.splitlines().index("    @pl.when(me == 0)") + 1
+    mutant = next(m for m in _mutants.mutants_of(module_name) if m.operator == "unguarded_start")
+    assert mutant.lines == (line, line)

@@ -89,12 +89,12 @@ def _dma_start(w: LockstepWalk, eqn: Any, ins: list[Any]) -> list[Any]:
     m.access(sbuf, s_starts, s_sizes, devs, False, src_rec, True)
     dst_rec = m.new_record(None)
     m.access(dbuf, [s[inv] for s in d_starts], d_sizes, inv, True, dst_rec, False)
-    recv = np.full(w.n, d_bytes if dsem.kind == "DMA" else 1, dtype=np.int64)
+    recv = np.full(w.n, d_bytes if dsem.kind == "DMA" else int(d_bytes > 0), dtype=np.int64)
     landed = [(dst_rec, devs), (src_rec, inv)]
     if ssem is None:
         m.contribute(dsem, d_slot[inv], recv, clock, landed, inv, inv)
     else:
-        sent = np.full(w.n, s_bytes if ssem.kind == "DMA" else 1, dtype=np.int64)
+        sent = np.full(w.n, s_bytes if ssem.kind == "DMA" else int(s_bytes > 0), dtype=np.int64)
         m.contribute(ssem, s_slot, sent, clock, [(src_rec, devs)], devs, devs)
         m.contribute(dsem, d_slot[inv], recv, clock, landed, inv, inv)
     m.dmas += w.n

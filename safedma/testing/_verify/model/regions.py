@@ -164,12 +164,14 @@ class _Mapping:
             raise UnsupportedView(
                 f"an index of {len(entries)} entries on a view of rank {len(self.shape)}"
             )
+        # an empty window moves no bytes: in range wherever it starts, in every
+        # dimension (kernels park zero-size copies of padding entries at index -1,
+        # the page index in one dimension and the zero length in another)
+        empty = any(size == 0 for _, _, size, _ in entries)
         for d, (kind, start, size, stride) in enumerate(entries):
             extent = self.shape[d]
             end = start + (size - 1) * stride + 1 if size > 0 else start
-            # an empty window moves no bytes: in range wherever it starts (kernels
-            # park zero-size copies of padding entries at index -1)
-            if size > 0 and (start < 0 or end > extent or start >= extent):
+            if not empty and (start < 0 or end > extent or start >= extent):
                 what = (
                     f"index {start}"
                     if kind == "int"

@@ -3,7 +3,7 @@
 Rules (docs/verify.md gives the sources):
 
 * A DMA semaphore counts bytes, a REGULAR or BARRIER semaphore counts signals
-  (a DMA signalling a REGULAR semaphore counts 1 on completion).
+  (a DMA signalling a REGULAR semaphore counts 1 on completion, a zero-length one 0).
 * A started copy adds its size to its semaphore(s) at some moment before the
   wait that observes it: a local copy to its semaphore, a remote copy to the
   sender's send semaphore (source read) and the receiver's receive
@@ -712,11 +712,14 @@ class Machine:
                 f"{'part of ' if written else ''}which nothing wrote"
                 f"{prior if prior.count('(the copy at') == 1 else ''})"
             )
-        recv_amount = d.nbytes if dst_sem.kind == "DMA" else 1
+        # A copy on a REGULAR semaphore counts 1 when it completes; a zero-length copy
+        # moves nothing and counts nothing, as on a DMA semaphore (production kernels
+        # start size-0 copies for padding entries and wait only the real ones)
+        recv_amount = d.nbytes if dst_sem.kind == "DMA" else int(d.nbytes > 0)
         if src_sem is None:
             self._contribute(dst_sem, Contribution(recv_amount, clock, d, "both", p, where))
         else:
-            amount = d.nbytes if src_sem.kind == "DMA" else 1
+            amount = d.nbytes if src_sem.kind == "DMA" else int(d.nbytes > 0)
             self._contribute(src_sem, Contribution(amount, clock, d, "read", p, where))
             self._contribute(dst_sem, Contribution(recv_amount, clock, d, "write", p, where))
 

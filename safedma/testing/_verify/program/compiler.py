@@ -45,6 +45,7 @@ from safedma.testing._verify.program.output_reads import (
 from safedma.testing._verify.program.patchy import Patchy, carry
 from safedma.testing._verify.program.scalars import (
     VECTOR,
+    Partial,
     Unknown,
     lost_by,
     scalar_rule,
@@ -523,6 +524,11 @@ class Compiler:
                         res = [VECTOR] * len(outs)
                     memo[key] = res
                 for s, v in zip(outs, res):
+                    env[s] = v
+                return
+            partly = small and _partly_known(name, vals)
+            if partly:
+                for s, v in zip(outs, _partial_results(eqn, vals)):
                     env[s] = v
                 return
             why = lost_by(name, where, unknown_result(name, vals))
@@ -1257,6 +1263,68 @@ _BUILDERS: dict[str, Callable[[Compiler, Any], Op]] = {
     "program_id": Compiler.program_id,
     "num_programs": Compiler.num_programs,
 }
+
+
+# Operations whose result elements each come from known places of their operands: on a
+# partly known vector (a Partial) they are computed on the known elements, which the
+# same operation applied to the operands' known-masks finds.
+_MOVES_ELEMENTS = frozenset(
+    {"slice", "squeeze", "reshape", "transpose", "rev", "broadcast_in_dim", "expand_dims",
+     "concatenate", "dynamic_slice", "copy", "copy_p"}
+)  # fmt: skip
+_ELEMENTWISE = frozenset(
+    {"convert_element_type", "add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs",
+     "sign", "and", "or", "not", "xor", "eq", "ne", "lt", "le", "gt", "ge", "select_n",
+     "shift_left", "shift_right_logical", "shift_right_arithmetic", "clamp"}
+)  # fmt: skip
+
+
+def _partly_known(name: str, vals: list[Any]) -> bool:
+    """Every operand known or partly known (at least one partly), and ``name`` moves or
+    combines elements one by one."""
+    if name not in _MOVES_ELEMENTS and name not in _ELEMENTWISE:
+        return False
+    plain = (int, float, bool, np.ndarray, np.generic)
+    if name == "dynamic_slice" and any(isinstance(v, Partial) for v in vals[1:]):
+        return False  # a start that is not known: where the slice lands is not known
+    return any(isinstance(v, Partial) for v in vals) and all(
+        isinstance(v, (Partial, *plain)) for v in vals
+    )
+
+
+def _partial_results(eqn: Any, vals: list[Any]) -> list[Any]:
+    """The results of ``eqn`` on partly known operands: exact arrays where every element
+    comes from known ones, else :class:`Partial` (unknown elements keep their origin)."""
+    why = next(v.why for v in vals if isinstance(v, Partial))
+    try:
+        values = _jax.bind_concrete_arrays(
+            eqn, [v.values if isinstance(v, Partial) else v for v in vals]
+        )
+        masks = [v.known if isinstance(v, Partial) else np.ones(np.shape(v), bool) for v in vals]
+        name = eqn.primitive.name
+        if name in _MOVES_ELEMENTS:
+            if name == "dynamic_slice":  # the starts are operands: known scalars
+                masks = [masks[0], *[np.asarray(v) for v in vals[1:]]]
+            known = _jax.bind_concrete_arrays(eqn, masks)
+        else:
+            out_shape = np.shape(np.asarray(cast(Any, values[0])))
+            combined = np.ones(out_shape, bool)
+            for m in masks:
+                combined &= np.broadcast_to(m, out_shape) if np.ndim(m) else bool(m)
+            known = [combined] * len(values)
+    except Exception:
+        return [Unknown(why)] * len(eqn.outvars)
+    out: list[Any] = []
+    for v, k in zip(values, known):
+        k_arr = np.asarray(k, dtype=bool)
+        out.append(
+            v
+            if k_arr.all()
+            else Partial(why, np.asarray(v), k_arr)
+            if k_arr.any()
+            else Unknown(why)
+        )
+    return out
 
 
 def register(name: str, builder: Callable[[Compiler, Any], Op]) -> None:

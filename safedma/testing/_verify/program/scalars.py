@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Unknown", "VECTOR", "scalar_rule", "convert"]
+__all__ = ["Partial", "Unknown", "VECTOR", "scalar_rule", "convert"]
 
 
 class Unknown:
@@ -30,6 +30,21 @@ class Unknown:
 
 
 VECTOR = Unknown("vector data")
+
+
+class Partial(Unknown):
+    """A vector some of whose elements are known: ``values`` holds them (the rest are
+    placeholders), ``known`` marks which. What a kernel loads from a buffer it filled
+    only in part (a row count copied into element 0 of a 16-lane scratch, the whole
+    scratch loaded, element 0 taken); ``why`` names where the unknown elements came from.
+    Slicing out known elements gives an exact value again."""
+
+    __slots__ = ("values", "known")
+
+    def __init__(self, why: str, values: Any, known: Any) -> None:
+        super().__init__(why)
+        self.values = values
+        self.known = known
 
 
 class Computed(Unknown):

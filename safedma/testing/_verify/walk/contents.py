@@ -19,21 +19,45 @@ from typing import Any, cast
 import numpy as np
 
 from safedma.testing._verify.model.regions import Buffer, View
-from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.program.scalars import Partial, Unknown
 
-__all__ = ["LIMIT", "copy_box", "flat_indices", "load", "store", "track"]
+__all__ = [
+    "LIMIT",
+    "OUTPUT_LIMIT",
+    "copy_box",
+    "flat_indices",
+    "load",
+    "store",
+    "track",
+    "track_scoped",
+]
 
 LIMIT = 1 << 12  # elements of a VMEM buffer whose contents are followed
+OUTPUT_LIMIT = 1 << 16
+"""Elements of a kernel's HBM output whose contents are followed: written by DMA in
+chunks rather than by vector stores, so following them costs little, and a schedule
+kernel's tables (a few thousand steps per field) reach the kernel that reads them."""
 
 
-def track(buf: Buffer, why: str) -> None:
+def track(buf: Buffer, why: str, limit: int = LIMIT) -> None:
     """Follow the contents of a small kernel buffer (scratch, a pipeline block, whatever
     memory space its aval names) from now on, all unknown (``why``)."""
     size = math.prod(buf.shape)
-    if buf.space in ("SMEM", "SEMAPHORE") or buf.sem_kind is not None or size > LIMIT:
+    if buf.space in ("SMEM", "SEMAPHORE") or buf.sem_kind is not None or size > limit:
         return
     buf.values = list[object]([Unknown(why)] * size)
     buf.followed = True
+
+
+def track_scoped(buf: Buffer, why: str) -> None:
+    """A ``run_scoped`` buffer as its region starts: followed as scratch is, its
+    contents unknown again on each entry (values the kernel computes and copies on
+    through it, a routing table flushed to SMEM, stay exact)."""
+    if buf.space == "SMEM" and buf.sem_kind is None:
+        # SMEM holds the scalars the body stores or copies in (a schedule chunk)
+        buf.values = list[object]([Unknown(why)] * math.prod(buf.shape))
+    elif buf.values is None or buf.followed:
+        track(buf, why)
 
 
 def flat_indices(view: View) -> list[int] | None:
@@ -50,8 +74,9 @@ def flat_indices(view: View) -> list[int] | None:
 
 def load(view: View, aval: Any, limit: int) -> np.ndarray[Any, Any] | Unknown | None:
     """A vector load of ``view``: its elements as an array of ``aval``'s shape and dtype
-    when all are known; the first unknown element's origin when some is not; None when
-    the buffer is not followed (or the view is larger than ``limit`` elements)."""
+    when all are known; a :class:`Partial` when only some are; the unknown elements'
+    origin when none is; None when the buffer is not followed (or the view is larger
+    than ``limit`` elements)."""
     values = view.buffer.values
     if values is None or math.prod(view.shape) > limit:
         return None
@@ -60,12 +85,18 @@ def load(view: View, aval: Any, limit: int) -> np.ndarray[Any, Any] | Unknown | 
         return None
     picked = [values[i] for i in idx]
     lost = next((v for v in picked if isinstance(v, Unknown)), None)
-    if lost is not None:
+    if lost is not None and all(isinstance(v, Unknown) for v in picked):
         return lost
+    known = [not isinstance(v, Unknown) for v in picked]
     try:
-        return np.asarray(picked, dtype=aval.dtype).reshape(aval.shape)
+        array = np.asarray(
+            [v if k else 0 for v, k in zip(picked, known)], dtype=aval.dtype
+        ).reshape(aval.shape)
     except (TypeError, ValueError):
-        return None
+        return None if lost is None else lost
+    if lost is None:
+        return array
+    return Partial(lost.why, array, np.asarray(known, dtype=bool).reshape(aval.shape))
 
 
 def store(view: View, value: object, why: str) -> None:

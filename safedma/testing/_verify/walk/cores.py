@@ -28,6 +28,7 @@ from safedma.testing._verify.program.compiler import (
 )
 from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.program.scalars import Unknown
+from safedma.testing._verify.walk import contents as _contents
 from safedma.testing._verify.walk.engine import engine_of
 from safedma.testing._verify.naming import parameter_names
 from safedma.testing._verify.walk.kernel_desc import body_end
@@ -126,9 +127,10 @@ class _Run:
         self.sems: list[Buffer] = []
 
     def scoped_buffer(self, ctx: Ctx, key: object, aval: Any, where: str) -> Buffer:
-        return engine_of(ctx).buffer(
-            ctx.p, ("s", self.instance, key), aval, f"a run_scoped buffer at {where}"
-        )
+        name = f"a run_scoped buffer at {where}"
+        buf = engine_of(ctx).buffer(ctx.p, ("s", self.instance, key), aval, name)
+        _contents.track_scoped(buf, f"{name} before the kernel writes it")
+        return buf
 
     def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
         ctx.machine.leave_scope(ctx.p, sems, lambda s: describe_leftover(ctx, s))
@@ -163,6 +165,10 @@ def _core_body(ctx: Ctx, desc: _CoreKernel, instance: int, shared: list[RefVal])
             # scratch SMEM holds the scalars the body stores (offsets, tables)
             unset: object = Unknown(f"scratch {buf.name} before the kernel writes it")
             buf.values = list[object]([unset] * math.prod(buf.shape))
+        elif buf.values is None or buf.followed:
+            # small VMEM scratch: followed as a pallas_call's is (a row count a core
+            # copies in from HBM and loads as a vector stays exact)
+            _contents.track(buf, f"scratch {buf.name} before the kernel writes it")
         args.append(RefVal(buf))
         if buf.sem_kind is not None:
             run_.sems.append(buf)

@@ -64,6 +64,7 @@ class KernelRun:
     def scoped_buffer(self, ctx: Ctx, key: object, aval: Any, where: str) -> Buffer:
         name = f"a run_scoped buffer at {where}"
         buf = engine_of(ctx).buffer(ctx.p, ("s", self.instance, key), aval, name)
+        _contents.track_scoped(buf, f"{name} before the kernel writes it")
         return buf
 
     def check_scoped_sems(self, ctx: Ctx, sems: list[Buffer]) -> None:
@@ -258,6 +259,12 @@ def _frame(
                 args.append(sh.in_place[pos])
                 continue
             buf = eng.operand_buffer(ctx, instance, pos, desc, src, smem=False, output=is_out)
+            if is_out and src is None and buf.values is None:
+                # a small output in HBM: its contents are followed, so a value the kernel
+                # copies out to it by DMA (a schedule's step count flushed from SMEM)
+                # reaches the kernel that reads it next
+                why = f"output {buf.name} where the kernel does not write it"
+                _contents.track(buf, why, _contents.OUTPUT_LIMIT)
             for q in cores[1:]:
                 # the device's other cores address the same memory
                 eng.adopt(q, ("k", instance, pos), buf, desc.avals[pos], desc.param_names[pos])

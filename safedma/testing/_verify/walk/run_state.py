@@ -14,7 +14,13 @@ from typing import Any, cast
 import numpy as np
 
 from safedma.testing._verify import jax_internals as _jax
-from safedma.testing._verify.program.compiler import Compiler, compile_jaxpr, register, run
+from safedma.testing._verify.program.compiler import (
+    Compiler,
+    compile_jaxpr,
+    location,
+    register,
+    run,
+)
 from safedma.testing._verify.program.context import Ctx, Gen, Op, RefVal
 from safedma.testing._verify.walk.engine import engine_of
 
@@ -49,4 +55,25 @@ def _run_state(c: Compiler, eqn: Any) -> Op:
     return op
 
 
+def _new_ref(c: Compiler, eqn: Any) -> Op:
+    """A ref made from an array outside the kernels (``jax.new_ref``, what a ``core_map``
+    wrapper does with its operands): one HBM buffer holding the array's values where
+    they are known, so a row count the kernel copies in from it stays exact."""
+    read = c.reader(eqn.invars[0])
+    aval = eqn.invars[0].aval
+    out = c.outs(eqn)[0]
+    name = f"the ref made at {location(eqn)}"
+
+    def op(env: list[Any], ctx: Ctx) -> None:
+        x = read(env)
+        env[out] = (
+            x if isinstance(x, RefVal) else engine_of(ctx).input_value(ctx.p, aval, _host(x), name)
+        )
+
+    return op
+
+
 register("run_state", _run_state)
+# jax 0.12 names the primitive new_ref; earlier releases mutable_array
+register("new_ref", _new_ref)
+register("mutable_array", _new_ref)
