@@ -20,7 +20,9 @@ warpgroup) through the operations the walker hands it:
   be written only once its reads are done;
 * SMEM the threads wrote must be ``commit_smem()``-ed before a copy or an MMA
   reads it;
-* nothing may be in flight when the kernel or a buffer's scope ends.
+* no copy may still write shared memory, and no store still read it, when the
+  kernel or the buffer's scope ends (a store whose reads are done may finish its
+  GMEM writes after the kernel: a read-only wait is how jax's own kernels end).
 """
 
 from __future__ import annotations
@@ -61,10 +63,16 @@ class _Load:
 
 @dataclasses.dataclass
 class _Store:
+    """A ``copy_smem_to_gmem`` in flight. ``after``: (fewest, most) groups committed
+    after its own, over the paths that reach here (None: not committed yet);
+    ``maybe``: only some paths issued it, or only some have waited for it."""
+
+    ident: int
     region: Region
     line: str
-    group: int | None = None
+    after: tuple[int, int] | None = None
     read_done: bool = False
+    maybe: bool = False
 
 
 _KEEP_ARRIVALS = 8
@@ -78,8 +86,9 @@ class Protocol:
         self.barriers: dict[tuple[int, int], _Barrier] = {}
         self.loads: list[_Load] = []
         self.stores: list[_Store] = []
-        self.groups = 0
-        self.dirty: list[tuple[Region, str]] = []
+        self.store_ids = 0
+        # SMEM the threads wrote since the last commit_smem: (region, line, maybe)
+        self.dirty: list[tuple[Region, str, bool]] = []
         self.copies_in = 0
         self.copies_out = 0
         self.waits = 0
@@ -94,10 +103,75 @@ class Protocol:
         return (
             tuple(sorted((k, b.issued, b.waits) for k, b in self.barriers.items())),
             tuple((ld.region, ld.barrier, ld.phase) for ld in self.loads),
-            tuple((s.region, s.group, s.read_done) for s in self.stores),
-            self.groups,
-            tuple(r for r, _ in self.dirty),
+            tuple((s.region, s.after, s.read_done, s.maybe) for s in self.stores),
+            tuple(self.dirty),
         )
+
+    def join(self, others: list[Protocol]) -> bool:
+        """Merge the states branches on an unknown value left (``self`` is one of them).
+
+        Barrier counts and copies in flight must agree (else False: the caller
+        refuses); stores and uncommitted writes some branches made are kept as
+        *maybe*: a mistake that needs one is refused, never reported, since the
+        branch may not run.
+        """
+        key = (
+            tuple(sorted((k, b.issued, b.waits) for k, b in self.barriers.items())),
+            tuple((ld.region, ld.barrier, ld.phase) for ld in self.loads),
+        )
+        for o in others:
+            okey = (
+                tuple(sorted((k, b.issued, b.waits) for k, b in o.barriers.items())),
+                tuple((ld.region, ld.barrier, ld.phase) for ld in o.loads),
+            )
+            if okey != key:
+                return False
+        states = [self, *others]
+        by_id: dict[int, list[_Store]] = {}
+        for st in states:
+            for store in st.stores:
+                by_id.setdefault(store.ident, []).append(store)
+        merged: list[_Store] = []
+        for ident in sorted(by_id):
+            copies = by_id[ident]
+            afters = [c.after for c in copies]
+            if any(a is None for a in afters) and not all(a is None for a in afters):
+                return False
+            first = copies[0]
+            after = None
+            if afters[0] is not None:
+                los = [a[0] for a in afters if a is not None]
+                his = [a[1] for a in afters if a is not None]
+                after = (min(los), max(his))
+            done = {c.read_done for c in copies}
+            merged.append(
+                _Store(
+                    ident,
+                    first.region,
+                    first.line,
+                    after,
+                    read_done=done == {True},
+                    maybe=len(copies) < len(states)
+                    or len(done) > 1
+                    or any(c.maybe for c in copies),
+                )
+            )
+        self.stores = merged
+        self.store_ids = max(st.store_ids for st in states)
+        # the report counts what the busiest branch issued
+        self.copies_in = max(st.copies_in for st in states)
+        self.copies_out = max(st.copies_out for st in states)
+        self.waits = max(st.waits for st in states)
+        dirty: dict[tuple[Region, str], bool] = {}
+        for st in states:
+            for region, at, maybe in st.dirty:
+                dirty[(region, at)] = dirty.get((region, at), False) or maybe
+        counts = {
+            (region, at): sum((region, at) == (r, a) for st in states for r, a, _ in st.dirty)
+            for region, at in dirty
+        }
+        self.dirty = [(r, a, m or counts[(r, a)] < len(states)) for (r, a), m in dirty.items()]
+        return True
 
     def adopt(self, other: Protocol) -> None:
         self.__dict__.update(other.__dict__)
@@ -156,6 +230,10 @@ class Protocol:
             if not store.read_done and self._overlaps(
                 dst, store.region, "the destination of a copy", line
             ):
+                self._not_maybe(
+                    store.maybe,
+                    f"the copy at {line} may overwrite SMEM the store at {store.line} reads",
+                )
                 raise self._fail(
                     VerifiedRaceError,
                     f"data race: the copy into {dst.text()} at {line} overwrites SMEM that "
@@ -232,6 +310,10 @@ class Protocol:
             return
         for store in self.stores:
             if not store.read_done and self._overlaps(region, store.region, what, line):
+                self._not_maybe(
+                    store.maybe,
+                    f"{what} at {line} may overwrite SMEM the store at {store.line} reads",
+                )
                 raise self._fail(
                     VerifiedRaceError,
                     f"data race: {what} of {region.text()} at {line} overwrites SMEM "
@@ -240,12 +322,17 @@ class Protocol:
                     "plgpu.wait_smem_to_gmem(n, wait_read_only=True) with n small enough "
                     "that this store is done before the write.",
                 )
-        self.dirty.append((region, line))
+        self.dirty.append((region, line, False))
 
     def async_read(self, region: Region, what: str, line: str) -> None:
         """The copy engine or the tensor core reads ``region`` (a store's source, an MMA operand)."""
-        for written, at in self.dirty:
+        for written, at, maybe in self.dirty:
             if self._overlaps(region, written, what, line):
+                self._not_maybe(
+                    maybe,
+                    f"{what} at {line} reads {region.text()}, which the "
+                    f"kernel may have written at {at} without commit_smem",
+                )
                 raise self._fail(
                     VerifiedRaceError,
                     f"missing commit_smem: {what} at {line} reads {region.text()}, which "
@@ -261,29 +348,41 @@ class Protocol:
     def copy_out(self, src: Region, commit_group: bool, line: str) -> None:
         """``copy_smem_to_gmem(src, dst, commit_group=...)``."""
         self.async_read(src, "the store copy_smem_to_gmem", line)
-        self.stores.append(_Store(src, line))
+        self.store_ids += 1
+        self.stores.append(_Store(self.store_ids, src, line))
         self.copies_out += 1
         if commit_group:
             self.commit_group()
 
     def commit_group(self) -> None:
         for store in self.stores:
-            if store.group is None:
-                store.group = self.groups
-        self.groups += 1
+            if store.after is None:
+                store.after = (0, 0)
+            else:
+                store.after = (store.after[0] + 1, store.after[1] + 1)
 
     def wait_stores(self, n: int, read_only: bool) -> None:
-        """``wait_smem_to_gmem(n, wait_read_only)``."""
-        done_below = self.groups - n
+        """``wait_smem_to_gmem(n, wait_read_only)``: groups with ``n`` or more groups
+        committed after them are done."""
         kept: list[_Store] = []
         for store in self.stores:
-            if store.group is not None and store.group < done_below:
-                if read_only:
-                    store.read_done = True
-                else:
+            if store.after is not None and store.after[0] >= n:
+                if not read_only:
                     continue
+                store.read_done = True
+            elif store.after is not None and store.after[1] >= n:
+                store.maybe = True  # done on some paths only
             kept.append(store)
         self.stores = kept
+
+    def _not_maybe(self, maybe: bool, what: str) -> None:
+        if maybe:
+            raise self._fail(
+                VerificationUnsupportedError,
+                f"{what} only on some values of data the checker does not know (a branch "
+                "on a value read from memory issued it or waited for it); the checker "
+                "refuses rather than report a mistake that may never happen.",
+            )
 
     # -- ends --------------------------------------------------------------------
 
@@ -308,6 +407,7 @@ class Protocol:
                 )
         for store in self.stores:
             if not store.read_done and store.region.buffer.ident in idents:
+                self._not_maybe(store.maybe, f"the store at {store.line} may be in flight at exit")
                 ends = f"its scope ends at {line}" if line else "the kernel ends"
                 raise self._fail(
                     CopyInFlightAtExitError,
@@ -329,15 +429,21 @@ class Protocol:
                 "or drop the copy.",
             )
         for store in self.stores:
+            if store.read_done:
+                # Its reads of shared memory are done; the writes to GMEM complete
+                # with the kernel (a read-only wait is how jax's own kernels end).
+                continue
+            self._not_maybe(store.maybe, f"the store at {store.line} may be in flight at exit")
             never = (
                 " It was never committed to a group (commit_group=False and no "
                 "commit_smem_to_gmem_group() after it), so no wait covers it."
-                if store.group is None
+                if store.after is None
                 else ""
             )
             raise self._fail(
                 CopyInFlightAtExitError,
                 f"store in flight at kernel exit: copy_smem_to_gmem({store.region.text()}, "
-                f"...) at {store.line} is not waited for before the kernel returns."
-                f"{never} Call plgpu.wait_smem_to_gmem(0) at the end of the kernel.",
+                f"...) at {store.line} may still read shared memory when the kernel "
+                f"returns.{never} Call plgpu.wait_smem_to_gmem(0) (wait_read_only=True "
+                "suffices) at the end of the kernel.",
             )
