@@ -261,3 +261,38 @@ def test_importing_safedma_testing_does_not_import_pallas_gpu() -> None:
         "assert 'jax.experimental.pallas.mosaic_gpu' not in sys.modules, 'plgpu imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_store_issued_under_a_branch_on_data_is_refused_not_reported_when_it_would_race() -> None:
+    def body(x_gmem, o_gmem, smem_in, smem_out, bars):
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
+        plgpu.barrier_wait(bars.at[0])
+        smem_out[0] = smem_in[0]
+        plgpu.commit_smem()
+
+        @pl.when(smem_in[0, 0, 0] > 0)
+        def _():
+            plgpu.copy_smem_to_gmem(smem_out.at[0], o_gmem.at[pl.ds(0, T)])
+
+        smem_out[0] = smem_in[0] * 2  # races with the store, if the branch ran
+        plgpu.wait_smem_to_gmem(0)
+
+    with pytest.raises(VerificationUnsupportedError, match="only on some values of data"):
+        verify_gpu(_kernel(body), X)
+
+
+def test_store_issued_under_a_branch_on_data_and_waited_is_clean() -> None:
+    def body(x_gmem, o_gmem, smem_in, smem_out, bars):
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
+        plgpu.barrier_wait(bars.at[0])
+        smem_out[0] = smem_in[0]
+        plgpu.commit_smem()
+
+        @pl.when(smem_in[0, 0, 0] > 0)
+        def _():
+            plgpu.copy_smem_to_gmem(smem_out.at[0], o_gmem.at[pl.ds(0, T)])
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        smem_out[0] = smem_in[0] * 2
+
+    assert verify_gpu(_kernel(body), X).copies_out == 1
