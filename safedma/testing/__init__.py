@@ -9,6 +9,8 @@
 * Protocol verification (:func:`verify`): prove a kernel's DMA and
   semaphore protocol from its own program, on every device of a real or
   device-free mesh, without running it.
+* Pallas GPU protocol checks (:func:`verify_gpu`): prove the TMA copy and
+  barrier protocol of ``plgpu`` kernels from their traced program, without a GPU.
 * Strict simulation (:func:`simulate`, :func:`simulated_mesh`): run kernels in
   TPU interpret mode over several CPU devices with races, semaphores left
   non-zero at kernel exit and waits that can never be satisfied turned into
@@ -60,6 +62,7 @@ from safedma.testing._errors import (
     StuckWait,
     UnsatisfiableWaitError,
 )
+from safedma.testing._gpu import CopyInFlightAtExitError, GpuVerifyReport, verify_gpu
 from safedma.testing._meshes import simulated_mesh
 from safedma.testing._private import PrivateJaxApiError
 from safedma.testing._simulate import simulate as _simulate_as_written
@@ -81,6 +84,9 @@ __all__ = [
     "verify",
     "KERNEL_PLACEHOLDER",
     "ConcurrentInterpretError",
+    "CopyInFlightAtExitError",
+    "GpuVerifyReport",
+    "verify_gpu",
     "KernelFailedError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",

@@ -1,0 +1,1 @@
+"""Tests of the Pallas GPU protocol checker (safedma.testing.verify_gpu); they need no GPU."""
