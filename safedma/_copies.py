@@ -29,6 +29,8 @@ exactly as written by hand.
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
@@ -436,3 +438,6 @@ def wait_all_into(dst: DataRef, sem: SemRef) -> DataRef:
     hang on a TPU; ``safedma.testing.verify`` and ``simulate`` report them.
     """
     return LocalCopy(dst, dst, sem).started_elsewhere().wait()
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -11,6 +11,8 @@ names, and static indices in range.
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 from collections.abc import ItemsView, Mapping
 from typing import Protocol, TypeAlias, TypeVar, cast, final
 
@@ -219,3 +221,6 @@ def logical_device(index: Index) -> Device:
         count *= size
     checked = _check_index(index, "<logical id>", count)
     return Device(_compat.LogicalId(checked))
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

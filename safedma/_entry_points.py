@@ -11,6 +11,8 @@ same for ``pl.kernel`` over a mesh of TensorCores.
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 import contextlib
 import functools
 import inspect
@@ -517,3 +519,5 @@ def _mpmd_bodies(body: object) -> list[Callable[..., None]] | None:
 # TensorCoreMesh is 0.12-only); safedma passes the caller's mesh through as is.
 _pl_kernel: Callable[..., Callable[..., Any]] = pl.kernel  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
 
+
+publish(globals(), __name__)  # public classes print as safedma.X

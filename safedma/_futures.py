@@ -22,6 +22,8 @@ and check what the trace can see instead:
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 import collections
 import contextvars
 import functools
@@ -355,3 +357,5 @@ def checked_futures(fn: Callable[P, R]) -> Callable[P, R]:
 
     return run
 
+
+publish(globals(), __name__)  # public classes print as safedma.X

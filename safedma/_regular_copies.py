@@ -14,6 +14,8 @@ topology are not refused (nothing runs on a chip).
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 from typing import Any, Literal, final
 
 from safedma import _compat
@@ -105,3 +107,6 @@ def wait_counted(flag: RegularSem, count: Index) -> None:
     check_semaphore(flag, "wait_counted() semaphore", _REGULAR, what_for="a counted wait")
     settle_semaphore(flag)
     _compat.semaphore_wait(flag, count)
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

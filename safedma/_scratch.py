@@ -7,6 +7,8 @@ where ``T`` is the brand the kernel receives for it, so that
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast, overload
 
@@ -281,3 +283,5 @@ def run_scoped(
         result = pl.run_scoped(body, *scratch, **named)
     return result
 
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -16,6 +16,8 @@ safedma error in place of jax's.
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 import contextlib
 import contextvars
 import os
@@ -418,3 +420,6 @@ class _Texts:
             hint=hint,
         )
         return message, record
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

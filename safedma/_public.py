@@ -1,0 +1,25 @@
+"""Public classes carry the public module path.
+
+A class defined in a private module prints as ``safedma._errors.DeviceIdError`` in
+tracebacks, reprs and ``pytest.raises`` messages, a path no user imports from.
+:func:`publish`, called at the end of each module that defines public names, sets
+the ``__module__`` of those classes to ``safedma`` (the name they are imported by),
+as jax and numpy do for theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["publish"]
+
+
+def publish(namespace: Mapping[str, object], module: str) -> None:
+    """Set ``__module__`` to ``"safedma"`` on the classes of ``namespace`` (the globals of
+    ``module``) that ``safedma`` exports from ``module``."""
+    from safedma import _HOMES  # noqa: PLC0415 (the package is imported before its modules)
+
+    for name, home in _HOMES.items():
+        value = namespace.get(name)
+        if home == module and isinstance(value, type):
+            value.__module__ = "safedma"
