@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 DEVICES_OPTION: Final = "safedma_devices"
+#: The most CPU devices the plugin asks jax to simulate.
+MAX_DEVICES: Final = 1024
 PLATFORMS_OPTION: Final = "safedma_platforms"
 _DEVICE_FLAG: Final = "--xla_force_host_platform_device_count"
 
@@ -158,6 +160,14 @@ def _requested_devices(config: pytest.Config) -> int | None:
         raise pytest.UsageError(
             f"{DEVICES_OPTION} = {text!r}: expected a positive whole number of simulated "
             "devices, such as 8"
+        )
+    if count > MAX_DEVICES:
+        raise pytest.UsageError(
+            f"{DEVICES_OPTION} = {text!r}: at most {MAX_DEVICES} simulated devices (each is a "
+            "CPU device jax creates at start-up: 1024 take about 10 s and 0.5 GB, and the "
+            "time grows with the count). Simulate a smaller mesh, such as 8; "
+            "safedma.testing.verify proves a kernel on a mesh of any size without devices "
+            "(abstract_mesh)."
         )
     return count
 
