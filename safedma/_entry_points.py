@@ -33,7 +33,7 @@ from safedma._ledger import ledger_scope, settle_semaphore
 from safedma._raw_pairing import check_raw_copies
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._sanitize import Sanitize, for_body, for_call
-from safedma._scratch import Scratch, check_scratch_tree
+from safedma._scratch import Scratch, check_scratch_tree, is_scratch
 
 __all__ = [
     "CoreKernelOptions",
@@ -390,6 +390,7 @@ def pallas_call(
     defaults apply to the rest. The result is called like pl.pallas_call's.
     """
     check_callable(body, "body", "safedma.pallas_call()", _BODY_FIX)
+    _check_out_shape(out_shape)
     if "scratch_shapes" in options:
         check_scratch_tree(options["scratch_shapes"], "scratch_shapes", "safedma.pallas_call()")
     # pl.pallas_call on a TPU is a TensorCore kernel (SparseCore takes pl.kernel's meshes).
@@ -482,6 +483,27 @@ def core_kernel(
 
 
 _BODY_FIX = "Pass the kernel function itself (def kernel(x_ref, o_ref): ...), not a call of it."
+
+
+def _check_out_shape(out_shape: object) -> None:
+    """Each leaf of ``out_shape`` gives an output's shape and dtype (a ShapeDtypeStruct, an
+    array) or is a semaphore declaration (a DMA future), not a number or a string."""
+    leaves = jax.tree_util.tree_leaves(out_shape, is_leaf=is_scratch)
+    if out_shape is None:
+        raise TypeError(
+            f"safedma.pallas_call(): out_shape must give the outputs, such as "
+            f"jax.ShapeDtypeStruct((8, 128), jnp.float32) or a tuple of them, got "
+            f"{shown(out_shape)}."
+        )
+    for leaf in leaves:
+        # jax also takes types registered with it (hijax), so only plain values are refused.
+        if not isinstance(leaf, (int, float, complex, str, bytes)):
+            continue
+        raise TypeError(
+            f"safedma.pallas_call(): out_shape must give each output's shape and dtype "
+            f"(jax.ShapeDtypeStruct(shape, dtype), or an array like it), got {shown(leaf)}"
+            f"{'' if leaf is out_shape else f' in {shown(out_shape)}'}."
+        )
 
 
 def _check_mesh(mesh: object, parameter: str) -> None:

@@ -22,6 +22,7 @@ from safedma import _compat
 from safedma._checks import check_data_ref, check_priority, check_same_layout, check_semaphore
 from safedma._compat import SemaphoreKind
 from safedma._errors import UnsupportedDmaError
+from safedma._semaphores import check_amount
 from safedma._refs import DataRef, Index, RegularSem
 from safedma._describe import describe_ref
 from safedma._ledger import HandleState, Side, settle_semaphore
@@ -105,6 +106,7 @@ def wait_counted(flag: RegularSem, count: Index) -> None:
     :func:`safedma.wait_bytes` does for DMA semaphores.
     """
     check_semaphore(flag, "wait_counted() semaphore", _REGULAR, what_for="a counted wait")
+    check_amount(count, "wait_counted() count")
     settle_semaphore(flag)
     _compat.semaphore_wait(flag, count)
 
