@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Final, cast
 
 import pytest
 
+from safedma._arguments import environment_switch
+
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
@@ -66,8 +68,6 @@ VERIFY_ENVIRONMENT: Final = "SAFEDMA_VERIFY"
 UNSUPPORTED_OPTION: Final = "safedma_verify_unsupported"
 TIMEOUT_OPTION: Final = "safedma_verify_timeout"
 EXPECTED_MARKER: Final = "safedma_verify_expected"
-_YES: Final = frozenset({"1", "true", "yes", "on"})
-_NO: Final = frozenset({"0", "false", "no", "off"})
 
 _configured_devices = pytest.StashKey[int]()
 _saved_environment = pytest.StashKey[dict[str, str | None]]()
@@ -216,16 +216,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def _verify_requested(config: pytest.Config) -> bool:
     if config.getoption(VERIFY_OPTION, default=False):
         return True
-    text = os.environ.get(VERIFY_ENVIRONMENT, "").strip().lower()
-    if not text:
+    if not os.environ.get(VERIFY_ENVIRONMENT, "").strip():
         return bool(config.getini(VERIFY_OPTION))
-    if text in _YES:
-        return True
-    if text in _NO:
-        return False
-    raise pytest.UsageError(
-        f"{VERIFY_ENVIRONMENT}={text!r}: expected 1 (verify every kernel the tests run) or 0"
-    )
+    try:
+        return environment_switch(VERIFY_ENVIRONMENT, "verify every kernel the tests run")
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _verify_settings(config: pytest.Config) -> tuple[bool, float]:

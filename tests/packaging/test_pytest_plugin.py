@@ -113,6 +113,18 @@ def test_a_device_count_beyond_the_bound_is_a_usage_error_at_once(
     assert time.monotonic() - began < 60
 
 
+def test_an_unknown_verify_switch_is_a_usage_error_listing_the_spellings(
+    user_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SAFEDMA_VERIFY", "maybe")
+    user_project.makepyfile(test_user="def test_x():\n    pass\n")
+    result = _run(user_project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*SAFEDMA_VERIFY='maybe' is not an on/off value*1, true, yes, on*"]
+    )
+
+
 def test_environment_is_restored_after_the_session(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
