@@ -12,6 +12,7 @@ switches use it before jax starts.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar, cast
@@ -87,9 +88,10 @@ def check_int(
     maximum: int | None = None,
     fix: str = "",
 ) -> int:
-    """``value`` must be a Python int (not a bool) in ``minimum..maximum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` must be an int (a NumPy integer too; not a bool) in ``minimum..maximum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(_sentence(where, parameter, "an int", value, fix))
+    value = int(value)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         if maximum is None:
             expected = f"an int of at least {minimum}"
@@ -110,9 +112,9 @@ def check_number(
     minimum: float | None = None,
     fix: str = "",
 ) -> float:
-    """``value`` must be a real number (an int or a float, not a bool, not NaN);
+    """``value`` must be a real number (an int or a float, NumPy's too; not a bool, not NaN);
     ``positive``: above 0; ``minimum``: at least that."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(_sentence(where, parameter, "a number (an int or a float)", value, fix))
     number = float(value)
     if math.isnan(number):

@@ -29,8 +29,6 @@ exactly as written by hand.
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
@@ -56,6 +54,7 @@ from safedma._devices import Device
 from safedma._errors import DeviceIdError, IncompleteCopyError, WrongOperationError
 from safedma._messages import MISSING_OPERATIONS
 from safedma._refs import DataRef, SemRef
+from safedma._public import publish
 
 __all__ = [
     "Given",

@@ -11,8 +11,6 @@ names, and static indices in range.
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 from collections.abc import ItemsView, Mapping
 from typing import Protocol, TypeAlias, TypeVar, cast, final
 
@@ -23,6 +21,7 @@ from safedma import _compat
 from safedma._describe import describe_value
 from safedma._errors import DeviceIdError
 from safedma._refs import Index
+from safedma._public import publish
 
 __all__ = [
     "Device",

@@ -11,8 +11,6 @@ same for ``pl.kernel`` over a mesh of TensorCores.
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 import contextlib
 import functools
 import inspect
@@ -34,6 +32,7 @@ from safedma._raw_pairing import check_raw_copies
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._sanitize import Sanitize, for_body, for_call
 from safedma._scratch import Scratch, check_scratch_tree, is_scratch
+from safedma._public import publish
 
 __all__ = [
     "CoreKernelOptions",

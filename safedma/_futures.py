@@ -22,8 +22,6 @@ and check what the trace can see instead:
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 import collections
 import contextvars
 import functools
@@ -40,6 +38,7 @@ from safedma._entry_points import pallas_call
 from safedma._errors import FutureConsumedTwiceError, FutureDroppedError, FutureNotWaitedError
 from safedma._describe import SourceLine, call_site, copies_of
 from safedma._ledger import current_block, settle_semaphore, started_on, waited_on
+from safedma._public import publish
 
 __all__ = ["DmaFuture", "start_async", "finish_async", "checked_futures"]
 

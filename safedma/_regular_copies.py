@@ -14,8 +14,6 @@ topology are not refused (nothing runs on a chip).
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 from typing import Any, Literal, final
 
 from safedma import _compat
@@ -26,6 +24,7 @@ from safedma._semaphores import check_amount
 from safedma._refs import DataRef, Index, RegularSem
 from safedma._describe import describe_ref
 from safedma._ledger import HandleState, Side, settle_semaphore
+from safedma._public import publish
 
 __all__ = ["CountedCopy", "CountedHandle", "wait_counted"]
 

@@ -7,8 +7,6 @@ where ``T`` is the brand the kernel receives for it, so that
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast, overload
 
@@ -31,6 +29,7 @@ from safedma._refs import (
     SemArray4,
     SemRef,
 )
+from safedma._public import publish
 
 __all__ = [
     "Scratch",

@@ -3,9 +3,8 @@ classes of ``safedma.testing``, decoded after the call by :mod:`._report`)."""
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 from safedma._errors import SafeDmaError
+from safedma._public import publish
 
 __all__ = ["SanitizerUnsupportedError"]
 

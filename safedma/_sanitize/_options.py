@@ -9,8 +9,6 @@ says. ``SAFEDMA_SANITIZE_HANG_S`` sets :attr:`SanitizeOptions.hang_after_s`.
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 import contextlib
 import contextvars
 import dataclasses
@@ -21,6 +19,7 @@ from collections.abc import Callable, Generator
 from typing import ParamSpec, TypeAlias, TypeVar
 
 from safedma._arguments import check_int, check_number, environment_switch, shown
+from safedma._public import publish
 
 __all__ = [
     "ENV_HANG",

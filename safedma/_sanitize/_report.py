@@ -16,8 +16,6 @@ safedma error in place of jax's.
 
 from __future__ import annotations
 
-from safedma._public import publish
-
 import contextlib
 import contextvars
 import os
@@ -48,6 +46,7 @@ from safedma._sanitize._flags import (
 )
 from safedma._sanitize._sites import Site, lookup
 from safedma._sanitize._units import Backend, unit_name
+from safedma._public import publish
 
 __all__ = [
     "check_flags",
