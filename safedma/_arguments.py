@@ -117,10 +117,10 @@ def check_number(
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(_sentence(where, parameter, "a number (an int or a float)", value, fix))
     number = float(value)
+    if positive and not number > 0:  # NaN too
+        raise ValueError(_sentence(where, parameter, "positive (a number above 0)", value, fix))
     if math.isnan(number):
         raise ValueError(_sentence(where, parameter, "a number, not NaN", value, fix))
-    if positive and not number > 0:
-        raise ValueError(_sentence(where, parameter, "a positive number", value, fix))
     if minimum is not None and not number >= minimum:
         raise ValueError(_sentence(where, parameter, f"a number of at least {minimum}", value, fix))
     return number

@@ -182,9 +182,10 @@ def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) ->
         )
     wanted: dict[Axes, Index] = dict(axes.items()) if axes is not None else {}
     wanted.update(more_axes)
-    for axis, index in wanted.items():
-        _check_axis_names(axis, "safedma.device()")
-        _check_index_kind(index, str(axis))
+    if not _compat.axes_in_scope():  # no mesh to check against: the kinds at least
+        for axis, index in wanted.items():
+            _check_axis_names(axis, "safedma.device()")
+            _check_index_kind(index, str(axis))
     mesh = _mesh_axes("safedma.device()")
     if not wanted:
         raise DeviceIdError(
@@ -200,8 +201,9 @@ def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) ->
 
 def mesh_coords(*coords: Index) -> Device:
     """The device at these mesh coordinates, one per mesh axis in mesh order."""
-    for position, coord in enumerate(coords):
-        _check_index_kind(coord, f"<coordinate {position}>")
+    if not _compat.axes_in_scope():  # no mesh to check against: the kinds at least
+        for position, coord in enumerate(coords):
+            _check_index_kind(coord, f"<coordinate {position}>")
     mesh = _mesh_axes("safedma.mesh_coords()")
     if len(coords) != len(mesh):
         raise DeviceIdError(

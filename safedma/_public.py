@@ -9,6 +9,7 @@ as jax and numpy do for theirs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 __all__ = ["publish"]
@@ -17,9 +18,10 @@ __all__ = ["publish"]
 def publish(namespace: Mapping[str, object], module: str) -> None:
     """Set ``__module__`` to ``"safedma"`` on the classes of ``namespace`` (the globals of
     ``module``) that ``safedma`` exports from ``module``."""
-    from safedma import _HOMES  # noqa: PLC0415 (the package is imported before its modules)
-
-    for name, home in _HOMES.items():
+    # The package is imported before its modules; read it without importing it again
+    # (an import here would be a cycle: safedma -> its module -> here -> safedma).
+    homes: dict[str, str] = getattr(sys.modules["safedma"], "_HOMES")
+    for name, home in homes.items():
         value = namespace.get(name)
         if home == module and isinstance(value, type):
             value.__module__ = "safedma"
