@@ -16,6 +16,7 @@ The names load on first use (PEP 562): ``import safedma`` and its typing-only pa
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from safedma._version import __version__ as __version__
@@ -326,4 +327,13 @@ if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name stays an 
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names, and the public subpackages already imported (``safedma.testing``):
+    not the helpers this module imports for itself (``importlib``, ``TYPE_CHECKING``)."""
+    loaded = [
+        name
+        for name, value in globals().items()
+        if isinstance(value, ModuleType)
+        and not name.startswith("_")
+        and value.__name__ == f"{__name__}.{name}"
+    ]
+    return sorted({*__all__, "__version__", *loaded})

@@ -54,6 +54,7 @@ from safedma._devices import Device
 from safedma._errors import DeviceIdError, IncompleteCopyError, WrongOperationError
 from safedma._messages import MISSING_OPERATIONS
 from safedma._refs import DataRef, SemRef
+from safedma._public import publish
 
 __all__ = [
     "Given",
@@ -436,3 +437,6 @@ def wait_all_into(dst: DataRef, sem: SemRef) -> DataRef:
     hang on a TPU; ``safedma.testing.verify`` and ``simulate`` report them.
     """
     return LocalCopy(dst, dst, sem).started_elsewhere().wait()
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

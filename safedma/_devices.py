@@ -21,6 +21,7 @@ from safedma import _compat
 from safedma._describe import describe_value
 from safedma._errors import DeviceIdError
 from safedma._refs import Index
+from safedma._public import publish
 
 __all__ = [
     "Device",
@@ -49,13 +50,30 @@ def _mesh_axes(purpose: str) -> Mapping[str, int]:
     return axes
 
 
-def _check_index(value: object, axis: str, size: int) -> Index:
+def _check_index_kind(value: object, axis: str) -> Index:
+    """A device index is an int or a jax array (checked before the mesh is looked up)."""
     if isinstance(value, bool) or not isinstance(value, (int, jax.Array)):
         raise DeviceIdError(
             f"device index for axis {axis!r} must be an int or an integer jax array, got "
             f"{type(value).__name__} {value!r}. Use jax.lax.axis_index({axis!r}) arithmetic "
             "or a Python int."
         )
+    return value
+
+
+def _check_axis_names(axes: object, purpose: str) -> None:
+    """``axes`` is one mesh axis name or a tuple of them (checked before the mesh is looked up)."""
+    names = cast("tuple[object, ...]", axes) if isinstance(axes, tuple) else (axes,)
+    if not all(isinstance(name, str) for name in names):
+        raise DeviceIdError(
+            f"{purpose}: axis must be a mesh axis name (a str) or a tuple of them, got "
+            f"{type(axes).__name__} {axes!r}. Name the axis as the enclosing jax.shard_map's "
+            "mesh does, such as 'x'."
+        )
+
+
+def _check_index(given: object, axis: str, size: int) -> Index:
+    value = _check_index_kind(given, axis)
     if isinstance(value, int):
         if not 0 <= value < size:
             raise DeviceIdError(
@@ -156,8 +174,18 @@ def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) ->
     with ``i`` counting the devices of ``x`` and ``y`` in row-major order
     (``safedma.my_index(("x", "y"))``).
     """
+    given = cast(object, axes)  # checked at run time too, for unchecked callers
+    if given is not None and not callable(getattr(given, "items", None)):
+        raise DeviceIdError(
+            f"safedma.device() takes a dict {{axis: index}} or keywords axis=index, got "
+            f"{type(given).__name__} {given!r}. Write device(x=0) or device({{'x': 0}})."
+        )
     wanted: dict[Axes, Index] = dict(axes.items()) if axes is not None else {}
     wanted.update(more_axes)
+    if not _compat.axes_in_scope():  # no mesh to check against: the kinds at least
+        for axis, index in wanted.items():
+            _check_axis_names(axis, "safedma.device()")
+            _check_index_kind(index, str(axis))
     mesh = _mesh_axes("safedma.device()")
     if not wanted:
         raise DeviceIdError(
@@ -173,6 +201,9 @@ def device(axes: AxisItems[Axes, Index] | None = None, /, **more_axes: Index) ->
 
 def mesh_coords(*coords: Index) -> Device:
     """The device at these mesh coordinates, one per mesh axis in mesh order."""
+    if not _compat.axes_in_scope():  # no mesh to check against: the kinds at least
+        for position, coord in enumerate(coords):
+            _check_index_kind(coord, f"<coordinate {position}>")
     mesh = _mesh_axes("safedma.mesh_coords()")
     if len(coords) != len(mesh):
         raise DeviceIdError(
@@ -187,6 +218,7 @@ def mesh_coords(*coords: Index) -> Device:
 
 def my_index(axis: Axes) -> jax.Array:
     """This device's index along ``axis`` (a tuple of axes: their joint, row-major index)."""
+    _check_axis_names(axis, "safedma.my_index()")
     _joint_size(axis, _mesh_axes("safedma.my_index()"), axis)
     index: jax.Array = jax.lax.axis_index(axis)
     return index
@@ -194,6 +226,7 @@ def my_index(axis: Axes) -> jax.Array:
 
 def axis_size(axis: Axes) -> int:
     """The number of devices along ``axis`` (a tuple of axes: their product; a static int)."""
+    _check_axis_names(axis, "safedma.axis_size()")
     return _joint_size(axis, _mesh_axes("safedma.axis_size()"), axis)
 
 
@@ -202,6 +235,11 @@ def neighbour(axis: str, shift: int = 1) -> Device:
     given = cast(object, shift)  # checked at run time too, for unchecked callers
     if isinstance(given, bool) or not isinstance(given, int):
         raise DeviceIdError(f"neighbour shift must be a Python int, got {shift!r}.")
+    if not isinstance(cast(object, axis), str):
+        raise DeviceIdError(
+            f"safedma.neighbour(): axis must be a mesh axis name (a str), got "
+            f"{type(axis).__name__} {axis!r}. Name the ring's axis, such as 'x'."
+        )
     size = axis_size(axis)
     step = shift % size
     return Device({axis: (my_index(axis) + step) % size})
@@ -213,9 +251,13 @@ def logical_device(index: Index) -> Device:
     A logical id counts the devices of the mesh in scope in row-major order of
     its axes; a static id is checked against their number.
     """
+    _check_index_kind(index, "<logical id>")
     mesh = _mesh_axes("safedma.logical_device()")
     count = 1
     for size in mesh.values():
         count *= size
     checked = _check_index(index, "<logical id>", count)
     return Device(_compat.LogicalId(checked))
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

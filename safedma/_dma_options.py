@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar, cast
 
+import jax
+
 from safedma import _compat
 from safedma._checks import check_priority
 from safedma._compat import SemaphoreKind
@@ -36,6 +38,12 @@ def select_ref(index: Index, first: B, second: B, /, *rest: B) -> B:
     DMA operand (a source, destination or semaphore). The candidates must be
     all data refs of one shape and dtype, or all semaphores of one kind.
     """
+    given = cast(object, index)  # checked at run time too, for unchecked callers
+    if isinstance(given, bool) or not isinstance(given, (int, jax.Array)):
+        raise TypeError(
+            f"select_ref() index must be an int or an integer jax array (which candidate, "
+            f"from 0), got {type(given).__name__} {given!r}."
+        )
     candidates = (first, second, *rest)
     kinds = {_compat.ref_kind(c) if _compat.is_ref(c) else None for c in candidates}
     if len(kinds) != 1 or None in kinds:

@@ -24,13 +24,15 @@ from jax.experimental import pallas as pl
 
 from safedma import _compat
 from safedma._compat import SemaphoreKind
+from safedma._arguments import check_callable, shown
 from safedma._jax_errors import rewrite
 from safedma._describe import is_library_file
 from safedma._ledger import ledger_scope, settle_semaphore
 from safedma._raw_pairing import check_raw_copies
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._sanitize import Sanitize, for_body, for_call
-from safedma._scratch import Scratch
+from safedma._scratch import Scratch, check_scratch_tree, is_scratch
+from safedma._public import publish
 
 __all__ = [
     "CoreKernelOptions",
@@ -122,10 +124,18 @@ def checked(
     ``SAFEDMA_SANITIZE`` says); see docs/sanitizer.md.
     """
     if body is not None:
+        check_callable(
+            body,
+            "body",
+            "safedma.checked()",
+            "Decorate the kernel function (@safedma.checked), or pass options by keyword: "
+            "@safedma.checked(sanitize=True).",
+        )
         return _checked(body, None)
     mark = for_body(sanitize)
 
     def decorate(inner: Callable[P, None]) -> Callable[P, None]:
+        check_callable(inner, "body", "safedma.checked(sanitize=...)")
         wrapped = _checked(inner, None)
         if mark is not None:
             setattr(wrapped, _SANITIZE_MARK, mark)
@@ -378,6 +388,10 @@ def pallas_call(
     Takes the same arguments; only those given are passed on, so jax's own
     defaults apply to the rest. The result is called like pl.pallas_call's.
     """
+    check_callable(body, "body", "safedma.pallas_call()", _BODY_FIX)
+    _check_out_shape(out_shape)
+    if "scratch_shapes" in options:
+        check_scratch_tree(options["scratch_shapes"], "scratch_shapes", "safedma.pallas_call()")
     # pl.pallas_call on a TPU is a TensorCore kernel (SparseCore takes pl.kernel's meshes).
     config = _config_of(options.get("compiler_params"), tensor_core=True)
     scratch = options.get("scratch_shapes")
@@ -426,6 +440,31 @@ def core_kernel(
     body as a kernel of its own.
     """
     meshes = cast("Sequence[object]", mesh) if isinstance(mesh, (list, tuple)) else [mesh]
+    bodies_given = cast("Sequence[object]", body) if isinstance(body, (list, tuple)) else [body]
+    for k, one in enumerate(bodies_given):
+        check_callable(
+            one,
+            "body" if len(bodies_given) == 1 and one is body else f"body[{k}]",
+            "safedma.core_kernel()",
+            _BODY_FIX,
+        )
+    if not meshes:
+        raise ValueError(
+            "safedma.core_kernel(): mesh must name at least one mesh, got an empty list."
+        )
+    for k, one in enumerate(meshes):
+        _check_mesh(one, "mesh" if one is mesh else f"mesh[{k}]")
+    if isinstance(body, (list, tuple)) != isinstance(mesh, (list, tuple)) or (
+        isinstance(body, (list, tuple)) and len(bodies_given) != len(meshes)
+    ):
+        raise ValueError(
+            f"safedma.core_kernel(): an MPMD kernel takes one body per mesh, got "
+            f"{len(bodies_given)} bod{'y' if len(bodies_given) == 1 else 'ies'} and "
+            f"{len(meshes)} mesh{'' if len(meshes) == 1 else 'es'}. Pass one body with one "
+            "mesh, or a list of bodies with a list of as many meshes."
+        )
+    if "scratch_types" in options:
+        check_scratch_tree(options["scratch_types"], "scratch_types", "safedma.core_kernel()")
     tensor_core = all(_compat.is_tensor_core_mesh(one) for one in meshes)
     config = _config_of(options.get("compiler_params"), tensor_core=tensor_core)
     given = cast("dict[str, Any]", options)
@@ -440,6 +479,42 @@ def core_kernel(
         checked_body = [_checked(one, scratch) for one in bodies]
     call = _pl_kernel(checked_body, out_type, mesh=mesh, **given)
     return _with_config(call, config)
+
+
+_BODY_FIX = "Pass the kernel function itself (def kernel(x_ref, o_ref): ...), not a call of it."
+
+
+def _check_out_shape(out_shape: object) -> None:
+    """Each leaf of ``out_shape`` gives an output's shape and dtype (a ShapeDtypeStruct, an
+    array) or is a semaphore declaration (a DMA future), not a number or a string."""
+    leaves = jax.tree_util.tree_leaves(out_shape, is_leaf=is_scratch)
+    if out_shape is None:
+        raise TypeError(
+            f"safedma.pallas_call(): out_shape must give the outputs, such as "
+            f"jax.ShapeDtypeStruct((8, 128), jnp.float32) or a tuple of them, got "
+            f"{shown(out_shape)}."
+        )
+    for leaf in leaves:
+        # jax also takes types registered with it (hijax), so only plain values are refused.
+        if not isinstance(leaf, (int, float, complex, str, bytes)):
+            continue
+        raise TypeError(
+            f"safedma.pallas_call(): out_shape must give each output's shape and dtype "
+            f"(jax.ShapeDtypeStruct(shape, dtype), or an array like it), got {shown(leaf)}"
+            f"{'' if leaf is out_shape else f' in {shown(out_shape)}'}."
+        )
+
+
+def _check_mesh(mesh: object, parameter: str) -> None:
+    """A ``pl.kernel`` mesh has a ``shape`` of axis sizes and a core type (jax's Mesh
+    protocol): what ``pltpu.TensorCoreMesh`` and the SparseCore meshes are."""
+    if mesh is None or not hasattr(mesh, "shape") or not hasattr(mesh, "discharges_effect"):
+        raise TypeError(
+            f"safedma.core_kernel(): {parameter} must be a Pallas core mesh such as "
+            "pltpu.TensorCoreMesh(axis_name='core', num_cores=2) (jax 0.12; "
+            "pltpu.create_tensorcore_mesh('core', num_cores=2) on 0.10.2), got "
+            f"{shown(mesh)}."
+        )
 
 
 def _core_kernel_unsanitized(body: object) -> None:
@@ -464,3 +539,6 @@ def _mpmd_bodies(body: object) -> list[Callable[..., None]] | None:
 # pl.kernel's mesh parameter is typed with jax's private Mesh class (the public
 # TensorCoreMesh is 0.12-only); safedma passes the caller's mesh through as is.
 _pl_kernel: Callable[..., Callable[..., Any]] = pl.kernel  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -11,6 +11,8 @@ docs/catalogue.md.
 
 from __future__ import annotations
 
+from safedma._public import publish
+
 __all__ = [
     "SafeDmaError",
     "NotARefError",
@@ -158,3 +160,6 @@ class FutureConsumedTwiceError(SafeDmaError, RuntimeError):
 class FutureNotWaitedError(SafeDmaError, RuntimeError):
     """A future's start kernel started nothing on its semaphore, or its done kernel
     never waited it."""
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -33,10 +33,12 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from safedma._arguments import check_callable, check_instance, shown
 from safedma._entry_points import pallas_call
 from safedma._errors import FutureConsumedTwiceError, FutureDroppedError, FutureNotWaitedError
 from safedma._describe import SourceLine, call_site, copies_of
 from safedma._ledger import current_block, settle_semaphore, started_on, waited_on
+from safedma._public import publish
 
 __all__ = ["DmaFuture", "start_async", "finish_async", "checked_futures"]
 
@@ -160,6 +162,24 @@ def start_async(
     ``dst`` in ``pl.ANY`` (``dst_memory_space=pltpu.VMEM`` puts ``dst`` in
     VMEM, TPU v5 and later).
     """
+    check_callable(body, "body", "safedma.start_async()", _BODY_FIX)
+    for k, source in enumerate(sources):
+        if not _is_shaped(source):
+            raise TypeError(
+                f"safedma.start_async(): source {k} must be an array (the copy's input), got "
+                f"{shown(source)}."
+            )
+    if not _is_shaped(dst):
+        raise TypeError(
+            "safedma.start_async(): dst must be a jax.ShapeDtypeStruct giving the copy's "
+            f"destination shape and dtype, got {shown(dst)}. Pass "
+            "dst=jax.ShapeDtypeStruct(shape, dtype)."
+        )
+    if dst_memory_space is not None and not callable(dst_memory_space):
+        raise TypeError(
+            "safedma.start_async(): dst_memory_space must be a memory space such as "
+            f"pltpu.VMEM, or None for pl.ANY, got {shown(dst_memory_space)}."
+        )
     n = len(sources)
     kernel_name = _body_name(body)
     here = call_site()
@@ -228,6 +248,14 @@ def finish_async(
     ``(*sources, buffer, sem)`` and aliases ``buffer`` to its one output.
     A future is finished once.
     """
+    check_callable(body, "body", "safedma.finish_async()", _BODY_FIX)
+    check_instance(
+        future,
+        "future",
+        "safedma.finish_async()",
+        DmaFuture,
+        "the safedma.DmaFuture that safedma.start_async() returned",
+    )
     state = future._state  # pyright: ignore[reportPrivateUsage]
     here = call_site()
     block = current_block()
@@ -281,6 +309,14 @@ def finish_async(
     return done(*future.sources, future.buffer, future.sem)
 
 
+_BODY_FIX = "Pass the kernel function itself (def body(src_ref, dst_ref, sem): ...)."
+
+
+def _is_shaped(value: object) -> bool:
+    """Whether ``value`` has an array's shape and dtype (an array, a ShapeDtypeStruct)."""
+    return isinstance(getattr(value, "shape", None), tuple) and hasattr(value, "dtype")
+
+
 def _is_future(value: object) -> bool:
     return isinstance(value, DmaFuture)
 
@@ -288,6 +324,7 @@ def _is_future(value: object) -> bool:
 def checked_futures(fn: Callable[P, R]) -> Callable[P, R]:
     """Check, each time ``fn`` runs (or is traced), that every future it starts is
     finished or handed on (returned, or carried through a loop) before it returns."""
+    check_callable(fn, "fn", "safedma.checked_futures()")
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -318,3 +355,6 @@ def checked_futures(fn: Callable[P, R]) -> Callable[P, R]:
         return result
 
     return run
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

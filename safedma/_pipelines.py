@@ -16,7 +16,10 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
+
+from safedma._arguments import check_callable, shown
 
 from safedma._checks import check_add, check_data_ref, check_same_layout
 from safedma._entry_points import checked
@@ -44,6 +47,36 @@ def sync_copy(src: DataRef, dst: DataRef, *, add: bool = False) -> None:
         _sync_copy(src, dst)
 
 
+def _check_grid(grid: object) -> None:
+    """A pipeline's grid: a tuple of positive ints or integer scalars (traced step counts)."""
+    expected = "a tuple of positive ints or integer scalar jax arrays, such as (4,) or (n, 2)"
+    if isinstance(grid, int) and not isinstance(grid, bool):
+        raise TypeError(
+            f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}. "
+            f"Write ({grid},) for one dimension."
+        )
+    if not isinstance(grid, (tuple, list)):
+        raise TypeError(f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}.")
+    for k, dim in enumerate(cast("tuple[object, ...]", tuple(grid))):
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            dtype = getattr(dim, "dtype", None)
+            if (
+                getattr(dim, "shape", None) == ()
+                and dtype is not None
+                and jnp.issubdtype(dtype, jnp.integer)
+            ):
+                continue
+            raise TypeError(
+                f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}: "
+                f"dimension {k} is {shown(dim)}."
+            )
+        if dim < 1:
+            raise ValueError(
+                f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}: "
+                f"dimension {k} is {dim}. A pipeline with no steps is a missing pipeline call."
+            )
+
+
 def emit_pipeline(
     body: Callable[..., None], *, grid: tuple[int | jax.Array, ...], **options: Any
 ) -> Callable[..., None]:
@@ -52,6 +85,8 @@ def emit_pipeline(
     other option are passed on as given). Call the result with the HBM refs, as
     jax's pipeline. A grid dimension may be traced (a step count read in the
     kernel), as jax's own ``grid: tuple[int | jax.Array, ...]`` allows."""
+    check_callable(body, "body", "safedma.emit_pipeline()")
+    _check_grid(grid)
     pipeline = _emit_pipeline(checked(body), grid=grid, **options)
 
     def run(*refs: DataRef | Any, **kwargs: Any) -> None:

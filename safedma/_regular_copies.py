@@ -20,9 +20,11 @@ from safedma import _compat
 from safedma._checks import check_data_ref, check_priority, check_same_layout, check_semaphore
 from safedma._compat import SemaphoreKind
 from safedma._errors import UnsupportedDmaError
+from safedma._semaphores import check_amount
 from safedma._refs import DataRef, Index, RegularSem
 from safedma._describe import describe_ref
 from safedma._ledger import HandleState, Side, settle_semaphore
+from safedma._public import publish
 
 __all__ = ["CountedCopy", "CountedHandle", "wait_counted"]
 
@@ -103,5 +105,9 @@ def wait_counted(flag: RegularSem, count: Index) -> None:
     :func:`safedma.wait_bytes` does for DMA semaphores.
     """
     check_semaphore(flag, "wait_counted() semaphore", _REGULAR, what_for="a counted wait")
+    check_amount(count, "wait_counted() count")
     settle_semaphore(flag)
     _compat.semaphore_wait(flag, count)
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

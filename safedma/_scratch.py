@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast, overload
 
+import jax
 import numpy as np
 from jax.typing import DTypeLike
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from safedma._arguments import check_callable, check_shape, shown
 from safedma._compat import ArrayAval, RefAval
 from safedma._refs import (
     DataRef,
@@ -27,6 +29,7 @@ from safedma._refs import (
     SemArray4,
     SemRef,
 )
+from safedma._public import publish
 
 __all__ = [
     "Scratch",
@@ -133,14 +136,58 @@ def regular_semaphores(shape: int | tuple[int, ...], /) -> Scratch[Any]:
     return cast("Scratch[Any]", pltpu.SemaphoreType.REGULAR(dims))
 
 
+def _buffer(shape: object, dtype: object, where: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    dims = check_shape(shape, "shape", where)
+    if dtype is None:  # np.dtype(None) is float64, which a TPU buffer never means
+        raise TypeError(
+            f"{where}: dtype must be a dtype such as jnp.float32 or 'bfloat16', got None."
+        )
+    try:
+        kind: np.dtype[Any] = np.dtype(cast("Any", dtype))
+    except TypeError as error:
+        raise TypeError(
+            f"{where}: dtype must be a dtype such as jnp.float32 or 'bfloat16', got "
+            f"{shown(dtype)} ({error})."
+        ) from None
+    return dims, kind
+
+
 def vmem(shape: Sequence[int], dtype: DTypeLike) -> Scratch[DataRef]:
     """A VMEM buffer."""
-    return cast(Scratch[DataRef], pltpu.VMEM(tuple(shape), np.dtype(dtype)))
+    dims, kind = _buffer(shape, dtype, "safedma.vmem()")
+    return cast(Scratch[DataRef], pltpu.VMEM(dims, kind))
 
 
 def smem(shape: Sequence[int], dtype: DTypeLike) -> Scratch[DataRef]:
     """An SMEM buffer (scalars)."""
-    return cast(Scratch[DataRef], pltpu.SMEM(tuple(shape), np.dtype(dtype)))
+    dims, kind = _buffer(shape, dtype, "safedma.smem()")
+    return cast(Scratch[DataRef], pltpu.SMEM(dims, kind))
+
+
+def is_scratch(value: object) -> bool:
+    """Whether ``value`` is a scratch declaration jax allocates (what ``safedma.vmem``,
+    ``dma_semaphores`` and ``pltpu.VMEM(...)`` return: jax asks each for its ref aval)."""
+    return callable(getattr(value, "get_ref_aval", None))
+
+
+def check_scratch_tree(value: object, parameter: str, where: str) -> None:
+    """Every leaf of ``value`` (a scratch declaration, or a list, tuple or dict of them)
+    must be a scratch declaration."""
+    for path, leaf in _leaves_with_paths(value):
+        if not is_scratch(leaf):
+            raise TypeError(
+                f"{where}: {parameter}{path} must be a scratch declaration "
+                "(safedma.vmem(shape, dtype), safedma.smem(...), safedma.dma_semaphore(), "
+                f"safedma.dma_semaphores(n), ... or a pltpu one), got {shown(leaf)}."
+            )
+
+
+def _leaves_with_paths(value: object) -> list[tuple[str, object]]:
+    """``(path text, leaf)`` for each leaf of the pytree ``value``, scratch declarations as
+    leaves (jax leaves the key types of ``tree_flatten_with_path`` partly unannotated)."""
+    flat = jax.tree_util.tree_flatten_with_path(value, is_leaf=is_scratch)[0]  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    pairs = cast("list[tuple[tuple[object, ...], object]]", flat)
+    return [("".join(map(str, path)), leaf) for path, leaf in pairs]
 
 
 _Axes: TypeAlias = "Hashable | tuple[Hashable, ...]"
@@ -224,8 +271,16 @@ def run_scoped(
     ``body``'s parameters). ``collective_axes`` allocates the scratch shared
     across those mesh axes, as in ``pl.run_scoped``.
     """
+    check_callable(body, "body", "safedma.run_scoped()")
+    for k, one in enumerate(scratch):
+        check_scratch_tree(one, f"scratch {k + 1}", "safedma.run_scoped()")
+    for key, one in named.items():
+        check_scratch_tree(one, key, "safedma.run_scoped()")
     if collective_axes != ():
         result: R = pl.run_scoped(body, *scratch, collective_axes=collective_axes, **named)
     else:
         result = pl.run_scoped(body, *scratch, **named)
     return result
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -33,7 +33,8 @@ __all__ = ["signal", "wait", "read", "barrier_semaphore"]
 _SIGNALLABLE = (SemaphoreKind.REGULAR, SemaphoreKind.BARRIER)
 
 
-def _check_amount(value: object, name: str) -> None:
+def check_amount(value: object, name: str) -> None:
+    """A semaphore amount (an increment, a wait value, a count) is an integer scalar."""
     if isinstance(value, bool) or not isinstance(value, (int, jax.Array)):
         raise InvalidAmountError(
             f"{name} must be an int or an integer jax array, got {type(value).__name__} {value!r}."
@@ -53,7 +54,7 @@ def signal(sem: RegularSem | BarrierSem, inc: Index = 1, *, device: Device | Non
     one, the signal is local.
     """
     check_semaphore(sem, "signal() semaphore", _SIGNALLABLE, what_for="semaphore signal")
-    _check_amount(inc, "signal() increment")
+    check_amount(inc, "signal() increment")
     # Checked at run time too, for callers without a type checker.
     if device is not None and not isinstance(cast(object, device), Device):
         raise DeviceIdError(
@@ -69,7 +70,7 @@ def wait(sem: RegularSem | BarrierSem, value: Index = 1) -> None:
     DMA semaphores are waited through the copy's handle instead.
     """
     check_semaphore(sem, "wait() semaphore", _SIGNALLABLE, what_for="semaphore wait")
-    _check_amount(value, "wait() value")
+    check_amount(value, "wait() value")
     _compat.semaphore_wait(sem, value)
 
 
@@ -94,6 +95,11 @@ def barrier_semaphore(tag: Hashable | None = None) -> BarrierSem:
     :func:`safedma.pallas_call` a kernel with none of these fails here, at
     trace time.
     """
+    if not isinstance(tag, Hashable):
+        raise TypeError(
+            f"safedma.barrier_semaphore(): tag must be hashable (a str or an int, say), got "
+            f"{type(tag).__name__} {tag!r}. Kernels with equal tags share one barrier."
+        )
     if tag is not None and not _compat.barrier_tags_supported():
         raise UnsupportedByJaxError(
             f"barrier_semaphore(tag={tag!r}) needs jax 0.12 or later (jax "

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from safedma import _compat
+from safedma._arguments import check_instance
 from safedma._checks import check_data_ref, check_semaphore
 from safedma._compat import SemaphoreKind
 from safedma._copies import Given, LocalCopy, RemoteCopy
@@ -71,6 +72,15 @@ def wait_copies(sem: SemRef, *copies: LocalCopy | RemoteCopy[Given, Given]) -> N
     ``pltpu.make_async_copy(c.dst, c.dst, sem).wait()`` for each ``c``.
     """
     check_semaphore(sem, "wait_copies() semaphore", _DMA, what_for="a wait by size")
+    for k, copy in enumerate(copies):
+        check_instance(
+            copy,
+            f"copy {k + 1}",
+            "safedma.wait_copies()",
+            (LocalCopy, RemoteCopy),
+            "a safedma.LocalCopy or RemoteCopy (the description of a copy, not its handle)",
+            "Pass the copies whose bytes the wait stands for: wait_copies(sem, copy_a, copy_b).",
+        )
     root = _compat.root_of(sem)
     for copy in copies:
         roots = [_compat.root_of(s) for s in _semaphores_of(copy)]

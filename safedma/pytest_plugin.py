@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Final, cast
 
 import pytest
 
+from safedma._arguments import environment_switch
+
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 DEVICES_OPTION: Final = "safedma_devices"
+#: The most CPU devices the plugin asks jax to simulate.
+MAX_DEVICES: Final = 1024
 PLATFORMS_OPTION: Final = "safedma_platforms"
 _DEVICE_FLAG: Final = "--xla_force_host_platform_device_count"
 
@@ -64,8 +68,6 @@ VERIFY_ENVIRONMENT: Final = "SAFEDMA_VERIFY"
 UNSUPPORTED_OPTION: Final = "safedma_verify_unsupported"
 TIMEOUT_OPTION: Final = "safedma_verify_timeout"
 EXPECTED_MARKER: Final = "safedma_verify_expected"
-_YES: Final = frozenset({"1", "true", "yes", "on"})
-_NO: Final = frozenset({"0", "false", "no", "off"})
 
 _configured_devices = pytest.StashKey[int]()
 _saved_environment = pytest.StashKey[dict[str, str | None]]()
@@ -159,6 +161,14 @@ def _requested_devices(config: pytest.Config) -> int | None:
             f"{DEVICES_OPTION} = {text!r}: expected a positive whole number of simulated "
             "devices, such as 8"
         )
+    if count > MAX_DEVICES:
+        raise pytest.UsageError(
+            f"{DEVICES_OPTION} = {text!r}: at most {MAX_DEVICES} simulated devices (each is a "
+            "CPU device jax creates at start-up: 1024 take about 10 s and 0.5 GB, and the "
+            "time grows with the count). Simulate a smaller mesh, such as 8; "
+            "safedma.testing.verify proves a kernel on a mesh of any size without devices "
+            "(abstract_mesh)."
+        )
     return count
 
 
@@ -206,16 +216,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def _verify_requested(config: pytest.Config) -> bool:
     if config.getoption(VERIFY_OPTION, default=False):
         return True
-    text = os.environ.get(VERIFY_ENVIRONMENT, "").strip().lower()
-    if not text:
+    if not os.environ.get(VERIFY_ENVIRONMENT, "").strip():
         return bool(config.getini(VERIFY_OPTION))
-    if text in _YES:
-        return True
-    if text in _NO:
-        return False
-    raise pytest.UsageError(
-        f"{VERIFY_ENVIRONMENT}={text!r}: expected 1 (verify every kernel the tests run) or 0"
-    )
+    try:
+        return environment_switch(VERIFY_ENVIRONMENT, "verify every kernel the tests run")
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _verify_settings(config: pytest.Config) -> tuple[bool, float]:

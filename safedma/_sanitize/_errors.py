@@ -4,6 +4,7 @@ classes of ``safedma.testing``, decoded after the call by :mod:`._report`)."""
 from __future__ import annotations
 
 from safedma._errors import SafeDmaError
+from safedma._public import publish
 
 __all__ = ["SanitizerUnsupportedError"]
 
@@ -12,3 +13,6 @@ class SanitizerUnsupportedError(SafeDmaError, NotImplementedError):
     """A kernel or entry point the sanitizer cannot instrument; the message says why and
     what to do (usually: pass ``sanitize=False`` for that kernel, or run it through
     ``safedma.pallas_call``)."""
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -13,9 +13,13 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Callable, Generator
 from typing import ParamSpec, TypeAlias, TypeVar
+
+from safedma._arguments import check_int, check_number, environment_switch, shown
+from safedma._public import publish
 
 __all__ = [
     "ENV_HANG",
@@ -41,6 +45,8 @@ POLL_NS_CHIP = 12.0
 POLL_S_INTERPRET = 1e-3
 #: A spin loop counts in int32 on the chip.
 _MAX_POLLS = 2**31 - 1
+_SECONDS = "Give a number of seconds, such as 10 or 0.5."
+_POLLS = "Give a whole number of polls, or None to count them from hang_after_s."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +73,11 @@ class SanitizeOptions:
     after_error_s: float = 0.1
 
     def __post_init__(self) -> None:
-        if not self.hang_after_s > 0:
-            raise ValueError(f"hang_after_s must be positive, got {self.hang_after_s!r}")
-        if self.polls is not None and not 0 < self.polls <= _MAX_POLLS:
-            raise ValueError(f"polls must be in 1..{_MAX_POLLS}, got {self.polls!r}")
-        if not self.after_error_s >= 0:
-            raise ValueError(f"after_error_s must be >= 0, got {self.after_error_s!r}")
+        where = "safedma.SanitizeOptions()"
+        check_number(self.hang_after_s, "hang_after_s", where, positive=True, fix=_SECONDS)
+        if self.polls is not None:
+            check_int(self.polls, "polls", where, minimum=1, maximum=_MAX_POLLS, fix=_POLLS)
+        check_number(self.after_error_s, "after_error_s", where, minimum=0, fix=_SECONDS)
 
     def spin_polls(self, interpreted: bool) -> int:
         """How many polls a wait may spin before it counts as hung."""
@@ -136,16 +141,22 @@ def sees_the_program_as_written(tool: Callable[P, R]) -> Callable[P, R]:
 def _environment() -> SanitizeOptions | None:
     if _ignored.get():
         return None
-    value = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    if not environment_switch(ENV_SWITCH, "sanitize every kernel a safedma entry point runs"):
         return None
     hang = os.environ.get(ENV_HANG, "").strip()
     if not hang:
         return SanitizeOptions()
     try:
-        return SanitizeOptions(hang_after_s=float(hang))
-    except ValueError as error:
-        raise ValueError(f"{ENV_HANG}={hang!r} is not a positive number of seconds") from error
+        seconds = float(hang)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise ValueError(
+            f"the environment variable {ENV_HANG}={hang!r} is not a positive number of "
+            "seconds: set it to how long a sanitized wait may spin, such as 10, or unset it "
+            "(10 s)."
+        )
+    return SanitizeOptions(hang_after_s=seconds)
 
 
 def resolve(sanitize: Sanitize) -> SanitizeOptions | None:
@@ -159,10 +170,14 @@ def resolve(sanitize: Sanitize) -> SanitizeOptions | None:
     if isinstance(sanitize, SanitizeOptions):  # pyright: ignore[reportUnnecessaryIsInstance]
         return sanitize
     raise TypeError(  # unreachable for typed callers; a user may pass anything
-        f"sanitize= takes True, False, None or safedma.SanitizeOptions, got {sanitize!r}"
+        f"sanitize must be True, False, None or a safedma.SanitizeOptions, got "
+        f"{shown(sanitize)}. Pass sanitize=True for the default options."
     )
 
 
 def requested() -> bool:
     """Whether the environment turns the sanitizer on for every entry point."""
     return _environment() is not None
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -46,6 +46,7 @@ from safedma._sanitize._flags import (
 )
 from safedma._sanitize._sites import Site, lookup
 from safedma._sanitize._units import Backend, unit_name
+from safedma._public import publish
 
 __all__ = [
     "check_flags",
@@ -418,3 +419,6 @@ class _Texts:
             hint=hint,
         )
         return message, record
+
+
+publish(globals(), __name__)  # public classes print as safedma.X

@@ -115,3 +115,16 @@ __all__ = [
     "simulated_mesh",
     "tpu_mesh",
 ]
+
+# Public classes print with the path they are imported by (safedma.testing.DeadlockError),
+# not the private module that defines them.
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith(f"{__name__}._"):
+        _value.__module__ = __name__
+del _name, _value
+
+
+def __dir__() -> list[str]:
+    """The public names only (not the helpers this package imports for itself)."""
+    return sorted(__all__)

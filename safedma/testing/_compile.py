@@ -23,7 +23,9 @@ import numpy as np
 from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from safedma._arguments import check_bool, check_callable, check_shape, shown
 from safedma.testing._libtpu import require_libtpu
+from safedma.testing._meshes import check_specs
 
 # Typed handles on JAX constructors whose __init__ is unannotated, so calls
 # to them type-check under mypy --strict.
@@ -141,6 +143,42 @@ def _chips(topo: topologies.TopologyDescription) -> list[object]:
     return [d for d in _devices(topo) if getattr(d, "core_on_chip", 0) == 0]
 
 
+def _check_mesh_arguments(
+    where: str,
+    topology: object,
+    mesh_shape: object,
+    axis_names: object,
+    device_order: object,
+    allow_split_physical_axes: object,
+) -> None:
+    """The arguments that lay a mesh over a topology's chips, checked before libtpu loads."""
+    if not isinstance(topology, str) or not topology.strip():
+        raise (ValueError if isinstance(topology, str) else TypeError)(
+            f"{where}: topology must be a libtpu topology name such as 'v6e:2x2' or "
+            f"'v5p:2x2x1' (generation:chips per dimension), got {shown(topology)}."
+        )
+    if mesh_shape is not None:
+        shape = check_shape(mesh_shape, "mesh_shape", where)
+        if any(size < 1 for size in shape):
+            raise ValueError(
+                f"{where}: mesh_shape must be positive ints, one device count per axis, got "
+                f"{shown(mesh_shape)}."
+            )
+    if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
+        raise TypeError(
+            f"{where}: axis_names must be a tuple of strings, one per mesh axis, such as "
+            f"('x',), got {shown(axis_names)}."
+        )
+    if not all(isinstance(name, str) for name in cast("Sequence[object]", axis_names)):
+        raise TypeError(
+            f"{where}: axis_names must be a tuple of strings, one per mesh axis, got "
+            f"{shown(axis_names)}."
+        )
+    if device_order is not None:
+        check_shape(device_order, "device_order", where, fix="Give a permutation of the chips.")
+    check_bool(allow_split_physical_axes, "allow_split_physical_axes", where)
+
+
 def tpu_mesh(
     topology: str = "v6e:2x2",
     mesh_shape: Sequence[int] | None = None,
@@ -161,6 +199,14 @@ def tpu_mesh(
     ``device_order`` is given. Raises :class:`TpuMeshError` when the mesh does
     not fit.
     """
+    _check_mesh_arguments(
+        "safedma.testing.tpu_mesh()",
+        topology,
+        mesh_shape,
+        axis_names,
+        device_order,
+        allow_split_physical_axes,
+    )
     topo = _topology(topology)
     chips = sorted(_chips(topo), key=lambda d: int(getattr(d, "id", 0)))
     names = tuple(axis_names)
@@ -266,6 +312,14 @@ def compile_for_tpu(
     :class:`TpuMeshError` (a ``ValueError``) for a mesh that does not fit, and
     ``ValueError`` for an unknown topology.
     """
+    where = "safedma.testing.compile_for_tpu()"
+    check_callable(fn, "fn", where, "Pass the per-device function, then its arguments.")
+    _check_mesh_arguments(
+        where, topology, mesh_shape, axis_names, device_order, allow_split_physical_axes
+    )
+    check_specs(in_specs, "in_specs", where)
+    check_bool(check_vma, "check_vma", where)
+    check_bool(per_device, "per_device", where)
     mesh = tpu_mesh(
         topology,
         mesh_shape,

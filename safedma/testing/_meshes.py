@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import jax
@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.typing import ArrayLike
 
+from safedma._arguments import check_shape, shown
 from safedma.testing._errors import NotEnoughDevicesError
 
 __all__ = [
@@ -44,15 +45,33 @@ def simulated_mesh(shape: int | Sequence[int], axis_names: str | Sequence[str]) 
     From a script, the same two lines at the top, before ``import jax``.
     Raises :class:`NotEnoughDevicesError` when there are too few devices.
     """
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    where = "safedma.testing.simulated_mesh()"
+    given: object = shape  # checked at run time too, for callers without a type checker
+    if isinstance(given, int) and not isinstance(given, bool):
+        given = (given,)
+    dims = check_shape(given, "shape", where, fix="Give one device count per axis, such as (2, 4).")
+    if any(d < 1 for d in dims):
+        raise ValueError(
+            f"{where}: shape must be positive integers, one device count per axis, got "
+            f"{shown(shape)}."
+        )
+    named: object = axis_names
+    if isinstance(named, str):
+        named = (named,)
+    if not isinstance(named, (tuple, list)) or not all(
+        isinstance(n, str) for n in cast("Sequence[object]", named)
+    ):
+        raise TypeError(
+            f"{where}: axis_names must be a string or a tuple of strings, one per axis, got "
+            f"{shown(axis_names)}."
+        )
+    names = tuple(cast("Sequence[str]", named))
     if len(dims) != len(names):
-        raise ValueError(f"mesh shape {dims} and axis names {names} differ in length")
-    # Checked at run time too, for callers without a type checker.
-    if any(not isinstance(cast(object, d), int) or isinstance(d, bool) or d < 1 for d in dims):
-        raise ValueError(f"mesh shape {dims} must be positive integers")
+        raise ValueError(
+            f"{where}: shape {dims} and axis_names {names} differ in length: give one name per axis."
+        )
     if len(set(names)) != len(names):
-        raise ValueError(f"mesh axis names {names} must be distinct")
+        raise ValueError(f"{where}: axis_names must be distinct, got {names}.")
     needed = math.prod(dims)
     devices = cast("list[object]", jax.devices("cpu"))  # pyright: ignore[reportUnknownMemberType]
     if len(devices) < needed:
@@ -65,6 +84,36 @@ def simulated_mesh(shape: int | Sequence[int], axis_names: str | Sequence[str]) 
         )
     return jax.make_mesh(  # pyright: ignore[reportUnknownMemberType]
         dims, names, devices=devices[:needed]
+    )
+
+
+def check_mesh(mesh: object, where: str) -> None:
+    """``mesh`` is None or a jax mesh (a ``Mesh``, an ``AbstractMesh``) whose axes all
+    have at least one device."""
+    if mesh is None:
+        return
+    shape = getattr(mesh, "shape", None)
+    if not isinstance(shape, Mapping) or not hasattr(mesh, "axis_names"):
+        raise TypeError(
+            f"{where}: mesh must be a jax mesh (safedma.testing.simulated_mesh(...), "
+            f"abstract_mesh(...) or a jax.sharding.Mesh) or None, got {shown(mesh)}."
+        )
+    sizes = cast("Mapping[object, object]", shape)
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"{where}: mesh axis {name!r} must have at least one device, got size "
+                f"{size!r} (mesh {shown(mesh)}). Build the mesh with positive axis sizes."
+            )
+
+
+def check_specs(specs: object, parameter: str, where: str) -> None:
+    """``specs`` is None, a ``PartitionSpec``, or a sequence of them (or of pytrees of them)."""
+    if specs is None or isinstance(specs, (PartitionSpec, tuple, list)):
+        return
+    raise TypeError(
+        f"{where}: {parameter} must be a jax.sharding.PartitionSpec, a sequence of them "
+        f"(one per argument), or None for the default, got {shown(specs)}."
     )
 
 

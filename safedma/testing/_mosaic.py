@@ -21,7 +21,9 @@ import jax
 from jax.extend.mlir import ir
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from safedma._arguments import check_callable, check_shape, shown
 from safedma._sanitize._report import unchecked_on_host
+from safedma.testing._meshes import check_mesh
 from safedma.testing._private import moved, private_callable, private_module
 
 __all__ = [
@@ -158,18 +160,62 @@ def abstract_mesh(
     inside this mesh (``mesh=`` of :func:`mosaic_text`). ``axis_sizes=()`` gives
     a mesh with no axes, for kernels that are not shard_mapped.
     """
-    sizes = tuple(int(s) for s in axis_sizes)
-    names = tuple(axis_names)
+    where = "safedma.testing.abstract_mesh()"
+    sizes = _axis_sizes(axis_sizes, where)
+    names = _axis_names(axis_names, where)
     if len(sizes) != len(names):
-        raise ValueError(f"axis_sizes {sizes} and axis_names {names} differ in length")
+        raise ValueError(
+            f"{where}: axis_sizes {sizes} and axis_names {names} differ in length: give one "
+            "name per axis."
+        )
     axis_types = (AxisType.Auto,) * len(names)
     if tpu is None:
         return AbstractMesh(sizes, names, axis_types=axis_types)
-    if tpu not in TPU_GENERATIONS:
-        raise ValueError(f"unknown TPU generation {tpu!r}; known: {', '.join(TPU_GENERATIONS)}")
+    if not isinstance(cast(object, tpu), str) or tpu not in TPU_GENERATIONS:
+        raise ValueError(
+            f"{where}: unknown TPU generation {tpu!r}: tpu must be one of "
+            f"{', '.join(map(repr, TPU_GENERATIONS))} or None."
+        )
     kind, cores = TPU_GENERATIONS[tpu]
     device = _abstract_device(device_kind=kind, num_cores=cores, platform="tpu")
     return AbstractMesh(sizes, names, axis_types=axis_types, abstract_device=device)
+
+
+def _axis_sizes(axis_sizes: object, where: str) -> tuple[int, ...]:
+    """A mesh's axis sizes: a tuple of positive ints (an empty one for no axes)."""
+    sizes = check_shape(axis_sizes, "axis_sizes", where, fix="")
+    for size in sizes:
+        if size < 1:
+            raise ValueError(
+                f"{where}: axis_sizes must be positive ints, one device count per axis, got "
+                f"{shown(axis_sizes)}."
+            )
+    return sizes
+
+
+def _axis_names(axis_names: object, where: str) -> tuple[str, ...]:
+    """A mesh's axis names: a tuple of distinct strings."""
+    if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
+        raise TypeError(
+            f"{where}: axis_names must be a tuple of strings, one per axis, such as ('x',), "
+            f"got {shown(axis_names)}."
+        )
+    names = tuple(cast("Sequence[object]", axis_names))
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(
+            f"{where}: axis_names must be a tuple of strings, one per axis, got "
+            f"{shown(axis_names)}."
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: axis_names must be distinct, got {shown(axis_names)}.")
+    return cast("tuple[str, ...]", names)
+
+
+def _check_lowering(fn: object, mesh: object, where: str, parameter: str = "fn") -> None:
+    check_callable(
+        fn, parameter, where, "Pass the function that runs the kernels, then its arguments."
+    )
+    check_mesh(mesh, where)
 
 
 # jax.sharding.AbstractDevice (jax 0.10.2 and 0.12) is a dataclass jax leaves
@@ -284,6 +330,7 @@ def mosaic_kernels(
     without ``mesh=``.  Program order is the order the ``tpu_custom_call`` ops
     appear in the exported module.
     """
+    _check_lowering(fn, mesh, "safedma.testing.mosaic_kernels()")
     hlo_text = _exported_stablehlo(fn, args, mesh)
     kernels: list[MosaicKernel] = []
     with mosaic_ir_context():
@@ -333,6 +380,7 @@ def mosaic_text(
     Raises ``ValueError`` if ``fn`` contains no Mosaic kernel, since comparing
     two empty texts would prove nothing.
     """
+    _check_lowering(fn, mesh, "safedma.testing.mosaic_text()")
     kernels = mosaic_kernels(fn, *args, mesh=mesh, normalize_names=normalize_names)
     return _render(fn, kernels, normalize_names)
 
@@ -352,6 +400,8 @@ def assert_same_mosaic(
     ``fn_b`` with ``+``; both sides are labelled with the function and its
     kernel names.
     """
+    _check_lowering(fn_a, mesh, "safedma.testing.assert_same_mosaic()", "fn_a")
+    check_callable(fn_b, "fn_b", "safedma.testing.assert_same_mosaic()")
     kernels_a = mosaic_kernels(fn_a, *args, mesh=mesh, normalize_names=normalize_names)
     kernels_b = mosaic_kernels(fn_b, *args, mesh=mesh, normalize_names=normalize_names)
     text_a = _render(fn_a, kernels_a, normalize_names)

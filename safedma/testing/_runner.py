@@ -24,6 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
+from safedma._arguments import check_bool, check_choice, check_number, shown
 from safedma._errors import SafeDmaError
 from safedma.testing import _diagnosis as diagnosis
 from safedma.testing import _interpret_probes as probes
@@ -38,6 +39,7 @@ from safedma.testing._errors import (
     SimulationUnsupportedError,
 )
 from safedma.testing._interrupts import deferred_interrupts
+from safedma.testing._meshes import check_mesh, check_specs
 from safedma.testing._kernel_names import KernelNames
 from safedma.testing._recorder import Blocked, Recorder
 from safedma.testing._uninterpretable import has_kernel, interpreter_limit
@@ -83,8 +85,21 @@ class SimulationConfig:
     progress: bool | None = None  # the progress line: None when stderr is a terminal
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        where = "safedma.testing.simulate()"
+        check_mesh(self.mesh, where)
+        if self.mesh is not None and not isinstance(cast(object, self.mesh), Mesh):
+            raise TypeError(
+                f"{where}: mesh must be a mesh of devices (safedma.testing.simulated_mesh(...) "
+                f"or a jax.sharding.Mesh) or None, got {shown(self.mesh)}: a simulation runs "
+                "on devices. An abstract_mesh is for verify and mosaic_text."
+            )
+        check_specs(self.in_specs, "in_specs", where)
+        check_specs(self.out_specs, "out_specs", where)
+        check_number(
+            self.timeout_s, "timeout_s", where, positive=True, fix="Give seconds, such as 60."
+        )
+        check_choice(self.uninitialized_memory, "uninitialized_memory", where, ("nan", "zero"))
+        check_bool(self.progress, "progress", where, none=True)
         if self.mesh is None and (self.in_specs is not None or self.out_specs is not None):
             raise ValueError("in_specs/out_specs need a mesh: pass mesh=simulated_mesh(...)")
 

@@ -18,6 +18,7 @@ from typing import Literal, TypeVar
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
+from safedma._arguments import check_callable
 from safedma.testing._runner import SimulationConfig, run_simulation
 
 __all__ = ["simulate"]
@@ -72,6 +73,9 @@ def simulate(
     two seconds (erased at the end): True always, False never, None when stderr is a
     terminal.
     """
+    check_callable(
+        fn, "fn", "safedma.testing.simulate()", "Pass the function to run, then its arguments."
+    )
     config = SimulationConfig(
         mesh=mesh,
         in_specs=in_specs,

@@ -9,6 +9,7 @@ the entry point alone is enough.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,31 @@ def test_a_bad_value_is_a_usage_error(user_project: pytest.Pytester) -> None:
     result = _run(user_project)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*safedma_devices = 'eight': expected a positive whole number*"])
+
+
+def test_a_device_count_beyond_the_bound_is_a_usage_error_at_once(
+    user_project: pytest.Pytester,
+) -> None:
+    """65536 devices would keep jax starting for minutes: refused before jax starts."""
+    user_project.makeini("[pytest]\nsafedma_devices = 65536\n")
+    user_project.makepyfile(test_user="def test_x():\n    pass\n")
+    began = time.monotonic()
+    result = _run(user_project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*safedma_devices = '65536': at most 1024 simulated devices*"])
+    assert time.monotonic() - began < 60
+
+
+def test_an_unknown_verify_switch_is_a_usage_error_listing_the_spellings(
+    user_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SAFEDMA_VERIFY", "maybe")
+    user_project.makepyfile(test_user="def test_x():\n    pass\n")
+    result = _run(user_project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*SAFEDMA_VERIFY='maybe' is not an on/off value*1, true, yes, on*"]
+    )
 
 
 def test_environment_is_restored_after_the_session(

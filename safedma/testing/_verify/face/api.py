@@ -11,7 +11,9 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from safedma._arguments import check_bool, check_callable, check_int, check_number
 from safedma.testing import _progress
+from safedma.testing._meshes import check_mesh, check_specs
 from safedma.testing._errors import SimulationError
 from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.errors import DeadlockError, VerificationUnsupportedError
@@ -72,11 +74,15 @@ def verify(
     Raises a :class:`~safedma.testing.SimulationError` subclass naming the
     device, the semaphore or buffer, the kernel line and the fix.
     """
+    where = "safedma.testing.verify()"
+    check_callable(fn, "fn", where, "Pass the function that runs the kernels, then its arguments.")
+    check_mesh(mesh, where)
+    check_specs(in_specs, "in_specs", where)
+    check_specs(out_specs, "out_specs", where)
+    check_int(invocations, "invocations", where, minimum=1, fix="Run the program at least once.")
+    check_number(timeout_s, "timeout_s", where, positive=True, fix="Give seconds, such as 600.")
+    check_bool(progress, "progress", where, none=True)
     mode = _lockstep_mode(lockstep, os.environ.get(LOCKSTEP_VARIABLE))
-    if invocations < 1:
-        raise ValueError(f"invocations must be at least 1, got {invocations}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     budget = Budget(timeout_s)
     with _progress.Progress("safedma verify", progress) as line:
         line.status("tracing the program")
