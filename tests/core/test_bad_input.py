@@ -242,6 +242,7 @@ CASES: list[Case] = [
     ),
     # --- safedma.testing
     Case("verify", lambda: sdt.verify(5), TypeError, "fn", "int 5"),
+    Case("verify_gpu", lambda: sdt.verify_gpu(5), TypeError, "fn", "int 5"),
     Case("verify", lambda: sdt.verify(_kernel, mesh="x"), TypeError, "mesh", "'x'"),
     Case(
         "verify",
@@ -428,6 +429,7 @@ TAKE_NOTHING_TO_CHECK = {
             "DmaFuture",
             "Device",
             "VerifyReport",
+            "GpuVerifyReport",
             "TpuCompileReport",
             "MosaicKernel",
             "LeftoverSemaphore",

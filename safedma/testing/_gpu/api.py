@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from safedma._arguments import check_callable
 from safedma.testing._gpu import jax_seam
 from safedma.testing._gpu.errors import GpuVerifyReport, VerificationUnsupportedError
 from safedma.testing._gpu.protocol import Protocol
@@ -42,6 +43,12 @@ def verify_gpu(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GpuVerifyRe
     :class:`~safedma.testing.CopyInFlightAtExitError`, naming the barrier or buffer,
     the kernel line and the fix. Returns a :class:`~safedma.testing.GpuVerifyReport`.
     """
+    check_callable(
+        fn,
+        "fn",
+        "safedma.testing.verify_gpu",
+        "Pass the function that runs the kernels, then its arguments.",
+    )
     if not jax_seam.plgpu_available():
         raise VerificationUnsupportedError(
             f"jax {jax.__version__} has no Pallas GPU (mosaic_gpu) API the checker can read."
