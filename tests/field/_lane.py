@@ -37,15 +37,18 @@ def lane_kernels() -> tuple[FieldKernel, ...]:
 def lane_mutants() -> list[tuple[FieldKernel, _mutants.Mutant]]:
     """The mutants of the first kernel driving each module (its other drivers are
     variants of one source)."""
-    per_operator = _mutants.SITES_PER_OPERATOR
-    seen: set[str] = set()
-    out = []
-    for kernel in lane_kernels():
-        if kernel.module in seen:
-            continue
-        seen.add(kernel.module)
-        out += [(kernel, m) for m in _mutants.mutants_of(kernel.module, per_operator)]
-    return out
+    from tests.field.drivers import all_kernels
+
+    first: dict[str, FieldKernel] = {}
+    for kernel in all_kernels():  # the first of every kernel, whatever this run's slice
+        first.setdefault(kernel.module, kernel)
+    driven = {id(k) for k in lane_kernels()}
+    return [
+        (kernel, m)
+        for kernel in first.values()
+        if id(kernel) in driven
+        for m in _mutants.mutants_of(kernel.module, _mutants.SITES_PER_OPERATOR)
+    ]
 
 
 @functools.cache
