@@ -13,16 +13,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tests.corpus._case import Program
+from tests.corpus._seeding import unjitted as _unjitted
 from tests.field._kernel import FieldKernel
 
 OPS = "jax.experimental.pallas.ops.tpu"
-
-
-def _unjitted(fn: Any) -> Any:
-    return getattr(fn, "__wrapped__", fn)
 
 
 def _all_gather(devices: int) -> Any:
@@ -41,14 +37,10 @@ def _all_gather(devices: int) -> Any:
 
 
 def _paged_attention(module: ModuleType) -> Program:
-    rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.standard_normal((2, 8, 128)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((1, 8, 16, 128)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((1, 8, 16, 128)), jnp.float32)
-    lengths = jnp.array([40, 64], jnp.int32)
-    indices = jnp.array([[3, 1, 0, 5], [2, 4, 6, 7]], jnp.int32)
+    from tests.corpus.grids import paged_attention_inputs
+
     fn = functools.partial(_unjitted(module.paged_attention), pages_per_compute_block=2)
-    return Program(fn, (q, k, v, lengths, indices))
+    return Program(fn, paged_attention_inputs())
 
 
 ALL_GATHER_RACE = (
