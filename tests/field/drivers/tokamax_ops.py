@@ -15,14 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.corpus._seeding import unjitted as _unjitted
 from tests.corpus._case import Program, chip, ring
 from tests.field._kernel import FieldKernel
 
 OPS = "tokamax._src.ops"
-
-
-def _unjitted(fn: Any) -> Any:
-    return getattr(fn, "__wrapped__", fn)
 
 
 def _sds(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:

@@ -20,15 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.corpus._seeding import unjitted as _unjitted
 from tests.corpus._case import Program, chip, ring
 from tests.field._kernel import FieldKernel
 
 RPA = "tpu_inference.kernels.ragged_paged_attention"
 TESTS = "tpu-inference tests/kernels"
-
-
-def _unjitted(fn: Any) -> Any:
-    return getattr(fn, "__wrapped__", fn)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -16,16 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.corpus._seeding import unjitted as _unjitted
 from tests.corpus._case import Program, chip
 from tests.field._kernel import FieldKernel
 
 TI = "tpu_inference.kernels"
 DSV4 = f"{TI}.experimental.deepseek_v4"
 MLA_TEST = "tpu-inference tests/kernels/mla_v2_test.py"
-
-
-def _unjitted(fn: Any) -> Any:
-    return getattr(fn, "__wrapped__", fn)
 
 
 def _cdiv(a: int, b: int) -> int:

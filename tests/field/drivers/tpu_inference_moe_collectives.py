@@ -20,14 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.corpus._seeding import unjitted as _unjitted
 from tests.corpus._case import Program, chip
 from tests.field._kernel import FieldKernel
 
 TPI = "tpu_inference.kernels"
-
-
-def _unjitted(fn: Any) -> Any:
-    return getattr(fn, "__wrapped__", fn)
 
 
 @contextlib.contextmanager

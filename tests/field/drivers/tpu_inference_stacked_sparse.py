@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 import types
 from types import ModuleType
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.corpus._seeding import unjitted as _unjitted
 from tests.corpus._case import Program, chip
 from tests.field._kernel import FieldKernel
 
@@ -27,28 +29,27 @@ SPARSE = f"{TPUI}.sparse_core"
 STACKED = f"{TPUI}.experimental.stacked_rpa"
 
 
-def _unjitted(fn: Any) -> Any:
-    return getattr(fn, "__wrapped__", fn)
-
-
 # ---------------------------------------------------------------- stacked RPA
 
 PAGE = 128
 HEADS = (8, 1, 128)  # query heads, KV heads, head dim
+BATCH_Q_LENS, BATCH_KV_LENS = [1, 1, 5, 30], [129, 70, 65, 300]  # 2 decode, 2 mixed
 
 
-def _stacked_inputs(q_lens: list[int], kv_lens: list[int], distribution: list[int]) -> tuple:
-    """The wrapper's arguments: shapes for the data, arrays for the metadata."""
-    import importlib
-
-    wrapper = importlib.import_module(f"{STACKED}.wrapper")
+def _rpa_inputs(
+    q_lens: list[int],
+    kv_lens: list[int],
+    distribution: list[int],
+    cache_shape: Callable[[int, int, int], tuple[int, ...]],
+) -> tuple[Any, ...]:
+    """A ragged paged attention wrapper's arguments: shapes for the data, arrays for the
+    metadata; ``cache_shape(pages, kv_heads, dim)`` is the package's own cache shape."""
     rng = np.random.default_rng(0)
     n = len(kv_lens)
     pages_per_seq = -(-max(kv_lens) // PAGE)
     tokens = sum(q_lens)
     q_heads, kv_heads, dim = HEADS
-    with jax.sharding.use_abstract_mesh(chip("v6e").abstract()):
-        cache = wrapper.get_kv_cache_shape(n * pages_per_seq + 4, PAGE, kv_heads, dim, jnp.bfloat16)
+    cache = cache_shape(n * pages_per_seq + 4, kv_heads, dim)
     cu = np.zeros(n + 1, np.int32)
     np.cumsum(q_lens, out=cu[1:])
     pages = rng.permutation(n * pages_per_seq + 4)[: n * pages_per_seq].astype(np.int32)
@@ -62,6 +63,19 @@ def _stacked_inputs(q_lens: list[int], kv_lens: list[int], distribution: list[in
         jnp.asarray(cu),
         jnp.asarray(distribution, jnp.int32),
     )
+
+
+def _stacked_inputs(q_lens: list[int], kv_lens: list[int], distribution: list[int]) -> tuple:
+    """The stacked wrapper's arguments (its cache shape asks for the TPU generation)."""
+    import importlib
+
+    wrapper = importlib.import_module(f"{STACKED}.wrapper")
+
+    def cache_shape(pages: int, kv_heads: int, dim: int) -> tuple[int, ...]:
+        with jax.sharding.use_abstract_mesh(chip("v6e").abstract()):
+            return tuple(wrapper.get_kv_cache_shape(pages, PAGE, kv_heads, dim, jnp.bfloat16))
+
+    return _rpa_inputs(q_lens, kv_lens, distribution, cache_shape)
 
 
 def _stacked(mode: str, window: int | None) -> Any:
@@ -191,29 +205,15 @@ def _batched(part: str) -> Any:
                 return steps
             return o_hbm, kv_cache
 
-        rng = np.random.default_rng(0)
-        q_lens, kv_lens = [1, 1, 5, 30], [129, 70, 65, 300]
-        pages_per_seq = -(-max(kv_lens) // PAGE)
-        n = len(kv_lens)
-        q_heads, kv_heads, dim = HEADS
-        tokens = sum(q_lens)
-        with jax.sharding.use_abstract_mesh(chip("v6e").abstract()):
-            cache = wrapper.get_kv_cache_shape(
-                n * pages_per_seq + 4, PAGE, kv_heads, dim, jnp.bfloat16, kv_layout=layout
-            )
-        cu = np.zeros(n + 1, np.int32)
-        np.cumsum(q_lens, out=cu[1:])
-        pages = rng.permutation(n * pages_per_seq + 4)[: n * pages_per_seq].astype(np.int32)
-        args = (
-            jax.ShapeDtypeStruct((tokens, q_heads, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((tokens, kv_heads, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((tokens, kv_heads, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct(cache, jnp.bfloat16),
-            jnp.asarray(kv_lens, jnp.int32),
-            jnp.asarray(pages),
-            jnp.asarray(cu),
-            jnp.asarray([2, 2, 4], jnp.int32),
-        )
+        def cache_shape(pages: int, kv_heads: int, dim: int) -> tuple[int, ...]:
+            with jax.sharding.use_abstract_mesh(chip("v6e").abstract()):
+                return tuple(
+                    wrapper.get_kv_cache_shape(
+                        pages, PAGE, kv_heads, dim, jnp.bfloat16, kv_layout=layout
+                    )
+                )
+
+        args = _rpa_inputs(BATCH_Q_LENS, BATCH_KV_LENS, [2, 2, 4], cache_shape)
         return Program(program, args, mesh=chip("v6e"))
 
     return build
@@ -250,26 +250,10 @@ def _tokamax(part: str) -> Any:
                     stack.callback(setattr, wrapper, name, saved)
                 return run(*args, sm_scale=0.088)
 
-        rng = np.random.default_rng(0)
-        q_lens, kv_lens = [1, 1, 5, 30], [129, 70, 65, 300]
-        pages_per_seq = -(-max(kv_lens) // PAGE)
-        n = len(kv_lens)
-        q_heads, kv_heads, dim = HEADS
-        tokens = sum(q_lens)
-        cache = wrapper.get_kv_cache_shape(n * pages_per_seq + 4, PAGE, kv_heads, dim, jnp.bfloat16)
-        cu = np.zeros(n + 1, np.int32)
-        np.cumsum(q_lens, out=cu[1:])
-        pages = rng.permutation(n * pages_per_seq + 4)[: n * pages_per_seq].astype(np.int32)
-        args = (
-            jax.ShapeDtypeStruct((tokens, q_heads, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((tokens, kv_heads, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((tokens, kv_heads, dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct(cache, jnp.bfloat16),
-            jnp.asarray(kv_lens, jnp.int32),
-            jnp.asarray(pages),
-            jnp.asarray(cu),
-            jnp.asarray([2, 2, 4], jnp.int32),
-        )
+        def cache_shape(pages: int, kv_heads: int, dim: int) -> tuple[int, ...]:
+            return tuple(wrapper.get_kv_cache_shape(pages, PAGE, kv_heads, dim, jnp.bfloat16))
+
+        args = _rpa_inputs(BATCH_Q_LENS, BATCH_KV_LENS, [2, 2, 4], cache_shape)
         return Program(program, args, mesh=chip("tpu7x"))
 
     return build
