@@ -235,18 +235,25 @@ _LIMIT_KINDS = (NotImplementedError, AttributeError, TypeError)
 
 
 def raised_by_interpreter(error: BaseException) -> bool:
-    """True if ``error`` is jax's interpreter failing on a construct it lacks, at run time."""
+    """True if ``error`` is jax's interpreter failing on a construct it lacks, at run time:
+    raised inside jax, in frames the interpreter entered after the last frame of user
+    code (the interpreter's own code, or jax code it calls: an index vector turned into
+    a Python int by ``jax.Array.__int__`` while it runs a gather DMA)."""
     if not isinstance(error, _LIMIT_KINDS):
         return False
     tb = error.__traceback__
-    last: str | None = None
+    files: list[str] = []
     while tb is not None:
-        last = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        files.append(os.path.abspath(tb.tb_frame.f_code.co_filename))
         tb = tb.tb_next
-    if last is None or not last.startswith(_JAX_DIR):
+    if not files or not files[-1].startswith(_JAX_DIR):
         return False
-    inside = last[len(_JAX_DIR) :]
-    return any(inside.startswith(part) for part in _INTERPRETER_PARTS)
+    inner: list[str] = []
+    for path in reversed(files):  # the jax frames below the last frame outside jax
+        if not path.startswith(_JAX_DIR):
+            break
+        inner.append(path[len(_JAX_DIR) :])
+    return any(path.startswith(part) for path in inner for part in _INTERPRETER_PARTS)
 
 
 def run_time_limit(error: BaseException, device: str | None) -> SimulationUnsupportedError:

@@ -25,16 +25,12 @@ class FieldKernel:
     ``name`` is stable and unique (``<package>/<kernel>[/<variant>]``, the pytest id and
     the key in results.json). ``module`` is the dotted name of the module whose source
     holds the kernel's DMA code; ``build`` gets that module (original or mutated) and
-    returns the program. ``mutate`` lists further modules the mutants may change when
-    the DMA code sits in a helper module the kernel module imports *as a module*
-    (rarely: most helpers are imported by name, which a mutant could not reach).
-    ``source`` names the package test (file and case) the shapes come from. ``readings``
-    holds, per checker ("verify", "trace", "simulate"), what a person found on reading
-    the kernel against that checker's finding or refusal: it starts with ``true bug:``,
-    ``by design:``, ``false alarm:`` or ``unsupported:`` and gives the reason. A finding
-    without a reading, or one read as a false alarm, fails the lane. ``simulate``:
-    jax's TPU interpreter runs this program (one device, no ref views), so the lane runs
-    ``simulate`` on it too. ``slow``: out of CI's slice.
+    returns the program. ``source`` names the package test (file and case) the shapes
+    come from. ``readings`` holds, per checker ("verify", "trace", "simulate"), what a
+    person found on reading the kernel against that checker's finding (or verify's
+    refusal): it starts with ``true bug:``, ``by design:``, ``false alarm:`` or
+    ``unsupported:`` and gives the reason. A finding without a reading, or one read as
+    a false alarm, fails the lane. ``slow``: out of CI's slice (and not simulated).
     """
 
     name: str
@@ -42,7 +38,6 @@ class FieldKernel:
     build: Callable[[ModuleType], Program]
     source: str
     readings: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    simulate: bool = False
     slow: bool = False
 
     @property

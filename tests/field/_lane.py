@@ -4,6 +4,7 @@ and the record of each mutant."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any
 
@@ -53,9 +54,39 @@ def lane_mutants() -> list[tuple[FieldKernel, _mutants.Mutant]]:
 
 @functools.cache
 def original_verdicts(kernel: FieldKernel) -> dict[str, _verdicts.Verdict]:
+    """verify's and the trace checks' verdicts; simulate's too where the program runs
+    on one device (jax's interpreter then runs it on the CPU, as a second opinion)."""
     program = kernel.program()
-    tools = TOOLS + (("simulate",) if kernel.simulate else ())
+    tools = TOOLS + (("simulate",) if not kernel.slow and runs_on_one_device(program) else ())
     return {tool: _verdicts.CHECKERS[tool](program) for tool in tools}
+
+
+def runs_on_one_device(program: Program) -> bool:
+    """No mesh axis in the program, and no ``shard_map`` over several devices in its
+    traced program (a wrapper that builds its own over an abstract mesh needs devices
+    simulate would have to make, so only verify runs it)."""
+    if program.per_device:
+        return False
+    fn, args, mesh = program.whole()
+    with _run._mesh_context(mesh):
+        jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    return _devices_of(jaxpr) <= 1
+
+
+def _devices_of(jaxpr: Any) -> int:
+    """The most devices any ``shard_map`` in ``jaxpr`` (and the bodies in it) spans."""
+    most = 1
+    for eqn in jaxpr.eqns:
+        mesh = eqn.params.get("mesh")
+        shape = getattr(mesh, "shape", None)
+        if eqn.primitive.name == "shard_map" and isinstance(shape, dict):
+            most = max(most, math.prod(shape.values()))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    most = max(most, _devices_of(inner))
+    return most
 
 
 def program_text(program: Program) -> str:

@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from safedma.testing import VerifyReport
 from tests.corpus import _run
 from tests.corpus._case import Program
 
 VERIFY_TIMEOUT_S = 120.0
+SIMULATE_TIMEOUT_S = 60.0
 """A walk still running after this is reported as a crash, never waited out."""
 
 
@@ -60,7 +62,7 @@ def _timed(run: Callable[[], Any], classify: Callable[[BaseException], str]) -> 
         return Verdict(classify(err), type(err).__name__, str(err), seconds)
     seconds = time.perf_counter() - start
     detail = {}
-    if result is not None and hasattr(result, "devices"):
+    if isinstance(result, VerifyReport):
         detail = {
             "devices": int(result.devices),
             "dmas": int(result.dmas),
@@ -73,10 +75,11 @@ def _verify_class(err: BaseException) -> str:
     from safedma.testing import (
         SimulationError,
         SimulationTimeoutError,
+        SimulationUnsupportedError,
         VerificationUnsupportedError,
     )
 
-    if isinstance(err, VerificationUnsupportedError):
+    if isinstance(err, (VerificationUnsupportedError, SimulationUnsupportedError)):
         return "unsupported"
     if isinstance(err, SimulationTimeoutError):
         return "crash"
@@ -121,8 +124,24 @@ def trace(program: Program) -> Verdict:
 
 
 def simulate(program: Program) -> Verdict:
-    """``safedma.testing.simulate``: jax's TPU interpreter with race detection."""
-    return _timed(lambda: _run.simulate(program, timeout_s=60.0), _verify_class)
+    """``safedma.testing.simulate``: jax's TPU interpreter with race detection. A program
+    whose wrapper asks for the TPU generation runs under the abstract mesh naming it."""
+    import contextlib
+
+    import jax
+
+    chip = program.mesh is not None and not program.mesh.shape
+    context = (
+        jax.sharding.use_abstract_mesh(program.mesh.abstract())
+        if chip
+        else contextlib.nullcontext()
+    )
+
+    def go() -> Any:
+        with context:
+            return _run.simulate(program, timeout_s=SIMULATE_TIMEOUT_S)
+
+    return _timed(go, _verify_class)
 
 
 CHECKERS: dict[str, Callable[[Program], Verdict]] = {

@@ -2,7 +2,7 @@
 
 python -m tests.field.check                      every kernel, verify and trace
 python -m tests.field.check NAME [NAME ...]      these kernels (a name prefix works)
-python -m tests.field.check --simulate NAME      simulate too
+python -m tests.field.check --simulate NAME      simulate too (the lane runs it on one-device programs)
 python -m tests.field.check --full NAME          print each finding's whole message
 """
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kernel.name}: BUILD FAILED {type(err).__name__}: {err}")
             failed += 1
             continue
-        tools = ["verify", "trace"] + (["simulate"] if options.simulate or kernel.simulate else [])
+        tools = ["verify", "trace"] + (["simulate"] if options.simulate else [])
         for tool in tools:
             verdict = _verdicts.CHECKERS[tool](program)
             print(f"{kernel.name} [{tool}] {verdict.outcome} {verdict.error} "

@@ -327,6 +327,10 @@ DECODE_STORE_RACE = (
     "so a prefetch can overwrite a state before its store has read it and the cache gets "
     "another request's state; needs three or more blocks (here bt={bt}, {blocks} blocks)"
 )
+DECODE_STORE_RACE_RUN = (
+    "true bug: the same race, seen by jax's interpreter with race detection: the "
+    "prefetch DMA writes h_bufs while a state store still reads it"
+)
 
 SCAN_STORE_RACE = (
     "true bug: DecodeProcessor writes decode_store_scratch[slot] (recurrent_scan_impl.py:854) "
@@ -362,7 +366,10 @@ KERNELS = [
         f"{TPI}.gdn.v1.fused_gdn_decode_kernel",
         _gdn_decode,
         "tpu-inference tests/kernels/fused_gdn_kernel_test.py (test_basic, 8 decodes)",
-        readings={"verify": DECODE_STORE_RACE.format(bt=1, blocks=8)},
+        readings={
+            "verify": DECODE_STORE_RACE.format(bt=1, blocks=8),
+            "simulate": DECODE_STORE_RACE_RUN,
+        },
     ),
     FieldKernel(
         "tpu-inference/gdn_v1_recurrent",
@@ -375,7 +382,10 @@ KERNELS = [
         f"{TPI}.gdn.v2.gdn_decode_kernel",
         _gdn_v2_decode,
         "tpu-inference tests/kernels/gdn_decode_kernel_test.py (test_basic, 13 decodes)",
-        readings={"verify": DECODE_STORE_RACE.format(bt=2, blocks=7)},
+        readings={
+            "verify": DECODE_STORE_RACE.format(bt=2, blocks=7),
+            "simulate": DECODE_STORE_RACE_RUN,
+        },
     ),
     FieldKernel(
         "tpu-inference/gdn_v2_recurrent_scan",

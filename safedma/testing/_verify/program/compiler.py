@@ -1270,7 +1270,7 @@ _BUILDERS: dict[str, Callable[[Compiler, Any], Op]] = {
 # same operation applied to the operands' known-masks finds.
 _MOVES_ELEMENTS = frozenset(
     {"slice", "squeeze", "reshape", "transpose", "rev", "broadcast_in_dim", "expand_dims",
-     "concatenate", "dynamic_slice", "copy", "copy_p"}
+     "concatenate", "dynamic_slice", "copy"}
 )  # fmt: skip
 _ELEMENTWISE = frozenset(
     {"convert_element_type", "add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs",
