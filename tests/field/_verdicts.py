@@ -17,6 +17,10 @@ from safedma.testing import VerifyReport
 from tests.corpus import _run
 from tests.corpus._case import Program
 
+_PACKAGE_ROOT = re.compile(r"/\S*?/(?:site-packages|\.venv/field/[^/\s]+)/")
+"""Where this machine installed a package: cut from the stored headline, so results.json
+names ``tpu_inference/kernels/...`` wherever the lane ran."""
+
 VERIFY_TIMEOUT_S = 120.0
 SIMULATE_TIMEOUT_S = 60.0
 """A walk still running after this is reported as a crash, never waited out."""
@@ -34,7 +38,7 @@ class Verdict:
     def headline(self) -> str:
         """The message's first line, without run-specific numbers (stored)."""
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
-        return first[:300]
+        return _PACKAGE_ROOT.sub("", first)[:300]
 
     def names_line(self, filename: str, lines: tuple[int, int]) -> bool:
         """The message names ``filename:LINE`` (as ``.../name.py:LINE``) for a line in
