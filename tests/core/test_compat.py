@@ -171,6 +171,7 @@ SEAMS = {
     "safedma.mypy_plugin": "the mypy plugin (the class jax.Array is reported as)",
     "safedma._sanitize._jax": "the sanitizer",
     "safedma.testing._suite._jax": "verifying every kernel a test suite runs",
+    "safedma.testing._gpu.jax_seam": "verify_gpu (Pallas GPU kernels)",
 }
 
 
