@@ -146,14 +146,14 @@ def check_shape(value: object, parameter: str, where: str, *, fix: str = "") -> 
                     where,
                     parameter,
                     expected,
-                    value,
+                    dims,
                     f"Dimension {position} is {shown(dim)}. {fix}",
                 ).rstrip()
             )
         if cast("Callable[[], int]", index)() < 0:
             raise ValueError(
                 _sentence(
-                    where, parameter, expected, value, f"Dimension {position} is negative. {fix}"
+                    where, parameter, expected, dims, f"Dimension {position} is negative. {fix}"
                 ).rstrip()
             )
     return tuple(cast("Callable[[], int]", getattr(d, "__index__"))() for d in dims)

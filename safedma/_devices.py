@@ -61,9 +61,14 @@ def _check_index_kind(value: object, axis: str) -> Index:
     return value
 
 
+def _axis_name_tuple(axes: object) -> tuple[object, ...]:
+    """``axes`` as a tuple of names: itself if a tuple, else the one name."""
+    return cast("tuple[object, ...]", axes) if isinstance(axes, tuple) else (axes,)
+
+
 def _check_axis_names(axes: object, purpose: str) -> None:
     """``axes`` is one mesh axis name or a tuple of them (checked before the mesh is looked up)."""
-    names = cast("tuple[object, ...]", axes) if isinstance(axes, tuple) else (axes,)
+    names = _axis_name_tuple(axes)
     if not all(isinstance(name, str) for name in names):
         raise DeviceIdError(
             f"{purpose}: axis must be a mesh axis name (a str) or a tuple of them, got "

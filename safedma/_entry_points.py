@@ -439,6 +439,7 @@ def core_kernel(
     scalar-subcore body next to a vector-subcore one, signalling each other) checks each
     body as a kernel of its own.
     """
+    bodies = _mpmd_bodies(body)  # before `body` is narrowed below; None for one body
     meshes = cast("Sequence[object]", mesh) if isinstance(mesh, (list, tuple)) else [mesh]
     bodies_given = cast("Sequence[object]", body) if isinstance(body, (list, tuple)) else [body]
     for k, one in enumerate(bodies_given):
@@ -469,13 +470,14 @@ def core_kernel(
     config = _config_of(options.get("compiler_params"), tensor_core=tensor_core)
     given = cast("dict[str, Any]", options)
     scratch = _positional_count(options.get("scratch_types"))
-    bodies = _mpmd_bodies(body)
-    for one in bodies if bodies is not None else [body]:
-        _core_kernel_unsanitized(one)
     checked_body: object
     if bodies is None:
-        checked_body = _checked(cast("Callable[..., None]", body), scratch)
+        single = cast("Callable[..., None]", body)
+        _core_kernel_unsanitized(single)
+        checked_body = _checked(single, scratch)
     else:
+        for one in bodies:
+            _core_kernel_unsanitized(one)
         checked_body = [_checked(one, scratch) for one in bodies]
     call = _pl_kernel(checked_body, out_type, mesh=mesh, **given)
     return _with_config(call, config)

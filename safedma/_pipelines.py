@@ -12,7 +12,7 @@ pltpu call. On jax 0.12, lowering either on a CPU needs a TPU generation:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import jax
@@ -57,7 +57,8 @@ def _check_grid(grid: object) -> None:
         )
     if not isinstance(grid, (tuple, list)):
         raise TypeError(f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}.")
-    for k, dim in enumerate(cast("tuple[object, ...]", tuple(grid))):
+    given = cast("Sequence[object]", grid)
+    for k, dim in enumerate(tuple(given)):
         if isinstance(dim, bool) or not isinstance(dim, int):
             dtype = getattr(dim, "dtype", None)
             if (
@@ -67,12 +68,12 @@ def _check_grid(grid: object) -> None:
             ):
                 continue
             raise TypeError(
-                f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}: "
+                f"safedma.emit_pipeline(): grid must be {expected}, got {shown(given)}: "
                 f"dimension {k} is {shown(dim)}."
             )
         if dim < 1:
             raise ValueError(
-                f"safedma.emit_pipeline(): grid must be {expected}, got {shown(grid)}: "
+                f"safedma.emit_pipeline(): grid must be {expected}, got {shown(given)}: "
                 f"dimension {k} is {dim}. A pipeline with no steps is a missing pipeline call."
             )
 

@@ -118,6 +118,8 @@ __all__ = [
 
 # Public classes print with the path they are imported by (safedma.testing.DeadlockError),
 # not the private module that defines them.
+_name: str = ""
+_value: object = None
 for _name in __all__:
     _value = globals()[_name]
     if isinstance(_value, type) and _value.__module__.startswith(f"{__name__}._"):

@@ -169,10 +169,11 @@ def _check_mesh_arguments(
             f"{where}: axis_names must be a tuple of strings, one per mesh axis, such as "
             f"('x',), got {shown(axis_names)}."
         )
-    if not all(isinstance(name, str) for name in cast("Sequence[object]", axis_names)):
+    names = cast("Sequence[object]", axis_names)
+    if not all(isinstance(name, str) for name in names):
         raise TypeError(
             f"{where}: axis_names must be a tuple of strings, one per mesh axis, got "
-            f"{shown(axis_names)}."
+            f"{shown(names)}."
         )
     if device_order is not None:
         check_shape(device_order, "device_order", where, fix="Give a permutation of the chips.")

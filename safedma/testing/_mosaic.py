@@ -200,14 +200,14 @@ def _axis_names(axis_names: object, where: str) -> tuple[str, ...]:
             f"{where}: axis_names must be a tuple of strings, one per axis, such as ('x',), "
             f"got {shown(axis_names)}."
         )
-    names = tuple(cast("Sequence[object]", axis_names))
+    given = cast("Sequence[object]", axis_names)
+    names = tuple(given)
     if not all(isinstance(name, str) for name in names):
         raise TypeError(
-            f"{where}: axis_names must be a tuple of strings, one per axis, got "
-            f"{shown(axis_names)}."
+            f"{where}: axis_names must be a tuple of strings, one per axis, got {shown(given)}."
         )
     if len(set(names)) != len(names):
-        raise ValueError(f"{where}: axis_names must be distinct, got {shown(axis_names)}.")
+        raise ValueError(f"{where}: axis_names must be distinct, got {shown(given)}.")
     return cast("tuple[str, ...]", names)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -19,6 +19,9 @@ from safedma.testing._verify import jax_internals as ji
 __all__ = ["verify_gpu"]
 
 _MAX_PROGRAMS = 4096
+
+# Typed once: jax leaves ``make_jaxpr`` partly unannotated (its result is a ClosedJaxpr).
+_make_jaxpr = cast("Callable[[Callable[..., Any]], Callable[..., Any]]", getattr(jax, "make_jaxpr"))
 
 
 def verify_gpu(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GpuVerifyReport:
@@ -53,7 +56,7 @@ def verify_gpu(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GpuVerifyRe
         raise VerificationUnsupportedError(
             f"jax {jax.__version__} has no Pallas GPU (mosaic_gpu) API the checker can read."
         )
-    closed = jax.make_jaxpr(fn)(*args, **kwargs)
+    closed = _make_jaxpr(fn)(*args, **kwargs)
     kernels = list(_gpu_kernels(closed.jaxpr))
     if not kernels:
         raise VerificationUnsupportedError(
@@ -74,7 +77,8 @@ def verify_gpu(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GpuVerifyRe
         for ids in itertools.product(*(range(g) for g in grid)):
             where = f"kernel `{name}`"
             if points > 1:
-                where += f", program {ids if len(ids) > 1 else ids[0]} of grid {tuple(grid)}"
+                # points > 1: the grid has an axis, so an id has at least one index
+                where += f", program {ids[0] if len(ids) == 1 else ids} of grid {tuple(grid)}"
             protocol = Protocol(where)
             axes = {n: (i, g) for n, i, g in zip(mesh_axes, ids, grid)}
             axes.update(_fixed_axes(eqn))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from safedma.testing._private import moved
 
@@ -33,6 +33,7 @@ __all__ = [
 _PLGPU = "jax.experimental.pallas.mosaic_gpu"
 _GPU_CORE = "jax._src.pallas.mosaic_gpu.core"
 _INDEXING = "jax._src.state.indexing"
+_JAX_CORE = "jax.core"
 
 
 @functools.cache
@@ -114,7 +115,7 @@ def gpu_compiler_params(params: dict[str, Any]) -> Any | None:
     """
     cp: Any = params.get("compiler_params")
     if isinstance(cp, dict):
-        cp = cp.get("mosaic_gpu")
+        cp = cast("dict[str, Any]", cp).get("mosaic_gpu")
     if cp is None:
         return None
     core = _gpu_core()
@@ -158,6 +159,19 @@ def is_shape_preserving(transform: Any) -> bool:
     return type(transform).__name__ in _SHAPE_PRESERVING
 
 
+def _shaped_array() -> Any:
+    """``jax.core.ShapedArray``, the abstract value a transform's ``transform_type`` takes.
+
+    Why: ``jax.core`` drops names release by release (most are deprecated there), and
+    jax leaves it partly unannotated.
+    """
+    try:
+        core = importlib.import_module(_JAX_CORE)
+    except ImportError as err:
+        raise moved(_JAX_CORE, err) from err
+    return _attr(core, "ShapedArray")
+
+
 def transformed_shape(transform: Any, shape: Sequence[int], dtype: Any) -> tuple[int, ...] | None:
     """The shape a non-indexing transform (untile, reshape, bitcast) gives a view, or None.
 
@@ -169,9 +183,7 @@ def transformed_shape(transform: Any, shape: Sequence[int], dtype: Any) -> tuple
     if fn is None:
         return None
     try:
-        import jax
-
-        out = fn(jax.core.ShapedArray(tuple(shape), dtype))
+        out = fn(_shaped_array()(tuple(shape), dtype))
         return tuple(int(d) for d in out.shape)
     except Exception:
         return None

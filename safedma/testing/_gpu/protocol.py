@@ -49,7 +49,9 @@ class _Barrier:
     issued: int = 0
     waits: int = 0
     # (phase, what arrived, line) of the latest arrivals, for messages
-    arrivals: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
+    arrivals: list[tuple[int, str, str]] = dataclasses.field(
+        default_factory=list[tuple[int, str, str]]
+    )
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, SupportsIndex, SupportsInt
 
 from safedma.testing._gpu import jax_seam
 
@@ -23,7 +23,7 @@ __all__ = ["UNKNOWN", "Buffer", "Region", "Unknown", "is_known_int", "overlap", 
 class Unknown:
     """A value the checker does not compute (vector data, a value read from memory)."""
 
-    _instance: Unknown | None = None
+    _instance: ClassVar[Unknown | None] = None
 
     def __new__(cls) -> Unknown:
         if cls._instance is None:
@@ -100,7 +100,9 @@ def _int(value: object) -> int | None:
         shape = getattr(value, "shape", ())
         if shape != ():
             return None
-        return int(value)  # type: ignore[call-overload,no-any-return]
+        if not isinstance(value, (SupportsInt, SupportsIndex, str, bytes, bytearray)):
+            return None  # what int() rejects with a TypeError
+        return int(value)
     except (TypeError, ValueError):
         return None
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from safedma.testing._gpu import jax_seam
 from safedma.testing._gpu.errors import VerificationUnsupportedError
@@ -360,7 +361,7 @@ class Walker:
 
     def _op_axis_index(self, eqn: Any, vals: list[Any], frames: list[Any]) -> list[Any]:
         axis = eqn.params.get("axis_name")
-        names = axis if isinstance(axis, (tuple, list)) else (axis,)
+        names = cast("Sequence[Any]", axis) if isinstance(axis, (tuple, list)) else (axis,)
         index = 0
         for n in names:
             if n not in self.axes:
@@ -514,7 +515,9 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return (
-            isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and bool(np.array_equal(a, b))
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and bool(np.array_equal(cast("NDArray[Any]", a), cast("NDArray[Any]", b)))
         )
     if isinstance(a, RefVal) or isinstance(b, RefVal):
         return bool(a == b)

@@ -1307,7 +1307,7 @@ def _partial_results(eqn: Any, vals: list[Any]) -> list[Any]:
                 masks = [masks[0], *[np.asarray(v) for v in vals[1:]]]
             known = _jax.bind_concrete_arrays(eqn, masks)
         else:
-            out_shape = np.shape(np.asarray(cast(Any, values[0])))
+            out_shape = np.shape(np.asarray(values[0]))
             combined = np.ones(out_shape, bool)
             for m in masks:
                 combined &= np.broadcast_to(m, out_shape) if np.ndim(m) else bool(m)
