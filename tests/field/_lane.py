@@ -17,6 +17,7 @@ from tests.field._kernel import FieldKernel
 
 SLICE_VARIABLE = "SAFEDMA_FIELD_SLICE"
 TOOLS = ("verify", "trace")
+REMOVALS = ("drop_wait", "drop_barrier")  # operators that delete a statement
 
 
 def in_ci_slice() -> bool:
@@ -118,6 +119,11 @@ def mutant_record(kernel: FieldKernel, mutant: _mutants.Mutant) -> dict[str, Any
     if original_verdicts(kernel)["verify"].outcome != "clean":
         return {**base, "kept": False, "why": "the original does not verify clean"}
     found = _verdicts.verify(program)
+    original = original_verdicts(kernel)["verify"]
+    if mutant.operator in REMOVALS and found.outcome == "clean" and found.detail == original.detail:
+        # the same copies, waits and signals as the original: the removed statement
+        # never runs on the driven inputs, so the program they run is the original's
+        return {**base, "kept": False, "why": "the removed statement never runs on these inputs"}
     traced = _verdicts.trace(program)
     return {
         **base,

@@ -8,7 +8,9 @@ whose verdict on a kernel or a mutant changes fails its test until the change is
 and recorded.
 
 A mutant's verdict ``kept`` says whether it counts: it traces, its program differs from
-the original's, and the original verifies clean. A kept mutant that verify does not
+the original's, the original verifies clean, and a removed wait or barrier runs on the
+driven inputs (a mutant that verify passes with exactly the original's copies, waits
+and signals runs the original's program). A kept mutant that verify does not
 catch counts as missed unless results.json holds a reading for it that starts with
 ``equivalent:`` (the changed program still obeys every rule, and why).
 """

@@ -71,6 +71,7 @@ def _timed(run: Callable[[], Any], classify: Callable[[BaseException], str]) -> 
             "devices": int(result.devices),
             "dmas": int(result.dmas),
             "waits": int(result.waits),
+            "signals": int(result.signals),
         }
     return Verdict("clean", seconds=seconds, detail=detail)
 
