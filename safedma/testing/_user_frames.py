@@ -14,6 +14,8 @@ import sysconfig
 from collections.abc import Sequence
 from typing import Any
 
+from safedma.testing._descriptor_sites import made_at
+
 __all__ = ["traceback_frames", "user_frame_of"]
 
 # safedma's own package directory (this file is safedma/testing/_user_frames.py)
@@ -29,9 +31,14 @@ _STDLIB = tuple(
 )
 
 
+# Kernels shipped inside jax itself (jax/experimental/pallas/ops): user code, like
+# any kernel, with their helpers' callers and conditions named the same way.
+_JAX_KERNELS = f"{os.sep}jax{os.sep}experimental{os.sep}pallas{os.sep}ops{os.sep}"
+
+
 def _is_library(path: str) -> bool:
     path = os.path.abspath(path)
-    if path.startswith(_USER_CODE):
+    if path.startswith(_USER_CODE) or _JAX_KERNELS in path:
         return False
     if path.startswith(_LIBRARY + os.sep):
         return True
@@ -58,7 +65,9 @@ def traceback_frames(source_info: Any) -> list[Any]:
         return []
 
 
-def user_frame_of(frames: Sequence[Any], whole_kernel: bool = False) -> str | None:
+def user_frame_of(
+    frames: Sequence[Any], whole_kernel: bool = False, guard: bool = False
+) -> str | None:
     """ "file:line (function)" of the first of ``frames`` (innermost first) outside jax
     and safedma's library, with the lines that called it when it is a helper of the
     kernel; ``whole_kernel``: the list ends at the kernel function.
@@ -68,13 +77,18 @@ def user_frame_of(frames: Sequence[Any], whole_kernel: bool = False) -> str | No
     A helper's line is the same for every copy it issues (``_async_copy(src, dst,
     sem)``, a zero-fill helper in another module), so the lines of the kernel that
     called it tell them apart: up to two calling frames, stopping where Pallas
-    traced the kernel.
+    traced the kernel. ``guard``: also the line of the innermost ``pl.when`` /
+    ``lax.cond`` the frame runs under (a copy started in a case it should not be is
+    fixed at its condition).
     """
     for i, frame in enumerate(frames):
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
             callers = _kernel_callers(frames, i, whole_kernel)
+            made = _made_note(frame)
+            if guard:
+                made += _guard_note(frames, i)
             if not callers:
-                return f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+                return f"{frame.file_name}:{frame.line_num} ({frame.function_name}{made})"
             # A caller in the same file by its base name (``kernel.py:236``): short, and
             # a location editors and terminals jump to, as the line to fix often is.
             via = ", ".join(
@@ -83,16 +97,42 @@ def user_frame_of(frames: Sequence[Any], whole_kernel: bool = False) -> str | No
                 else f"{c.file_name}:{c.line_num} in {c.function_name}"
                 for c in callers
             )
-            return f"{frame.file_name}:{frame.line_num} ({frame.function_name}, called at {via})"
-    # Kernels shipped inside jax itself (jax/experimental/pallas/ops): their own line.
-    for frame in frames:
-        path = frame.file_name
-        if (
-            f"{os.sep}jax{os.sep}experimental{os.sep}" in path
-            and f"{os.sep}pallas{os.sep}ops{os.sep}" in path
-        ):
-            return f"{path}:{frame.line_num} ({frame.function_name})"
+            return (
+                f"{frame.file_name}:{frame.line_num} ({frame.function_name}{made}, called at {via})"
+            )
     return None
+
+
+def _made_note(frame: Any) -> str:
+    """``, descriptor made at kernel.py:461`` where the frame starts or waits a copy
+    descriptor built on another line (its arguments are where a wrong slot, semaphore
+    or size is written)."""
+    lines = made_at(str(frame.file_name), int(frame.line_num))
+    if not lines:
+        return ""
+    base = os.path.basename(frame.file_name)
+    return ", descriptor made at " + ", ".join(f"{base}:{n}" for n in lines)
+
+
+# jax frames that run a body only when a condition holds: lax.cond/switch, and
+# pl.when (a Python bool runs or skips the body in helpers.py, with no cond)
+_CONDITIONALS = (f"{os.sep}conditionals.py", f"{os.sep}pallas{os.sep}helpers.py")
+
+
+def _guard_note(frames: Sequence[Any], first: int) -> str:
+    """``, under the condition at kernel.py:395``: the user line that called the
+    innermost ``pl.when``/``lax.cond`` around ``frames[first]``, inside the kernel."""
+    conditional = False
+    for outer in frames[first + 1 :]:
+        path = str(outer.file_name)
+        if _is_library(path) or "<frozen" in path:
+            if path.endswith(_KERNEL_TRACERS) and f"{os.sep}jax{os.sep}" in path:
+                return ""
+            conditional = conditional or path.endswith(_CONDITIONALS)
+            continue
+        if conditional:
+            return f", under the condition at {os.path.basename(path)}:{outer.line_num}"
+    return ""
 
 
 _MAX_CALLERS = 2

@@ -769,8 +769,8 @@ def _both_sizes(error: str, *says: str) -> Raises:
         error,
         says=("copies of different sizes", *says),
         matches=(
-            r"started at \S+:\d+ \S+ \(4096 bytes\)",
-            r"started at \S+:\d+ \S+ \(8192 bytes\)",
+            r"started at \S+:\d+ \([^)]*\) \(4096 bytes\)",
+            r"started at \S+:\d+ \([^)]*\) \(8192 bytes\)",
         ),
         one_of=(ALL, ("sem",)),
         kind="SimulationError",

@@ -251,7 +251,7 @@ def test_out_of_bounds_dma_names_the_index_error_and_the_users_line(mesh4: Mesh)
     with pytest.raises(
         KernelFailedError,
         match=r"on device 1 \(x=1\) at .*test_runner\.py:\d+ "
-        r"\(.*kernel\): IndexError",
+        r"\(.*kernel[^)]*\): IndexError",
     ):
         simulate(call, example((32, 128)), mesh=mesh4, timeout_s=60.0)
     assert_clean_afterwards()

@@ -233,3 +233,27 @@ def test_a_neighbour_past_the_last_device_is_off_the_mesh(under_when: bool) -> N
     assert names_line(message, HERE, marked_lines(HERE, "without_a_modulo")), message
     fixed = send_kernel(without_a_modulo, False, under_when=under_when)
     assert verify(program(fixed), X, mesh=RING).remote_dmas == 4
+
+
+def test_a_signal_past_the_last_device_names_the_line_that_computed_its_id() -> None:
+    """A barrier signal to ``me + 1`` without its modulo: the id is off the mesh on the
+    last device, and the mistake is in the arithmetic, not in the signal's line."""
+
+    def kernel(x_ref: Any, o_ref: Any, flag: Any, sem: Any) -> None:
+        me = lax.axis_index("x")
+        n = lax.axis_size("x")
+        right = me + 1  # fix: signal_without_modulo
+        left = lax.rem(me + n - 1, n)
+        pl.semaphore_signal(flag, 1, device_id={"x": right})
+        pl.semaphore_signal(flag, 1, device_id={"x": left})
+        pl.semaphore_wait(flag, 2)
+        out = pltpu.make_async_copy(x_ref, o_ref, sem)
+        out.start()
+        out.wait()
+
+    scratch = (pltpu.SemaphoreType.REGULAR(()), pltpu.SemaphoreType.DMA(()))
+    with pytest.raises(SimulationError) as caught:
+        verify(program(kernel, scratch), X, mesh=RING)
+    message = str(caught.value)
+    assert "x=4 is outside the mesh" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "signal_without_modulo")), message

@@ -374,7 +374,7 @@ def test_a_copy_in_another_modules_helper_names_the_kernel_line_that_called_it()
 
 def _copy_in_when_body() -> Any:
     def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
-        @pl.when(pl.program_id(0) == 0)
+        @pl.when(pl.program_id(0) == 0)  # fix: msg_when_guard
         def _() -> None:
             pltpu.make_async_copy(x_ref, buf, sem).start()  # fix: msg_when_body
 
@@ -394,13 +394,20 @@ def _copy_in_when_body() -> Any:
     return fn
 
 
-def test_a_copy_in_a_pl_when_body_names_its_own_line_alone() -> None:
-    """A body jax runs (pl.when, fori_loop) is written once: no caller is added."""
+def test_a_copy_in_a_pl_when_body_names_its_own_line_and_its_condition() -> None:
+    """A body jax runs (pl.when, fori_loop) is written once: no caller is added; a
+    copy started in it names the condition it runs under."""
     with pytest.raises(SimulationError) as caught:
         verify(_copy_in_when_body(), jax.ShapeDtypeStruct(BLOCK, jnp.float32))
     message = str(caught.value)
     (line,) = marked_lines(HERE, "msg_when_body")
-    assert f"{HERE}:{line} (_copy_in_when_body.<locals>.kernel.<locals>._)" in message, message
+    (guard,) = marked_lines(HERE, "msg_when_guard")
+    expected = (
+        f"{HERE}:{line} (_copy_in_when_body.<locals>.kernel.<locals>._, "
+        f"under the condition at {HERE.name}:{guard})"
+    )
+    assert expected in message, message
+    assert "called at" not in message, message
 
 
 def _star_args_kernel() -> Any:

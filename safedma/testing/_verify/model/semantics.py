@@ -91,6 +91,7 @@ class Dma:
         "kernel",
         "number",
         "withheld",
+        "sems",
     )
 
     def __init__(
@@ -111,6 +112,8 @@ class Dma:
         self.dst_rec: Record | None = None
         # the last wait that counted this copy without guaranteeing it, and why
         self.withheld: str | None = None
+        # the semaphores its completion counts on (receive side first)
+        self.sems: tuple[SemState, ...] = ()
 
 
 class Record:
@@ -284,6 +287,10 @@ class Machine:
         self.prune = True
         # copies addressed by device id, for the messages (where their ids came from)
         self.addressing = Addressing()
+        # per (waiting participant, buffer ident): its latest waits whose descriptor
+        # names that buffer, as (copies started before it, semaphore, where, box);
+        # a race message names one that waited another semaphore than the copy's
+        self.buffer_waits: dict[tuple[int, int], deque[tuple[int, SemState, str, Box]]] = {}
 
     def keep_loose(self, newest: int | None) -> None:
         """Keep the ``newest`` waits for explain() (None: all of them).
@@ -450,6 +457,8 @@ class Machine:
             )
             if od.withheld is not None:
                 them += f" ({od.withheld}: it does not guarantee this copy)"
+            else:
+                them += self._misaimed_wait(p, od, other)
             fix = (
                 "Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
                 "side that touches this buffer) before this access; on a semaphore "
@@ -473,6 +482,31 @@ class Machine:
             f"data race on {self.labels[view.buffer.owner]}'s buffer {view.buffer.name}"
             f"{_fmt_box(view.box)}: {who} {what} it at {where}; {them}. {fix}"
         )
+
+    def note_wait(self, p: int, view: View, sem: SemState, where: str) -> None:
+        """``p`` waits ``sem`` with a descriptor naming ``view`` (kept for messages)."""
+        key = (p, view.buffer.ident)
+        kept = self.buffer_waits.get(key)
+        if kept is None:
+            kept = self.buffer_waits[key] = deque(maxlen=4)
+        kept.append((self.dmas, sem, where, view.box))
+
+    def _misaimed_wait(self, p: int, d: Dma, side: Record) -> str:
+        """A wait ``p`` made after ``d`` started, on the buffer side ``side`` of ``d``
+        touches, on a semaphore ``d`` does not count on: most likely the wait meant
+        for ``d``, pointed at the wrong semaphore or slot."""
+        view = d.dst if side is d.dst_rec else d.src
+        for started, sem, where, box in reversed(self.buffer_waits.get((p, view.buffer.ident), ())):
+            if started < d.number or any(sem is own for own in d.sems):
+                continue
+            if not overlaps(box, view.box):
+                continue
+            own = " and ".join(self.sem_names(s) for s in d.sems)
+            return (
+                f" (the wait at {where} names this buffer but waits on {self.sem_names(sem)}, "
+                f"not on {own}, which this copy counts on: fix that wait's semaphore or slot)"
+            )
+        return ""
 
     def _addressed(self, d: Dma) -> str:
         """Where a copy sent by device id went and where that id was computed (a copy to
@@ -683,6 +717,7 @@ class Machine:
         written = None if src.empty else self._history(src.buffer).coverage.parts(src.box)
         clock = self.clocks.release(p)
         d = Dma(p, target, src, dst, where, clock, kernel, self.dmas)
+        d.sems = (dst_sem,) if src_sem is None else (dst_sem, src_sem)
         # The copy's accesses may happen any time after the start: check them with
         # the issuer's clock at the start, then keep them pending until guaranteed.
         d.src_rec = self.access(p, src, False, "reads", where, dma=d)

@@ -260,15 +260,16 @@ def run_plain(c: Compiled, args: Sequence[object], ctx: Ctx) -> list[Any]:
     raise VerificationUnsupportedError("an index map or scalar helper waited on a semaphore")
 
 
-def location(eqn: Any) -> str:
+def location(eqn: Any, guard: bool = False) -> str:
     """The user's line of ``eqn``, with the kernel lines that called its helper; for an
     equation jax built with no user frame (the copies inside ``pltpu.sync_copy``), the
     line of the user's call that holds it. jax records an equation's frames only up to
-    the body it was traced in, so the frames of the equations enclosing it count too."""
+    the body it was traced in, so the frames of the equations enclosing it count too.
+    ``guard``: with the line of the ``pl.when``/``lax.cond`` it runs under (copy starts)."""
     frames = _jax.traceback_frames(eqn.source_info)
     for outer in reversed(_ENCLOSING):
         frames.extend(outer)
-    found = _jax.user_frame_of(frames, whole_kernel=bool(_IN_KERNEL))
+    found = _jax.user_frame_of(frames, whole_kernel=bool(_IN_KERNEL), guard=guard)
     if found:
         return found
     # a kernel handed to verify with no user frame around it: where it is defined

@@ -186,7 +186,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
     g_dsem, g_ssem = c.ref_operand(dst_sem), c.ref_operand(src_sem)
     g_dev = _device_getter(c, dev)
     id_type = eqn.params.get("device_id_type")
-    where = location(eqn)
+    where = location(eqn, guard=True)
     adds = bool(eqn.params.get("add", False))
     dev_atoms = _device_atoms(dev)
 
@@ -201,16 +201,7 @@ def _dma_start(c: Compiler, eqn: Any) -> Op:
             )
         eng = engine_of(ctx)
         label = eng.labels[ctx.p]
-        try:
-            target = _target(ctx, g_dev(env), id_type, where)
-        except VerifyKernelError as err:
-            try:
-                computed = _id_origin(ctx, eqn, dev_atoms)()
-            except Exception:  # noqa: BLE001 - a hint only: the error itself stands
-                computed = list[str]()
-            if computed:
-                err.args = (f"{err.args[0]} (the device id is computed at {computed[0]})",)
-            raise
+        target = _addressed_target(ctx, eqn, g_dev(env), id_type, where, dev_atoms)
         s = _need_ref(g_src(env), "the copy source", where)
         d = _need_ref(g_dst(env), "the copy destination", where)
         sv = view_of(s, where, "the copy source", label)
@@ -266,6 +257,24 @@ def _device_atoms(dev: Any) -> list[Any]:
     if isinstance(dev, (tuple, list)):
         return list(cast("tuple[object, ...]", dev))
     return [dev]
+
+
+def _addressed_target(
+    ctx: Ctx, eqn: Any, device_id: Any, id_type: Any, where: str, atoms: list[Any]
+) -> int:
+    """``_target``, with the line that computed a device id outside the mesh added to
+    its error: the mistake (a neighbour without its modulo) is written there, not at
+    the copy or signal that uses it."""
+    try:
+        return _target(ctx, device_id, id_type, where)
+    except VerifyKernelError as err:
+        try:
+            computed = _id_origin(ctx, eqn, atoms)()
+        except Exception:  # noqa: BLE001 - a hint only: the error itself stands
+            computed = list[str]()
+        if computed:
+            err.args = (f"{err.args[0]} (the device id is computed at {computed[0]})",)
+        raise
 
 
 def _id_origin(ctx: Ctx, eqn: Any, atoms: list[Any]) -> Callable[[], list[str]]:
@@ -356,14 +365,18 @@ def _dma_wait(c: Compiler, eqn: Any) -> Op:
         ref = _need_ref(g_ref(env), "the waited copy", where)
         if ref.buffer.owner != ctx.p:
             ref = RefVal(engine_of(ctx).counterpart(ref.buffer, ctx.p), ref.steps)
+        view: View | None = None
         try:
-            nbytes = view_of(ref, where, "the waited copy's buffer", label).nbytes
+            view = view_of(ref, where, "the waited copy's buffer", label)
+            nbytes = view.nbytes
         except OutOfBoundsDmaError:
             # A wait uses only its descriptor's size: kernels wait several copies with
             # one descriptor sized by their total, whose window may overrun the ref.
             nbytes = _window_bytes(ref)
         sem_ref = _need_ref(g_sem(env), "the waited semaphore", where)
         s = _sem_state(ctx, sem_ref, ctx.p, where, "the waited semaphore")
+        if view is not None:
+            ctx.machine.note_wait(ctx.p, view, s, where)
         amount = nbytes if s.kind == "DMA" else 1
         return _wait_gen(ctx, s, amount, where, True)
 
@@ -399,7 +412,7 @@ def _semaphore_signal(c: Compiler, eqn: Any) -> Op:
 
     def op(env: list[Any], ctx: Ctx) -> None:
         device_id = g_dev(env)
-        target = _target(ctx, device_id, id_type, where)
+        target = _addressed_target(ctx, eqn, device_id, id_type, where, dev_atoms)
         if g_core is not None:
             if isinstance(device_id, dict) and engine_of(ctx).core_axis in device_id:
                 raise VerifyKernelError(

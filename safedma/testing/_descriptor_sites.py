@@ -1,0 +1,242 @@
+"""Where the descriptor a ``.start()`` or ``.wait()`` runs on was made, read from the
+kernel's own source.
+
+Why: a copy's equation carries the line of ``cp.start()``, but the mistake a message
+is about (a wrong slot, a wrong semaphore, a wrong size) sits in the arguments of the
+``make_async_copy(...)`` that built ``cp``, often lines earlier or in a list that a
+``jax.tree.map(lambda c: c.start(), copies)`` starts. The jaxpr has no trace of that
+line, so it is found in the source: the descriptor's name is followed back through
+assignments, ``append`` into a list, ``for`` loops and lambdas over a list, in the
+function that starts it and the functions around it. Only the standard library is
+used; a file that cannot be read or parsed gives nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+
+__all__ = ["made_at"]
+
+_METHODS = frozenset({"start", "wait", "wait_recv", "wait_send"})
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_MAPPERS = frozenset({"map", "tree_map"})  # jax.tree.map, jax.tree_util.tree_map, map
+_MAX_SITES = 3
+_MAX_DEPTH = 6
+
+
+def made_at(file_name: str, line: int) -> tuple[int, ...]:
+    """Lines (other than ``line``) where the descriptor started or waited at ``line``
+    was made; empty when the call there builds its own descriptor or none is found."""
+    try:
+        return _made_at(file_name, line)
+    except (RecursionError, ValueError):  # a source too deep or odd to follow
+        return ()
+
+
+@functools.lru_cache(maxsize=4096)
+def _made_at(file_name: str, line: int) -> tuple[int, ...]:
+    tree = _parsed(file_name, len(linecache.getlines(file_name)))
+    if tree is None:
+        return ()
+    parents = _parents(tree)
+    call = _descriptor_call(tree, line)
+    if call is None:
+        return ()
+    assert isinstance(call.func, ast.Attribute)
+    sites = _sites_of(call.func.value, call, parents, 0)
+    return tuple(sorted({s for s in sites if s != line}))[:_MAX_SITES]
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(file_name: str, length: int) -> ast.Module | None:
+    """The module's syntax tree (``length`` keys the cache to the file's current text)."""
+    lines = linecache.getlines(file_name)
+    if not lines or length == 0:
+        return None
+    try:
+        return ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return None
+
+
+_PARENTS: dict[int, dict[ast.AST, ast.AST]] = {}
+
+
+def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
+    found = _PARENTS.get(id(tree))
+    if found is None:
+        found = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        _PARENTS.clear()  # one tree at a time: parents are cheap to rebuild
+        _PARENTS[id(tree)] = found
+    return found
+
+
+def _descriptor_call(tree: ast.Module, line: int) -> ast.Call | None:
+    """The innermost ``X.start()`` / ``X.wait*()`` call spanning ``line``."""
+    best: ast.Call | None = None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _METHODS
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+        ):
+            span = (node.end_lineno or node.lineno) - node.lineno
+            if best is None or span < (best.end_lineno or best.lineno) - best.lineno:
+                best = node
+    return best
+
+
+def _sites_of(
+    expr: ast.expr, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: int
+) -> list[int]:
+    """Lines that made the descriptor(s) ``expr`` (used at node ``at``) stands for."""
+    if depth > _MAX_DEPTH:
+        return []
+    if isinstance(expr, ast.Call):
+        return [expr.lineno]
+    if isinstance(expr, ast.Subscript):  # copies[i]: whatever went into copies
+        return _sites_of(expr.value, at, parents, depth + 1)
+    if isinstance(expr, ast.Name):
+        return _name_sites(expr.id, at, parents, depth)
+    return []  # an attribute (self.copy) or anything else: made elsewhere
+
+
+def _name_sites(name: str, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: int) -> list[int]:
+    scope = _enclosing(at, parents)
+    before = getattr(at, "lineno", 0)
+    while scope is not None:
+        if isinstance(scope, ast.Lambda):
+            if name in _parameters(scope):
+                source = _mapped_over(scope, parents)
+                return [] if source is None else _sites_of(source, scope, parents, depth + 1)
+        else:
+            loop = _loop_over(name, scope, before)
+            if loop is not None:
+                return _sites_of(loop.iter, loop, parents, depth + 1)
+            assigned = _last_assignment(name, scope, before)
+            if assigned is not None:
+                target, value = assigned
+                if isinstance(value, (ast.List, ast.Tuple, ast.ListComp)) or _empty_call(value):
+                    return _appended(name, scope, target, before, parents, depth)
+                return _sites_of(value, target, parents, depth + 1)
+            if name in _parameters(scope):
+                return []  # made by the caller, whose line the message names already
+        before = 1 << 30  # an outer function: anything it binds before the call
+        scope = _enclosing(scope, parents)
+    return []
+
+
+def _enclosing(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
+    at = parents.get(node)
+    while at is not None and not isinstance(at, _FUNCTIONS):
+        at = parents.get(at)
+    return at
+
+
+def _parameters(fn: ast.AST) -> set[str]:
+    args = getattr(fn, "args", None)
+    if not isinstance(args, ast.arguments):
+        return set()
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    every += [a for a in (args.vararg, args.kwarg) if a is not None]
+    return {a.arg for a in every}
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of ``scope``'s body, not those of functions defined in it."""
+    out: list[ast.AST] = []
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if not isinstance(node, _FUNCTIONS):
+            stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _mapped_over(fn: ast.Lambda, parents: dict[ast.AST, ast.AST]) -> ast.expr | None:
+    """``X`` in ``jax.tree.map(lambda c: c.start(), X)`` (or ``map``)."""
+    call = parents.get(fn)
+    if not isinstance(call, ast.Call) or not call.args or call.args[0] is not fn:
+        return None
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if name in _MAPPERS and len(call.args) > 1:
+        return call.args[1]
+    return None
+
+
+def _loop_over(name: str, scope: ast.AST, before: int) -> ast.For | None:
+    for node in _own_nodes(scope):
+        if (
+            isinstance(node, ast.For)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == name
+            and node.lineno <= before <= (node.end_lineno or node.lineno)
+        ):
+            return node
+    return None
+
+
+def _last_assignment(name: str, scope: ast.AST, before: int) -> tuple[ast.stmt, ast.expr] | None:
+    best: tuple[ast.stmt, ast.expr] | None = None
+    for node in _own_nodes(scope):
+        value: ast.expr | None = None
+        if not isinstance(node, ast.stmt):
+            continue
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            value = node.value
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == name
+        ):
+            value = node.value
+        if value is not None and node.lineno < before:
+            if best is None or node.lineno > best[0].lineno:
+                best = (node, value)
+    return best
+
+
+def _empty_call(value: ast.expr) -> bool:
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id in ("list", "tuple")
+        and not value.args
+    )
+
+
+def _appended(
+    name: str,
+    scope: ast.AST,
+    start: ast.AST,
+    before: int,
+    parents: dict[ast.AST, ast.AST],
+    depth: int,
+) -> list[int]:
+    """What ``name.append(x)`` / ``name.extend([...])`` / the literal put in the list."""
+    literal = getattr(start, "value", None)
+    found: list[int] = []
+    if isinstance(literal, (ast.List, ast.Tuple)):
+        for item in literal.elts:
+            found += _sites_of(item, start, parents, depth + 1)
+    elif isinstance(literal, ast.ListComp):
+        found += _sites_of(literal.elt, literal, parents, depth + 1)
+    for node in _own_nodes(scope):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == name
+            and node.args
+            and getattr(start, "lineno", 0) <= node.lineno < before
+        ):
+            found += _sites_of(node.args[0], node, parents, depth + 1)
+    return found

@@ -1,0 +1,135 @@
+"""verify's messages name the line to fix where it is not the copy's own line: the
+``make_async_copy`` that built a descriptor started lines later (or through a list),
+a wait aimed at another semaphore than the copy's, and the ``pl.when`` a copy is
+started under. The kernels are written here; each line a message must name is
+marked ``# fix: <name>``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from safedma.testing import RaceDetectedError, SimulationError, verify
+from tests.corpus._case import marked_lines, names_line
+
+HERE = Path(__file__)
+HBM = pl.BlockSpec(memory_space=pl.ANY)
+BLOCK = (8, 128)
+X = jax.ShapeDtypeStruct(BLOCK, jnp.float32)
+
+
+def _call(kernel: Any, sems: int, grid: int = 1) -> Any:
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            grid=(grid,),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[HBM],
+            out_specs=pl.BlockSpec(BLOCK, lambda i: (0, 0)),
+            scratch_shapes=[
+                pltpu.VMEM((2, *BLOCK), jnp.float32),
+                pltpu.SemaphoreType.DMA((sems,)),
+            ],
+        )(x)
+        return out
+
+    return fn
+
+
+def _failure(fn: Any) -> str:
+    with pytest.raises(SimulationError) as caught:
+        verify(fn, X)
+    return str(caught.value)
+
+
+def _descriptor_made_early(slot: int) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        copy = pltpu.make_async_copy(  # fix: made_early
+            x_ref,
+            buf.at[0],
+            sems.at[slot],
+        )
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[0]
+
+    return _call(kernel, sems=1)
+
+
+def test_a_descriptor_started_lines_after_it_is_made_names_the_line_that_made_it() -> None:
+    assert verify(_descriptor_made_early(0), X).dmas == 1
+    message = _failure(_descriptor_made_early(1))  # sems.at[1] of a 1-semaphore array
+    assert "index 1 is outside" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "made_early")), message
+
+
+def _descriptors_in_a_list(slot: int) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        copies = []
+        for k in range(2):
+            copy = pltpu.make_async_copy(x_ref, buf.at[k], sems.at[slot])  # fix: in_list
+            copies.append(copy)
+        jax.tree.map(lambda c: c.start(), copies)
+        jax.tree.map(lambda c: c.wait(), copies)
+        o_ref[...] = buf[0] + buf[1]
+
+    return _call(kernel, sems=1)
+
+
+def test_descriptors_started_through_a_list_name_the_line_that_made_them() -> None:
+    assert verify(_descriptors_in_a_list(0), X).dmas == 2
+    message = _failure(_descriptors_in_a_list(1))
+    assert names_line(message, HERE, marked_lines(HERE, "in_list")), message
+
+
+def _wait_on_slot(waited: int) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0]).start()
+        pltpu.make_async_copy(x_ref, buf.at[1], sems.at[1]).start()
+        pltpu.make_async_copy(buf.at[0], buf.at[0], sems.at[waited]).wait()  # fix: aimed
+        o_ref[...] = buf[0]
+        pltpu.make_async_copy(x_ref, buf.at[1], sems.at[1 - waited]).wait()
+
+    return _call(kernel, sems=2)
+
+
+def test_a_wait_on_another_slot_than_its_copys_is_named_with_both_semaphores() -> None:
+    assert verify(_wait_on_slot(0), X).waits == 2
+    with pytest.raises(RaceDetectedError) as caught:
+        verify(_wait_on_slot(1), X)
+    message = str(caught.value)
+    (line,) = marked_lines(HERE, "aimed")
+    assert f"the wait at {HERE}:{line}" in message, message
+    assert "names this buffer but waits on sems[1], not on sems[0]" in message, message
+
+
+def _prefetch_guarded(guarded: bool) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        i = pl.program_id(0)
+
+        @pl.when(i == 0)
+        def _() -> None:
+            pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0]).start()
+
+        @pl.when((i + 1 < 2) if guarded else True)  # fix: guard
+        def _() -> None:
+            pltpu.make_async_copy(x_ref, buf.at[(i + 1) % 2], sems.at[(i + 1) % 2]).start()
+
+        pltpu.make_async_copy(x_ref, buf.at[i % 2], sems.at[i % 2]).wait()
+        o_ref[...] = buf[i % 2]
+
+    return _call(kernel, sems=2, grid=2)
+
+
+def test_a_copy_started_past_its_guard_names_the_condition_it_runs_under() -> None:
+    assert verify(_prefetch_guarded(True), X).dmas == 2
+    message = _failure(_prefetch_guarded(False))
+    (line,) = marked_lines(HERE, "guard")
+    assert f"under the condition at {HERE.name}:{line}" in message, message
