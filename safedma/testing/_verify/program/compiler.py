@@ -9,6 +9,7 @@ rules of the primitives that touch its state with :func:`register`.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
 
@@ -79,7 +80,12 @@ class Compiled:
         self.eqns: list[Any] = []  # the equation of each op, for error locations
 
 
-_CACHE: dict[tuple[int, bool, bool, object], tuple[Any, Compiled]] = {}
+# Compiled bodies by jaxpr (a loop body or kernel compiled once however often it runs,
+# and again only if jax traces it anew). Bounded, least recently used dropped first:
+# each entry keeps its jaxpr alive, so an unbounded cache grows with every program a
+# process verifies (a test suite, a benchmark calling verify hundreds of times).
+_CACHE: OrderedDict[tuple[int, bool, bool, object], tuple[Any, Compiled]] = OrderedDict()
+_CACHE_SIZE = 512
 _OUTER_LIMIT = 1 << 16  # elements of an array computed concretely outside kernels
 _INNER_LIMIT = 1 << 10  # elements of a known vector computed inside a kernel
 
@@ -181,6 +187,7 @@ def compile_jaxpr(
     key = (id(jaxpr), outer, consts_are_args, out_reads)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
+        _CACHE.move_to_end(key)
         return hit[1]
     if kernel_body:
         saved = _ENCLOSING[:]
@@ -197,6 +204,8 @@ def compile_jaxpr(
     nconst = 0 if consts_are_args else len(jaxpr.constvars)
     c.consts = (values + [VECTOR] * nconst)[:nconst]
     _CACHE[key] = (jaxpr, c)
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
     return c
 
 
