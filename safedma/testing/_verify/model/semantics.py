@@ -644,12 +644,18 @@ class Machine:
                 "neighbour_barrier(axis) for both ring neighbours), or leave "
                 "collective_id unset for Mosaic's default device barrier."
             )
-            if self.cores > 1 and p // self.cores == target // self.cores:
+            sibling = self.cores > 1 and p // self.cores == target // self.cores
+            if sibling:
                 fix = (
                     "synchronise the cores first: signal the barrier semaphore of the "
                     "core you write to (device_id={'core': j}) and wait for its signal "
                     "(pass a collective_id to pl.kernel); Mosaic's device barrier does "
-                    "not order the cores of one device."
+                    "not order the cores of one device. Each core allocates its own "
+                    "scratch and run_scoped buffers and semaphores, so a signal or copy "
+                    "into another core's is safe only once that core is known to have "
+                    "allocated them: jax's core_map guide asks for this barrier before "
+                    'cores communicate, "to ensure resources have been allocated"; a '
+                    "semaphore of the core's own scratch cannot serve as that barrier."
                 )
             if relied is not None and relied.kind == "BARRIER":
                 fix = (
