@@ -14,6 +14,7 @@ used; a file that cannot be read or parsed gives nothing.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import linecache
 
@@ -26,27 +27,83 @@ _MAX_SITES = 3
 _MAX_DEPTH = 6
 
 
-def made_at(file_name: str, line: int) -> tuple[int, ...]:
-    """Lines (other than ``line``) where the descriptor started or waited at ``line``
-    was made; empty when the call there builds its own descriptor or none is found."""
+@dataclasses.dataclass(frozen=True)
+class _Parameter:
+    """A descriptor that is a parameter of ``function``: made by its caller."""
+
+    function: str
+    position: int  # among the ``def``'s positional parameters
+    name: str
+
+
+def made_at(
+    file_name: str, line: int, callers: tuple[tuple[str, int], ...] = ()
+) -> tuple[tuple[str, int], ...]:
+    """``(file, line)`` pairs (other than ``line`` itself) where the descriptor started
+    or waited at ``line`` was made; empty when the call there builds its own
+    descriptor or none is found. ``callers``: the lines that called the function
+    holding ``line``, innermost first: a descriptor passed in as an argument is
+    followed to where the caller made it."""
     try:
-        return _made_at(file_name, line)
+        return _made_at(file_name, line, callers)
     except (RecursionError, ValueError):  # a source too deep or odd to follow
         return ()
 
 
 @functools.lru_cache(maxsize=4096)
-def _made_at(file_name: str, line: int) -> tuple[int, ...]:
+def _made_at(
+    file_name: str, line: int, callers: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
     tree = _parsed(file_name, len(linecache.getlines(file_name)))
     if tree is None:
         return ()
-    parents = _parents(tree)
     call = _descriptor_call(tree, line)
     if call is None:
         return ()
     assert isinstance(call.func, ast.Attribute)
-    sites = _sites_of(call.func.value, call, parents, 0)
-    return tuple(sorted({s for s in sites if s != line}))[:_MAX_SITES]
+    here = file_name
+    sites = _sites_of(call.func.value, call, _parents(tree), 0)
+    for caller_file, caller_line in callers:
+        params = [s for s in sites if isinstance(s, _Parameter)]
+        if not params:
+            break
+        sites = [s for s in sites if not isinstance(s, _Parameter)]
+        if sites:  # made here on some paths: those lines are enough
+            break
+        sites = _argument_sites(caller_file, caller_line, params[0])
+        here = caller_file
+    found = {(here, s) for s in sites if isinstance(s, int)}
+    found.discard((file_name, line))
+    found.difference_update(callers)  # a descriptor made in the call itself: named already
+    return tuple(sorted(found))[:_MAX_SITES]
+
+
+def _argument_sites(file_name: str, line: int, param: _Parameter) -> list[int | _Parameter]:
+    """Where the argument passed for ``param`` at the call on ``line`` was made."""
+    tree = _parsed(file_name, len(linecache.getlines(file_name)))
+    if tree is None:
+        return []
+    parents = _parents(tree)
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+            and _callee(node) == param.function
+        ):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg == param.name:
+                return _sites_of(keyword.value, node, parents, 1)
+        # a method called on an object binds ``self`` first
+        position = param.position - (1 if isinstance(node.func, ast.Attribute) else 0)
+        if 0 <= position < len(node.args) and not isinstance(node.args[position], ast.Starred):
+            return _sites_of(node.args[position], node, parents, 1)
+    return []
+
+
+def _callee(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,7 +148,7 @@ def _descriptor_call(tree: ast.Module, line: int) -> ast.Call | None:
 
 def _sites_of(
     expr: ast.expr, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: int
-) -> list[int]:
+) -> list[int | _Parameter]:
     """Lines that made the descriptor(s) ``expr`` (used at node ``at``) stands for."""
     if depth > _MAX_DEPTH:
         return []
@@ -104,7 +161,9 @@ def _sites_of(
     return []  # an attribute (self.copy) or anything else: made elsewhere
 
 
-def _name_sites(name: str, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: int) -> list[int]:
+def _name_sites(
+    name: str, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: int
+) -> list[int | _Parameter]:
     scope = _enclosing(at, parents)
     before = getattr(at, "lineno", 0)
     while scope is not None:
@@ -123,10 +182,18 @@ def _name_sites(name: str, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: 
                     return _appended(name, scope, target, before, parents, depth)
                 return _sites_of(value, target, parents, depth + 1)
             if name in _parameters(scope):
-                return []  # made by the caller, whose line the message names already
+                return [_parameter(scope, name)]  # made by the caller
         before = 1 << 30  # an outer function: anything it binds before the call
         scope = _enclosing(scope, parents)
     return []
+
+
+def _parameter(fn: ast.AST, name: str) -> _Parameter:
+    args = getattr(fn, "args", None)
+    positional = [*args.posonlyargs, *args.args] if isinstance(args, ast.arguments) else []
+    names = [a.arg for a in positional]
+    position = names.index(name) if name in names else -1
+    return _Parameter(str(getattr(fn, "name", "")), position, name)
 
 
 def _enclosing(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
@@ -219,10 +286,10 @@ def _appended(
     before: int,
     parents: dict[ast.AST, ast.AST],
     depth: int,
-) -> list[int]:
+) -> list[int | _Parameter]:
     """What ``name.append(x)`` / ``name.extend([...])`` / the literal put in the list."""
     literal = getattr(start, "value", None)
-    found: list[int] = []
+    found: list[int | _Parameter] = []
     if isinstance(literal, (ast.List, ast.Tuple)):
         for item in literal.elts:
             found += _sites_of(item, start, parents, depth + 1)

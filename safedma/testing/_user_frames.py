@@ -84,7 +84,7 @@ def user_frame_of(
     for i, frame in enumerate(frames):
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
             callers = _kernel_callers(frames, i, whole_kernel)
-            made = _made_note(frame)
+            made = _made_note(frame, _kernel_callers(frames, i, True))
             if guard:
                 made += _guard_note(frames, i)
             if not callers:
@@ -103,15 +103,20 @@ def user_frame_of(
     return None
 
 
-def _made_note(frame: Any) -> str:
+def _made_note(frame: Any, callers: Sequence[Any]) -> str:
     """``, descriptor made at kernel.py:461`` where the frame starts or waits a copy
-    descriptor built on another line (its arguments are where a wrong slot, semaphore
-    or size is written)."""
-    lines = made_at(str(frame.file_name), int(frame.line_num))
-    if not lines:
+    descriptor built on another line, followed through the helper's callers when it
+    was passed in (the descriptor's arguments are where a wrong slot, semaphore or
+    size is written)."""
+    through = tuple((str(c.file_name), int(c.line_num)) for c in callers)
+    sites = made_at(str(frame.file_name), int(frame.line_num), through)
+    if not sites:
         return ""
-    base = os.path.basename(frame.file_name)
-    return ", descriptor made at " + ", ".join(f"{base}:{n}" for n in lines)
+    named = (
+        f"{os.path.basename(path)}:{n}" if path == frame.file_name else f"{path}:{n}"
+        for path, n in sites
+    )
+    return ", descriptor made at " + ", ".join(named)
 
 
 # jax frames that run a body only when a condition holds: lax.cond/switch, and

@@ -31,6 +31,12 @@ SOURCE = textwrap.dedent(
             cp.wait()
 
         inner()
+        _start_it(cp, True)
+        _start_it(make_async_copy(a, b, sems.at[0]), True)
+
+
+    def _start_it(desc, go):
+        desc.start()
     """
 )
 
@@ -57,7 +63,16 @@ def source(tmp_path: Path) -> str:
 def test_a_descriptor_is_followed_back_to_the_line_that_made_it(
     source: str, line: int, made: tuple[int, ...]
 ) -> None:
-    assert made_at(source, line) == made
+    assert made_at(source, line) == tuple((source, n) for n in made)
+
+
+def test_a_descriptor_passed_to_a_helper_is_followed_to_the_caller_that_made_it(
+    source: str,
+) -> None:
+    assert made_at(source, 26) == ()  # a parameter, and no caller given
+    assert made_at(source, 26, ((source, 21),)) == ((source, 2),)  # the caller's cp
+    # built in the call itself: the caller's own line, which messages name already
+    assert made_at(source, 26, ((source, 22),)) == ()
 
 
 def test_a_file_that_cannot_be_read_or_parsed_names_nothing(tmp_path: Path) -> None:

@@ -133,3 +133,59 @@ def test_a_copy_started_past_its_guard_names_the_condition_it_runs_under() -> No
     message = _failure(_prefetch_guarded(False))
     (line,) = marked_lines(HERE, "guard")
     assert f"under the condition at {HERE.name}:{line}" in message, message
+
+
+def _started_on_slot(slot: int) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref, buf.at[0], sems.at[slot])  # fix: start_slot
+        copy.start()
+        pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0]).wait()
+        o_ref[...] = buf[0]
+
+    return _call(kernel, sems=2)
+
+
+def test_a_wait_blocked_while_the_next_slot_holds_its_copy_names_that_copys_line() -> None:
+    assert verify(_started_on_slot(0), X).dmas == 1
+    message = _failure(_started_on_slot(1))
+    assert "deadlock" in message and "sems[1] holds 4096 bytes from" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "start_slot")), message
+
+
+def _waited_twice(twice: bool) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        copy = pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0])
+        copy.start()
+        copy.wait()  # fix: first_wait
+        if twice:
+            copy.wait()
+        o_ref[...] = buf[0]
+
+    return _call(kernel, sems=1)
+
+
+def test_a_second_wait_of_one_copy_names_where_the_first_took_its_count() -> None:
+    assert verify(_waited_twice(False), X).waits == 1
+    message = _failure(_waited_twice(True))
+    (line,) = marked_lines(HERE, "first_wait")
+    assert f"last waited sems[0] at {HERE}:{line}" in message, message
+
+
+def _two_copies_on_one_semaphore(shared: bool) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        first = pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0])
+        second = pltpu.make_async_copy(x_ref, buf.at[1], sems.at[0 if shared else 1])  # fix: shared
+        first.start()
+        second.start()
+        first.wait()
+        o_ref[...] = buf[0]
+        second.wait()
+
+    return _call(kernel, sems=2)
+
+
+def test_a_wait_released_by_either_of_two_copies_names_both_lines() -> None:
+    assert verify(_two_copies_on_one_semaphore(False), X).waits == 2
+    message = _failure(_two_copies_on_one_semaphore(True))
+    assert "it may count those started at" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "shared")), message

@@ -910,10 +910,15 @@ class Machine:
                 f", including the {e.what} from {self.labels[e.issuer]} at {e.where}, "
                 "which is not ordered after that wait"
             )
-        if sem.kind == "DMA":
-            sizes = {c.where: c.amount for c in present if c.dma is not None}
-            if len(set(sizes.values())) > 1:
-                because += _sizes_note(sizes, self.sem_names(sem))
+        sizes = {c.where: c.amount for c in present if c.dma is not None}
+        if sem.kind == "DMA" and len(set(sizes.values())) > 1:
+            because += _sizes_note(sizes, self.sem_names(sem))
+        else:
+            # the contributions it may have counted, by line: one of them is usually
+            # on this semaphore by mistake (a copy given another copy's semaphore)
+            lines = list(dict.fromkeys(c.where for c in present))
+            if len(lines) > 1:
+                because += f" (it may count those started at {' and at '.join(lines[:3])})"
         for c in present:
             if c.dma is not None and c.seq not in guaranteed:
                 c.dma.withheld = because
@@ -1064,6 +1069,8 @@ class Machine:
             causes[self.addressing.missing(self.labels, s.label, b.participant)] = None
             if s.kind == "DMA":
                 causes[_sizes_note(s.sizes, self.sem_names(s), sentence=True)] = None
+            causes[self._taken_before(b)] = None
+            causes[self._counted_next_door(s)] = None
         lines += [f" {c.strip()}" for c in causes if c]
         hint = (
             "No device can move: each wait above needs a start or signal that no "
@@ -1079,6 +1086,40 @@ class Machine:
         return DeadlockError(
             "deadlock (R3): every device is blocked or finished and nothing in flight can "
             "release these waits (on a TPU the kernel hangs):\n" + "\n".join(lines) + "\n" + hint
+        )
+
+    def _taken_before(self, b: Blocked) -> str:
+        """Where the blocked participant last waited this semaphore, when that is
+        another line: a wait that took the count this one needed (a copy waited twice,
+        a wait on the wrong slot) is fixed there."""
+        last = b.sem.last_wait.get(b.participant) if b.sem is not None else None
+        if last is None or last == b.where:
+            return ""
+        return (
+            f"{self.labels[b.participant]} last waited {self.sem_names(b.sem)} at {last}: "
+            "if that wait took the count meant for the blocked one, fix that wait."
+        )
+
+    def _counted_next_door(self, sem: SemState) -> str:
+        """Counts left on other semaphores of the same array on the same participant:
+        a copy or signal aimed at the wrong slot is fixed where it was issued."""
+        if sem.buffer.shape == ():
+            return ""
+        notes: list[str] = []
+        for other in self.sems.values():
+            if other.buffer is not sem.buffer or other is sem or other.total() <= 0:
+                continue
+            lines = list(dict.fromkeys(c.where for c in other.pending)) or list(other.sizes)
+            unit = " bytes" if other.kind == "DMA" else ""
+            by = f" from {' and '.join(lines[:2])}" if lines else ""
+            notes.append(f"{self.sem_names(other)} holds {other.total()}{unit}{by}")
+            if len(notes) == 2:
+                break
+        if not notes:
+            return ""
+        return (
+            f"Meanwhile {'; '.join(notes)}, next to {self.sem_names(sem)}: a copy or signal "
+            "meant for the blocked semaphore may be aimed at the wrong slot there."
         )
 
 
