@@ -9,11 +9,13 @@ names where the code comes from in a comment just above the block:
     ```
 
 ``kernel`` is a region of the example file, the lines between ``# --8<-- [start:kernel]``
-and ``# --8<-- [end:kernel]`` (dedented). The block must end with the region exactly;
-the lines above it, if any, are what the region needs from the top of the file: each
-import must import names the file imports from the same module, and each other line
-must be a line of the file (a trailing ``# noqa`` left out). Editing an example without its page, or the page
-without its example, fails here.
+and ``# --8<-- [end:kernel]`` (dedented). The block must end with the region exactly,
+except that runs of blank lines count as one (the formatter that keeps the pages' code
+tidy wants two between top-level definitions where the file, nesting them, has one).
+The lines above the region, if any, are what the region needs from the top of the
+file: each import must import names the file imports from the same module, and each
+other line must be a line of the file (a trailing ``# noqa`` left out). Editing an
+example without its page, or the page without its example, fails here.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def test_an_inline_block_equals_the_region_it_mirrors(
     assert code, f"{where}: no fenced code block right after the comment"
     path = REPO / source
     assert path.is_file(), f"{where}: {source} does not exist"
-    wanted = region(path, name)
+    wanted = _blank_runs(region(path, name))
+    code = _blank_runs(code)
     assert code.endswith(wanted), (
         f"{where} differs from the file; the region is:\n{wanted}\nthe page shows:\n{code}"
     )
@@ -95,6 +98,10 @@ def test_an_inline_block_equals_the_region_it_mirrors(
         if ln.strip() and not ln.startswith(("import ", "from ")) and ln.rstrip() not in file_lines
     ]
     assert not problems, f"{where}: lines above the region that {source} lacks: {problems}"
+
+
+def _blank_runs(code: str) -> str:
+    return re.sub(r"\n{3,}", "\n\n", code)
 
 
 def _imports(statements: list[ast.stmt]) -> set[str]:
