@@ -212,3 +212,10 @@ def test_the_typed_jax_wrapper_runs() -> None:
     result = _run("examples/typed_jax.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "fori_loop: 0 + 1 + 2 + 3 = 6" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_library_kernels_example_gathers_on_eight_devices() -> None:
+    result = _run("examples/library_kernels.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every device holds the whole input" in result.stdout
