@@ -1,7 +1,7 @@
 """The manual's examples pass mypy --strict and pyright strict under the configuration it shows.
 
 Getting started shows one ``pyproject.toml`` block for both checkers (marked
-``<!-- type-check-config -->``). It is read from the page, and both checkers run with
+``<!-- type-check-config -->``; the README shows the same block). It is read from the page, and both checkers run with
 exactly those settings over ``examples/``, the files whose code the manual shows inline
 (tests/docs/test_inline_examples.py keeps the two equal). A setting dropped from the
 page, an example that stops type-checking, or a jax release that leaves another
@@ -41,6 +41,13 @@ def _checker(name: str) -> str:
     beside = Path(sys.executable).with_name(name)
     assert beside.exists(), f"{name} is not installed next to {sys.executable} (./dev setup)"
     return str(beside)
+
+
+def test_the_readme_shows_the_same_settings() -> None:
+    readme = CONFIG.findall((REPO / "README.md").read_text(encoding="utf-8"))
+    assert readme == CONFIG.findall(PAGE.read_text(encoding="utf-8")), (
+        "README.md's <!-- type-check-config --> block differs from getting-started.md's"
+    )
 
 
 def test_the_manual_shows_strict_settings_for_both_checkers() -> None:
