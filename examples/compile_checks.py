@@ -31,7 +31,8 @@ from safedma.testing import abstract_mesh, assert_same_mosaic, compile_for_tpu  
 def ring_permute_pltpu(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
     """The same kernel in raw pltpu: what a careful author writes by hand."""
     me, n = jax.lax.axis_index("x"), jax.lax.axis_size("x")
-    copy = pltpu.make_async_remote_copy(
+    # jax leaves this function's refs unannotated, which pyright strict reports.
+    copy = pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
         x_ref, o_ref, send_sem, recv_sem, device_id={"x": (me + 1) % n}
     )
     copy.start()

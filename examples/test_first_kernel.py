@@ -6,6 +6,7 @@ The plugin (installed with safedma) sets the simulated device count before jax s
 from ``safedma_devices`` under ``[tool.pytest.ini_options]``; this repository sets 8.
 """
 
+# --8<-- [start:tests]
 from __future__ import annotations
 
 import jax
@@ -23,9 +24,9 @@ from safedma.testing import abstract_mesh, simulate, verify
 def test_ring_permute_moves_each_block_one_device_along(
     simulated_mesh_factory: MeshFactory,
 ) -> None:
-    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(4 * 8, 128)
+    x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
     out = simulate(per_device, x, mesh=simulated_mesh_factory((4,), ("x",)))
-    expected = np.roll(np.asarray(x).reshape(4, 8, 128), 1, axis=0).reshape(4 * 8, 128)
+    expected = np.roll(x.reshape(4, 8, 128), 1, axis=0).reshape(4 * 8, 128)
     np.testing.assert_array_equal(np.asarray(out), expected)
 
 
@@ -57,3 +58,4 @@ def test_a_receive_never_waited_is_reported() -> None:
     # Caught while verify traces the kernel, before any device is walked (T7).
     with pytest.raises(sd.CopyNeverWaitedError, match="wait_recv"):
         verify(broken, block, mesh=abstract_mesh((4,), ("x",)))
+    # --8<-- [end:tests]

@@ -197,3 +197,25 @@ def test_the_compile_checks_example_runs() -> None:
     result = _run("examples/compile_checks.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bytes of TPU code" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_sanitizer_recipe_reports_the_hang() -> None:
+    result = _run("examples/sanitize_on_cpu.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[safedma sanitizer] hang (R3) on device 0" in result.stdout
+    assert "sanitize_on_cpu.py:37 (double_hangs)" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_typed_jax_wrapper_runs() -> None:
+    result = _run("examples/typed_jax.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "fori_loop: 0 + 1 + 2 + 3 = 6" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_library_kernels_example_gathers_on_eight_devices() -> None:
+    result = _run("examples/library_kernels.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every device holds the whole input" in result.stdout
