@@ -33,6 +33,8 @@ from tests.field import _packages
 
 pytestmark = [
     pytest.mark.slow,
+    # One worker runs all four tests, so each checker's two runs are made once.
+    pytest.mark.xdist_group("field-stubs-typecheck"),
     pytest.mark.skipif(
         os.environ.get("SAFEDMA_FIELD") != "1",
         reason="the field lane (./dev field) installs the packages this checks",
