@@ -2,8 +2,7 @@
 
 A priority is any ``int`` (pass/ok_priorities_from_variables.py): a type cannot accept an
 ``int`` variable and still reject the literal ``2``. Mosaic rejects a priority other than 0
-and 1 when the kernel is lowered for a TPU, and a non-zero priority on a remote copy when it
-is compiled (T4).
+and 1, and a non-zero priority on a remote copy, when the kernel is lowered for a TPU (T4).
 
 A local ``add=True`` and a local copy without a semaphore are legal raw code on SparseCore
 (a scatter-add; jax 0.12's push streams, ``sem=None``), so the stubs accept them

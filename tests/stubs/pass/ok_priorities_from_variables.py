@@ -3,7 +3,7 @@
 A helper that takes ``priority=0`` and forwards it (``def fetch(i, priority=0)``: pyright
 types the parameter ``int`` from its default) and a priority chosen at trace time. The
 stubs take any ``int``; Mosaic rejects a priority other than 0 and 1, and a non-zero
-priority on a remote copy, when the kernel is lowered and compiled for a TPU ("only support priority 0
+priority on a remote copy, when the kernel is lowered for a TPU ("only support priority 0
 or 1", "non-zero priority is not supported for remote DMA"), and jax rejects a negative
 one at trace time.
 """
