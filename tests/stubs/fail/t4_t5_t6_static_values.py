@@ -1,4 +1,8 @@
-"""T4 and T5 where the stubs catch them statically: priority, ``add=True`` on a remote copy.
+"""T5 where the stubs catch it statically: ``add=True`` on a remote copy, a non-bool ``add``.
+
+A priority is any ``int`` (pass/ok_priorities_from_variables.py): a type cannot accept an
+``int`` variable and still reject the literal ``2``. Mosaic rejects a priority other than 0
+and 1, and a non-zero priority on a remote copy, when the kernel is lowered for a TPU (T4).
 
 A local ``add=True`` and a local copy without a semaphore are legal raw code on SparseCore
 (a scatter-add; jax 0.12's push streams, ``sem=None``), so the stubs accept them
@@ -13,7 +17,5 @@ from safedma import DataRef, SemRef
 
 
 def bad_values(x_ref: DataRef, o_ref: DataRef, sem: SemRef, recv_sem: SemRef) -> None:
-    pltpu.make_async_copy(x_ref, o_ref, sem).start(priority=2)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
-    pltpu.make_async_remote_copy(x_ref, o_ref, sem, recv_sem, device_id=1).start(priority=1)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     pltpu.make_async_copy(x_ref, o_ref, sem).start(add=1.0)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]
     pltpu.make_async_remote_copy(x_ref, o_ref, sem, recv_sem, device_id=1).start(add=True)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # pyrefly: ignore[bad-argument-type]  # ty: ignore[invalid-argument-type]

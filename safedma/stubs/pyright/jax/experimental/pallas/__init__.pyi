@@ -78,7 +78,11 @@ _Index: TypeAlias = int | jax.Array
 # A semaphore may also be one its kernel annotates with jax's own types (spelled out in
 # each signature, so that pyright's messages show it): a ``jax.Ref``, or ``sems.at[i]``
 # of an array annotated ``jax.Array`` (an ``_IndexUpdateRef``). A bare ``jax.Array``
-# stays an error: it is what a value read from a semaphore is (S1).
+# stays an error: it is what a value read from a semaphore is (S1). ``semaphore_signal`` and
+# ``semaphore_wait`` also take ``None``: pyright types an unannotated ``ring_sem=None``
+# parameter ``Unknown | None``, and kernels pass such a parameter where their own flags
+# guarantee it was given; a ``None`` that does arrive fails at trace time ("Cannot wait on
+# a non-semaphore Ref: None"). ``semaphore_read(None)`` traces, so it stays an error.
 
 ANY = MemorySpace.ANY
 HOST: MemorySpace | _jax_core.MemorySpace
@@ -90,7 +94,7 @@ def semaphore_read(
     """The current value of one semaphore: a ``jax.Array``, never a semaphore."""
 
 def semaphore_signal(
-    sem_or_view: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    sem_or_view: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef | None,
     inc: _Index = 1,
     *,
     device_id: _DeviceId | None = None,
@@ -100,7 +104,7 @@ def semaphore_signal(
     """Add ``inc`` to a REGULAR or BARRIER semaphore, here or on ``device_id``."""
 
 def semaphore_wait(
-    sem_or_view: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef,
+    sem_or_view: RegularSem | BarrierSem | jax.Ref | _TransformedRef | _IndexUpdateRef | None,
     value: _Index = 1,
     *,
     decrement: bool = True,

@@ -159,8 +159,13 @@ class CopyDescriptor(_AsyncCopyDescriptor):
     value can fill (``Never``), whose name says the mistake.
     """
 
-    def start(self, priority: Literal[0] = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
-        """Start the DMA. ``add=True`` is for local copies only (T5)."""
+    def start(self, priority: int = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
+        """Start the DMA. ``add=True`` is for local copies only (T5).
+
+        ``priority`` is an ``int``: a type cannot accept an ``int`` variable (``def
+        fetch(i, priority=0)``, which pyright types ``int``) and still reject the literal
+        ``2``. A priority other than 0 and 1, and a non-zero one on a remote copy, fail
+        when the kernel is lowered for a TPU (T4); a negative one at trace time."""
 
     def wait(self) -> None: ...
     def wait_read(self, *, jax_0_12_only_use_wait_send: Never) -> None: ...  # type: ignore[override, unused-ignore]
@@ -170,8 +175,8 @@ class CopyDescriptor(_AsyncCopyDescriptor):
 class LocalCopyDescriptor(CopyDescriptor):
     """A copy on this device: one semaphore, waited with ``wait()`` only."""
 
-    def start(self, priority: Literal[0, 1] = 0, *, add: bool = False) -> None:  # type: ignore[override]
-        """Start the DMA; local copies take priority 0 or 1 (T4).
+    def start(self, priority: int = 0, *, add: bool = False) -> None:
+        """Start the DMA; local copies take priority 0 or 1 (T4, checked when lowered).
 
         ``add=True`` (DMA accumulate) is a SparseCore scatter-add or gather-add, legal
         there on 0.10.2 and 0.12; on a TensorCore it fails lowering, which the stubs
@@ -184,12 +189,24 @@ class LocalCopyDescriptor(CopyDescriptor):
     def wait_send(self, *, local_copy_has_no_send_side_use_wait: Never) -> None: ...  # type: ignore[override]
     def wait_recv(self, *, local_copy_has_no_recv_side_use_wait: Never) -> None: ...  # type: ignore[override]
 
+# A subclass of the local kind, for mypy only: mypy gives a variable the type of its first
+# assignment, so a kernel that loops ``for copy in local_copies`` and later ``for copy in
+# remote_copies`` (one name, as jax's types allow) would be told the remote descriptors are
+# not local ones. A subclass is accepted there, and inside the second loop mypy narrows the
+# name to the remote kind, so its methods are checked as a remote copy's. The other order
+# (remote first) is still reported by mypy (docs/stubs.md, Limits). The local methods a
+# remote copy must not offer are overridden to refuse every call, as in ``CopyDescriptor``.
 @type_check_only
-class RemoteCopyDescriptor(CopyDescriptor):
+class RemoteCopyDescriptor(LocalCopyDescriptor):
     """A copy to another device: ``wait_send()`` on the sender, ``wait_recv()`` on the receiver."""
 
-    def wait_send(self) -> None: ...
-    def wait_recv(self) -> None: ...
+    def start(self, priority: int = 0, *, add: Literal[False] = False) -> None:  # type: ignore[override]
+        """Start the DMA (no ``add=True``: that is for local copies only, T5)."""
+
+    def wait_read(self, *, jax_0_12_only_use_wait_send: Never) -> None: ...  # type: ignore[override]
+    def wait_write(self, *, jax_0_12_only_use_wait_recv: Never) -> None: ...  # type: ignore[override]
+    def wait_send(self) -> None: ...  # type: ignore[override]
+    def wait_recv(self) -> None: ...  # type: ignore[override]
 
 # ``sem=None`` and ``src_sem`` are jax 0.12's, for SparseCore push streams (a local copy
 # from VMEM to HBM, VMEM_SHARED or SMEM, or VMEM_SHARED to SMEM), whose destination
@@ -211,7 +228,7 @@ def async_copy(
     sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef | None = None,
     *,
     src_sem: SemRef | jax.Ref | _TransformedRef | _IndexUpdateRef | None = None,
-    priority: Literal[0, 1] = 0,
+    priority: int = 0,
     add: bool = False,
 ) -> LocalCopyDescriptor:
     """Describe and start a copy on this device (``add=True``: SparseCore only)."""
