@@ -38,6 +38,7 @@ from safedma.testing._errors import (
     SimulationTimeoutError,
     SimulationUnsupportedError,
 )
+from safedma.testing._callback_mesh import callbacks_run_in_the_callers_mesh
 from safedma.testing._interrupts import deferred_interrupts
 from safedma.testing._meshes import check_mesh, check_specs
 from safedma.testing._kernel_names import KernelNames
@@ -117,17 +118,13 @@ class _Outcome:
 # Refused up front
 
 
-def _jax_before(major: int, minor: int) -> bool:
-    parts = [int(p) if p.isdigit() else 0 for p in str(jax.__version__).split(".")[:2]]
-    return tuple(parts) < (major, minor)
-
-
-#: jax 0.10's io_callback copies every argument onto the first CPU device
-#: (``device_put`` in ``io_callback_impl``) before calling the interpreter;
-#: with 8 or more simulated devices and a buffer of 100 KiB or more, the
-#: devices' threads hang in that copy (measured: 8 devices at 99 KiB run, at
-#: 100 KiB never finish; 7 devices at 128 KiB run).  jax 0.12 hands callbacks
-#: NumPy arrays and runs these fine.
+#: jax 0.10's and 0.11's io_callback runs under the dispatching thread's mesh and
+#: copies every argument onto the first CPU device (``device_put`` in
+#: ``io_callback_impl``) before calling the interpreter; with 8 or more simulated
+#: devices and a buffer of 100 KiB or more, the devices' threads hang in that copy
+#: (measured: 8 devices at 99 KiB run, at 100 KiB never finish; 7 devices at 128 KiB
+#: run). jax 0.12 runs callbacks outside that mesh and runs these fine; which jax hangs
+#: is probed (_callback_mesh), not read off the version number.
 _LARGE_BUFFER_BYTES = 100 * 1024
 _MANY_DEVICES = 8
 
@@ -145,7 +142,7 @@ def _device_count(devices: meshes.DeviceNames, values: Sequence[object]) -> int:
 
 def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -> None:
     count = _device_count(devices, values)
-    if not _jax_before(0, 11) or count < _MANY_DEVICES:
+    if count < _MANY_DEVICES or not callbacks_run_in_the_callers_mesh():
         return
     largest = max((meshes.bytes_per_device(v) for v in values), default=0)
     if largest >= _LARGE_BUFFER_BYTES:
@@ -155,7 +152,7 @@ def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -
             "interpreter argument onto the first CPU device, and with 8 or more "
             "devices and a buffer of 100 KiB or more per device the devices hang in "
             "that copy, so the run never finishes. Use jax 0.12 or newer (where "
-            "callbacks get NumPy arrays), fewer than 8 devices, or blocks under "
+            "callbacks run outside the caller's mesh), fewer than 8 devices, or blocks under "
             "100 KiB per device."
         )
 
@@ -295,14 +292,14 @@ def _run(
                 _COMPILER_OPTIONS
             )
             outputs = _outputs(lowered, compiled)
-            # The jax 0.10 hang is in the interpreter's callbacks: a program
+            # The jax 0.10 and 0.11 hang is in the interpreter's callbacks: a program
             # with no kernel (a reference computation) runs as plain XLA.
             kernels = has_kernel(traced.jaxpr)
             if kernels:
                 _refuse_unsupported(devices, [*placed, *outputs])
             many = (
                 kernels
-                and _jax_before(0, 11)
+                and callbacks_run_in_the_callers_mesh()
                 and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
 
