@@ -296,7 +296,7 @@ def _wait_lowers_to_wait_dma() -> bool:
     # Private: the TensorCore lowering rule of the dma_wait primitive (its table and the
     # primitive have no public name); the Mosaic op it builds is read off the names its
     # code (and its nested functions) use: ``wait_dma`` from 0.12, ``wait_dma2`` before.
-    rules: Any = _mosaic_lowering.lowering_rules
+    rules: Any = getattr(_mosaic_lowering, "lowering_rules")  # unannotated in jax
     try:
         rule: Any = rules[_mosaic_core.CoreType.TC][_mosaic_primitives.dma_wait_p]
         code: Any = inspect.unwrap(rule).__code__
@@ -812,7 +812,7 @@ class LogicalId(dict["str | tuple[str, ...]", Any]):
         self.index: Any = index
 
 
-def _logical_id_type() -> object | None:
+def _logical_id_type() -> Any:
     """``DeviceIdType.LOGICAL``, or None where jax has removed ``DeviceIdType``."""
     # Private: jax 0.12 deprecates the public pl.DeviceIdType (and warns on each access)
     # along with device_id_type=, still the only way to pass a logical id as it is; the
@@ -820,8 +820,7 @@ def _logical_id_type() -> object | None:
     # are gone, a logical id is passed as mesh coordinates instead (_as_mesh_coordinates).
     if not _has_private(_pallas_primitives, "DeviceIdType"):
         return None
-    logical: object = _pallas_primitives.DeviceIdType.LOGICAL
-    return logical
+    return _pallas_primitives.DeviceIdType.LOGICAL
 
 
 def _has_private(module: object, name: str) -> bool:

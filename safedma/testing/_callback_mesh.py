@@ -13,6 +13,8 @@ is judged by its behaviour. Public jax only.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +33,14 @@ def callbacks_run_in_the_callers_mesh() -> bool:
         del value
         seen.append(not jax.sharding.get_abstract_mesh().empty)
 
-    mesh = jax.make_mesh((1,), ("callback_probe",), devices=jax.devices("cpu")[:1])
+    def program(value: Any) -> Any:
+        return io_callback(callback, None, value)
+
+    # getattr: parts of these are unannotated in jax, and only their results matter here.
+    make_mesh: Callable[..., Any] = getattr(jax, "make_mesh")
+    devices: Callable[..., list[Any]] = getattr(jax, "devices")
+    jit: Callable[..., Callable[..., Any]] = getattr(jax, "jit")
+    mesh = make_mesh((1,), ("callback_probe",), devices=devices("cpu")[:1])
     with jax.set_mesh(mesh):
-        jax.jit(lambda x: io_callback(callback, None, x))(np.zeros((1,), np.int32))  # pyright: ignore[reportUnknownLambdaType, reportUnknownArgumentType]
+        jit(program)(np.zeros((1,), np.int32))
     return bool(seen and seen[0])
