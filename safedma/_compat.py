@@ -857,17 +857,19 @@ def _remote(src: object, dst: object, send_sem: object, recv_sem: object, device
     if isinstance(device_id, LogicalId):
         logical = _logical_id_type()
         if logical is None:
-            device_id = _as_mesh_coordinates(device_id.index)
-        else:
-            with _logical_ids():
-                return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
-                    src,
-                    dst,
-                    send_sem,
-                    recv_sem,
-                    device_id=device_id.index,
-                    device_id_type=logical,
-                )
+            coordinates: Any = _as_mesh_coordinates(device_id.index)
+            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+                src, dst, send_sem, recv_sem, device_id=coordinates
+            )
+        with _logical_ids():
+            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+                src,
+                dst,
+                send_sem,
+                recv_sem,
+                device_id=device_id.index,
+                device_id_type=logical,
+            )
     return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
 
@@ -884,7 +886,7 @@ def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     elif isinstance(device_id, LogicalId):
         logical = _logical_id_type()
         if logical is None:
-            coordinates = _as_mesh_coordinates(device_id.index)
+            coordinates: Any = _as_mesh_coordinates(device_id.index)
             pl.semaphore_signal(sem, inc, device_id=coordinates)  # pyright: ignore[reportUnknownMemberType]
             return
         with _logical_ids():
