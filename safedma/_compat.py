@@ -23,31 +23,55 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import inspect
 import operator
 import re
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, Protocol, SupportsIndex, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeAlias, cast
 
 import numpy as np
 
 import jax
 import jax.numpy as jnp
-from jax._src import core as _jax_core
-from jax._src.pallas import core as _pallas_core
-from jax._src.pallas import primitives as _pallas_primitives
-from jax._src.pallas.mosaic import core as _mosaic_core
-from jax._src import indexing as _indexing
-from jax._src import source_info_util as _source_info
-from jax._src.state import indexing as _state_indexing
-from jax._src.state import types as _state_types
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from safedma._private_jax import PrivateModule, missing_private_name, optional_name
+
+# The private jax modules this seam reads. Type checkers see jax's own modules; at run
+# time each is a PrivateModule, imported on its first use: importing this module reads no
+# private name, and a name a jax release removed fails where it is used, as
+# PrivateJaxApiError naming it (each use below says why it has no public spelling).
+if TYPE_CHECKING:
+    from jax._src import core as _jax_core
+    from jax._src.pallas import core as _pallas_core
+    from jax._src.pallas import primitives as _pallas_primitives
+    from jax._src.pallas.mosaic import core as _mosaic_core
+    from jax._src.pallas.mosaic import lowering as _mosaic_lowering
+    from jax._src.pallas.mosaic import primitives as _mosaic_primitives
+    from jax._src.pallas.mosaic import sc_lowering as _sc_lowering
+    from jax._src import indexing as _indexing
+    from jax._src import source_info_util as _source_info
+    from jax._src.state import indexing as _state_indexing
+    from jax._src.state import types as _state_types
+else:
+    _jax_core = PrivateModule("jax._src.core")
+    _pallas_core = PrivateModule("jax._src.pallas.core")
+    _pallas_primitives = PrivateModule("jax._src.pallas.primitives")
+    _mosaic_core = PrivateModule("jax._src.pallas.mosaic.core")
+    _mosaic_lowering = PrivateModule("jax._src.pallas.mosaic.lowering")
+    _mosaic_primitives = PrivateModule("jax._src.pallas.mosaic.primitives")
+    _sc_lowering = PrivateModule("jax._src.pallas.mosaic.sc_lowering")
+    _indexing = PrivateModule("jax._src.indexing")
+    _source_info = PrivateModule("jax._src.source_info_util")
+    _state_indexing = PrivateModule("jax._src.state.indexing")
+    _state_types = PrivateModule("jax._src.state.types")
+
 __all__ = [
-    "JAX_VERSION",
+    "jax_version",
     "SemaphoreKind",
     "ref_kind",
     "is_ref",
@@ -100,23 +124,33 @@ __all__ = [
 ]
 
 
-def _parse_version(text: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
-JAX_VERSION: tuple[int, ...] = _parse_version(jax.__version__)
-MIN_JAX = (0, 10, 2)
-if JAX_VERSION < MIN_JAX or JAX_VERSION >= (0, 13):
+# The public jax API safedma lowers to, present from jax 0.10.2 on: a jax without one of
+# these is older than the supported range. Probed by name rather than by version number,
+# so that a jax between or after the tested ones is judged by what it has.
+_NEEDED = (
+    (jax, "jax", "shard_map"),
+    (pl, "pl", "semaphore_signal"),
+    (pl, "pl", "semaphore_wait"),
+    (pl, "pl", "semaphore_read"),
+    (pl, "pl", "kernel"),
+    (pltpu, "pltpu", "make_async_copy"),
+    (pltpu, "pltpu", "make_async_remote_copy"),
+    (pltpu, "pltpu", "get_barrier_semaphore"),
+    (pltpu, "pltpu", "SemaphoreType"),
+)
+_absent = [f"{alias}.{name}" for module, alias, name in _NEEDED if not hasattr(module, name)]
+if _absent:
     raise ImportError(
-        f"safedma supports jax 0.10.2 to 0.12.x; jax {jax.__version__} is installed. "
-        "Install a supported version, e.g. pip install 'jax[tpu]>=0.10.2,<0.13'."
+        f"safedma supports jax 0.10.2 to 0.12.x; jax {jax.__version__} is installed and "
+        f"has no {', '.join(_absent)}. Install a supported version, e.g. "
+        "pip install 'jax[tpu]>=0.10.2,<0.13'."
     )
+
+
+def jax_version() -> str:
+    """The installed jax's version, for messages only: behaviour is decided by probing
+    jax's features, never by comparing version numbers."""
+    return str(jax.__version__)
 
 
 class SemaphoreKind(enum.Enum):
@@ -128,11 +162,15 @@ class SemaphoreKind(enum.Enum):
     BARRIER = "BARRIER semaphore"
 
 
-# Private: the semaphore dtypes a ref's dtype is compared with; pltpu.SemaphoreType
-# builds scratch of them but exposes no dtype (jax 0.10.2 and 0.12 alike).
-_DMA_DTYPE: Any = _mosaic_core.dma_semaphore
-_REGULAR_DTYPE: Any = _pallas_core.semaphore
-_BARRIER_DTYPE: Any = _pallas_core.barrier_semaphore
+def _semaphore_dtypes() -> tuple[Any, Any, Any]:
+    """The DMA, REGULAR and BARRIER semaphore dtypes."""
+    # Private: the semaphore dtypes a ref's dtype is compared with; pltpu.SemaphoreType
+    # builds scratch of them but exposes no dtype (jax 0.10.2 to 0.12 alike).
+    return (
+        _mosaic_core.dma_semaphore,
+        _pallas_core.semaphore,
+        _pallas_core.barrier_semaphore,
+    )
 
 
 def is_ref(value: object) -> bool:
@@ -168,12 +206,13 @@ _kind_by_dtype: dict[object, SemaphoreKind] = {}
 
 
 def _kind_of_dtype(dtype: Any) -> SemaphoreKind:
+    dma, regular, barrier = _semaphore_dtypes()
     try:
-        if jnp.issubdtype(dtype, _DMA_DTYPE):
+        if jnp.issubdtype(dtype, dma):
             return SemaphoreKind.DMA
-        if jnp.issubdtype(dtype, _BARRIER_DTYPE):
+        if jnp.issubdtype(dtype, barrier):
             return SemaphoreKind.BARRIER
-        if jnp.issubdtype(dtype, _REGULAR_DTYPE):
+        if jnp.issubdtype(dtype, regular):
             return SemaphoreKind.REGULAR
     except TypeError:
         return SemaphoreKind.DATA
@@ -244,9 +283,36 @@ def waits_compare_shapes() -> bool:
 
     jax 0.10.2 lowers a wait to ``tpu.wait_dma2``, whose verifier does not compare them;
     0.12 lowers it to ``tpu.wait_dma`` (the start's operands), whose verifier does
-    ("DMA source and target shape mismatch"). tests/core/test_false_alarms_s10.py pins
-    this against the raw lowering on both versions."""
-    return JAX_VERSION >= (0, 12)
+    ("DMA source and target shape mismatch"); 0.11.2 still lowers to ``tpu.wait_dma2``.
+    Probed in jax's own wait lowering rather than by version number, so that a jax
+    between or after these is judged by what it emits.
+    tests/core/test_copies_through_blocks_and_traced_sizes.py pins this against the raw
+    lowering."""
+    return _wait_lowers_to_wait_dma()
+
+
+@functools.cache
+def _wait_lowers_to_wait_dma() -> bool:
+    # Private: the TensorCore lowering rule of the dma_wait primitive (its table and the
+    # primitive have no public name); the Mosaic op it builds is read off the names its
+    # code (and its nested functions) use: ``wait_dma`` from 0.12, ``wait_dma2`` before.
+    rules: Any = getattr(_mosaic_lowering, "lowering_rules")  # unannotated in jax
+    try:
+        rule: Any = rules[_mosaic_core.CoreType.TC][_mosaic_primitives.dma_wait_p]
+        code: Any = inspect.unwrap(rule).__code__
+    except (AttributeError, KeyError, TypeError) as err:
+        raise missing_private_name(
+            "jax._src.pallas.mosaic.lowering.lowering_rules[TC][dma_wait_p]", err
+        ) from err
+    return "wait_dma" in _code_names(code)
+
+
+def _code_names(code: Any) -> set[str]:
+    names: set[str] = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _code_names(const)
+    return names
 
 
 def static_int(value: object) -> int | None:
@@ -314,14 +380,12 @@ def view_selections(ref: object) -> tuple[tuple[int, ...], list[tuple[int, objec
     return shape, positions
 
 
-# Private: the axis environment is the only record of the shard_map axes in scope while
-# a body is traced (jax.lax.axis_size needs a name); unannotated in jax, typed here.
-_get_axis_env: Callable[[], Any] = _jax_core.get_axis_env
-
-
 def axes_in_scope() -> Mapping[str, int]:
     """The named mesh axes in scope (from ``shard_map``), in mesh order, with sizes."""
-    sizes = _get_axis_env().axis_sizes
+    # Private: the axis environment is the only record of the shard_map axes in scope
+    # while a body is traced (jax.lax.axis_size needs a name); unannotated in jax.
+    get_axis_env: Callable[[], Any] = _jax_core.get_axis_env
+    sizes = get_axis_env().axis_sizes
     return {str(name): int(size) for name, size in sizes.items()}
 
 
@@ -357,12 +421,9 @@ _KINDS = {
 
 def current_frame() -> object:
     """The jax trace the current code is being traced into (its identity is the block)."""
-    return _trace_context.trace
-
-
-# Private: core.trace_ctx (see the note above); unannotated in jax, typed here so the
-# lookup costs nothing per call.
-_trace_context: Any = _jax_core.trace_ctx
+    # Private: core.trace_ctx (see the note above); unannotated in jax.
+    context: Any = _jax_core.trace_ctx
+    return context.trace
 
 
 def frame_parent(frame: object) -> object | None:
@@ -560,8 +621,13 @@ def indexes_by_array(ref: object) -> bool:
 # is given ("pass sem=None") and lowers sem=None; jax 0.10.2 has no such copies.
 
 
+@functools.cache
 def push_streams_supported() -> bool:
-    return JAX_VERSION >= (0, 12)
+    """Whether jax's SparseCore lowering knows push streams (jax 0.12 does; 0.10.2 and
+    0.11.2 do not): probed by the rule itself, not by the version number."""
+    # Private: sc_lowering._is_push_stream is jax's rule (see above); its absence means a
+    # jax without push streams, not a moved name, so it answers False rather than raising.
+    return _has_private(_sc_lowering, "_is_push_stream")
 
 
 def memory_space_of(ref: object) -> object:
@@ -569,17 +635,27 @@ def memory_space_of(ref: object) -> object:
     return getattr(getattr(root_of(ref), "aval", None), "memory_space", None)
 
 
-# pl.MemorySpace.DEFAULT is VMEM on a SparseCore vector subcore, as jax maps it.
-_VMEM_SPACES = (pltpu.MemorySpace.VMEM, pl.MemorySpace.DEFAULT)
+@functools.cache
+def _memory_spaces() -> tuple[tuple[object, object], object, object]:
+    """``((VMEM, DEFAULT), VMEM_SHARED, SMEM)``: read on first use, not at import, since
+    a jax without one of them (``pl.MemorySpace`` was renamed before) must still import
+    safedma; pl.MemorySpace.DEFAULT is VMEM on a SparseCore vector subcore, as jax maps it."""
+    try:
+        tpu_spaces: Any = pltpu.MemorySpace
+        spaces: Any = pl.MemorySpace
+        return (tpu_spaces.VMEM, spaces.DEFAULT), tpu_spaces.VMEM_SHARED, tpu_spaces.SMEM
+    except AttributeError as err:
+        raise missing_private_name("the memory spaces pltpu.MemorySpace", err) from err
 
 
 def is_push_stream(src: object, dst: object) -> bool:
     """Whether a local copy ``src -> dst`` is a SparseCore push stream by jax 0.12's rule
     (memory spaces only: jax asks the kernel's core type too, which a trace cannot see)."""
+    vmem_spaces, vmem_shared, smem = _memory_spaces()
     src_space, dst_space = memory_space_of(src), memory_space_of(dst)
-    if src_space in _VMEM_SPACES:
-        return dst_space not in _VMEM_SPACES
-    return src_space is pltpu.MemorySpace.VMEM_SHARED and dst_space is pltpu.MemorySpace.SMEM
+    if src_space in vmem_spaces:
+        return dst_space not in vmem_spaces
+    return src_space is vmem_shared and dst_space is smem
 
 
 def is_tensor_core_mesh(mesh: object) -> bool:
@@ -619,13 +695,19 @@ def static_positions(ref: object) -> frozenset[int] | None:
     return frozenset(int(p) for p in positions.ravel())
 
 
-# Barriers. jax 0.12 names a barrier by a tag (get_barrier_semaphore(tag=...))
-# and can assign collective ids itself (config jax_pallas_auto_assign_collective_ids,
+# Barriers. jax 0.11 and later name a barrier by a tag (get_barrier_semaphore(tag=...));
+# jax 0.12 can assign collective ids itself (config jax_pallas_auto_assign_collective_ids,
 # "yes" or "override"); jax 0.10.2 has neither.
 
 
+@functools.cache
 def barrier_tags_supported() -> bool:
-    return JAX_VERSION >= (0, 12)
+    """Whether ``pltpu.get_barrier_semaphore`` takes a ``tag`` (from jax 0.11): probed on
+    its signature, not by the version number."""
+    try:
+        return "tag" in inspect.signature(_get_barrier_semaphore).parameters
+    except (TypeError, ValueError):  # no signature to read: call it as 0.10.2 did
+        return False
 
 
 def auto_collective_ids() -> bool:
@@ -691,7 +773,7 @@ _ENTRY_NAMES = {
 # safedma.Scratch declares them (for type checkers only) so grid specs typed
 # with ScratchShapeTree (PrefetchScalarGridSpec) accept typed scratch. Private: jax's
 # protocol names these classes, which have no public spelling in jax 0.10.2.
-ArrayAval: TypeAlias = _jax_core.AbstractValue
+ArrayAval: TypeAlias = "_jax_core.AbstractValue"
 RefAval: TypeAlias = "_state_types.AbstractRef | _state_types.TransformedRef"
 
 
@@ -720,8 +802,9 @@ class LogicalId(dict["str | tuple[str, ...]", Any]):
 
     An empty ``dict`` to the type checker (so ``Device.pltpu_device_id`` keeps its
     type), recognised here by its class. jax 0.12 deprecates ``device_id_type``
-    but has no other spelling for a logical id yet: the deprecation warning
-    (about safedma's own call, not the user's) is silenced for these calls only.
+    but has no other spelling that passes a logical id as it is: the deprecation warning
+    (about safedma's own call, not the user's) is silenced for these calls only; a jax
+    without ``DeviceIdType`` gets the id as mesh coordinates.
     """
 
     def __init__(self, index: Any) -> None:
@@ -729,9 +812,38 @@ class LogicalId(dict["str | tuple[str, ...]", Any]):
         self.index: Any = index
 
 
-# Private: jax 0.12 deprecates the public pl.DeviceIdType (and warns on each access)
-# along with device_id_type=, which is still the only way to pass a logical id.
-_LOGICAL: Any = _pallas_primitives.DeviceIdType.LOGICAL
+def _logical_id_type() -> Any:
+    """``DeviceIdType.LOGICAL``, or None where jax has removed ``DeviceIdType``."""
+    # Private: jax 0.12 deprecates the public pl.DeviceIdType (and warns on each access)
+    # along with device_id_type=, still the only way to pass a logical id as it is; the
+    # private enum is read without the warning. jax announced their removal: where they
+    # are gone, a logical id is passed as mesh coordinates instead (_as_mesh_coordinates).
+    if not _has_private(_pallas_primitives, "DeviceIdType"):
+        return None
+    return _pallas_primitives.DeviceIdType.LOGICAL
+
+
+def _has_private(module: object, name: str) -> bool:
+    """Whether a private module has ``name``: for names a supported jax may lack."""
+    return optional_name(module, name) is not None
+
+
+def _as_mesh_coordinates(index: Any) -> dict[str, Any]:
+    """A logical device id as the mesh coordinates jax turns back into it: jax numbers
+    devices row-major over the mesh axes in scope (``device_id_to_logical`` sums each
+    coordinate times its axis's stride), the spelling that needs no ``DeviceIdType``."""
+    sizes = axes_in_scope()
+    if not sizes:
+        raise missing_private_name(
+            "jax._src.pallas.primitives.DeviceIdType",
+            "removed, and a logical device id outside shard_map has no mesh coordinates",
+        )
+    coordinates: dict[str, Any] = {}
+    stride = 1
+    for name, size in reversed(list(sizes.items())):
+        coordinates[name] = (index // stride) % size
+        stride *= size
+    return dict(reversed(list(coordinates.items())))
 
 
 @contextlib.contextmanager
@@ -743,6 +855,12 @@ def _logical_ids() -> Generator[None, None, None]:
 
 def _remote(src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any) -> Any:
     if isinstance(device_id, LogicalId):
+        logical = _logical_id_type()
+        if logical is None:
+            coordinates: Any = _as_mesh_coordinates(device_id.index)
+            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
+                src, dst, send_sem, recv_sem, device_id=coordinates
+            )
         with _logical_ids():
             return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
                 src,
@@ -750,7 +868,7 @@ def _remote(src: object, dst: object, send_sem: object, recv_sem: object, device
                 send_sem,
                 recv_sem,
                 device_id=device_id.index,
-                device_id_type=_LOGICAL,
+                device_id_type=logical,
             )
     return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
 
@@ -766,9 +884,14 @@ def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     if device_id is None:
         pl.semaphore_signal(sem, inc)  # pyright: ignore[reportUnknownMemberType]
     elif isinstance(device_id, LogicalId):
+        logical = _logical_id_type()
+        if logical is None:
+            coordinates: Any = _as_mesh_coordinates(device_id.index)
+            pl.semaphore_signal(sem, inc, device_id=coordinates)  # pyright: ignore[reportUnknownMemberType]
+            return
         with _logical_ids():
             pl.semaphore_signal(  # pyright: ignore[reportUnknownMemberType]
-                sem, inc, device_id=device_id.index, device_id_type=_LOGICAL
+                sem, inc, device_id=device_id.index, device_id_type=logical
             )
     else:
         pl.semaphore_signal(sem, inc, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]

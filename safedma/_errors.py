@@ -37,6 +37,7 @@ __all__ = [
     "FutureDroppedError",
     "FutureConsumedTwiceError",
     "FutureNotWaitedError",
+    "PrivateJaxApiError",
 ]
 
 
@@ -160,6 +161,14 @@ class FutureConsumedTwiceError(SafeDmaError, RuntimeError):
 class FutureNotWaitedError(SafeDmaError, RuntimeError):
     """A future's start kernel started nothing on its semaphore, or its done kernel
     never waited it."""
+
+
+class PrivateJaxApiError(SafeDmaError, RuntimeError):
+    """A jax internal that safedma reads (it has no public spelling) is missing from the
+    installed jax: raised where the name is first needed, not at ``import safedma``, and
+    instead of the bare ``AttributeError`` or ``ImportError`` deep inside a check. The
+    message names the internal, the installed jax and the jax versions safedma is tested
+    with."""
 
 
 publish(globals(), __name__)  # public classes print as safedma.X

@@ -102,8 +102,8 @@ def barrier_semaphore(tag: Hashable | None = None) -> BarrierSem:
         )
     if tag is not None and not _compat.barrier_tags_supported():
         raise UnsupportedByJaxError(
-            f"barrier_semaphore(tag={tag!r}) needs jax 0.12 or later (jax "
-            f"{'.'.join(map(str, _compat.JAX_VERSION))} is installed, and its "
+            f"barrier_semaphore(tag={tag!r}) needs a jax whose get_barrier_semaphore takes "
+            f"a tag (0.11 or later; jax {_compat.jax_version()} is installed, and its "
             "get_barrier_semaphore takes no tag). Drop the tag and pass "
             "compiler_params=pltpu.CompilerParams(collective_id=...) instead."
         )

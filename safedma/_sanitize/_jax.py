@@ -10,11 +10,12 @@ name is looked up once here; :func:`check_private_names` fails with
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -23,26 +24,39 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-# Private: jaxpr classes (Literal, DropVar, Primitive), the trace state; no public spelling.
-from jax._src import core as _core
-
-# Private: each re-bound equation keeps its user's traceback (user_context), so Mosaic
-# locations, interpret-mode errors and simulate's messages still name the user's line.
-from jax._src import source_info_util as _source_info
-
-# Private: tracing a block (a run_scoped body) for given ref types, as jax's own
-# run_scoped does (trace_to_jaxpr_dynamic, the same signature in 0.10.2 and 0.12).
-from jax._src import api_util as _api_util
-from jax._src import linear_util as _lu
-from jax._src.interpreters import partial_eval as _pe
-
 from safedma import _compat
+from safedma._private_jax import PrivateModule
 from safedma._sanitize._units import Backend
 
-# Private: semaphore_read_p (the chip's read; pl.semaphore_read takes a view, the
-# sanitizer has a root and its transforms from the jaxpr), run_scoped_p (re-bound with
-# an instrumented body).
-from jax._src.pallas import primitives as _pallas_primitives
+# The private modules are imported on their first use (PrivateModule): importing the
+# sanitizer reads no private name, and one a jax release removed fails where it is used,
+# as PrivateJaxApiError naming it. Type checkers see jax's own modules.
+if TYPE_CHECKING:
+    # Private: jaxpr classes (Literal, DropVar, Primitive), the trace state; no public
+    # spelling.
+    from jax._src import core as _core
+
+    # Private: each re-bound equation keeps its user's traceback (user_context), so Mosaic
+    # locations, interpret-mode errors and simulate's messages still name the user's line.
+    from jax._src import source_info_util as _source_info
+
+    # Private: tracing a block (a run_scoped body) for given ref types, as jax's own
+    # run_scoped does (trace_to_jaxpr_dynamic, the same signature in 0.10.2 and 0.12).
+    from jax._src import api_util as _api_util
+    from jax._src import linear_util as _lu
+    from jax._src.interpreters import partial_eval as _pe
+
+    # Private: semaphore_read_p (the chip's read; pl.semaphore_read takes a view, the
+    # sanitizer has a root and its transforms from the jaxpr), run_scoped_p (re-bound with
+    # an instrumented body).
+    from jax._src.pallas import primitives as _pallas_primitives
+else:
+    _core = PrivateModule("jax._src.core")
+    _source_info = PrivateModule("jax._src.source_info_util")
+    _api_util = PrivateModule("jax._src.api_util")
+    _lu = PrivateModule("jax._src.linear_util")
+    _pe = PrivateModule("jax._src.interpreters.partial_eval")
+    _pallas_primitives = PrivateModule("jax._src.pallas.primitives")
 
 __all__ = [
     "Backend",
@@ -55,7 +69,7 @@ __all__ = [
     "tree_flatten_with_path",
     "tree_map",
     "tree_unflatten",
-    "INTERPRET_READ",
+    "interpret_read",
     "axes_in_scope",
     "sub_jaxprs",
     "is_literal",
@@ -301,26 +315,29 @@ def read_semaphore(root: Any, transforms: Sequence[Any], backend: Backend) -> ja
     ``tpu.sem_read`` on the chip; jax's generic interpreter discharges it), or in jax's
     TPU interpreter, which has no rule for it, the sanitizer's own read."""
     leaves, tree = _read_args(root, transforms)
-    primitive = INTERPRET_READ if backend is Backend.TPU_INTERPRET else _SEMAPHORE_READ
+    if backend is Backend.TPU_INTERPRET:
+        primitive: Any = interpret_read()
+    else:
+        primitive = _pallas_primitives.semaphore_read_p
     return cast(jax.Array, primitive.bind(*leaves, args_tree=tree))
 
 
-_SEMAPHORE_READ: Any = _pallas_primitives.semaphore_read_p
-
-# The sanitizer's own read for jax's TPU interpreter. A primitive of its own rather
-# than a rule for jax's semaphore_read_p: jax lowers a jitted kernel after the trace
-# that built it has returned, so a rule for jax's primitive could not be scoped to
-# sanitized kernels; this one is only ever bound by them, and its rule is registered
-# once, through the interpreter's extension point for new primitives.
-INTERPRET_READ: Any = _core.Primitive("safedma_sanitizer_semaphore_read")
+@functools.cache
+def interpret_read() -> Any:
+    """The sanitizer's own read for jax's TPU interpreter (made on first use: it is a
+    private jax class). A primitive of its own rather than a rule for jax's
+    semaphore_read_p: jax lowers a jitted kernel after the trace that built it has
+    returned, so a rule for jax's primitive could not be scoped to sanitized kernels; this
+    one is only ever bound by them, and its rule is registered once, through the
+    interpreter's extension point for new primitives."""
+    primitive: Any = _core.Primitive("safedma_sanitizer_semaphore_read")
+    primitive.def_abstract_eval(_read_abstract_eval)
+    return primitive
 
 
 def _read_abstract_eval(*avals: Any, args_tree: Any) -> Any:
     del avals, args_tree
     return _core.ShapedArray((), jnp.dtype("int32"))
-
-
-INTERPRET_READ.def_abstract_eval(_read_abstract_eval)
 
 
 def forget_failed_effects() -> None:
@@ -397,7 +414,7 @@ def register_interpret_read() -> None:
             return
         check_private_names()
         impls: dict[Any, Any] = _interpreter()._interpret_impls
-        impls[INTERPRET_READ] = _interpret_read
+        impls[interpret_read()] = _interpret_read
         _registered = True
 
 

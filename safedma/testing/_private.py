@@ -15,7 +15,8 @@ import importlib
 from collections.abc import Callable
 from types import ModuleType
 
-import jax
+from safedma._errors import PrivateJaxApiError
+from safedma._private_jax import TESTED_JAX_VERSIONS, missing_private_name
 
 __all__ = [
     "TESTED_JAX_VERSIONS",
@@ -25,27 +26,10 @@ __all__ = [
     "private_module",
 ]
 
-#: JAX releases the private lookups were written against and tested with.
-TESTED_JAX_VERSIONS: tuple[str, ...] = ("0.10.2", "0.12.0.1")
-
-
-class PrivateJaxApiError(RuntimeError):
-    """A private JAX API that safedma.testing relies on is missing.
-
-    Raised instead of an ``ImportError``/``AttributeError`` deep in a test so
-    that the failure says which JAX internals moved and which versions are
-    known to work.
-    """
-
 
 def moved(what: str, detail: object) -> PrivateJaxApiError:
     """The error for a private JAX name ``what`` that this JAX does not provide."""
-    return PrivateJaxApiError(
-        f"safedma.testing needs the private JAX API {what}, which jax "
-        f"{jax.__version__} does not provide ({detail}). It is known to work "
-        f"with jax {', '.join(TESTED_JAX_VERSIONS)}; update safedma.testing for "
-        "this JAX release."
-    )
+    return missing_private_name(what, detail, "safedma.testing")
 
 
 def private_module(name: str) -> ModuleType:

@@ -28,8 +28,10 @@ from safedma import _compat
 from safedma.testing import assert_same_mosaic
 from tests.support.tracing import F32, SHAPE, assert_mentions, trace, trace_on_mesh
 
-NEW_JAX = _compat.JAX_VERSION >= (0, 12)
-needs_012 = pytest.mark.skipif(not NEW_JAX, reason="jax 0.12+ feature")
+TAGS = _compat.barrier_tags_supported()
+needs_tags = pytest.mark.skipif(not TAGS, reason="get_barrier_semaphore takes no tag (jax 0.10)")
+AUTO_IDS = hasattr(jax.config, "jax_pallas_auto_assign_collective_ids")
+needs_auto_ids = pytest.mark.skipif(not AUTO_IDS, reason="no auto collective ids (jax 0.10)")
 
 
 def _tagged_barrier_kernel(x_ref, o_ref):  # type: ignore[no-untyped-def]
@@ -38,16 +40,16 @@ def _tagged_barrier_kernel(x_ref, o_ref):  # type: ignore[no-untyped-def]
     safedma.wait(barrier)
 
 
-@needs_012
+@needs_tags
 def test_barrier_with_a_tag_needs_no_collective_id() -> None:
     trace_on_mesh(_tagged_barrier_kernel, collective_id=None)
 
 
-@pytest.mark.skipif(NEW_JAX, reason="jax 0.10.2 behaviour")
+@pytest.mark.skipif(TAGS, reason="get_barrier_semaphore takes a tag")
 def test_barrier_with_a_tag_on_old_jax_is_a_clear_error() -> None:
     with pytest.raises(safedma.UnsupportedByJaxError) as err:
         trace_on_mesh(_tagged_barrier_kernel, collective_id=None)
-    assert_mentions(err, "barrier_semaphore(tag='neighbours')", "needs jax 0.12", "collective_id")
+    assert_mentions(err, "barrier_semaphore(tag='neighbours')", "takes a tag", "collective_id")
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def _untagged_barrier_kernel(x_ref, o_ref):  # type: ignore[no-untyped-def]
     safedma.wait(barrier)
 
 
-@needs_012
+@needs_auto_ids
 def test_auto_assigned_collective_ids_need_no_collective_id(auto_ids: None) -> None:
     trace_on_mesh(_untagged_barrier_kernel, collective_id=None)
 
@@ -73,7 +75,7 @@ def test_auto_assigned_collective_ids_need_no_collective_id(auto_ids: None) -> N
 def test_without_auto_ids_the_missing_id_is_still_caught() -> None:
     with pytest.raises(safedma.MissingCollectiveIdError) as err:
         trace_on_mesh(_untagged_barrier_kernel, collective_id=None)
-    if NEW_JAX:
+    if TAGS:
         assert_mentions(err, "barrier_semaphore(tag=...)", "jax_pallas_auto_assign_collective_ids")
 
 

@@ -49,7 +49,9 @@ SAFE, RAW = True, False
 ROWS, BLOCK, LANES = 64, 8, 16
 BLOCKS = ROWS // BLOCK
 
-needs_012 = pytest.mark.skipif(_compat.JAX_VERSION < (0, 12), reason="push streams: jax 0.12")
+needs_012 = pytest.mark.skipif(
+    not _compat.push_streams_supported(), reason="push streams: jax 0.12"
+)
 
 
 def _sc_mesh() -> Any:
@@ -146,7 +148,7 @@ def test_push_stream_without_a_semaphore_matches_raw() -> None:
     assert "operandSegmentSizes = array<i32: 1, 0, 1, 0, 0, 0, 0>" in text
 
 
-@pytest.mark.skipif(_compat.JAX_VERSION >= (0, 12), reason="jax 0.10.2 has no push streams")
+@pytest.mark.skipif(_compat.push_streams_supported(), reason="this jax has push streams")
 def test_push_stream_without_a_semaphore_on_jax_0_10_names_the_version() -> None:
     with pytest.raises(sd.MissingSemaphoreError) as err:
         mosaic_text(_push(SAFE), X, mesh=_sc_mesh())
@@ -202,7 +204,7 @@ def test_a_tensor_core_copy_without_a_semaphore_is_t6_naming_tensor_cores() -> N
     with pytest.raises(sd.MissingSemaphoreError) as err:
         mosaic_text(jax.jit(_tensor_core_push), X, mesh=abstract_mesh((1,), ("x",), tpu="v5p"))
     assert line_in(_tensor_core_push, "# TC PUSH") in raising_lines(err, __file__)
-    if _compat.JAX_VERSION >= (0, 12):
+    if _compat.push_streams_supported():
         assert "this kernel runs on TensorCores" in str(err.value)
 
 
@@ -333,7 +335,7 @@ def test_wait_in_dropped_passes_trace_time_and_verify_reports_the_race() -> None
         jnp.ones((T, WIDTH), jnp.float32),
         jnp.ones((POSITIONS, WIDTH), jnp.float32),
     )
-    if _compat.JAX_VERSION < (0, 12):
+    if not _compat.push_streams_supported():
         # jax 0.10.2's emit_pipeline: verify reports a race between the input_output
         # buffer's copy-in and copy-out of one slot, raw and safedma alike (not analysed
         # here). The trace-time part above holds.
@@ -414,5 +416,5 @@ def test_under_a_plain_pallas_call_a_copy_without_a_semaphore_is_t6() -> None:
     with pytest.raises(sd.MissingSemaphoreError) as err:
         mosaic_text(jax.jit(run), X, mesh=_v5p())
     assert marker_line(__file__, "# RAW ENTRY PUSH") in raising_lines(err, __file__)
-    if _compat.JAX_VERSION >= (0, 12):
+    if _compat.push_streams_supported():
         assert "this kernel runs on TensorCores (a pallas_call" in str(err.value)

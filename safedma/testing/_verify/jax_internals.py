@@ -10,24 +10,33 @@ primitive on concrete numpy values.
 from __future__ import annotations
 
 import ast
-import functools
 import linecache
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+import functools
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Why: Var/Literal/Jaxpr/ClosedJaxpr are the program representation itself.
-from jax._src import core as _core
-
-# Why: the semaphore dtypes tell DMA, REGULAR and BARRIER semaphores apart.
-from jax._src.pallas import core as _pallas_core
-from jax._src.pallas.mosaic import core as _mosaic_core
-
+from safedma._private_jax import PrivateModule, optional_name
 from safedma.testing._user_frames import traceback_frames, user_frame_of
+
+# Each private module is imported on its first use (PrivateModule): importing verify reads
+# no private name, and one a jax release removed fails where it is used, as
+# PrivateJaxApiError naming it. Type checkers see jax's own modules.
+if TYPE_CHECKING:
+    # Why: Var/Literal/Jaxpr/ClosedJaxpr are the program representation itself.
+    from jax._src import core as _core
+
+    # Why: the semaphore dtypes tell DMA, REGULAR and BARRIER semaphores apart.
+    from jax._src.pallas import core as _pallas_core
+    from jax._src.pallas.mosaic import core as _mosaic_core
+else:
+    _core = PrivateModule("jax._src.core")
+    _pallas_core = PrivateModule("jax._src.pallas.core")
+    _mosaic_core = PrivateModule("jax._src.pallas.mosaic.core")
 
 __all__ = [
     "Jaxpr",
@@ -74,13 +83,21 @@ def literal_value(atom: Any) -> object:
 
 # Why: jax 0.10 wraps jaxprs with constants in ClosedJaxpr; 0.12 removed the class
 # and keeps the constants on the Jaxpr itself (``consts`` for its ``constvars``).
-_CLOSED: Any = getattr(_core, "ClosedJaxpr", None)
-_JAXPR_TYPES: tuple[type, ...] = tuple(t for t in (_core.Jaxpr, _CLOSED) if t is not None)
+@functools.cache
+def _closed_jaxpr() -> Any:
+    """jax's ClosedJaxpr class, or None on a jax without it."""
+    return optional_name(_core, "ClosedJaxpr")
+
+
+@functools.cache
+def _jaxpr_types() -> tuple[type, ...]:
+    return tuple(t for t in (_core.Jaxpr, _closed_jaxpr()) if t is not None)
 
 
 def jaxpr_of(obj: Any) -> tuple[Any, list[object]]:
     """(jaxpr, values of its constvars) of a Jaxpr or ClosedJaxpr parameter."""
-    if _CLOSED is not None and isinstance(obj, _CLOSED):
+    closed = _closed_jaxpr()
+    if closed is not None and isinstance(obj, closed):
         return obj.jaxpr, list(obj.consts)
     return obj, list(getattr(obj, "consts", None) or [])
 
@@ -96,7 +113,7 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
             cast("Sequence[Any]", value) if isinstance(value, (tuple, list)) else (value,)
         )
         for item in items:
-            if isinstance(item, _JAXPR_TYPES):
+            if isinstance(item, _jaxpr_types()):
                 yield item
 
 
