@@ -284,7 +284,8 @@ def _names_the_callers_line(error: BaseException) -> None:
     # verify's rule: the kernel lines that called the helper, innermost first
     here = "double_buffering.py"
     called = f"called at {here}:{caller} in two_pages, {here}:"
-    assert f"{helper} (start_page, {called}" in message, message
+    made = line_of(start_page, "copy = ").rsplit(":", 1)[1]
+    assert f"{helper} (start_page, descriptor made at {here}:{made}, {called}" in message, message
 
 
 CASES += [

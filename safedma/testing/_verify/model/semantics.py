@@ -1092,11 +1092,12 @@ class Machine:
         """Where the blocked participant last waited this semaphore, when that is
         another line: a wait that took the count this one needed (a copy waited twice,
         a wait on the wrong slot) is fixed there."""
-        last = b.sem.last_wait.get(b.participant) if b.sem is not None else None
-        if last is None or last == b.where:
+        sem = b.sem
+        last = sem.last_wait.get(b.participant) if sem is not None else None
+        if sem is None or last is None or last == b.where:
             return ""
         return (
-            f"{self.labels[b.participant]} last waited {self.sem_names(b.sem)} at {last}: "
+            f"{self.labels[b.participant]} last waited {self.sem_names(sem)} at {last}: "
             "if that wait took the count meant for the blocked one, fix that wait."
         )
 
