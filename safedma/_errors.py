@@ -28,6 +28,8 @@ __all__ = [
     "IncompleteCopyError",
     "CopyNeverWaitedError",
     "HandleWaitedTwiceError",
+    "WaitNeverSignalledError",
+    "WaitExceedsCopiesError",
     "HandleEscapedError",
     "BranchReturnedRefError",
     "UnsupportedByJaxError",
@@ -95,6 +97,24 @@ class CopyNeverWaitedError(SafeDmaError, RuntimeError):
 
 class HandleWaitedTwiceError(SafeDmaError, RuntimeError):
     """A handle waited twice in one straight-line block: the kernel would hang (T8)."""
+
+
+class WaitNeverSignalledError(HandleWaitedTwiceError):
+    """A wait on a semaphore slot that no copy or signal in the kernel adds to: it hangs on
+    every path (T8).
+
+    Derives from :class:`HandleWaitedTwiceError`, which safedma raised for it before, so
+    existing ``except`` clauses keep working.
+    """
+
+
+class WaitExceedsCopiesError(HandleWaitedTwiceError):
+    """Waits on a semaphore slot that take more than the copies started on it add: the last
+    of them hangs on every path (T8).
+
+    Derives from :class:`HandleWaitedTwiceError`, which safedma raised for it before, so
+    existing ``except`` clauses keep working.
+    """
 
 
 class HandleEscapedError(SafeDmaError, ValueError):
