@@ -33,6 +33,7 @@ from safedma._sanitize._flags import (
     CODE,
     DEADLOCK,
     DEVICE,
+    DEVICE_ID,
     LEFTOVER,
     MAX_AXES,
     MAX_GRID,
@@ -80,10 +81,36 @@ def check_flags(flags: Any) -> None:
 
 
 def _with_others(errors: Sequence[SafeDmaError]) -> SafeDmaError:
-    first = errors[0]
-    if len(errors) > 1:
-        first.args = (f"{first.args[0]}\n(and {len(errors) - 1} more sanitizer report(s))",)
+    """One report: the likeliest cause first (a hang is often what another device's
+    mistake left behind), the others in a line each."""
+    ranked = sorted(errors, key=_rank)
+    first = ranked[0]
+    if len(ranked) > 1:
+        others = "".join(f"\n  {type(e).__name__}: {_headline(e)}" for e in ranked[1:4])
+        more = f"\n  and {len(ranked) - 4} more" if len(ranked) > 4 else ""
+        first.args = (
+            f"{first.args[0]}\n(and {len(ranked) - 1} more sanitizer report(s), "
+            f"often what this mistake left behind:{others}{more})",
+        )
     return first
+
+
+def _rank(error: SafeDmaError) -> int:
+    from safedma.testing._errors import LeftoverSemaphoreError  # noqa: PLC0415
+    from safedma.testing._verify.errors import DeadlockError  # noqa: PLC0415
+
+    if isinstance(error, DeadlockError):
+        return 2
+    return 1 if isinstance(error, LeftoverSemaphoreError) else 0
+
+
+def _headline(error: SafeDmaError) -> str:
+    """What the report is and where, without its explanation."""
+    text = str(error.args[0]) if error.args else str(error)
+    text = text.removeprefix(_PREFIX)
+    head, _, rest = text.partition(": ")
+    place = rest.split(" in kernel ")[0] if rest else ""
+    return f"{head}: {place}" if place else head
 
 
 # -------------------------------------------------------------------- under jit
@@ -195,7 +222,10 @@ def _settle_effects() -> None:
 
 def _error(row: Any) -> SafeDmaError:
     # Imported only when there is a mistake, from the modules that define the classes.
-    from safedma.testing._errors import LeftoverSemaphoreError  # noqa: PLC0415
+    from safedma.testing._errors import (  # noqa: PLC0415
+        DeviceOutsideMeshError,
+        LeftoverSemaphoreError,
+    )
     from safedma.testing._verify.errors import (  # noqa: PLC0415
         DeadlockError,
         OutOfBoundsDmaError,
@@ -220,6 +250,8 @@ def _error(row: Any) -> SafeDmaError:
         return OutOfBoundsDmaError(text.out_of_bounds())
     if code == SEMAPHORE_INDEX:
         return SemaphoreIndexError(text.semaphore_index())
+    if code == DEVICE_ID:
+        return DeviceOutsideMeshError(text.device_id(), device=device, location=where)
     if code == LEFTOVER:
         message, record = text.leftover(device, device_id)
         error = LeftoverSemaphoreError([record])
@@ -375,6 +407,26 @@ class _Texts:
             f"0:{detail.get('extent')}. On a TPU this silently uses another semaphore's "
             "memory; the sanitizer skipped the operation. Allocate enough semaphores or fix "
             "the index."
+        )
+
+    def device_id(self) -> str:
+        from safedma.testing._errors import outside_mesh_message  # noqa: PLC0415
+
+        site = self.site
+        axis = site.detail.get("axis")
+        value = self.values[0]
+        return (
+            _PREFIX
+            + outside_mesh_message(
+                operation=site.operation,
+                device=self.device,
+                where=f"{self.where} in kernel {site.kernel}",
+                target=f"{axis}={value}" if axis else str(value),
+                axis=str(axis) if axis else None,
+                size=int(site.detail.get("size", 0)),
+            )
+            + " The sanitizer skipped it (on a TPU it reaches another device's memory, "
+            "or none)."
         )
 
     def leftover(self, device: str, device_id: int) -> tuple[str, Any]:

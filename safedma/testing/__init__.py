@@ -50,6 +50,7 @@ from safedma.testing._verify import (
 from safedma.testing._verify import verify as _verify_as_written
 from safedma.testing._errors import (
     ConcurrentInterpretError,
+    DeviceOutsideMeshError,
     KernelFailedError,
     LeftoverSemaphore,
     LeftoverSemaphoreError,
@@ -88,6 +89,7 @@ __all__ = [
     "GpuVerifyReport",
     "verify_gpu",
     "KernelFailedError",
+    "DeviceOutsideMeshError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",
     "LibtpuMissingError",
