@@ -45,6 +45,7 @@ from safedma._sanitize._units import Backend
 from jax._src.pallas import primitives as _pallas_primitives
 
 __all__ = [
+    "DEBUG_CALLBACK_LOGGER",
     "Backend",
     "asarray",
     "fori_loop",
@@ -76,6 +77,10 @@ __all__ = [
     "trace_block",
     "user_context",
 ]
+
+# Private: the logger jax's debug callback logs a raising callback's traceback to
+# ("jax.debug.callback failed", once per device), before raising it (jax 0.10.2 and 0.12).
+DEBUG_CALLBACK_LOGGER = "jax._src.debugging"
 
 # ---------------------------------------------------------------- typed views
 # jax leaves these public functions partly unannotated; pyright strict reports every

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import threading
+import weakref
 from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -159,7 +161,34 @@ def report_in_callback(flags: Any, after: object = ()) -> None:
         _recorded.extend(errors)
         if len(_recorded) > 1000:
             del _recorded[:-1000]
+    _quiet_callback_log()
+    _raised.add(errors[0])
     raise errors[0]
+
+
+#: The errors the callback raised: jax logs each with its traceback; the filter drops those.
+_raised: weakref.WeakSet[BaseException] = weakref.WeakSet()
+
+
+class _OwnReports(logging.Filter):
+    """Drops jax's "jax.debug.callback failed" record of a sanitizer report: jax logs it
+    with the callback's traceback on every device that raised, while the report itself
+    surfaces once, where jax (or :func:`sanitizer_errors`) raises it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or error not in _raised
+
+
+_filter = _OwnReports()
+
+
+def _quiet_callback_log() -> None:
+    from safedma._sanitize._jax import DEBUG_CALLBACK_LOGGER  # noqa: PLC0415
+
+    logger = logging.getLogger(DEBUG_CALLBACK_LOGGER)
+    if _filter not in logger.filters:
+        logger.addFilter(_filter)
 
 
 def recorded_since(mark: int) -> list[SafeDmaError]:
