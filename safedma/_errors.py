@@ -17,6 +17,7 @@ __all__ = [
     "SafeDmaError",
     "NotARefError",
     "SemaphoreKindError",
+    "ScratchOrderError",
     "SemaphoreShapeError",
     "SemaphoreIndexError",
     "CopyShapeMismatchError",
@@ -52,6 +53,15 @@ class NotARefError(SafeDmaError, TypeError):
 
 class SemaphoreKindError(SafeDmaError, TypeError):
     """A semaphore of the wrong kind, or data where a semaphore belongs (S3, S6)."""
+
+
+class ScratchOrderError(SemaphoreKindError, ValueError):
+    """``scratch_shapes`` in another order than the kernel's scratch parameters: a
+    semaphore handed to a parameter meant for a buffer, or the reverse.
+
+    Also a ``SemaphoreKindError`` and a ``ValueError``, what the first copy raised for it
+    before (safedma's and jax's own), so existing ``except`` clauses keep working.
+    """
 
 
 class SemaphoreShapeError(SafeDmaError, ValueError):
