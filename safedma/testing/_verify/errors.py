@@ -18,6 +18,7 @@ from safedma.testing._errors import (
 
 __all__ = [
     "DeadlockError",
+    "MissingBarrierError",
     "OutOfBoundsDmaError",
     "SemaphoreIndexError",
     "SignalAfterExitError",
@@ -77,6 +78,15 @@ class UnwrittenReadError(SimulationError):
 
 class SignalAfterExitError(SimulationError):
     """R8/R10: a signal or copy that may reach a device outside the kernel call it was meant for."""
+
+
+class MissingBarrierError(SignalAfterExitError):
+    """R10: a remote write or signal that may land before its target entered the kernel
+    call: a barrier is missing before it (or a barrier round reused across calls).
+
+    Derives from :class:`SignalAfterExitError`, which verify raised for it before, so
+    existing ``except`` clauses keep working.
+    """
 
 
 class VerificationUnsupportedError(SimulationError):
