@@ -514,9 +514,7 @@ def _probe_signal(orig: Any, probes: Installed) -> object:
     return signal
 
 
-def _check_signal_target(
-    semaphore: Any, global_core_id: Any, info: Any, probes: Installed
-) -> None:
+def _check_signal_target(semaphore: Any, global_core_id: Any, info: Any, probes: Installed) -> None:
     """A signal for a core outside the run: jax's interpreter would index its tables with
     it (a bare IndexError, or for -1 the last device, silently)."""
     run = InterpretRun(semaphore.shared_memory)

@@ -58,7 +58,9 @@ def _run(body: Any, scratch: list[Any], entry: str = "sd", **options: Any) -> No
 def _says_the_swap(error: sd.ScratchOrderError, kernel: str, why: str) -> None:
     text = str(error)
     assert f"kernel {kernel!r} (defined at {__file__}:" in text, text
-    assert f"parameter buf ({why} a data buffer) received scratch_shapes[0], a DMA semaphore" in text
+    assert (
+        f"parameter buf ({why} a data buffer) received scratch_shapes[0], a DMA semaphore" in text
+    )
     assert "parameter sem" in text and "scratch_shapes[1], a VMEM float32[8, 128] buffer" in text
     assert "Fix: scratch_shapes=[scratch_shapes[1], scratch_shapes[0]]" in text
 
