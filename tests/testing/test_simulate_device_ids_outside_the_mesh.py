@@ -14,7 +14,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from safedma.testing import DeviceOutsideMeshError, KernelFailedError, simulate, simulated_mesh
+from safedma.testing import (
+    DeviceOutsideMeshError,
+    KernelFailedError,
+    simulate,
+    simulated_mesh,
+    verify,
+)
 from tests.support.simulation import example, line_of
 
 RING = 4
@@ -85,3 +91,13 @@ def test_a_signal_to_device_minus_one_is_not_sent_to_the_last_device() -> None:
     assert line_of(first_device_signals_before_the_start, "pl.semaphore_signal") in text, text
     assert "semaphore signal" in text and "on device 0 (x=0)" in text
     assert "device id x=-1, outside the mesh (x has 4 devices)" in text
+
+
+def test_verify_raises_the_same_class_for_the_same_kernel() -> None:
+    body = _per_device(
+        last_device_copies_past_the_end,
+        [pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())],
+    )
+    with pytest.raises(DeviceOutsideMeshError) as caught:
+        verify(body, example((RING * 8, 128)), mesh=simulated_mesh(RING, "x"))
+    assert "x=4 is outside the mesh (x has 4 devices)" in str(caught.value)

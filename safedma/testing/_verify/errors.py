@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from safedma import _errors as _trace_errors
 from safedma.testing._errors import (
+    DeviceOutsideMeshError,
     KernelFailedError,
     LeftoverSemaphoreError,
     RaceDetectedError,
@@ -24,6 +25,7 @@ __all__ = [
     "SignalAfterExitError",
     "UnwrittenReadError",
     "VerificationUnsupportedError",
+    "VerifiedDeviceOutsideMeshError",
     "VerifiedLeftoverError",
     "VerifiedRaceError",
     "VerifyKernelError",
@@ -95,3 +97,9 @@ class VerificationUnsupportedError(SimulationError):
 
 class VerifyKernelError(KernelFailedError):
     """The kernel program is invalid on some device (mismatched copy sizes, bad device id)."""
+
+
+class VerifiedDeviceOutsideMeshError(VerifyKernelError, DeviceOutsideMeshError):
+    """A device id outside the mesh on some device: also the
+    :class:`~safedma.testing.DeviceOutsideMeshError` simulate and the sanitizer raise for
+    it, so one ``pytest.raises`` serves all three."""
