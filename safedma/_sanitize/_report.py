@@ -90,9 +90,11 @@ def _with_others(errors: Sequence[SafeDmaError]) -> SafeDmaError:
     if len(ranked) > 1:
         others = "".join(f"\n  {type(e).__name__}: {_headline(e)}" for e in ranked[1:4])
         more = f"\n  and {len(ranked) - 4} more" if len(ranked) > 4 else ""
+        hangs = any(_rank(e) == 2 for e in ranked[1:])
+        why = "; a hang is often what another device's mistake left behind" if hangs else ""
         first.args = (
-            f"{first.args[0]}\n(and {len(ranked) - 1} more sanitizer report(s), "
-            f"often what this mistake left behind:{others}{more})",
+            f"{first.args[0]}\n(and {len(ranked) - 1} more sanitizer report(s){why}:"
+            f"{others}{more})",
         )
     return first
 
@@ -111,7 +113,7 @@ def _headline(error: SafeDmaError) -> str:
     text = str(error.args[0]) if error.args else str(error)
     text = text.removeprefix(_PREFIX)
     head, _, rest = text.partition(": ")
-    place = rest.split(" in kernel ")[0] if rest else ""
+    place = rest.split(" in kernel ")[0].split(": ")[0] if rest else ""
     return f"{head}: {place}" if place else head
 
 
