@@ -32,6 +32,7 @@ from safedma._raw_pairing import check_raw_copies
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._sanitize import Sanitize, for_body, for_call
 from safedma._scratch import Scratch, check_scratch_tree, is_scratch
+from safedma._scratch_order import check_annotations, check_names
 from safedma._public import publish
 
 __all__ = [
@@ -168,13 +169,23 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
         ):
             if scratch is not None:
                 _settle_operand_semaphores(args, scratch)
+            in_scratch = 0
+            if ledger.parent is None:  # the kernel's own body, not a checked helper in it
+                in_scratch = (
+                    _compat.enclosing_scratch_count() if scratch is None else scratch
+                ) or 0
+            check_annotations(name, body, signature, args, in_scratch)
             try:
                 body(*args, **kwargs)
             except ValueError as error:
+                check_names(name, body, signature, args, in_scratch, error)
                 rewritten = rewrite(error)
                 if rewritten is None:
                     raise
                 raise rewritten from error
+            except Exception as error:
+                check_names(name, body, signature, args, in_scratch, error)
+                raise
             ledger.check_all_waited(name)
             if ledger.parent is None:  # a nested body's copies are its kernel's
                 _check_raw_copies(ledger, name, named, args, scratch)

@@ -17,6 +17,7 @@ __all__ = [
     "SafeDmaError",
     "NotARefError",
     "SemaphoreKindError",
+    "ScratchOrderError",
     "SemaphoreShapeError",
     "SemaphoreIndexError",
     "CopyShapeMismatchError",
@@ -28,6 +29,8 @@ __all__ = [
     "IncompleteCopyError",
     "CopyNeverWaitedError",
     "HandleWaitedTwiceError",
+    "WaitNeverSignalledError",
+    "WaitExceedsCopiesError",
     "HandleEscapedError",
     "BranchReturnedRefError",
     "UnsupportedByJaxError",
@@ -51,6 +54,15 @@ class NotARefError(SafeDmaError, TypeError):
 
 class SemaphoreKindError(SafeDmaError, TypeError):
     """A semaphore of the wrong kind, or data where a semaphore belongs (S3, S6)."""
+
+
+class ScratchOrderError(SemaphoreKindError, ValueError):
+    """``scratch_shapes`` in another order than the kernel's scratch parameters: a
+    semaphore handed to a parameter meant for a buffer, or the reverse.
+
+    Also a ``SemaphoreKindError`` and a ``ValueError``, what the first copy raised for it
+    before (safedma's and jax's own), so existing ``except`` clauses keep working.
+    """
 
 
 class SemaphoreShapeError(SafeDmaError, ValueError):
@@ -96,6 +108,24 @@ class CopyNeverWaitedError(SafeDmaError, RuntimeError):
 
 class HandleWaitedTwiceError(SafeDmaError, RuntimeError):
     """A handle waited twice in one straight-line block: the kernel would hang (T8)."""
+
+
+class WaitNeverSignalledError(HandleWaitedTwiceError):
+    """A wait on a semaphore slot that no copy or signal in the kernel adds to: it hangs on
+    every path (T8).
+
+    Derives from :class:`HandleWaitedTwiceError`, which safedma raised for it before, so
+    existing ``except`` clauses keep working.
+    """
+
+
+class WaitExceedsCopiesError(HandleWaitedTwiceError):
+    """Waits on a semaphore slot that take more than the copies started on it add: the last
+    of them hangs on every path (T8).
+
+    Derives from :class:`HandleWaitedTwiceError`, which safedma raised for it before, so
+    existing ``except`` clauses keep working.
+    """
 
 
 class HandleEscapedError(SafeDmaError, ValueError):

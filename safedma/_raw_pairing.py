@@ -14,8 +14,10 @@ Only what is wrong on every path is reported, so a correct kernel is never rejec
   array is on another static slot): :class:`~safedma.CopyNeverWaitedError`;
 * unconditional waits (top level of the body) on a static slot that the starts able to
   signal it cannot cover, counted in bytes (each start outside loops runs at most once
-  per body run): a second wait of one copy, or a wait no start signals,
-  :class:`~safedma.HandleWaitedTwiceError`;
+  per body run): a wait no start signals, :class:`~safedma.WaitNeverSignalledError`; a
+  second wait of one copy, or a wait larger than its copy,
+  :class:`~safedma.WaitExceedsCopiesError` (both subclasses of
+  :class:`~safedma.HandleWaitedTwiceError`);
 * a root whose every start and wait is unconditional, where the bytes started and waited
   on one static slot differ: :class:`~safedma.CopyShapeMismatchError`.
 
@@ -35,7 +37,12 @@ from typing import Any
 
 from safedma import _compat
 from safedma._slot_ranges import Index, Ranges, Scope, index_of, top_scope
-from safedma._errors import CopyNeverWaitedError, CopyShapeMismatchError, HandleWaitedTwiceError
+from safedma._errors import (
+    CopyNeverWaitedError,
+    CopyShapeMismatchError,
+    WaitExceedsCopiesError,
+    WaitNeverSignalledError,
+)
 from safedma._raw_waits import block_inputs
 
 __all__ = ["check_raw_copies"]
@@ -270,21 +277,29 @@ def _over_waited(
             continue
         sem = _name(w.root, names, w.slot)
         extra = [o for o in same if o.raw][-1]  # the wait past what is signalled
+        at = _where(extra.line)
         if not signals:
-            problem = f"no copy in the kernel body signals {sem}"
-            fix = (
-                "Wait the semaphore slot the copy was started on (or start the copy on this slot)."
+            raise WaitNeverSignalledError(
+                f"kernel {kernel_name!r}: the raw wait at {at} waits on {sem}, which no copy "
+                f"or signal in the kernel body adds to, so the kernel hangs there on every "
+                "path. Wait the semaphore slot the copy was started on (or start the copy on "
+                "this slot)."
             )
-        else:
-            started = ", ".join(sorted({_where(s.line) for s in signals}))
-            problem = (
-                f"its waits on {sem} decrement {needed} bytes on every run of the body, while "
-                f"the copies able to signal it (started at {started}) add at most {most}"
-            )
+        started = ", ".join(sorted({_where(s.line) for s in signals}))
+        copies = len({s.eqn for s in signals})
+        if len(same) > copies:
             fix = "Keep one wait per copy started: remove the extra wait."
-        raise HandleWaitedTwiceError(
-            f"kernel {kernel_name!r}: the raw wait at {_where(extra.line)} can never be "
-            f"satisfied: {problem}, so the kernel hangs there on every path. {fix}"
+        else:
+            fix = (
+                "Give the wait the copy's own descriptor (the same source, destination and "
+                "size as the copy it stands for)."
+            )
+        raise WaitExceedsCopiesError(
+            f"kernel {kernel_name!r}: the raw wait at {at} can never be satisfied: "
+            f"{len(same)} wait(s) on {sem} take {needed} bytes on every run of the body, "
+            f"while the {copies} cop{'y' if copies == 1 else 'ies'} able to signal it "
+            f"(started at {started}) add at most {most} bytes, so the kernel hangs there on "
+            f"every path. {fix}"
         )
 
 

@@ -5,13 +5,15 @@ body, or ``SAFEDMA_SANITIZE=1`` for every safedma entry point) instruments the
 kernel from its jaxpr: a wait that would hang spins a bounded time and becomes
 a ``DeadlockError``, a semaphore left non-zero a ``LeftoverSemaphoreError``, a
 dynamic copy window or semaphore index out of bounds an ``OutOfBoundsDmaError``
-/ ``SemaphoreIndexError`` before the copy is issued. The kernel records its
+/ ``SemaphoreIndexError`` before the copy is issued, a device id outside the mesh
+a ``DeviceOutsideMeshError`` before the copy or signal. The kernel records its
 first mistake in an SMEM output the sanitizer adds to the call; the host
 decodes it after the call. Off (the default), nothing changes: the same Mosaic.
 
 Modules, one job each: ``_options`` (on or off, the spin bound), ``_units``
 (what a wait needs per backend), ``_flags`` (the SMEM words and their writes),
-``_sites`` (what each check knows at trace time), ``_instrument`` (the jaxpr
+``_sites`` (what each check knows at trace time), ``_device_ids`` (a remote
+operation's device id as coordinates to check), ``_instrument`` (the jaxpr
 re-emitted with the checks), ``_call`` (the call with its flags output),
 ``_report`` (flags to errors, eagerly and under jit), ``_jax`` (every jax
 internal used), ``_errors`` (what the sanitizer raises itself).

@@ -29,6 +29,7 @@ __all__ = [
     "CODE",
     "DEADLOCK",
     "DEVICE",
+    "DEVICE_ID",
     "GAVE_UP",
     "LEFTOVER",
     "MAX_AXES",
@@ -49,7 +50,7 @@ PROGRAM, MAX_GRID = 9, 3
 DEVICE, MAX_AXES = 12, 4
 WORDS = 16
 
-DEADLOCK, LEFTOVER, OUT_OF_BOUNDS, SEMAPHORE_INDEX = 1, 2, 3, 4
+DEADLOCK, LEFTOVER, OUT_OF_BOUNDS, SEMAPHORE_INDEX, DEVICE_ID = 1, 2, 3, 4, 5
 
 
 def _i32(value: object) -> jax.Array:

@@ -10,7 +10,8 @@ kernel's own trace, each primitive bound again at its user's line, with:
   takes; the wait runs only if it got there, else the hang is recorded and
   the wait skipped, so the kernel returns instead of hanging;
 * before each ``dma_start`` (and each semaphore operation): bounds checks of
-  the copy windows and semaphore indices that are not static; a copy or
+  the copy windows and semaphore indices that are not static, and of the
+  target device id of a remote copy or signal (:mod:`._device_ids`); a copy or
   operation out of bounds is recorded and not issued;
 * at the end of each ``run_scoped`` body and at the kernel's last grid step:
   every semaphore allocated there must be back to zero; one that is not is
@@ -37,9 +38,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from safedma._sanitize import _jax
+from safedma._sanitize._device_ids import coordinates
 from safedma._sanitize._drain import drain_dma, settle
 from safedma._sanitize._errors import SanitizerUnsupportedError
 from safedma._sanitize._flags import (
+    DEVICE_ID,
     LEFTOVER,
     MAX_VALUES,
     OUT_OF_BOUNDS,
@@ -377,6 +380,23 @@ class Instrumenter:
                 checks.append(_Check(ok, code, site, [*values, *view.dynamic]))
         return checks
 
+    def device_ids(
+        self, device_id: Any, id_type: Any, operation: str, name: str, frames: Sequence[Any]
+    ) -> list[_Check]:
+        """Checks that each coordinate of a remote operation's device id is inside its mesh
+        axis; only traced ones cost anything at run time."""
+        checks: list[_Check] = []
+        for coordinate in coordinates(device_id, id_type, self.plan.axes):
+            value, size = coordinate.value, coordinate.size
+            ok = _and(_ge(value, 0), _lt(value, size))
+            if ok is True:
+                continue
+            site = self.site(
+                DEVICE_ID, operation, name, (), frames, axis=coordinate.axis, size=size
+            )
+            checks.append(_Check(ok, DEVICE_ID, site, [value]))
+        return checks
+
     def guarded(self, checks: Sequence[_Check], emit: Callable[[], None]) -> None:
         """Record the first failing check (in order), and ``emit`` only if all pass."""
         if not checks:
@@ -584,6 +604,9 @@ def _dma_start(self: Instrumenter, eqn: Any, invals: list[Any], frames: list[Any
         checks += self.bounds(dst_sem, role, operation, frames, SEMAPHORE_INDEX)
     if src_sem is not None:
         checks += self.bounds(src_sem, "send semaphore", operation, frames, SEMAPHORE_INDEX)
+    if remote:
+        id_type = eqn.params.get("device_id_type")
+        checks += self.device_ids(device_id, id_type, operation, self.name_of(dst), frames)
 
     def start() -> None:
         _jax.bind_default(eqn, invals)
@@ -648,6 +671,10 @@ def _semaphore_signal(
     args = _jax.tree_unflatten(eqn.params["args_tree"], invals)
     view = _Rebuilt(args[0], tuple(args[1]))
     checks = self.bounds(view, "semaphore", "semaphore signal", frames, SEMAPHORE_INDEX)
+    if len(args) > 3 and args[3] is not None:
+        id_type = eqn.params.get("device_id_type")
+        name = self.name_of(args[0])
+        checks += self.device_ids(args[3], id_type, "remote semaphore signal", name, frames)
     self.guarded(checks, lambda: _discard(_jax.bind_default(eqn, invals)))
     return []
 

@@ -59,6 +59,7 @@ else:
     _pallas_primitives = PrivateModule("jax._src.pallas.primitives")
 
 __all__ = [
+    "DEBUG_CALLBACK_LOGGER",
     "Backend",
     "asarray",
     "fori_loop",
@@ -90,6 +91,10 @@ __all__ = [
     "trace_block",
     "user_context",
 ]
+
+# Private: the logger jax's debug callback logs a raising callback's traceback to
+# ("jax.debug.callback failed", once per device), before raising it (jax 0.10.2 and 0.12).
+DEBUG_CALLBACK_LOGGER = "jax._src.debugging"
 
 # ---------------------------------------------------------------- typed views
 # jax leaves these public functions partly unannotated; pyright strict reports every

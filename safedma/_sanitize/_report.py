@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import threading
+import weakref
 from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -33,6 +35,7 @@ from safedma._sanitize._flags import (
     CODE,
     DEADLOCK,
     DEVICE,
+    DEVICE_ID,
     LEFTOVER,
     MAX_AXES,
     MAX_GRID,
@@ -80,10 +83,38 @@ def check_flags(flags: Any) -> None:
 
 
 def _with_others(errors: Sequence[SafeDmaError]) -> SafeDmaError:
-    first = errors[0]
-    if len(errors) > 1:
-        first.args = (f"{first.args[0]}\n(and {len(errors) - 1} more sanitizer report(s))",)
+    """One report: the likeliest cause first (a hang is often what another device's
+    mistake left behind), the others in a line each."""
+    ranked = sorted(errors, key=_rank)
+    first = ranked[0]
+    if len(ranked) > 1:
+        others = "".join(f"\n  {type(e).__name__}: {_headline(e)}" for e in ranked[1:4])
+        more = f"\n  and {len(ranked) - 4} more" if len(ranked) > 4 else ""
+        hangs = any(_rank(e) == 2 for e in ranked[1:])
+        why = "; a hang is often what another device's mistake left behind" if hangs else ""
+        first.args = (
+            f"{first.args[0]}\n(and {len(ranked) - 1} more sanitizer report(s){why}:"
+            f"{others}{more})",
+        )
     return first
+
+
+def _rank(error: SafeDmaError) -> int:
+    from safedma.testing._errors import LeftoverSemaphoreError  # noqa: PLC0415
+    from safedma.testing._verify.errors import DeadlockError  # noqa: PLC0415
+
+    if isinstance(error, DeadlockError):
+        return 2
+    return 1 if isinstance(error, LeftoverSemaphoreError) else 0
+
+
+def _headline(error: SafeDmaError) -> str:
+    """What the report is and where, without its explanation."""
+    text = str(error.args[0]) if error.args else str(error)
+    text = text.removeprefix(_PREFIX)
+    head, _, rest = text.partition(": ")
+    place = rest.split(" in kernel ")[0].split(": ")[0] if rest else ""
+    return f"{head}: {place}" if place else head
 
 
 # -------------------------------------------------------------------- under jit
@@ -132,7 +163,34 @@ def report_in_callback(flags: Any, after: object = ()) -> None:
         _recorded.extend(errors)
         if len(_recorded) > 1000:
             del _recorded[:-1000]
+    _quiet_callback_log()
+    _raised.add(errors[0])
     raise errors[0]
+
+
+#: The errors the callback raised: jax logs each with its traceback; the filter drops those.
+_raised: weakref.WeakSet[BaseException] = weakref.WeakSet()
+
+
+class _OwnReports(logging.Filter):
+    """Drops jax's "jax.debug.callback failed" record of a sanitizer report: jax logs it
+    with the callback's traceback on every device that raised, while the report itself
+    surfaces once, where jax (or :func:`sanitizer_errors`) raises it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or error not in _raised
+
+
+_filter = _OwnReports()
+
+
+def _quiet_callback_log() -> None:
+    from safedma._sanitize._jax import DEBUG_CALLBACK_LOGGER  # noqa: PLC0415
+
+    logger = logging.getLogger(DEBUG_CALLBACK_LOGGER)
+    if _filter not in logger.filters:
+        logger.addFilter(_filter)
 
 
 def recorded_since(mark: int) -> list[SafeDmaError]:
@@ -195,7 +253,10 @@ def _settle_effects() -> None:
 
 def _error(row: Any) -> SafeDmaError:
     # Imported only when there is a mistake, from the modules that define the classes.
-    from safedma.testing._errors import LeftoverSemaphoreError  # noqa: PLC0415
+    from safedma.testing._errors import (  # noqa: PLC0415
+        DeviceOutsideMeshError,
+        LeftoverSemaphoreError,
+    )
     from safedma.testing._verify.errors import (  # noqa: PLC0415
         DeadlockError,
         OutOfBoundsDmaError,
@@ -220,6 +281,8 @@ def _error(row: Any) -> SafeDmaError:
         return OutOfBoundsDmaError(text.out_of_bounds())
     if code == SEMAPHORE_INDEX:
         return SemaphoreIndexError(text.semaphore_index())
+    if code == DEVICE_ID:
+        return DeviceOutsideMeshError(text.device_id(), device=device, location=where)
     if code == LEFTOVER:
         message, record = text.leftover(device, device_id)
         error = LeftoverSemaphoreError([record])
@@ -375,6 +438,26 @@ class _Texts:
             f"0:{detail.get('extent')}. On a TPU this silently uses another semaphore's "
             "memory; the sanitizer skipped the operation. Allocate enough semaphores or fix "
             "the index."
+        )
+
+    def device_id(self) -> str:
+        from safedma.testing._errors import outside_mesh_message  # noqa: PLC0415
+
+        site = self.site
+        axis = site.detail.get("axis")
+        value = self.values[0]
+        return (
+            _PREFIX
+            + outside_mesh_message(
+                operation=site.operation,
+                device=self.device,
+                where=f"{self.where} in kernel {site.kernel}",
+                target=f"{axis}={value}" if axis else str(value),
+                axis=str(axis) if axis else None,
+                size=int(site.detail.get("size", 0)),
+            )
+            + " The sanitizer skipped it (on a TPU it reaches another device's memory, "
+            "or none)."
         )
 
     def leftover(self, device: str, device_id: int) -> tuple[str, Any]:

@@ -42,6 +42,7 @@ from safedma.testing._verify import (
     DeadlockError,
     OutOfBoundsDmaError,
     SemaphoreIndexError,
+    MissingBarrierError,
     SignalAfterExitError,
     UnwrittenReadError,
     VerificationUnsupportedError,
@@ -50,6 +51,7 @@ from safedma.testing._verify import (
 from safedma.testing._verify import verify as _verify_as_written
 from safedma.testing._errors import (
     ConcurrentInterpretError,
+    DeviceOutsideMeshError,
     KernelFailedError,
     LeftoverSemaphore,
     LeftoverSemaphoreError,
@@ -77,6 +79,7 @@ __all__ = [
     "DeadlockError",
     "OutOfBoundsDmaError",
     "SemaphoreIndexError",
+    "MissingBarrierError",
     "SignalAfterExitError",
     "UnwrittenReadError",
     "VerificationUnsupportedError",
@@ -88,6 +91,7 @@ __all__ = [
     "GpuVerifyReport",
     "verify_gpu",
     "KernelFailedError",
+    "DeviceOutsideMeshError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",
     "LibtpuMissingError",

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from safedma.testing import _interpret_probes as probes
 from safedma.testing._kernel_names import KernelNames
 from safedma.testing._errors import (
+    DeviceOutsideMeshError,
     KernelFailedError,
     LeftoverSemaphore,
     LeftoverSemaphoreError,
@@ -20,8 +21,10 @@ from safedma.testing._errors import (
     SimulationUnsupportedError,
     StuckWait,
     UnsatisfiableWaitError,
+    outside_mesh_message,
 )
 from safedma.testing._meshes import DeviceNames
+from safedma.testing._off_mesh import OffMeshTarget
 from safedma.testing._recorder import CopyCounts, Failure, Recorder
 from safedma.testing._uninterpretable import raised_by_interpreter, run_time_limit
 
@@ -275,6 +278,8 @@ def failure_error(
     """
     error = failure.error
     device = None if failure.device_id is None else devices.label(failure.device_id)
+    if isinstance(error, OffMeshTarget):
+        return _off_mesh_error(error, devices)
     if raised_by_interpreter(error):
         return run_time_limit(error, device)
     location = probes.exception_location(error)
@@ -286,5 +291,27 @@ def failure_error(
         f"the kernel failed in interpret mode{on}{at}: {type(error).__name__}: {text}.{others}"
     )
     result = KernelFailedError(message, device=device, location=location)
+    result.__cause__ = error
+    return result
+
+
+def _off_mesh_error(error: OffMeshTarget, devices: DeviceNames) -> DeviceOutsideMeshError:
+    """A copy or signal to a device id outside the mesh, said as ``verify`` says it."""
+    axis = devices.only_axis()
+    sender = devices.label(error.sender) if error.sender >= 0 else "a device"
+    target = f"{axis[0]}={error.target}" if axis else str(error.target)
+    message = (
+        outside_mesh_message(
+            operation=error.operation,
+            device=sender,
+            where=error.location or "",
+            target=target,
+            axis=axis[0] if axis else None,
+            size=error.devices,
+        )
+        + " simulate stopped the run before it (on a TPU it reaches another device's "
+        "memory, or none)."
+    )
+    result = DeviceOutsideMeshError(message, device=sender, location=error.location)
     result.__cause__ = error
     return result

@@ -11,10 +11,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
-from safedma._errors import SafeDmaError
+from safedma._errors import DeviceIdError, SafeDmaError
 
 __all__ = [
     "ConcurrentInterpretError",
+    "DeviceOutsideMeshError",
     "KernelFailedError",
     "LeftoverSemaphore",
     "LeftoverSemaphoreError",
@@ -254,3 +255,31 @@ class KernelFailedError(SimulationError):
         super().__init__(message)
         self.device = device
         self.location = location
+
+
+class DeviceOutsideMeshError(KernelFailedError, DeviceIdError):
+    """A remote copy or signal aimed at a device id outside the mesh: typically a ring
+    neighbour computed as ``lax.axis_index(axis) + 1`` without ``% size``.
+
+    Also a ``safedma.DeviceIdError``, what the trace-time check raises for a static id
+    outside the mesh, so one ``except`` catches the mistake wherever it is found.
+    """
+
+
+def outside_mesh_message(
+    *, operation: str, device: str, where: str, target: str, axis: str | None, size: int
+) -> str:
+    """The words ``simulate`` and the sanitizer use for a device id outside the mesh, as
+    ``verify`` says it: the line, the id, the mesh size, and the modulo that fixes it."""
+    if axis is None:
+        outside = f"device id {target}, outside the mesh of {size} devices"
+        fix = "Keep the id inside the mesh: take it modulo the number of devices"
+    else:
+        outside = f"device id {target}, outside the mesh ({axis} has {size} devices)"
+        fix = (
+            "A ring neighbour needs the modulo: "
+            f"(lax.axis_index({axis!r}) + 1) % {size}, or (lax.axis_index({axis!r}) - 1) "
+            f"% {size} for the previous one"
+        )
+    at = f" at {where}" if where else ""
+    return f"device id outside the mesh: the {operation}{at} on {device} targets {outside}. {fix}."

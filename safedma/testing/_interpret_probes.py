@@ -41,6 +41,7 @@ import safedma
 from safedma.testing import _copy_clock_entries, _semaphore_clocks
 from safedma.testing._errors import ConcurrentInterpretError
 from safedma.testing._interrupts import deferred_interrupts
+from safedma.testing._off_mesh import check_target
 from safedma.testing._private import moved, private_callable, private_module
 from safedma.testing._kernel_lines import enclosing_lines, sub_jaxprs, user_location
 
@@ -490,6 +491,7 @@ def _probe_wait(orig: Any, probes: Installed) -> object:
 
 def _probe_signal(orig: Any, probes: Installed) -> object:
     def signal(self: Any, inc: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_signal_target(self, global_core_id, kwargs.get("logging_info"), probes)
         _semaphore_clocks.install(self)
         with _semaphore_clocks.signalling(self, int(inc)):
             result = orig(self, inc, global_core_id, *args, **kwargs)
@@ -512,9 +514,32 @@ def _probe_signal(orig: Any, probes: Installed) -> object:
     return signal
 
 
+def _check_signal_target(semaphore: Any, global_core_id: Any, info: Any, probes: Installed) -> None:
+    """A signal for a core outside the run: jax's interpreter would index its tables with
+    it (a bare IndexError, or for -1 the last device, silently)."""
+    run = InterpretRun(semaphore.shared_memory)
+    sender = getattr(info, "device_id", None)
+    source = getattr(info, "source_info", None)
+    check_target(
+        "semaphore signal" if isinstance(sender, int) else "remote copy",
+        sender if isinstance(sender, int) else -1,
+        int(global_core_id) // run.cores_per_device,
+        run.cores // run.cores_per_device,
+        probes.location(source),
+    )
+
+
 def _probe_dma_init(orig: Any, probes: Installed) -> object:
     def dma_init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
+        run = InterpretRun(self.dst_sem.shared_memory)
+        check_target(
+            "remote copy",
+            int(self.src_device_id),
+            int(self.dst_device_id),
+            run.cores // run.cores_per_device,
+            probes.location(self.source_info),
+        )
         memory = self.dst_sem.shared_memory
         entries = getattr(memory, _copy_clock_entries.ATTRIBUTE, None)
         if isinstance(entries, _copy_clock_entries.CopyEntries):
@@ -923,8 +948,9 @@ _PROBES: tuple[_Probe, ...] = (
         why=(
             "which device signalled which semaphore from which line (semaphore_signal "
             "passes its source_info only to jax's optional logging): the hints of a "
-            "leftover REGULAR or BARRIER count (R2); and each signal's amount and clock, "
-            "kept in arrival order for the waits (_semaphore_clocks)"
+            "leftover REGULAR or BARRIER count (R2); each signal's amount and clock, "
+            "kept in arrival order for the waits (_semaphore_clocks); and a target core "
+            "outside the run, which jax indexes its tables with (_off_mesh)"
         ),
     ),
     _Probe(
@@ -952,7 +978,8 @@ _PROBES: tuple[_Probe, ...] = (
         _probe_dma_init,
         why=(
             "which copy signals which semaphore on which device, started at which "
-            "line: the hints of R2/R3 (no public record of started copies)"
+            "line: the hints of R2/R3 (no public record of started copies); and a "
+            "target device outside the run, refused before the copy runs (_off_mesh)"
         ),
     ),
     _Probe(

@@ -121,9 +121,19 @@ class DeviceNames:
     """Turns interpret mode's logical device ids into mesh coordinates for messages."""
 
     def __init__(self, mesh: Mesh | None) -> None:
-        self._shape = tuple(int(s) for s in mesh.devices.shape) if mesh is not None else ()
-        self._names = tuple(str(n) for n in mesh.axis_names) if mesh is not None else ()
+        self._shape: tuple[int, ...] = (
+            tuple(int(s) for s in mesh.devices.shape) if mesh is not None else ()
+        )
+        self._names: tuple[str, ...] = (
+            tuple(str(n) for n in mesh.axis_names) if mesh is not None else ()
+        )
         self.count = math.prod(self._shape) if mesh is not None else 1
+
+    def only_axis(self) -> tuple[str, int] | None:
+        """The mesh's axis and its size, when it has exactly one."""
+        if len(self._shape) != 1:
+            return None
+        return self._names[0], self._shape[0]
 
     def label(self, device_id: int) -> str:
         if not self._shape or not 0 <= device_id < self.count:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from safedma import _errors as _trace_errors
 from safedma.testing._errors import (
+    DeviceOutsideMeshError,
     KernelFailedError,
     LeftoverSemaphoreError,
     RaceDetectedError,
@@ -18,11 +19,13 @@ from safedma.testing._errors import (
 
 __all__ = [
     "DeadlockError",
+    "MissingBarrierError",
     "OutOfBoundsDmaError",
     "SemaphoreIndexError",
     "SignalAfterExitError",
     "UnwrittenReadError",
     "VerificationUnsupportedError",
+    "VerifiedDeviceOutsideMeshError",
     "VerifiedLeftoverError",
     "VerifiedRaceError",
     "VerifyKernelError",
@@ -79,9 +82,24 @@ class SignalAfterExitError(SimulationError):
     """R8/R10: a signal or copy that may reach a device outside the kernel call it was meant for."""
 
 
+class MissingBarrierError(SignalAfterExitError):
+    """R10: a remote write or signal that may land before its target entered the kernel
+    call: a barrier is missing before it (or a barrier round reused across calls).
+
+    Derives from :class:`SignalAfterExitError`, which verify raised for it before, so
+    existing ``except`` clauses keep working.
+    """
+
+
 class VerificationUnsupportedError(SimulationError):
     """The program does something the verifier does not model; use ``simulate`` for it."""
 
 
 class VerifyKernelError(KernelFailedError):
     """The kernel program is invalid on some device (mismatched copy sizes, bad device id)."""
+
+
+class VerifiedDeviceOutsideMeshError(VerifyKernelError, DeviceOutsideMeshError):
+    """A device id outside the mesh on some device: also the
+    :class:`~safedma.testing.DeviceOutsideMeshError` simulate and the sanitizer raise for
+    it, so one ``pytest.raises`` serves all three."""

@@ -190,7 +190,7 @@ def _prove(
         proved.signals,
     ):
         raise AssertionError(f"the lockstep path counted differently: {proved}")
-    peaks = [(s.buffer.name, s.peak) for s in m.sems.values()]
+    peaks = [(s.buffer.name, s.peak, s.kind) for s in m.sems.values()]
     return make_report(engine.devices, body, invocations, m, peaks)
 
 
@@ -242,7 +242,7 @@ def _lockstep_report(
     fast: _lockstep.Outcome, body: Any, sizes: tuple[int, ...], invocations: int
 ) -> VerifyReport:
     assert fast.model is not None
-    peaks = [(s.name, s.peak) for s in fast.sems if s.touched]
+    peaks = [(s.name, s.peak, s.kind) for s in fast.sems if s.touched]
     return make_report(math.prod(sizes), body, invocations, fast.model, peaks)
 
 

@@ -20,7 +20,9 @@ class VerifyReport:
     """What :func:`verify` proved: counts over every device and kernel call.
 
     ``max_bytes_in_flight`` maps "kernel: semaphore" to the most bytes (or
-    signals) pending on any one device at once.
+    signals) pending on any one device at once; ``in_flight_units`` says which of
+    the two each counts ("bytes" for a DMA semaphore, "signals" for a REGULAR or
+    barrier one).
     """
 
     devices: int
@@ -31,6 +33,7 @@ class VerifyReport:
     waits: int
     signals: int
     max_bytes_in_flight: Mapping[str, int]
+    in_flight_units: Mapping[str, str] = dataclasses.field(default_factory=dict[str, str])
 
     def __str__(self) -> str:
         lines = [
@@ -42,18 +45,22 @@ class VerifyReport:
         if self.max_bytes_in_flight:
             lines.append("  most in flight per semaphore:")
             for name, amount in sorted(self.max_bytes_in_flight.items()):
-                lines.append(f"    {name}: {amount}")
+                unit = self.in_flight_units.get(name)
+                lines.append(f"    {name}: {amount}" + (f" {unit}" if unit else ""))
         return "\n".join(lines)
 
 
 def make_report(
-    devices: int, body: Any, invocations: int, counts: Any, peaks: list[tuple[str, int]]
+    devices: int, body: Any, invocations: int, counts: Any, peaks: list[tuple[str, int, str]]
 ) -> VerifyReport:
     """The report of either path: ``counts`` has dmas, remote_dmas, waits and signals;
-    ``peaks`` the most in flight of each semaphore of each call (the most per name)."""
+    ``peaks`` the most in flight of each semaphore of each call (the most per name), with
+    the semaphore's kind ("DMA" counts bytes, the others signals)."""
     most: dict[str, int] = {}
-    for name, peak in peaks:
+    units: dict[str, str] = {}
+    for name, peak, kind in peaks:
         most[name] = max(most.get(name, 0), peak)
+        units[name] = "bytes" if kind == "DMA" else "signals"
     return VerifyReport(
         devices=devices,
         kernels=_kernel_labels(_kernel_names(body)),
@@ -63,6 +70,7 @@ def make_report(
         waits=int(counts.waits),
         signals=int(counts.signals),
         max_bytes_in_flight=most,
+        in_flight_units=units,
     )
 
 

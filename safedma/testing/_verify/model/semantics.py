@@ -28,6 +28,7 @@ import numpy as np
 
 from safedma.testing._verify.errors import (
     DeadlockError,
+    MissingBarrierError,
     SignalAfterExitError,
     UnwrittenReadError,
     VerifiedLeftoverError,
@@ -689,10 +690,11 @@ class Machine:
                         f"wait for those signals before this access, at {where} (e.g. "
                         "signal both neighbours and wait for 2)."
                     )
-            raise SignalAfterExitError(
+            raise MissingBarrierError(
+                f"missing barrier before a remote {'write' if copy else 'signal'} (R10): "
                 f"{what} from {self.labels[p]} at {where} may reach {self.labels[target]} "
                 "before it has entered this kernel call (nothing orders its entry before "
-                f"this access; R10).{why} Fix: {fix}"
+                f"this access).{why} Fix: {fix}"
             )
 
     def dma_start(

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from safedma.testing._verify import jax_internals as _jax
 from safedma.testing._verify.errors import (
+    VerifiedDeviceOutsideMeshError,
     OutOfBoundsDmaError,
     VerificationUnsupportedError,
     VerifyKernelError,
@@ -82,7 +83,7 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
             span = math.prod(eng.axis_sizes[name] for name in keys)
             if len(keys) == 1 and not 0 <= v < span:
                 axes = "x".join(keys)
-                raise VerifyKernelError(
+                raise VerifiedDeviceOutsideMeshError(
                     f"device id at {where}: {axes}={v} is outside the mesh ({axes} has "
                     f"{span} devices); a ring neighbour needs the modulo, e.g. "
                     f"(lax.axis_index(axis) + 1) % size"
@@ -100,7 +101,7 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
         if logical or len(vals) == 1 and len(names) != 1:
             flat = vals[0]
             if not 0 <= flat < eng.devices:
-                raise VerifyKernelError(
+                raise VerifiedDeviceOutsideMeshError(
                     f"device id {flat} at {where} is outside the mesh of {eng.devices} devices"
                 )
             return flat * eng.cores + ctx.p % eng.cores
@@ -112,7 +113,7 @@ def _target(ctx: Ctx, device_id: Any, id_type: Any, where: str) -> int:
         coords = dict(zip(names, vals))
     for name in names:
         if not 0 <= coords[name] < eng.axis_sizes[name]:
-            raise VerifyKernelError(
+            raise VerifiedDeviceOutsideMeshError(
                 f"device id at {where}: {name}={coords[name]} is outside the mesh "
                 f"({name} has {eng.axis_sizes[name]} devices)"
             )
