@@ -193,12 +193,13 @@ class FutureNotWaitedError(SafeDmaError, RuntimeError):
     never waited it."""
 
 
-class PrivateJaxApiError(SafeDmaError, RuntimeError):
+class PrivateJaxApiError(SafeDmaError, RuntimeError, AttributeError):
     """A jax internal that safedma reads (it has no public spelling) is missing from the
     installed jax: raised where the name is first needed, not at ``import safedma``, and
     instead of the bare ``AttributeError`` or ``ImportError`` deep inside a check. The
     message names the internal, the installed jax and the jax versions safedma is tested
-    with."""
+    with. It is an ``AttributeError`` too, so a feature probe (``getattr(module, name,
+    None)``, ``hasattr``) still reads a missing name as an absent feature."""
 
 
 publish(globals(), __name__)  # public classes print as safedma.X
