@@ -54,10 +54,11 @@ def made_at(
 def _made_at(
     file_name: str, line: int, callers: tuple[tuple[str, int], ...]
 ) -> tuple[tuple[str, int], ...]:
-    tree = _parsed(file_name, len(linecache.getlines(file_name)))
-    if tree is None:
+    indexed = _descriptor_calls(file_name, len(linecache.getlines(file_name)))
+    if indexed is None:
         return ()
-    call = _descriptor_call(tree, line)
+    tree, calls = indexed
+    call = _descriptor_call(calls, line)
     if call is None:
         return ()
     assert isinstance(call.func, ast.Attribute)
@@ -118,28 +119,45 @@ def _parsed(file_name: str, length: int) -> ast.Module | None:
         return None
 
 
-_PARENTS: dict[int, dict[ast.AST, ast.AST]] = {}
+# parents of each node, for the few trees in use (a helper's file and its caller's)
+_PARENTS: dict[int, tuple[ast.Module, dict[ast.AST, ast.AST]]] = {}
 
 
 def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
-    found = _PARENTS.get(id(tree))
-    if found is None:
-        found = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
-        _PARENTS.clear()  # one tree at a time: parents are cheap to rebuild
-        _PARENTS[id(tree)] = found
+    kept = _PARENTS.get(id(tree))
+    if kept is not None and kept[0] is tree:
+        return kept[1]
+    if len(_PARENTS) >= 8:
+        _PARENTS.clear()
+    found = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    _PARENTS[id(tree)] = (tree, found)
     return found
 
 
-def _descriptor_call(tree: ast.Module, line: int) -> ast.Call | None:
-    """The innermost ``X.start()`` / ``X.wait*()`` call spanning ``line``."""
+@functools.lru_cache(maxsize=256)
+def _descriptor_calls(
+    file_name: str, length: int
+) -> tuple[ast.Module, tuple[ast.Call, ...]] | None:
+    """The file's tree and every ``X.start()`` / ``X.wait*()`` call in it (one walk per
+    file: every equation's location asks about its own line)."""
+    tree = _parsed(file_name, length)
+    if tree is None:
+        return None
+    calls = tuple(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _METHODS
+    )
+    return tree, calls
+
+
+def _descriptor_call(calls: tuple[ast.Call, ...], line: int) -> ast.Call | None:
+    """The innermost of ``calls`` spanning ``line``."""
     best: ast.Call | None = None
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in _METHODS
-            and node.lineno <= line <= (node.end_lineno or node.lineno)
-        ):
+    for node in calls:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
             span = (node.end_lineno or node.lineno) - node.lineno
             if best is None or span < (best.end_lineno or best.lineno) - best.lineno:
                 best = node

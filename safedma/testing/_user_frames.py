@@ -120,8 +120,17 @@ def _made_note(frame: Any, callers: Sequence[Any]) -> str:
 
 
 # jax frames that run a body only when a condition holds: lax.cond/switch, and
-# pl.when (a Python bool runs or skips the body in helpers.py, with no cond)
-_CONDITIONALS = (f"{os.sep}conditionals.py", f"{os.sep}pallas{os.sep}helpers.py")
+# pl.when (a Python bool runs or skips the body in helpers.py, with no cond; the same
+# file holds pl.loop and pl.kernel, which are no conditions)
+_CONDITIONALS = f"{os.sep}conditionals.py"
+_PALLAS_HELPERS = f"{os.sep}pallas{os.sep}helpers.py"
+
+
+def _is_conditional(frame: Any) -> bool:
+    path = str(frame.file_name)
+    if path.endswith(_CONDITIONALS):
+        return True
+    return path.endswith(_PALLAS_HELPERS) and str(frame.function_name).startswith("when")
 
 
 def _guard_note(frames: Sequence[Any], first: int) -> str:
@@ -133,7 +142,7 @@ def _guard_note(frames: Sequence[Any], first: int) -> str:
         if _is_library(path) or "<frozen" in path:
             if path.endswith(_KERNEL_TRACERS) and f"{os.sep}jax{os.sep}" in path:
                 return ""
-            conditional = conditional or path.endswith(_CONDITIONALS)
+            conditional = conditional or _is_conditional(outer)
             continue
         if conditional:
             return f", under the condition at {os.path.basename(path)}:{outer.line_num}"

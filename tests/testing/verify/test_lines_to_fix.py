@@ -189,3 +189,22 @@ def test_a_wait_released_by_either_of_two_copies_names_both_lines() -> None:
     message = _failure(_two_copies_on_one_semaphore(True))
     assert "it may count those started at" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "shared")), message
+
+
+def _started_in_a_pl_loop() -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        @pl.loop(0, 2)
+        def _(k: Any) -> None:
+            pltpu.make_async_copy(x_ref, buf.at[k], sems.at[k]).start()
+
+        o_ref[...] = buf[0]
+        pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0]).wait()
+        pltpu.make_async_copy(x_ref, buf.at[1], sems.at[1]).wait()
+
+    return _call(kernel, sems=2)
+
+
+def test_a_copy_started_in_a_pl_loop_names_no_condition() -> None:
+    """pl.loop lives beside pl.when in jax's helpers: a loop body is no condition."""
+    message = _failure(_started_in_a_pl_loop())
+    assert "under the condition" not in message, message
