@@ -83,8 +83,9 @@ def user_frame_of(
     """
     for i, frame in enumerate(frames):
         if not _is_library(frame.file_name) and "<frozen" not in frame.file_name:
-            callers = _kernel_callers(frames, i, whole_kernel)
-            made = _made_note(frame, _kernel_callers(frames, i, True))
+            chain = _kernel_callers(frames, i, True)  # the helper's callers, for its descriptor
+            callers = chain if whole_kernel else _kernel_callers(frames, i, False)
+            made = _made_note(frame, chain)
             if guard:
                 made += _guard_note(frames, i)
             if not callers:
