@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import linecache
 
-__all__ = ["made_at"]
+__all__ = ["made_at", "source_key", "start_call_at"]
 
 _METHODS = frozenset({"start", "wait", "wait_recv", "wait_send"})
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -45,16 +45,23 @@ def made_at(
     holding ``line``, innermost first: a descriptor passed in as an argument is
     followed to where the caller made it."""
     try:
-        return _made_at(file_name, line, callers)
+        files = (file_name, *(f for f, _ in callers))
+        return _made_at(file_name, line, callers, tuple(source_key(f) for f in files))
     except (RecursionError, ValueError):  # a source too deep or odd to follow
         return ()
 
 
+def source_key(file_name: str) -> int:
+    """A key for caches of what a file's source says: its current text (an edited file,
+    or one whose text the line cache holds, is read again)."""
+    return hash(tuple(linecache.getlines(file_name)))
+
+
 @functools.lru_cache(maxsize=4096)
 def _made_at(
-    file_name: str, line: int, callers: tuple[tuple[str, int], ...]
+    file_name: str, line: int, callers: tuple[tuple[str, int], ...], keys: tuple[int, ...]
 ) -> tuple[tuple[str, int], ...]:
-    indexed = _descriptor_calls(file_name, len(linecache.getlines(file_name)))
+    indexed = _descriptor_calls(file_name, source_key(file_name))
     if indexed is None:
         return ()
     tree, calls = indexed
@@ -79,9 +86,23 @@ def _made_at(
     return tuple(sorted(found))[:_MAX_SITES]
 
 
+def start_call_at(file_name: str, line: int) -> tuple[ast.Call, dict[ast.AST, ast.AST]] | None:
+    """The ``X.start()`` call at ``line`` of ``file_name`` and its tree's parents, or
+    None when there is none (a helper that starts inside its own call, an unreadable
+    file)."""
+    indexed = _descriptor_calls(file_name, source_key(file_name))
+    if indexed is None:
+        return None
+    tree, calls = indexed
+    call = _descriptor_call(calls, line)
+    if call is None or not isinstance(call.func, ast.Attribute) or call.func.attr != "start":
+        return None
+    return call, _parents(tree)
+
+
 def _argument_sites(file_name: str, line: int, param: _Parameter) -> list[int | _Parameter]:
     """Where the argument passed for ``param`` at the call on ``line`` was made."""
-    tree = _parsed(file_name, len(linecache.getlines(file_name)))
+    tree = _parsed(file_name, source_key(file_name))
     if tree is None:
         return []
     parents = _parents(tree)
@@ -108,10 +129,11 @@ def _callee(call: ast.Call) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _parsed(file_name: str, length: int) -> ast.Module | None:
-    """The module's syntax tree (``length`` keys the cache to the file's current text)."""
+def _parsed(file_name: str, key: int) -> ast.Module | None:
+    """The module's syntax tree (``key``, from ``source_key``, ties the cache to the
+    file's current text)."""
     lines = linecache.getlines(file_name)
-    if not lines or length == 0:
+    if not lines:
         return None
     try:
         return ast.parse("".join(lines))
@@ -135,12 +157,10 @@ def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
 
 
 @functools.lru_cache(maxsize=256)
-def _descriptor_calls(
-    file_name: str, length: int
-) -> tuple[ast.Module, tuple[ast.Call, ...]] | None:
+def _descriptor_calls(file_name: str, key: int) -> tuple[ast.Module, tuple[ast.Call, ...]] | None:
     """The file's tree and every ``X.start()`` / ``X.wait*()`` call in it (one walk per
     file: every equation's location asks about its own line)."""
-    tree = _parsed(file_name, length)
+    tree = _parsed(file_name, key)
     if tree is None:
         return None
     calls = tuple(

@@ -17,7 +17,7 @@ from tests.field._kernel import FieldKernel
 
 SLICE_VARIABLE = "SAFEDMA_FIELD_SLICE"
 TOOLS = ("verify", "trace")
-REMOVALS = ("drop_wait", "drop_barrier")  # operators that delete a statement
+REMOVALS = _mutants.REMOVALS
 
 
 def in_ci_slice() -> bool:
@@ -105,6 +105,12 @@ def original_text(kernel: FieldKernel) -> str:
 def mutant_record(kernel: FieldKernel, mutant: _mutants.Mutant) -> dict[str, Any]:
     """Whether the mutant counts (and why not), and what each checker says of it."""
     base: dict[str, Any] = {"operator": mutant.operator, "what": mutant.what}
+    original_text(kernel), original_verdicts(kernel)  # read from the original file
+    with _mutants.source_shown(kernel.module, mutant):
+        return _judged(kernel, mutant, base)
+
+
+def _judged(kernel: FieldKernel, mutant: _mutants.Mutant, base: dict[str, Any]) -> dict[str, Any]:
     try:
         module = _mutants.mutated_module(kernel.module, mutant)
     except Exception as err:  # the changed source does not even load
@@ -131,7 +137,8 @@ def mutant_record(kernel: FieldKernel, mutant: _mutants.Mutant) -> dict[str, Any
         "why": "",
         "verify": {
             "caught": found.outcome == "finding",
-            "at_line": found.outcome == "finding" and found.names_line(mutant.path, mutant.lines),
+            "at_line": found.outcome == "finding"
+            and found.names_line(mutant.path, mutant.lines, mutant.follows),
             "error": found.error,
         },
         "trace": {"caught": traced.outcome == "finding", "error": traced.error},

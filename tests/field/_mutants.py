@@ -36,7 +36,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import contextlib
 import itertools
+import linecache
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -52,6 +54,7 @@ SEM_ARG = {  # positional index of the semaphore arguments of each copy maker
 }
 SEM_KEYWORDS = ("sem", "send_sem", "recv_sem")
 SIGNALS = ("semaphore_signal", "semaphore_wait")
+REMOVALS = ("drop_wait", "drop_barrier")  # operators that delete a statement
 SITES_PER_OPERATOR = 1
 """At most this many sites of each operator per module, spread over the module."""
 
@@ -63,7 +66,10 @@ class Mutant:
     ``lines`` are the lines of the statement the change is in (first, last): a message
     that names any of them names the line to fix (a call written over several lines is
     reported at the line of whichever part jax records). A change inside a compound
-    statement's header (a ``pl.when`` decorator) counts the header's own lines only."""
+    statement's header (a ``pl.when`` decorator) counts the header's own lines only.
+    ``follows``: for a removed statement, the last line of the statement before it in
+    its block (0 if it was the first): a message that says the missing statement
+    belongs ``after FILE:follows`` names where it belongs."""
 
     operator: str
     path: str
@@ -71,6 +77,7 @@ class Mutant:
     site: int  # which site of this operator (its order in the module), for a stable id
     what: str  # the change, in words
     lines: tuple[int, int] = (0, 0)
+    follows: int = 0
 
     @property
     def ident(self) -> str:
@@ -199,6 +206,21 @@ def _statement_lines(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> tuple[in
         at = node
     first = int(getattr(at, "lineno", 0))
     return first, int(getattr(at, "end_lineno", None) or first)
+
+
+def _follows(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> int:
+    """The last line of the statement before the one holding ``node`` in its block, or
+    0 when it is the first."""
+    at = node
+    while not isinstance(at, ast.stmt) and at in parents:
+        at = parents[at]
+    block = parents.get(at)
+    for _, value in ast.iter_fields(block) if block is not None else ():
+        if isinstance(value, list) and any(v is at for v in value):
+            index = next(i for i, v in enumerate(value) if v is at)
+            before = value[index - 1] if index > 0 else None
+            return int(getattr(before, "end_lineno", 0) or 0) if before is not None else 0
+    return 0
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -419,7 +441,9 @@ def mutants_of(module_name: str, per_operator: int = SITES_PER_OPERATOR) -> list
         for k in _spread(sites, per_operator):
             node, what = sites[k]
             line = int(getattr(node, "lineno", 0))
-            mutant = Mutant(operator, str(path), line, k, what, _statement_lines(node, parents))
+            lines = _statement_lines(node, parents)
+            follows = _follows(node, parents) if operator in REMOVALS else 0
+            mutant = Mutant(operator, str(path), line, k, what, lines, follows)
             if mutant.ident not in seen:
                 seen.add(mutant.ident)
                 found.append(mutant)
@@ -436,6 +460,65 @@ def mutated_tree(module_name: str, mutant: Mutant) -> ast.Module:
     else:
         _change(mutant.operator, tree, node)
     return ast.fix_missing_locations(tree)
+
+
+def mutated_source(module_name: str, mutant: Mutant) -> str:
+    """``module_name``'s text with ``mutant`` applied, every other line where it was: the
+    file a user with this mistake would have, for what reads the source (the checkers
+    quote a kernel's lines and read its statements; a removed wait leaves a ``pass``)."""
+    path = source_path(module_name)
+    text = path.read_text()
+    tree = ast.parse(text, str(path))
+    node, _ = _ordered(_sites(tree)[mutant.operator])[mutant.site]
+    assert isinstance(node, (ast.expr, ast.stmt))
+    first, col, last, end_col = node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
+    assert last is not None and end_col is not None
+    parent, field, index = _slot_of(tree, node)
+    if mutant.operator == "shared_semaphore":
+        _change_shared(tree, node, mutant.what)
+    else:
+        _change(mutant.operator, tree, node)
+    now = getattr(parent, field)
+    replacement = now[index] if index is not None else now
+    new = ast.unparse(replacement)
+    if isinstance(replacement, ast.expr):
+        new = f"({new})"  # the same precedence wherever it stands
+    lines = [line.encode() for line in text.splitlines(keepends=True)]
+    head, tail = lines[first - 1][:col], lines[last - 1][end_col:]
+    joined = head + new.replace("\n", " ").encode() + tail
+    spliced = [*lines[: first - 1], joined, *([b"\n"] * (last - first)), *lines[last:]]
+    return b"".join(spliced).decode()
+
+
+def _slot_of(tree: ast.AST, node: ast.AST) -> tuple[ast.AST, str, int | None]:
+    """Where ``node`` hangs in ``tree``: its parent, the field and the index in it."""
+    for parent in ast.walk(tree):
+        for field, value in ast.iter_fields(parent):
+            if value is node:
+                return parent, field, None
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    if item is node:
+                        return parent, field, i
+    raise LookupError("site not found in its tree")
+
+
+@contextlib.contextmanager
+def source_shown(module_name: str, mutant: Mutant) -> Iterator[None]:
+    """While inside, Python's line cache holds the mutant's text for the module's file
+    (the checkers read a kernel's source through it), then the file's own again."""
+    path = str(source_path(module_name))
+    text = mutated_source(module_name, mutant)
+    saved = linecache.cache.get(path)
+    # mtime None: linecache.checkcache keeps the entry (as for a module's loader source)
+    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+    try:
+        yield
+    finally:
+        if saved is None:
+            linecache.cache.pop(path, None)
+        else:
+            linecache.cache[path] = saved
 
 
 def mutated_module(module_name: str, mutant: Mutant) -> types.ModuleType:

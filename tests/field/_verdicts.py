@@ -40,12 +40,16 @@ class Verdict:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
         return _PACKAGE_ROOT.sub("", first)[:300]
 
-    def names_line(self, filename: str, lines: tuple[int, int]) -> bool:
+    def names_line(self, filename: str, lines: tuple[int, int], follows: int = 0) -> bool:
         """The message names ``filename:LINE`` (as ``.../name.py:LINE``) for a line in
-        ``lines`` (first, last)."""
+        ``lines`` (first, last), or, for a removed statement that followed line
+        ``follows``, says it belongs ``after filename:follows``."""
         base = re.escape(filename.rsplit("/", 1)[-1])
         named = (int(n) for n in re.findall(rf"\b{base}:(\d+)\b", self.message))
-        return any(lines[0] <= n <= lines[1] for n in named)
+        if any(lines[0] <= n <= lines[1] for n in named):
+            return True
+        after = (int(n) for n in re.findall(rf"\bafter (?:\S*/)?{base}:(\d+)\b", self.message))
+        return follows > 0 and follows in after
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"outcome": self.outcome}

@@ -5,13 +5,14 @@ Runs in the ordinary suite (no field package needed)."""
 from __future__ import annotations
 
 import ast
+import linecache
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.field import _mutants
+from tests.field import _mutants, _verdicts
 
 SOURCE = textwrap.dedent(
     """\
@@ -125,3 +126,53 @@ def test_a_guard_is_scored_on_its_own_line_not_the_function_it_guards(module_nam
     line = SOURCE.splitlines().index("    @pl.when(me == 0)") + 1
     mutant = next(m for m in _mutants.mutants_of(module_name) if m.operator == "unguarded_start")
     assert mutant.lines == (line, line)
+
+
+def _shape(root: ast.AST) -> str:
+    return ast.dump(root, include_attributes=False)
+
+
+@pytest.mark.parametrize("operator", _mutants.OPERATORS)
+def test_a_mutants_text_is_its_program_line_for_line(module_name: str, operator: str) -> None:
+    # The checkers read a kernel's statements from its file: the text the lane shows
+    # them must be the mutated program, with every other line where it was.
+    original = SOURCE.splitlines()
+    for mutant in (m for m in _mutants.mutants_of(module_name, 99) if m.operator == operator):
+        text = _mutants.mutated_source(module_name, mutant)
+        assert _shape(ast.parse(text)) == _shape(_mutants.mutated_tree(module_name, mutant))
+        lines = text.splitlines()
+        assert len(lines) == len(original)
+        first, last = mutant.lines
+        differ = {n + 1 for n, (a, b) in enumerate(zip(original, lines)) if a != b}
+        assert differ and differ <= set(range(first, last + 1)) | {mutant.line}, (mutant, differ)
+
+
+def test_a_mutants_text_is_shown_to_the_line_cache_only_inside(module_name: str) -> None:
+    path = str(_mutants.source_path(module_name))
+    mutant = next(m for m in _mutants.mutants_of(module_name) if m.operator == "drop_wait")
+    with _mutants.source_shown(module_name, mutant):
+        assert linecache.getline(path, mutant.line).strip() == "pass"
+    assert linecache.getline(path, mutant.line) == SOURCE.splitlines(keepends=True)[mutant.line - 1]
+
+
+def test_a_removed_statement_knows_the_line_it_followed(module_name: str) -> None:
+    lines = SOURCE.splitlines()
+    wait = lines.index("    copy.wait()") + 1
+    mutant = next(
+        m
+        for m in _mutants.mutants_of(module_name, 99)
+        if m.operator == "drop_wait" and m.line == wait
+    )
+    assert mutant.follows == wait - 1  # copy.start() on the line before
+
+
+def test_a_message_names_a_removed_statement_by_the_line_it_belongs_after() -> None:
+    def saying(message: str) -> _verdicts.Verdict:
+        return _verdicts.Verdict("finding", "VerifiedRaceError", message, 0.0)
+
+    path = "/pkg/kernel.py"
+    assert saying("the wait belongs in f, after kernel.py:41").names_line(path, (42, 42), 41)
+    assert saying("the wait belongs in f, after /pkg/kernel.py:41").names_line(path, (42, 42), 41)
+    assert not saying("started at kernel.py:41").names_line(path, (42, 42), 41)
+    assert not saying("belongs in f, after kernel.py:40").names_line(path, (42, 42), 41)
+    assert not saying("belongs in f, after other.py:41").names_line(path, (42, 42), 41)

@@ -1,7 +1,7 @@
 """verify's messages name the line to fix where it is not the copy's own line: the
 ``make_async_copy`` that built a descriptor started lines later (or through a list),
-a wait aimed at another semaphore than the copy's, and the ``pl.when`` a copy is
-started under. The kernels are written here; each line a message must name is
+a wait aimed at another semaphore than the copy's, the ``pl.when`` a copy is
+started under, and the branch of a start-or-wait helper where its missing wait belongs. The kernels are written here; each line a message must name is
 marked ``# fix: <name>``.
 """
 
@@ -208,3 +208,35 @@ def test_a_copy_started_in_a_pl_loop_names_no_condition() -> None:
     """pl.loop lives beside pl.when in jax's helpers: a loop body is no condition."""
     message = _failure(_started_in_a_pl_loop())
     assert "under the condition" not in message, message
+
+
+def _start_or_wait_kernel(waits: bool) -> Any:
+    def fetch_and_wait(x_ref: Any, buf: Any, sems: Any, wait: bool) -> None:
+        copy = pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0])
+        if wait:
+            copy.wait()
+        else:
+            copy.start()
+
+    def fetch_without_waiting(x_ref: Any, buf: Any, sems: Any, wait: bool) -> None:
+        copy = pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0])
+        if wait:
+            pass  # fix: wait_branch
+        else:
+            copy.start()
+
+    fetch = fetch_and_wait if waits else fetch_without_waiting
+
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        fetch(x_ref, buf, sems, wait=False)
+        fetch(x_ref, buf, sems, wait=True)
+        o_ref[...] = buf[0]
+
+    return _call(kernel, sems=1)
+
+
+def test_a_start_or_wait_helper_that_does_not_wait_names_its_wait_branch() -> None:
+    assert verify(_start_or_wait_kernel(waits=True), X).dmas == 1
+    message = _failure(_start_or_wait_kernel(waits=False))
+    assert "the wait belongs there" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "wait_branch")), message

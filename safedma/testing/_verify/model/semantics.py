@@ -35,6 +35,7 @@ from safedma.testing._verify.errors import (
     VerifiedRaceError,
     VerifyKernelError,
 )
+from safedma.testing._missing_waits import where_the_wait_belongs
 from safedma.testing._verify.model.addressing import Addressing
 from safedma.testing._verify.model.clocks import Clock, Clocks
 from safedma.testing._verify.model.regions import (
@@ -459,7 +460,9 @@ class Machine:
             if od.withheld is not None:
                 them += f" ({od.withheld}: it does not guarantee this copy)"
             else:
-                them += self._misaimed_wait(p, od, other)
+                # a wait aimed at another slot, or else where the source says the
+                # missing wait goes (a deleted wait leaves nothing in the program)
+                them += self._misaimed_wait(p, od, other) or where_the_wait_belongs(od.where)
             fix = (
                 "Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
                 "side that touches this buffer) before this access; on a semaphore "

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from safedma._compat import auto_collective_ids
 from safedma._errors import MissingCollectiveIdError
+from safedma.testing._missing_waits import where_the_wait_belongs
 from safedma.testing._verify.errors import (
     VerificationUnsupportedError,
     VerifiedRaceError,
@@ -117,7 +118,8 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
         fix = (
             "; ".join(
                 f"{item} {'were' if many else 'was'} never waited"
-                for item, many in zip(items, plural)
+                + (where_the_wait_belongs(kind[3]) if kind[0] else "")
+                for item, many, (kind, _) in zip(items, plural, shown)
             )
             + more
         )

@@ -1,0 +1,175 @@
+"""Where the missing wait of a copy belongs, read from the kernel's own source.
+
+Why: a wait that was never written (or was deleted) leaves nothing in the traced
+program, so a message can name the copy nobody waited and the access that raced with
+it, but not the line to fix. Two shapes of source still tell where the wait goes:
+
+* a start-or-wait helper, ``if wait: cp.wait() else: cp.start()``, whose branch for
+  the other value of the flag does not wait the descriptor: the wait belongs in that
+  branch;
+* a descriptor that never leaves the function that starts it (not returned, stored,
+  passed on or captured) and that nothing in the function waits: only that function
+  can wait it, after its start.
+
+Anything else (a descriptor kept in a list or an object, made again elsewhere to be
+waited) says nothing, rather than guess. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+
+from safedma.testing._descriptor_sites import _enclosing, _own_nodes, _parameters, source_key
+from safedma.testing._descriptor_sites import start_call_at
+
+__all__ = ["where_the_wait_belongs"]
+
+_WAITS = frozenset({"wait", "wait_recv", "wait_send"})
+_DESCRIPTOR_METHODS = _WAITS | {"start"}
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+# "file:line (function, ...)", as safedma's messages name a user's line
+_LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?= \(|$)")
+
+
+def where_the_wait_belongs(where: str) -> str:
+    """A note (starting ``"; "``) on where the wait of the copy started at ``where``
+    belongs, or ``""`` when the source does not tell."""
+    found = _LOCATION.match(where)
+    if found is None:
+        return ""
+    try:
+        return _note(found["file"], int(found["line"]), source_key(found["file"]))
+    except (RecursionError, ValueError):  # a source too deep or odd to follow
+        return ""
+
+
+@functools.lru_cache(maxsize=1024)
+def _note(file_name: str, line: int, key: int) -> str:
+    located = start_call_at(file_name, line)
+    if located is None:
+        return ""
+    call, parents = located
+    assert isinstance(call.func, ast.Attribute)
+    descriptor = ast.unparse(call.func.value)
+    base = os.path.basename(file_name)
+    statement = _statement_of(call, parents)
+    function = _enclosing(call, parents)
+    if statement is None or function is None:
+        return ""
+    return _flag_branch_note(statement, function, descriptor, parents, base) or _local_note(
+        call, statement, function, base
+    )
+
+
+def _flag_branch_note(
+    statement: ast.stmt,
+    function: ast.AST,
+    descriptor: str,
+    parents: dict[ast.AST, ast.AST],
+    base: str,
+) -> str:
+    """The start sits in one branch of ``if <flag>:`` on a parameter of its function,
+    and the other branch does not wait the descriptor."""
+    branch_of = parents.get(statement)
+    if not isinstance(branch_of, ast.If):
+        return ""
+    flag, negated = _flag(branch_of.test)
+    if flag is None or flag not in _parameters(function):
+        return ""
+    in_body = any(s is statement for s in branch_of.body)
+    other = branch_of.orelse if in_body else branch_of.body
+    if any(_waits(node, descriptor) for s in other for node in ast.walk(s)):
+        return ""
+    value = "false" if in_body != negated else "true"
+    if other:
+        return (
+            f"; it is started under `if {ast.unparse(branch_of.test)}:` at "
+            f"{base}:{branch_of.lineno}, and the branch at {base}:{other[0].lineno} (when "
+            f"`{flag}` is {value}) does not wait for it: the wait belongs there"
+        )
+    return (
+        f"; it is started under `if {ast.unparse(branch_of.test)}:` at "
+        f"{base}:{branch_of.lineno}, and nothing waits for it when `{flag}` is {value}: "
+        f"the wait belongs in an `else:` branch there"
+    )
+
+
+def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: str) -> str:
+    """The descriptor is a name bound in the starting function that never leaves it."""
+    target = call.func.value if isinstance(call.func, ast.Attribute) else None
+    if not isinstance(target, ast.Name):
+        return ""
+    name = target.id
+    if name in _parameters(function) or not _bound_here(name, function):
+        return ""
+    own = _own_nodes(function)
+    methods = {
+        id(node.func.value): node.func.attr
+        for node in own
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _DESCRIPTOR_METHODS
+    }
+    for node in own:
+        if isinstance(node, _FUNCTIONS) and _mentions(node, name):
+            return ""  # captured by a nested function or lambda: it may wait it
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+            method = methods.get(id(node))
+            if method is None:
+                return ""  # returned, stored, passed on: it may be waited elsewhere
+            if method in _WAITS:
+                return ""  # waited here (on another path): not a missing wait
+    end = statement.end_lineno or statement.lineno
+    where = getattr(function, "name", "the function")
+    return (
+        f"; its descriptor `{name}` never leaves {where} and nothing there waits it: the "
+        f"wait belongs in {where}, after {base}:{end}"
+    )
+
+
+def _flag(test: ast.expr) -> tuple[str | None, bool]:
+    if isinstance(test, ast.Name):
+        return test.id, False
+    if (
+        isinstance(test, ast.UnaryOp)
+        and isinstance(test.op, ast.Not)
+        and isinstance(test.operand, ast.Name)
+    ):
+        return test.operand.id, True
+    return None, False
+
+
+def _waits(node: ast.AST | None, descriptor: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _WAITS
+        and ast.unparse(node.func.value) == descriptor
+    )
+
+
+def _statement_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.stmt | None:
+    at: ast.AST | None = node
+    while at is not None and not isinstance(at, ast.stmt):
+        at = parents.get(at)
+    return at if isinstance(at, ast.stmt) else None
+
+
+def _bound_here(name: str, function: ast.AST) -> bool:
+    """``name`` is bound by a plain assignment in ``function``'s own body."""
+    for node in _own_nodes(function):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id == name and node.value is not None:
+                return True
+    return False
+
+
+def _mentions(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
