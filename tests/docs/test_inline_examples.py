@@ -34,9 +34,8 @@ FENCE = re.compile(r"```[\w-]*\n(?P<code>.*?)^```", re.M | re.S)
 NOQA = re.compile(r"\s+# noqa(: [A-Z0-9, ]+)?$")
 
 # Pages whose code is still included at build time rather than shown inline:
-# changelog.md includes CHANGELOG.md whole; verify.md includes one region of
-# examples/first_kernel.py.
-INCLUDES_ALLOWED = {"changelog.md", "verify.md"}
+# changelog.md includes CHANGELOG.md whole.
+INCLUDES_ALLOWED = {"changelog.md"}
 
 
 def _mirrors() -> list[tuple[Path, str, str, str]]:

@@ -249,7 +249,7 @@ def test_one_collective_id_twice_in_a_row_is_safe(name: str, mesh_id: str) -> No
     signal the barrier of call k+1, without anything this device does after its own
     barrier wait; in these kernels each neighbour must first receive this device's
     blocks (or credits), sent only after that wait. verify counts every signal not
-    ordered after a wait as able to release it (docs/verify.md, rule 6), and the
+    ordered after a wait as able to release it (docs/verify-model.md, rule 6), and the
     one-directional permute without that dependency is caught from five devices
     (test_engine_protocols.py), so a clean verdict here is the proof, not a miss."""
     assert verified(BY_NAME[name], mesh_id, device_free=True, invocations=2) == "clean"

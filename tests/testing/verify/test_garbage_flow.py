@@ -9,7 +9,7 @@ staging buffer nothing ever wrote" passed clean whenever the receiver computed o
 data. Now a load of a region nothing wrote is followed through the primitives that
 cannot mask it (moves, casts, sums, unary math) to the store, which makes the
 destination garbage again; ``jnp.where`` and products are not followed (masked
-padding is data). docs/verify.md, rule 8.
+padding is data). docs/verify-model.md, rule 12.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ reading all of the output. Now element-wise operations keep garbage in its rows,
 layout operations move it, a later kernel gets it as unwritten parts of its input
 buffer (its own rules judge what it does with them), and only uses that mix rows
 (a contraction over the padded rows, a reduction) or the program's result read it.
-docs/verify.md, garbage outside the kernels.
+docs/verify-model.md, rule 12.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def gmm(x: jax.Array, w: jax.Array, tiles: int) -> jax.Array:
 
 def shift(x: jax.Array, tiles: int) -> jax.Array:
     """An element-wise kernel (``x + 1``) over row tiles ``0..tiles-1``: garbage it
-    loads is stored garbage (docs/verify.md, garbage through vector code)."""
+    loads is stored garbage (docs/verify-model.md, rule 12)."""
 
     def kernel(x_ref: Any, o_ref: Any) -> None:
         o_ref[...] = x_ref[...] + 1.0

@@ -1,5 +1,5 @@
 """verify on a megacore chip: a pallas_call's "parallel" grid dimensions split between
-the two TensorCores of a v4/v5p device (docs/verify.md, rule 11).
+the two TensorCores of a v4/v5p device (docs/verify-model.md, rule 11).
 
 Each kernel here is written for this file in raw pltpu (and, where the typed API
 covers it, in safedma). With a mesh naming a megacore TPU (``tpu="v5p"``), each

@@ -3,7 +3,7 @@ and garbage through loads and stores), each with
 a seeded twin that is still caught.
 
 * Placement primitives (``lax.optimization_barrier``, ``with_sharding_constraint``,
-  ``device_put``) outside the kernels: docs/verify.md says a DMA future's destination
+  ``device_put``) outside the kernels: docs/verify-model.md says a DMA future's destination
   passes through them to its done kernel, but the verifier evaluated them like any
   XLA operation, so the array lost its buffer and the semaphore its identity: a
   done kernel behind a barrier waited a fresh semaphore (a false deadlock), and a
@@ -148,7 +148,7 @@ def test_an_overwrite_at_a_start_not_known_reads_the_whole_output() -> None:
         verify(fn, X, jax.ShapeDtypeStruct((), jnp.int32))
 
 
-# * Misses of the garbage rule (docs/verify.md, rule 8): ``pltpu.load`` and
+# * Misses of the garbage rule (docs/verify-model.md, rule 12): ``pltpu.load`` and
 #   ``pltpu.store`` (``pl.store``) bind masked_load / masked_swap, which were never
 #   followed, nor were ``pltpu.roll`` and ``pltpu.bitcast``; without a mask they move
 #   every element like ``ref[...]``. A masked one is still not followed: only some

@@ -711,7 +711,7 @@ def _ag_kernel(
         pltpu.make_async_copy(here, here, gsem.at[slot]).wait()
         # the author's grouped matmul, reduced to a product with the identity: rows
         # of a tile no token fills are garbage the consumer ignores (a vector move
-        # would be R6 where the output leaves: docs/verify.md, garbage through vector code)
+        # would be R6 where the output leaves: docs/verify-model.md, rule 12)
         eye = jnp.eye(D, dtype=F32)
         out[pl.ds(r * TILE, TILE)] = jnp.dot(gath[slot], eye)  # <- ag compute read
         return carry

@@ -11,7 +11,7 @@ contribution pending at it, a contribution that could count at an earlier wait,
 an access not ordered with a copy, data nothing wrote, a count left at exit, an
 address off the mesh or outside a buffer), it raises :class:`Bail` and verify walks
 the program per device, which finds and words the problem. The rules are those of
-docs/verify.md, restricted so that no judgement needs more than one schedule:
+docs/verify-model.md, restricted so that no judgement needs more than one schedule:
 
 - a lockstep run is one legal schedule of the per-device walk (all devices finish
   event k before any starts event k + 1, and a wait only consumes contributions of

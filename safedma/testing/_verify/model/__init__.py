@@ -3,6 +3,6 @@
 ``regions`` (buffers, and the box of a buffer a ref view covers), ``clocks`` (vector
 clocks for happens-before), ``waits`` (what a wait guarantees, made
 schedule-independent by replaying with hints), ``semantics`` (semaphores, copies in
-flight, accesses: the rules of docs/verify.md), ``leftovers`` (what a count left in a
+flight, accesses: the rules of docs/verify-model.md), ``leftovers`` (what a count left in a
 semaphore is made of), ``termination`` (loops that cannot end, the time budget).
 """

@@ -1,6 +1,6 @@
 """The TPU DMA/semaphore model: semaphores, copies in flight, accesses, happens-before.
 
-Rules (docs/verify.md gives the sources):
+Rules (docs/verify-model.md gives the sources):
 
 * A DMA semaphore counts bytes, a REGULAR or BARRIER semaphore counts signals
   (a DMA signalling a REGULAR semaphore counts 1 on completion, a zero-length one 0).
@@ -573,7 +573,7 @@ class Machine:
         )
 
     def _early(self, sem: SemState, c: Contribution) -> None:
-        """Rule 6 (docs/verify.md): ``c`` counts at every past wait it is not ordered after.
+        """Rule 6 (docs/verify-model.md): ``c`` counts at every past wait it is not ordered after.
 
         A wait whose outcome that changes becomes a hint for the next walk (waits.py).
         Newest first: ``c`` ordered after a wait is ordered after the earlier waits of

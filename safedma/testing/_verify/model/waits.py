@@ -1,7 +1,7 @@
 """What a semaphore wait guarantees, made schedule-independent by replaying with hints.
 
 A semaphore is (credit K, contributions P not yet guaranteed). A wait of N
-guarantees contribution d iff K + sum(P) - size(d) < N (docs/verify.md, rule 4):
+guarantees contribution d iff K + sum(P) - size(d) < N (docs/verify-model.md, rule 4):
 on a TPU a wait is released by whichever contributions land first. verify
 walks one schedule, so when a wait runs, P holds only the contributions this
 schedule issued before it; a contribution issued later but *not ordered after

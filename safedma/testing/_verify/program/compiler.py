@@ -343,7 +343,7 @@ class Compiler:
         """The parts of array ``v`` this program reads, when only layout, element-wise,
         row-keeping (a contraction over other dimensions) equations and calls lead from
         it to every use that reads it (a wrapper that drops a kernel's padding rows);
-        None: all of it; (): none (only kernels' data inputs take it, docs/verify.md
+        None: all of it; (): none (only kernels' data inputs take it, docs/verify-model.md
         rule 12)."""
         return self._reads().get(v)
 

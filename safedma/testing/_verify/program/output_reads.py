@@ -9,7 +9,7 @@ dimensions they keep: ``dim_maps``), calls (jit, custom_jvp), placement primitiv
 window overwrites. A kernel's data input reads nothing here: the garbage reaches the
 kernel's input buffer (``patchy.Patchy``) and the kernel's own rules judge its reads.
 Any other use (the program's results, a gather, a loop, a scalar-prefetch operand)
-reads all of an array. docs/verify.md, rule 12.
+reads all of an array. docs/verify-model.md, rule 12.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class Garbage(Unknown):
     by element with no way to mask it (moves, casts, sums, unary math: ``GARBAGE_KEEPING``).
 
     Stored into a buffer, it makes that region garbage again, so R6 is reported where it
-    leaves the kernel (docs/verify.md, rule 8). ``jnp.where`` and products are not
+    leaves the kernel (docs/verify-model.md, rule 12). ``jnp.where`` and products are not
     followed: kernels mask padding with them, and the masked value is data."""
 
     __slots__ = ("note", "root")

@@ -1,6 +1,6 @@
 """Garbage in the blocks Pallas copies between an array and a kernel's block buffers.
 
-Why: a kernel output may hold garbage rows a correct program never uses (docs/verify.md
+Why: a kernel output may hold garbage rows a correct program never uses (docs/verify-model.md
 rule 12). A later kernel that reads that array in blocks gets each block's garbage as
 unwritten parts of its block buffer, so its own rules judge what it does with them; an
 output block the program never reads is copied out with its garbage rather than
@@ -31,7 +31,7 @@ def copy_in(
     buf: Buffer,
 ) -> None:
     """Pallas copies block ``box`` of ``src`` into input block ``buf``: the parts of it
-    nothing wrote (garbage an earlier kernel left, docs/verify.md rule 12) stay
+    nothing wrote (garbage an earlier kernel left, docs/verify-model.md rule 12) stay
     unwritten. A block whose place is not known reads all of ``src``."""
     kept = kept_dims(desc, j, buf)
     if box is None or kept is None:

@@ -3,7 +3,7 @@
 Pallas's pipeline copies each BlockSpec operand's block in before a grid point and
 an output's block out when the next point maps elsewhere. The index maps are run
 exactly; a block must start inside its array, and an output block must not be
-visited again once it was copied out (docs/verify.md, rules 9 and 10).
+visited again once it was copied out (docs/verify-model.md, rules 9 and 10).
 """
 
 from __future__ import annotations

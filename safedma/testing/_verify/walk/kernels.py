@@ -161,7 +161,7 @@ def _pallas_call(c: Compiler, eqn: Any) -> Op:
             v = operands[k]
             if isinstance(v, Patchy):
                 # an input that holds garbage from an earlier kernel: the kernel's own
-                # rules judge its reads of it (docs/verify.md, garbage outside kernels)
+                # rules judge its reads of it (docs/verify-model.md, rule 12)
                 pos = k - first
                 ref = engine_of(ctx).input_value(
                     ctx.p, eqn.invars[k].aval, None, desc.param_names[pos]

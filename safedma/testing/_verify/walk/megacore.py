@@ -9,7 +9,7 @@ parts of ``ceil(P / cores)`` points, core k taking part k (the last core gets
 fewer, or none), and each core runs every point of the remaining dimensions under
 its parallel points, in grid order. Each core has its own VMEM, SMEM (scratch and
 the scalar-prefetch copies), semaphores and pipeline (its own first copy-in and
-last copy-out); HBM operands and the outputs are shared. docs/verify.md, rule 11,
+last copy-out); HBM operands and the outputs are shared. docs/verify-model.md, rule 11,
 gives the sources.
 """
 

@@ -585,7 +585,7 @@ def _access(
 
 def _garbage_loaded(m: Machine, view: View, where: str) -> Garbage | None:
     """What a vector load of ``view`` at ``where`` gives when nothing wrote any of it
-    (followed to where it is stored: docs/verify.md, garbage through vector code)."""
+    (followed to where it is stored: docs/verify-model.md, rule 12)."""
     buf = view.buffer
     if (buf.values is not None and not buf.followed) or not m.unwritten(view):
         return None
@@ -682,8 +682,8 @@ def _access_tr(
     whole: bool = False,
 ) -> Op:
     """``pl.load`` / ``pl.store`` (masked_load / masked_swap). Without a mask they move
-    every element, so garbage is followed as for ``ref[...]`` (docs/verify.md, rule
-    8); with one, only some elements move and the value is plain vector data."""
+    every element, so garbage is followed as for ``ref[...]`` (docs/verify-model.md,
+    rule 12); with one, only some elements move and the value is plain vector data."""
     g = _transformed(c, ref, transforms)
     outs = c.outs(eqn)
     g_val = c.value_getter(value) if value is not None else None
