@@ -18,6 +18,7 @@ import re
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from collections.abc import Callable  # noqa: E402
+from typing import Any, cast  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -33,7 +34,11 @@ COLS = 128
 
 # --8<-- [start:typed]
 def typed_body(
-    x_gmem: jax.Ref, o_gmem: jax.Ref, smem_in: jax.Ref, smem_out: jax.Ref, bars: jax.Ref
+    x_gmem: gpu.GmemRef,
+    o_gmem: gpu.GmemRef,
+    smem_in: gpu.SmemRef,
+    smem_out: gpu.SmemRef,
+    bars: gpu.BarrierRef,
 ) -> None:
     """Load block i+1 while block i is computed; store each result from its own buffer."""
     tma = gpu.Tma()
@@ -59,14 +64,14 @@ def typed_body(
         ready = gpu.commit_smem(written)  # a store takes only committed SMEM
         stores.append(gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(step * ROWS, ROWS)]))
     tma.wait_all_stores()
+
+
 # --8<-- [end:typed]
 
 
 # --8<-- [start:raw]
-def raw_body(
-    x_gmem: jax.Ref, o_gmem: jax.Ref, smem_in: jax.Ref, smem_out: jax.Ref, bars: jax.Ref
-) -> None:
-    """The same kernel in plain plgpu calls."""
+def raw_body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+    """The same kernel in plain plgpu calls (jax leaves its refs unannotated)."""
     plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, ROWS)], smem_in.at[0], bars.at[0])
     for step in range(STEPS):
         slot = step % 2
@@ -81,6 +86,8 @@ def raw_body(
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(smem_out.at[slot], o_gmem.at[pl.ds(step * ROWS, ROWS)])
     plgpu.wait_smem_to_gmem(0)
+
+
 # --8<-- [end:raw]
 
 
@@ -103,9 +110,15 @@ def kernel(body: Callable[..., None]) -> Callable[[jax.Array], jax.Array]:
     return run
 
 
+# Typed once: jax leaves make_jaxpr's result partly unannotated.
+_make_jaxpr = cast(
+    "Callable[[Callable[..., object]], Callable[..., object]]", getattr(jax, "make_jaxpr")
+)
+
+
 def jaxpr_text(run: Callable[[jax.Array], jax.Array], x: jax.ShapeDtypeStruct) -> str:
     """The jaxpr of ``run(x)`` as text, the kernel's name (its body's) left out."""
-    text = str(jax.make_jaxpr(run)(x))
+    text = str(_make_jaxpr(run)(x))
     return re.sub(r"\bname=\w+", "name=_", text)
 
 

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
         MissingCommitError as MissingCommitError,
     )
     from safedma.gpu._jax_seam import available as available
+    from safedma.gpu._refs import (
+        BarrierRef as BarrierRef,
+        GmemIndex as GmemIndex,
+        GmemRef as GmemRef,
+        SmemRef as SmemRef,
+    )
     from safedma.gpu._tma import (
         Barrier as Barrier,
         Barriers as Barriers,
@@ -45,13 +51,17 @@ if TYPE_CHECKING:
 _HOMES: dict[str, str] = {
     "Barrier": "safedma.gpu._tma",
     "BarrierPhaseError": "safedma.gpu._errors",
+    "BarrierRef": "safedma.gpu._refs",
     "Barriers": "safedma.gpu._tma",
     "BufferBusyError": "safedma.gpu._errors",
+    "GmemIndex": "safedma.gpu._refs",
+    "GmemRef": "safedma.gpu._refs",
     "HandleWaitedTwiceError": "safedma.gpu._errors",
     "LoadHandle": "safedma.gpu._tma",
     "MissingCommitError": "safedma.gpu._errors",
     "SmemArray": "safedma.gpu._tma",
     "SmemBuffer": "safedma.gpu._tma",
+    "SmemRef": "safedma.gpu._refs",
     "StoreHandle": "safedma.gpu._tma",
     "Tma": "safedma.gpu._tma",
     "WrittenSmem": "safedma.gpu._tma",
@@ -64,13 +74,17 @@ _HOMES: dict[str, str] = {
 __all__ = [
     "Barrier",
     "BarrierPhaseError",
+    "BarrierRef",
     "Barriers",
     "BufferBusyError",
+    "GmemIndex",
+    "GmemRef",
     "HandleWaitedTwiceError",
     "LoadHandle",
     "MissingCommitError",
     "SmemArray",
     "SmemBuffer",
+    "SmemRef",
     "StoreHandle",
     "Tma",
     "WrittenSmem",

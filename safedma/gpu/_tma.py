@@ -28,6 +28,7 @@ from safedma.gpu._errors import (
     HandleWaitedTwiceError,
     MissingCommitError,
 )
+from safedma.gpu._refs import BarrierRef, GmemRef, SmemRef
 from safedma.gpu._site import user_line
 
 __all__ = [
@@ -59,14 +60,14 @@ class Tma:
         self._stores: list[StoreHandle] = []
         self._arrays: list[SmemArray] = []
 
-    def smem(self, ref: object, name: str = "smem") -> SmemArray:
+    def smem(self, ref: SmemRef, name: str = "smem") -> SmemArray:
         """Wrap a stacked SMEM scratch ref (``plgpu.SMEM((count, *shape), dtype)``):
         ``.at(i)`` is its buffer ``i``. ``name`` is how messages call it."""
         array = SmemArray(self, ref, name)
         self._arrays.append(array)
         return array
 
-    def barriers(self, ref: object, name: str = "barriers") -> Barriers:
+    def barriers(self, ref: BarrierRef, name: str = "barriers") -> Barriers:
         """Wrap a ``plgpu.Barrier(num_arrivals=..., num_barriers=...)`` scratch ref;
         its arrivals per phase are read from the ref at trace time."""
         return Barriers(ref, name)
@@ -104,7 +105,7 @@ class _Slot:
 class SmemArray:
     """A stacked SMEM scratch ref; :meth:`at` gives one of its buffers."""
 
-    def __init__(self, tma: Tma, ref: object, name: str) -> None:
+    def __init__(self, tma: Tma, ref: SmemRef, name: str) -> None:
         shape = cast("tuple[int, ...]", getattr(ref, "shape", ()))
         if len(shape) < 1:
             raise TypeError(
@@ -166,7 +167,7 @@ class _View:
         if load is not None:
             raise BufferBusyError(
                 f"{doing} {self._name} at {user_line()}, but the TMA load into it started at "
-                f"{load._line} may still be landing: nothing orders this access after its "
+                f"{load.started_at} may still be landing: nothing orders this access after its "
                 "bytes. Wait the load's handle (buffer = handle.wait()) and use the buffer "
                 "that wait() returns."
             )
@@ -176,7 +177,7 @@ class _View:
         if store is not None:
             raise BufferBusyError(
                 f"{doing} {self._name} at {user_line()}, but the TMA store from it started at "
-                f"{store._line} may still be reading it, so the store could write the new "
+                f"{store.started_at} may still be reading it, so the store could write the new "
                 "bytes to GMEM. Wait the store's handle first (buffer = "
                 "store.wait(read_only=True)) and write the buffer that wait() returns."
             )
@@ -232,7 +233,7 @@ def commit_smem(*written: WrittenSmem) -> SmemBuffer | tuple[SmemBuffer, ...]:
 class Barriers:
     """A ``plgpu.Barrier`` scratch ref: :meth:`at` gives one barrier."""
 
-    def __init__(self, ref: object, name: str) -> None:
+    def __init__(self, ref: BarrierRef, name: str) -> None:
         arrivals = seam.num_arrivals(ref)
         if arrivals is None:
             raise TypeError(
@@ -275,7 +276,8 @@ class Barrier:
         return self._group.num_arrivals
 
     @property
-    def _name(self) -> str:
+    def name(self) -> str:
+        """How messages call this barrier: ``bars[1]``."""
         return f"{self._group._name}[{self._index}]"  # pyright: ignore[reportPrivateUsage]
 
     @property
@@ -286,7 +288,7 @@ class Barrier:
         here = user_line()
         if len(self._arrivals) >= self.num_arrivals:
             raise BarrierPhaseError(
-                f"{what} at {here} arrives on {self._name}, whose phase {self.phase} already got "
+                f"{what} at {here} arrives on {self.name}, whose phase {self.phase} already got "
                 f"its {self.num_arrivals} arrival(s) ({', '.join(self._arrivals)}) and has not "
                 "been waited: this arrival counts toward the next phase, which can then "
                 "complete before the thread waits, and the wait hangs (the phase bit has "
@@ -314,6 +316,11 @@ class LoadHandle:
         self._line = line
         self._waited_at: str | None = None
 
+    @property
+    def started_at(self) -> str:
+        """The user's line that started the load."""
+        return self._line
+
     def wait(self) -> SmemBuffer:
         """``plgpu.barrier_wait`` on the load's barrier; returns the filled buffer.
 
@@ -327,7 +334,7 @@ class LoadHandle:
             raise HandleWaitedTwiceError(
                 f"the handle of the TMA load into {name} (started at {self._line}) was waited "
                 f"at {self._waited_at} and again at {here}: a second barrier_wait on "
-                f"{barrier._name} waits for a phase no copy completes, so the kernel hangs. "
+                f"{barrier.name} waits for a phase no copy completes, so the kernel hangs. "
                 "Delete the second wait and keep using the buffer the first wait() returned."
             )
         if barrier.phase == self._phase:
@@ -335,12 +342,12 @@ class LoadHandle:
             if arrived < barrier.num_arrivals:
                 raise BarrierPhaseError(
                     f"wait() at {here} on the load into {name} waits for phase {self._phase} "
-                    f"of {barrier._name}, which needs {barrier.num_arrivals} arrivals, but only "
+                    f"of {barrier.name}, which needs {barrier.num_arrivals} arrivals, but only "
                     f"{arrived} were issued: the barrier_wait hangs. Issue the missing copies "
                     "(or barrier.arrive()) on this barrier before the wait, or create the "
                     f"barrier with num_arrivals={arrived}."
                 )
-            seam.barrier_wait(barrier._ref)
+            seam.barrier_wait(barrier._ref)  # pyright: ignore[reportPrivateUsage]
             barrier.phase += 1
             barrier._arrivals = []  # pyright: ignore[reportPrivateUsage]  # same module
         self._waited_at = here
@@ -350,7 +357,7 @@ class LoadHandle:
         return SmemBuffer(self._buffer._array, self._buffer._index)  # pyright: ignore[reportPrivateUsage]
 
 
-def copy_gmem_to_smem(src: object, dst: SmemBuffer, barrier: Barrier) -> LoadHandle:
+def copy_gmem_to_smem(src: GmemRef, dst: SmemBuffer, barrier: Barrier) -> LoadHandle:
     """``plgpu.copy_gmem_to_smem(src, dst, barrier)``: a TMA load of the GMEM ref ``src``
     into ``dst``, arriving on ``barrier``. The returned handle owns ``dst``; its
     ``wait()`` gives the buffer back."""
@@ -379,6 +386,11 @@ class StoreHandle:
         self._seq = self._tma._issue_store(self)  # pyright: ignore[reportPrivateUsage]
         self._level = 0
         self._waited: dict[int, str] = {}
+
+    @property
+    def started_at(self) -> str:
+        """The user's line that started the store."""
+        return self._line
 
     def _reach(self, level: int) -> None:
         if level > self._level:
@@ -412,7 +424,7 @@ class StoreHandle:
         return SmemBuffer(self._buffer._array, self._buffer._index)  # pyright: ignore[reportPrivateUsage]
 
 
-def copy_smem_to_gmem(src: SmemBuffer, dst: object) -> StoreHandle:
+def copy_smem_to_gmem(src: SmemBuffer, dst: GmemRef) -> StoreHandle:
     """``plgpu.copy_smem_to_gmem(src, dst)``: a TMA store of ``src`` into the GMEM ref
     ``dst``, committed as its own group. ``src`` must be committed (a
     :class:`WrittenSmem` is refused by the type checker, and at trace time)."""
