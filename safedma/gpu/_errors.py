@@ -12,6 +12,7 @@ __all__ = [
     "BarrierPhaseError",
     "BufferBusyError",
     "HandleWaitedTwiceError",
+    "LoopCarryError",
     "MissingCommitError",
 ]
 
@@ -28,3 +29,8 @@ class MissingCommitError(SafeDmaError, RuntimeError):
 class BarrierPhaseError(SafeDmaError, RuntimeError):
     """A barrier wait that would hang: its phase cannot get its arrivals, or a further
     arrival would complete the next phase before this one is waited."""
+
+
+class LoopCarryError(SafeDmaError, RuntimeError):
+    """A ``Tma.fori_loop`` whose step does not end as it began, one step on: a handle in
+    flight not carried, or the carry returned for other buffers than it came in for."""

@@ -25,6 +25,7 @@ __all__ = [
     "commit_smem",
     "copy_gmem_to_smem",
     "copy_smem_to_gmem",
+    "fori_loop",
     "num_arrivals",
     "read",
     "require",
@@ -152,16 +153,26 @@ def wait_smem_to_gmem(n: int, read_only: bool) -> None:
     _plgpu("wait_smem_to_gmem")(n, wait_read_only=read_only)
 
 
-def read(ref: Any, index: int) -> Any:
+def read(ref: Any, index: object) -> Any:
     """``ref[index]``: a load from one buffer of a stacked SMEM ref (Pallas ``get``)."""
     return ref[index]
 
 
-def write(ref: Any, index: int, value: object) -> None:
+def write(ref: Any, index: object, value: object) -> None:
     """``ref[index] = value``: a store to one buffer of a stacked SMEM ref (Pallas ``swap``)."""
     ref[index] = value
 
 
-def view(ref: Any, index: int) -> Any:
+def view(ref: Any, index: object) -> Any:
     """``ref.at[index]``: the view a copy takes of one buffer (or one barrier)."""
     return ref.at[index]
+
+
+def fori_loop(lower: int, upper: int, body: Any) -> None:
+    """``jax.lax.fori_loop(lower, upper, body, None)``: the loop a hand-written kernel runs.
+
+    Why here: jax leaves ``fori_loop`` partly unannotated.
+    """
+    import jax
+
+    getattr(jax.lax, "fori_loop")(lower, upper, body, None)

@@ -252,7 +252,7 @@ def test_a_wait_on_a_barrier_short_of_arrivals() -> None:
 
     message = _raises(body, gpu.BarrierPhaseError, arrivals=2)
     assert f"wait() at {_line('short')}" in message
-    assert "phase 0 of barriers[0], which needs 2 arrivals, but only 1 were issued" in message
+    assert "phase of barriers[0] that needs 2 arrivals, but only 1 were issued" in message
     assert "num_arrivals=1" in message
 
 
