@@ -581,6 +581,10 @@ def copy_smem_to_gmem(src: SmemBuffer, dst: GmemRef) -> StoreHandle:
 # --- loops -------------------------------------------------------------------------------
 
 
+def _carried(j: int | None) -> str:
+    return "not carried" if j is None else f"carry[{j}]"
+
+
 class _LoopFrame:
     """The states of one :meth:`Tma.fori_loop`: before it (indices as ints), in its
     traced step (relative to ``i``), and after it."""
@@ -688,11 +692,11 @@ class _LoopFrame:
                     j = number.get(id(load))
                     g = load._barrier._group
                     on = f"{g._name}[{Slot(cast('Step', tma._step), (load._barrier._at.key - shift) % g.count)}]"
-                    words.append(f"{where}: loading (carry[{j}], on {on})")
+                    words.append(f"{where}: loading ({_carried(j)}, on {on})")
                 for store in slot.storing:
                     j = number.get(id(store))
                     after = tma._issued - 1 - store._seq
-                    words.append(f"{where}: stored from (carry[{j}], {after} later stores)")
+                    words.append(f"{where}: stored from ({_carried(j)}, {after} later stores)")
                 if slot.written_at is not None:
                     words.append(f"{where}: written at {slot.written_at}, not committed")
         for group in tma._groups:

@@ -289,3 +289,125 @@ def test_an_smem_ref_where_a_barrier_belongs_is_refused() -> None:
 
     message = _raises(body, TypeError)
     assert f"smem_in at {_line('not_barrier')}" in message and "plgpu.Barrier" in message
+
+
+# --- Tma.fori_loop -------------------------------------------------------------------------
+
+
+def test_the_typed_loop_traces_to_its_raw_twin_and_is_clean() -> None:
+    x = jax.ShapeDtypeStruct((example.LOOP_STEPS * example.ROWS, example.COLS), jnp.float32)
+    typed = example.jaxpr_text(example.kernel(example.typed_loop_body), x)
+    assert typed == example.jaxpr_text(example.kernel(example.raw_loop_body), x)
+    assert "fori_loop" in typed or "scan" in typed or "while" in typed
+    steps = example.LOOP_STEPS
+    for body in (example.typed_loop_body, example.raw_loop_body):
+        assert verify_gpu(example.kernel(body), x) == GpuVerifyReport(
+            kernels=1, programs=1, copies_in=steps, copies_out=steps, barrier_waits=steps
+        )
+
+
+def _loop(step: Callable[..., Any], carry: Callable[..., tuple[Any, ...]]) -> Callable[..., None]:
+    """A kernel body: one load in flight, then ``tma.fori_loop(0, 3, step, carry(...))``."""
+
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
+        first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+        env = (tma, ins, outs, barriers, x_gmem, o_gmem)
+        tma.fori_loop(0, 3, lambda it, c: step(env, it, c), carry(first))
+
+    return body
+
+
+def _prefetch(env: Any, it: Any) -> Any:
+    _, ins, _, barriers, x_gmem, _ = env
+    block = x_gmem.at[pl.ds((it.index + 1) * T, T)]
+    return gpu.copy_gmem_to_smem(block, ins.at(it.slot(1)), barriers.at(it.slot(1)))
+
+
+def test_a_loop_step_that_returns_its_own_load_is_refused() -> None:
+    def step(env: Any, it: Any, carry: Any) -> Any:
+        (load,) = carry
+        _prefetch(env, it)
+        return (load,)
+
+    message = _raises(_loop(step, lambda first: (first,)), gpu.LoopCarryError)
+    assert "does not match its start one step on" in message
+    start, end = message.split("At the start of step i: ")[1].split("At the end, seen from")
+    assert "smem_in[i]: loading (carry[0], on barriers[i])" in start
+    assert "smem_in[i]: loading (not carried, on barriers[i])" in end
+    assert "step.slot(k + 1) where it received step.slot(k)" in message
+
+
+def test_a_load_in_flight_left_out_of_the_carry_is_refused() -> None:
+    def step(env: Any, it: Any, carry: Any) -> Any:
+        return carry
+
+    message = _raises(_loop(step, lambda first: ()), gpu.LoopCarryError)
+    assert "the TMA load into smem_in[0] started at" in message
+    assert "not in the loop's carry: pass its handle" in message
+
+
+def test_a_mistake_in_a_loop_step_names_its_line() -> None:
+    def step(env: Any, it: Any, carry: Any) -> Any:
+        (load,) = carry
+        nxt = _prefetch(env, it)
+        env[1].at(it.slot(1)).read()  # <- early_read
+        load.wait()
+        return (nxt,)
+
+    message = _raises(_loop(step, lambda first: (first,)), gpu.BufferBusyError)
+    assert f"read of smem_in[i+1] at {_line('early_read')}" in message
+
+
+def test_a_correct_loop_step_traces() -> None:
+    def step(env: Any, it: Any, carry: Any) -> Any:
+        (load,) = carry
+        nxt = _prefetch(env, it)
+        load.wait()
+        return (nxt,)
+
+    jax.make_jaxpr(_kernel(_loop(step, lambda first: (first,))))(X)
+
+
+def test_an_int_index_in_a_loop_step_is_refused() -> None:
+    def step(env: Any, it: Any, carry: Any) -> Any:
+        env[2].at(0)  # <- int_in_loop
+        return carry
+
+    message = _raises(_loop(step, lambda first: (first,)), TypeError)
+    assert f"smem_out.at(0) at {_line('int_in_loop')}" in message
+    assert "step.slot(k)" in message
+
+
+def test_a_buffer_taken_before_the_loop_is_refused_in_its_step() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
+        out = outs.at(1)
+
+        def step(it: Any, carry: Any) -> Any:
+            out.read()  # <- outside_view
+            return carry
+
+        tma.fori_loop(0, 2, step, ())
+
+    message = _raises(body, gpu.LoopCarryError)
+    assert f"smem_out[1] used at {_line('outside_view')} was taken outside the loop" in message
+
+
+def test_the_handles_carried_into_a_loop_are_used_up() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
+        first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+
+        def step(it: gpu.Step, carry: tuple[gpu.LoadHandle]) -> tuple[gpu.LoadHandle]:
+            block = x_gmem.at[pl.ds((it.index + 1) * T, T)]
+            nxt = gpu.copy_gmem_to_smem(block, ins.at(it.slot(1)), barriers.at(it.slot(1)))
+            carry[0].wait()
+            return (nxt,)
+
+        (last,) = tma.fori_loop(0, 3, step, (first,))  # <- loop
+        last.wait()
+        first.wait()  # <- stale
+
+    message = _raises(body, gpu.HandleWaitedTwiceError)
+    assert f"waited at the loop at {_line('loop')} and again at {_line('stale')}" in message
