@@ -229,7 +229,7 @@ class _Slot:
     """What owns one SMEM buffer now."""
 
     loading: LoadHandle | None = None
-    storing: list[StoreHandle] = field(default_factory=lambda: [])
+    storing: list[StoreHandle] = field(default_factory=list["StoreHandle"])
     written_at: str | None = None
 
 
@@ -355,7 +355,7 @@ class _Phase:
     """One barrier's state: phases waited so far, and the arrivals toward the next."""
 
     phase: int = 0
-    arrivals: list[str] = field(default_factory=lambda: [])
+    arrivals: list[str] = field(default_factory=list[str])
 
 
 class Barriers:
@@ -656,7 +656,7 @@ class _LoopFrame:
             for index, state in enumerate(old_states):
                 group._states[(index - self._lower) % n].arrivals = list(state.arrivals)
         tma._step = step
-        tma._stores, tma._issued = [], 0
+        tma._stores, tma._issued = list[StoreHandle](), 0
         inside: list[LoadHandle | StoreHandle] = []
         for handle in self._carry:
             array = handle._buffer._array
