@@ -130,6 +130,12 @@ class Tma:
         out: list[tuple[LoadHandle | StoreHandle, ...]] = []
 
         def run(i: Any, none: None) -> None:
+            if out:  # jax traces a fori_loop body once; run eagerly (disable_jit), it is not
+                raise LoopCarryError(
+                    f"Tma.fori_loop at {here}: its body ran a second time; the typed layer "
+                    "checks one traced step, so it needs the loop traced (not under "
+                    "jax.disable_jit)."
+                )
             step = Step(self, i)
             inside = frame.enter(step)
             returned = body(step, cast("Carry", inside))

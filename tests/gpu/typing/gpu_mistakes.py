@@ -54,4 +54,10 @@ def body(
 
     stored = gpu.copy_smem_to_gmem(gpu.commit_smem(written), block)
     stored.wait(read_only=True)
+
+    # A loop step that returns other kinds of handles than it receives.
+    def wrong(it: gpu.Step, carry: tuple[gpu.LoadHandle]) -> tuple[gpu.StoreHandle]:
+        return (stored,)
+
+    tma.fori_loop(0, 2, wrong, (load,))  # expect: mypy[arg-type] pyright[reportArgumentType]
     tma.wait_all_stores()
