@@ -411,3 +411,60 @@ def test_the_handles_carried_into_a_loop_are_used_up() -> None:
 
     message = _raises(body, gpu.HandleWaitedTwiceError)
     assert f"waited at the loop at {_line('loop')} and again at {_line('stale')}" in message
+
+
+def test_a_barrier_arrival_counts_toward_its_phase() -> None:
+    """A two-arrival barrier: one copy and one barrier_arrive complete the phase."""
+
+    def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
+        load = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+        barriers.at(0).arrive()
+        x = load.wait()
+        gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
+        tma.wait_all_stores()
+
+    def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
+        plgpu.barrier_arrive(bars.at[0])
+        plgpu.barrier_wait(bars.at[0])
+        plgpu.copy_smem_to_gmem(smem_in.at[0], o_gmem.at[pl.ds(0, T)])
+        plgpu.wait_smem_to_gmem(0)
+
+    assert _trace(typed, arrivals=2) == _trace(raw, arrivals=2)
+    verify_gpu(_kernel(typed, arrivals=2), X)
+
+
+def test_each_program_of_a_grid_copies_its_own_block() -> None:
+    def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
+        block = pl.ds(jax.lax.axis_index("g") * T, T)
+        x = gpu.copy_gmem_to_smem(x_gmem.at[block], ins.at(0), barriers.at(0)).wait()
+        gpu.copy_smem_to_gmem(x, o_gmem.at[block])
+        tma.wait_all_stores()
+
+    def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        block = pl.ds(jax.lax.axis_index("g") * T, T)
+        plgpu.copy_gmem_to_smem(x_gmem.at[block], smem_in.at[0], bars.at[0])
+        plgpu.barrier_wait(bars.at[0])
+        plgpu.copy_smem_to_gmem(smem_in.at[0], o_gmem.at[block])
+        plgpu.wait_smem_to_gmem(0)
+
+    def grid(body: Callable[..., None]) -> Callable[[Any], Any]:
+        def run(x: Any) -> Any:
+            return plgpu.kernel(
+                body,
+                out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                scratch_types=[
+                    plgpu.SMEM((2, T, 128), jnp.float32),
+                    plgpu.SMEM((2, T, 128), jnp.float32),
+                    plgpu.Barrier(num_arrivals=1, num_barriers=2),
+                ],
+                grid=(4,),
+                grid_names=("g",),
+            )(x)
+
+        return run
+
+    assert example.jaxpr_text(grid(typed), X) == example.jaxpr_text(grid(raw), X)
+    assert verify_gpu(grid(typed), X).programs == 4
