@@ -82,6 +82,7 @@ class Tma:
     def smem(self, ref: SmemRef, name: str = "smem") -> SmemArray:
         """Wrap a stacked SMEM scratch ref (``plgpu.SMEM((count, *shape), dtype)``):
         ``.at(i)`` is its buffer ``i``. ``name`` is how messages call it."""
+        self._not_in_loop("Tma.smem")
         array = SmemArray(self, ref, name)
         self._arrays.append(array)
         return array
@@ -89,6 +90,7 @@ class Tma:
     def barriers(self, ref: BarrierRef, name: str = "barriers") -> Barriers:
         """Wrap a ``plgpu.Barrier(num_arrivals=..., num_barriers=...)`` scratch ref;
         its arrivals per phase are read from the ref at trace time."""
+        self._not_in_loop("Tma.barriers")
         group = Barriers(self, ref, name)
         self._groups.append(group)
         return group
@@ -144,6 +146,13 @@ class Tma:
 
         seam.fori_loop(lower, upper, run)
         return cast("Carry", out[0])
+
+    def _not_in_loop(self, what: str) -> None:
+        if self._step is not None:
+            raise LoopCarryError(
+                f"{what} at {user_line()}: wrap the kernel's refs before Tma.fori_loop, "
+                "not in its body."
+            )
 
     def _index(self, index: int | Slot, count: int, name: str) -> _Index:
         if isinstance(index, Slot):

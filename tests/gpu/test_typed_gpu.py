@@ -468,3 +468,17 @@ def test_each_program_of_a_grid_copies_its_own_block() -> None:
 
     assert example.jaxpr_text(grid(typed), X) == example.jaxpr_text(grid(raw), X)
     assert verify_gpu(grid(typed), X).programs == 4
+
+
+def test_wrapping_a_ref_in_a_loop_step_is_refused() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma = gpu.Tma()
+
+        def step(it: Any, carry: Any) -> Any:
+            tma.smem(smem_in)  # <- wrap_in_loop
+            return carry
+
+        tma.fori_loop(0, 2, step, ())
+
+    message = _raises(body, gpu.LoopCarryError)
+    assert f"Tma.smem at {_line('wrap_in_loop')}" in message and "before Tma.fori_loop" in message
