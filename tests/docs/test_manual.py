@@ -63,6 +63,14 @@ def test_every_public_name_of_safedma_testing_has_a_reference_entry(site: Path) 
     assert not missing, f"docs/reference/testing.md has no entry for {missing}"
 
 
+def test_every_public_name_of_safedma_gpu_has_a_reference_entry(site: Path) -> None:
+    import safedma.gpu
+
+    ids = _ids(site / "reference" / "gpu" / "index.html")
+    missing = [n for n in safedma.gpu.__all__ if f"safedma.gpu.{n}" not in ids]
+    assert not missing, f"docs/reference/gpu.md has no entry for {missing}"
+
+
 def test_every_kernel_has_a_reference_entry_under_its_public_module(site: Path) -> None:
     """Each name of safedma.kernels is documented in the public kernel module that holds
     it (safedma.kernels.ppermute.ppermute), with that module's text."""
@@ -95,6 +103,7 @@ def _error_classes() -> set[type[BaseException]]:
     """Every subclass of SafeDmaError once every module that defines one is loaded,
     and every exception class the testing helpers export."""
     importlib.import_module("safedma.testing._verify")
+    importlib.import_module("safedma.gpu._errors")
     found: set[type[BaseException]] = set()
     todo: list[type[BaseException]] = [safedma.SafeDmaError]
     while todo:

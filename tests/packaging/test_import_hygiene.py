@@ -27,6 +27,7 @@ JAX_FREE = [
     "safedma.stubs",
     "safedma.pytest_plugin",
     "safedma._version",
+    "safedma.gpu",
 ]
 
 

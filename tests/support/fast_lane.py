@@ -81,6 +81,8 @@ SLOW_NODE_IDS = (
     "tests/typing/test_mypy_plugin.py::test_run_is_understood",
     "tests/typing/test_mypy_plugin.py::test_plugin_messages*",
     "tests/typing/test_mypy_plugin.py::test_corpus_and_library_unchanged_under_the_plugin",
+    # mypy and pyright over the typed GPU example and its mistakes (a minute, cold cache).
+    "tests/gpu/test_typed_gpu_typing.py::*",
     # Property tests (hypothesis) and whole-matrix agreement: 10-30 s each.
     "tests/kernels/test_*.py::test_any_mesh_dtype_shape_and_*",
     "tests/kernels/test_pipeline.py::test_any_shape_chunking_and_dtype",
@@ -233,6 +235,7 @@ GROUPS = (
         for checker in _CHECKERS
     ),
     ("tests/typing/test_mypy_plugin.py::*", "test_mypy_plugin"),
+    ("tests/gpu/test_typed_gpu_typing.py::*", "test_typed_gpu_typing"),
     ("tests/typing/test_patterns_raw_kernels.py::*", "test_patterns_raw_kernels"),
     ("tests/packaging/test_wheel_install.py::*", "test_wheel_install"),
     ("tests/packaging/test_dry_run.py::*", "test_dry_run"),
