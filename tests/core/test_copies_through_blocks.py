@@ -1,17 +1,15 @@
-"""Trace-check false alarms and misses on copies whose semaphore reaches a pipeline
-through a block argument, and on copy sizes that are traced.
+"""Copies whose semaphore or buffer reaches a block (a branch, a loop, a pipeline, a jitted
+helper) as an argument: paired by the slot they name, not lost at the block's edge.
 
-Each correct kernel is written in safedma and in raw pltpu and must lower to the same
-Mosaic module on a device-free ``tpu="v5p"`` mesh (jax 0.10.2 and 0.12); each seeded
-mistake must still be stopped at trace time, naming the user's line.
-
-* A copy a pipeline step starts on a semaphore that reaches the pipeline as a ``lax.cond``
-  / ``lax.switch`` operand or a ``fori_loop`` carry, waited after the pipeline (an
-  accumulator written back at the last step, as in the s9 write-back kernels, but run
-  once per pass of a loop or in one branch of the grid).
+* a copy a pipeline step starts on a semaphore that reaches the pipeline as a ``lax.cond``
+  / ``lax.switch`` operand or a ``fori_loop`` carry, waited after the pipeline;
 * ``jax_use_emit_pipeline_primitive``: the pipeline is one equation whose body jaxpr the
-  raw-wait reader now follows.
-* T1 on a descriptor that is only waited (jax 0.10.2's wait does not compare shapes).
+  raw-wait reader follows;
+* a copy on a branch's or loop's argument, waited after it on the array it received;
+* a copy started in a ``jax.jit`` helper on its parameter, waited by the kernel.
+
+Each correct kernel lowers to the same Mosaic module as its raw twin on a device-free
+``tpu="v5p"`` mesh; each seeded mistake is stopped at trace time naming the user's line.
 """
 
 from __future__ import annotations
@@ -27,9 +25,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
-from safedma import _compat
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
-from tests.support.source_lines import line_in, raising_lines
+from tests.support.source_lines import line_in
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 STEPS, ROWS, LANES = 4, 8, 128
@@ -210,65 +207,6 @@ def test_a_prefetch_the_steps_only_poll_is_t7(pipeline_kind: str) -> None:
     assert f"called from {__file__}:{line_in(_prefetch, '# PREFETCH')}" in text, text
 
 
-# --- T1 on a descriptor only waited --------------------------------------------------------
-
-
-SMEM = pl.BlockSpec(memory_space=pltpu.SMEM)
-N = jax.ShapeDtypeStruct((1,), jnp.int32)
-
-
-def _wait_only(safe: bool, seed: str = "") -> Any:
-    """A copy of the first ``ROWS`` rows into ``buf`` (both sizes static), waited through a
-    descriptor that names the source window with the row count read from SMEM (a traced
-    size opposite ``buf``'s static one: the same byte count at run time). Seed
-    ``started``: the copy is *started* with that descriptor."""
-
-    def kernel(n_ref: Any, x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
-        window = x_hbm.at[pl.ds(0, n_ref[0])]
-        if safe:
-            start = sd.LocalCopy(x_hbm.at[pl.ds(0, ROWS)], buf, sem)
-            if seed == "started":
-                start = sd.LocalCopy(window, buf, sem)
-            start.start()  # START
-            sd.LocalCopy(window, buf, sem).started_elsewhere().wait()  # WAIT ONLY
-        else:
-            pltpu.make_async_copy(x_hbm.at[pl.ds(0, ROWS)], buf, sem).start()
-            pltpu.make_async_copy(window, buf, sem).wait()
-        o_hbm[...] = buf[...]
-
-    entry: Any = sd.pallas_call if safe else pl.pallas_call
-    return entry(
-        kernel,
-        in_specs=[SMEM, ANY],
-        out_specs=pl.BlockSpec((ROWS, LANES), lambda i: (0, 0)),
-        out_shape=jax.ShapeDtypeStruct((ROWS, LANES), jnp.float32),
-        grid=(1,),
-        scratch_shapes=[pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA(())],
-    )
-
-
-def test_a_wait_only_descriptor_with_a_traced_size_is_checked_as_its_jax_lowers_it() -> None:
-    # Formerly, T1 on jax 0.10.2, whose wait (tpu.wait_dma2) lowers it; jax 0.12's
-    # wait (tpu.wait_dma) is verified like a start and rejects it, raw too.
-    if _compat.waits_compare_shapes():
-        with pytest.raises(Exception, match="DMA source and target shape mismatch"):
-            mosaic_text(_wait_only(RAW), N, X, mesh=_v5p())
-        with pytest.raises(sd.CopyShapeMismatchError) as err:
-            mosaic_text(_wait_only(SAFE), N, X, mesh=_v5p())
-        assert line_in(_wait_only, "# WAIT ONLY") in raising_lines(err, __file__)
-    else:
-        assert_same_mosaic(_wait_only(SAFE), _wait_only(RAW), N, X, mesh=_v5p())
-
-
-def test_a_start_with_a_traced_size_opposite_a_static_one_is_t1_at_the_start() -> None:
-    with pytest.raises(sd.CopyShapeMismatchError, match=r"\(\?, 128\) and \(8, 128\)") as err:
-        mosaic_text(_wait_only(SAFE, "started"), N, X, mesh=_v5p())
-    assert "slice the destination with the same traced size" in str(err.value)
-    # Built (jax 0.12, where a wait would fail too) or started (jax 0.10.2): the user's line.
-    line = "sd.LocalCopy(window" if _compat.waits_compare_shapes() else "# START"
-    assert line_in(_wait_only, line) in raising_lines(err, __file__)
-
-
 # --- a copy on a branch's or loop's argument, waited after it on the array it received ----
 
 
@@ -382,60 +320,3 @@ def test_a_copy_a_jitted_helper_starts_waited_on_the_other_slot_is_t7() -> None:
     started = f"{__file__}:{line_in(_copy, '# STARTED')}"
     helper = f"{__file__}:{line_in(_helper_starts, '_copy(safe, x.at')}"
     assert f"started at {started} (called from {helper}" in str(err.value), err.value
-
-
-# --- a DMA future whose kernels start or wait in raw pltpu, or through a jitted helper ----
-
-
-def _future_start(how: str) -> Callable[..., None]:
-    def start(x_ref: Any, o_ref: Any, sem: Any) -> None:
-        if how == "raw":
-            pltpu.make_async_copy(x_ref, o_ref, sem).start()
-        elif how == "helper":
-
-            def helper(x: Any, o: Any, s: Any) -> None:
-                sd.LocalCopy(x, o, s).start()
-
-            jax.jit(helper)(x_ref, o_ref, sem)
-        elif how != "nothing":
-            sd.LocalCopy(x_ref, o_ref, sem).start()
-
-    return start
-
-
-def _future_done(how: str) -> Callable[..., None]:
-    def done(x_ref: Any, o_ref: Any, sem: Any) -> None:
-        if how == "raw":
-            pltpu.make_async_copy(x_ref, o_ref, sem).wait()
-        elif how != "nothing":
-            sd.LocalCopy(x_ref, o_ref, sem).started_elsewhere().wait()
-
-    return done
-
-
-def _future(start: str, done: str) -> Callable[..., jax.Array]:
-    @sd.checked_futures
-    def f(x: jax.Array) -> jax.Array:
-        shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        future = sd.start_async(_future_start(start), x, dst=shape)
-        return sd.finish_async(_future_done(done), future)
-
-    return f
-
-
-@pytest.mark.parametrize(("start", "done"), [("raw", "safe"), ("safe", "raw"), ("helper", "safe")])
-def test_a_future_started_or_finished_in_raw_pltpu_or_a_helper_traces(
-    start: str, done: str
-) -> None:
-    # Formerly: FutureNotWaitedError (the start and done kernels' checks counted
-    # only safedma's own starts and waits, and no copy on a helper's parameter).
-    assert jax.eval_shape(_future(start, done), X).shape == X.shape
-
-
-@pytest.mark.parametrize(("start", "done"), [("nothing", "raw"), ("raw", "nothing")])
-def test_a_future_whose_kernel_starts_or_waits_nothing_is_still_refused(
-    start: str, done: str
-) -> None:
-    kernel = "start kernel" if start == "nothing" else "done kernel"
-    with pytest.raises(sd.FutureNotWaitedError, match=kernel):
-        jax.eval_shape(_future(start, done), X)

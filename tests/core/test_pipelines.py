@@ -1,16 +1,19 @@
-"""Trace checks on pipelined kernels: write-backs waited after the pipeline, per-step
-stores drained by size.
+"""Pipelined kernels (``emit_pipeline``, prefetch loops, unrolled banks): the ledger's rules
+for a body with a parent reach the copies a step starts and the waits after it.
 
-Correct kernels around ``sd.emit_pipeline`` that the ledger's rules for pipelines reach (a
-body's ledger with a parent, waits by slot recorded up the chain, raw waits counted from
-where a body began), each written in safedma and in raw pltpu: the safedma one must
-trace and lower to the same Mosaic module as its raw twin. Then the seeded mistakes the
-trace checks must still stop (T7), naming the user's line.
+* an accumulator written back at the pipeline's last step and waited after it (jax's
+  pipelining guide's reductions, tokamax's / maxtext's ragged matmuls);
+* per-step stores drained by their total size after the pipeline; a semaphore the body
+  scopes itself stays the body's;
+* nested pipelines: the outer step prefetches, the inner pipeline's first step waits;
+* a wait in a pipeline body stands for a copy started before the pipeline, on the same
+  semaphore only;
+* the next block prefetched inside a ``lax.while_loop`` body (a ragged paged attention);
+* an ``emit_pipeline`` used as the ``pallas_call`` body, three outputs;
+* a Python-unrolled two-bank pipeline whose waits rebuild the copy (a decode kernel).
 
-The protocols are those of pipelined kernels that finish with a write the kernel waits
-after the pipeline (an accumulator written back at the last step, as jax's pipelining
-guide's reductions and tokamax's / maxtext's ragged matmuls do with their output block),
-and of per-step stores drained by their total size once the pipeline is done.
+Each correct kernel lowers to the Mosaic of its raw pltpu spelling; each seeded mistake is
+stopped at trace time naming the user's line.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
-from tests.support.source_lines import line_in, raising_lines
+from tests.support.hbm_calls import one_step_hbm_call as _call
+from tests.support.source_lines import line_in
 
-ANY = pl.BlockSpec(memory_space=pl.ANY)
 STEPS, ROWS, LANES = 4, 8, 128
 BLOCK = pl.BlockSpec((ROWS, LANES), lambda i: (i, 0))
 SAFE, RAW = True, False
@@ -118,19 +121,6 @@ def _write_back(
             emit(outer, grid=(1,), out_specs=[BLOCK])(o_hbm)
 
     return kernel
-
-
-def _call(kernel: Callable[..., None], safe: bool, scratch: list[Any]) -> Any:
-    entry: Any = sd.pallas_call if safe else pl.pallas_call
-    x = jax.ShapeDtypeStruct((STEPS * ROWS, LANES), jnp.float32)
-    return entry(
-        kernel,
-        in_specs=[ANY],
-        out_specs=ANY,
-        out_shape=x,
-        grid=(1,),
-        scratch_shapes=scratch,
-    )
 
 
 def _write_back_call(safe: bool, **kw: str) -> Any:
@@ -266,87 +256,6 @@ def test_a_copy_on_a_semaphore_the_body_scopes_is_t7_in_the_body() -> None:
     assert f"called from {__file__}:{line_in(_scoped_in_body, '# SCOPED')}" in text, text
 
 
-# --- DMA accumulate with an indexed side, in a kernel known to run on TensorCores --------
-
-
-def _indexed_add(how: str) -> Callable[..., None]:
-    def kernel(x_hbm: Any, o_hbm: Any, idx: Any, sem: Any) -> None:
-        idx[...] = jnp.arange(ROWS, dtype=jnp.int32)
-        src, dst = x_hbm.at[pl.ds(0, ROWS)], o_hbm.at[idx]
-        if how == "sync_copy":
-            sd.sync_copy(src, dst, add=True)  # ADD BY SYNC_COPY
-        else:
-            sd.LocalCopy(src, dst, sem).start(add=True).wait()  # ADD BY START
-
-    return kernel
-
-
-def _core_mesh() -> Any:
-    if hasattr(pltpu, "TensorCoreMesh"):
-        return pltpu.TensorCoreMesh(axis_name="core", num_cores=2)  # jax 0.12
-    return pltpu.create_tensorcore_mesh("core", num_cores=2)
-
-
-@pytest.mark.parametrize("entry", ["pallas_call", "core_kernel"])
-@pytest.mark.parametrize("how", ["start", "sync_copy"])
-def test_an_indexed_add_on_tensor_cores_is_t5(entry: str, how: str) -> None:
-    # add=True was once let through wherever a side is indexed by an array (SparseCore's
-    # indirect copies), so this reached jax's TensorCore lowering: "DMA with add=True is
-    # not supported" (NotImplementedError), and interpret mode does a plain copy.
-    scratch = [pltpu.VMEM((ROWS,), jnp.int32), pltpu.SemaphoreType.DMA(())]
-    if entry == "pallas_call":
-        call = _call(_indexed_add(how), SAFE, scratch)
-    else:
-        call = sd.core_kernel(_indexed_add(how), X, mesh=_core_mesh(), scratch_types=scratch)
-    with pytest.raises(sd.UnsupportedDmaError) as err:
-        jax.eval_shape(call, X)
-    assert "This kernel runs on TensorCores" in str(err.value), err.value
-    marker = "# ADD BY START" if how == "start" else "# ADD BY SYNC_COPY"
-    assert line_in(_indexed_add, marker) in raising_lines(err, __file__)
-
-
-# --- a DMA future finished in branches --------------------------------------------------
-
-
-def _future_start(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    sd.LocalCopy(x_ref, o_ref, sem).start()
-
-
-def _future_done(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    sd.LocalCopy(x_ref, o_ref, sem).started_elsewhere().wait()
-
-
-def _finishes(shape: str) -> Callable[..., jax.Array]:
-    @sd.checked_futures
-    def f(x: jax.Array, flag: jax.Array) -> jax.Array:
-        future = sd.start_async(_future_start, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
-        if shape == "switch":
-            finish = lambda: sd.finish_async(_future_done, future)  # noqa: E731
-            return lax.switch(flag[0], [finish, lambda: finish() * 2, lambda: finish() + 1])
-        first = sd.finish_async(_future_done, future)  # FIRST
-        maybe = lax.cond(flag[0] > 0, lambda: sd.finish_async(_future_done, future), lambda: x)
-        return first + maybe + sd.finish_async(_future_done, future)  # AGAIN
-
-    return f
-
-
-FLAG = jax.ShapeDtypeStruct((1,), jnp.int32)
-
-
-def test_a_future_finished_once_in_each_branch_of_a_switch_traces() -> None:
-    jax.eval_shape(_finishes("switch"), X, FLAG)
-
-
-def test_a_second_finish_in_one_block_is_caught_past_a_finish_in_a_branch() -> None:
-    # Only the latest finish was once remembered: the branch's hid the first one, so the
-    # finish after the cond (the same straight-line block as the first) passed.
-    with pytest.raises(sd.FutureConsumedTwiceError) as err:
-        jax.eval_shape(_finishes("again"), X, FLAG)
-    text = str(err.value)
-    first, again = line_in(_finishes, "# FIRST"), line_in(_finishes, "# AGAIN")
-    assert f"finished at {__file__}:{first} and again at {__file__}:{again}" in text, text
-
-
 # --- nested pipelines: the outer step prefetches, the inner pipeline's first step waits --
 
 
@@ -391,26 +300,254 @@ def test_an_outer_steps_prefetch_nothing_waits_is_t7_naming_the_outer_body() -> 
     assert where in text, text
 
 
-def _start_in_a_pipeline(x_ref: Any, dst: Any, sem: Any) -> None:
-    def body(x_block: Any) -> None:
-        @pl.when(pl.program_id(0) == STEPS - 1)
-        def _() -> None:
-            sd.LocalCopy(x_ref.at[pl.ds(0, ROWS)], dst.at[pl.ds(0, ROWS)], sem).start()
-
-    sd.emit_pipeline(body, grid=(STEPS,), in_specs=[BLOCK])(x_ref)
+ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def _done_first_rows(x_ref: Any, buf: Any, sem: Any) -> None:
-    sd.LocalCopy(x_ref.at[pl.ds(0, ROWS)], buf.at[pl.ds(0, ROWS)], sem).started_elsewhere().wait()
+def _banks(safe: bool) -> Callable[..., None]:
+    def kernel(x_hbm: Any, o_hbm: Any, inbuf: Any, outbuf: Any, gather: Any, scatter: Any) -> None:
+        def copy(src: Any, dst: Any, sem: Any) -> Any:
+            return sd.LocalCopy(src, dst, sem) if safe else pltpu.make_async_copy(src, dst, sem)
+
+        def rows(n: int) -> Any:
+            return pl.ds(n * 8, 8)
+
+        for n in range(2):
+            copy(x_hbm.at[rows(n)], inbuf.at[n], gather.at[n]).start()
+        for n in range(STEPS):
+            bank = n % 2
+            got = copy(x_hbm.at[rows(n)], inbuf.at[bank], gather.at[bank])
+            (got.started_elsewhere() if safe else got).wait()
+            if n >= 2:
+                old = copy(outbuf.at[bank], o_hbm.at[rows(n - 2)], scatter.at[bank])
+                (old.started_elsewhere() if safe else old).wait()
+            outbuf[bank] = inbuf[bank] * 2.0
+            copy(outbuf.at[bank], o_hbm.at[rows(n)], scatter.at[bank]).start()
+            if n + 2 < STEPS:
+                copy(x_hbm.at[rows(n + 2)], inbuf.at[bank], gather.at[bank]).start()
+        for n in (STEPS - 1, STEPS - 2):
+            last = copy(outbuf.at[n % 2], o_hbm.at[rows(n)], scatter.at[n % 2])
+            (last.started_elsewhere() if safe else last).wait()
+
+    return kernel
 
 
-def test_a_future_whose_copy_a_pipeline_step_starts_lowers() -> None:
-    # The start kernel leaves its copy in flight on the future's semaphore (settled there);
-    # a copy its pipeline's last step starts is handed to it. Formerly: T7 in
-    # the body.
-    @sd.checked_futures
-    def f(x: jax.Array) -> jax.Array:
-        future = sd.start_async(_start_in_a_pipeline, x, dst=jax.ShapeDtypeStruct(x.shape, x.dtype))
-        return sd.finish_async(_done_first_rows, future)
+def test_unrolled_two_bank_pipeline_matches_raw() -> None:
+    x = jax.ShapeDtypeStruct((STEPS * 8, 128), jnp.float32)
 
-    assert "tpu.wait_dma" in mosaic_text(f, X, mesh=_v5p())
+    def call(safe: bool) -> Any:
+        vmem = sd.vmem if safe else pltpu.VMEM
+        sems = sd.dma_semaphores(2) if safe else pltpu.SemaphoreType.DMA((2,))
+        entry: Any = sd.pallas_call if safe else pl.pallas_call
+        return jax.jit(
+            entry(
+                _banks(safe),
+                x,
+                in_specs=[ANY],
+                out_specs=ANY,
+                scratch_shapes=[
+                    vmem((2, 8, 128), jnp.float32),
+                    vmem((2, 8, 128), jnp.float32),
+                    sems,
+                    sems,
+                ],
+            )
+        )
+
+    assert_same_mosaic(call(True), call(False), x)
+
+
+# --- the mechanism, on a small kernel -----------------------------------------------------
+
+
+def _prologue_then_pipeline(wait_in_body: str) -> Any:
+    """A copy started before an ``emit_pipeline`` and waited at every step of its body
+    (``wait_in_body``: how), next to a copy on another semaphore that nothing waits."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any, other: Any) -> None:
+        sd.LocalCopy(x_hbm.at[pl.ds(0, 8)], buf, sems.at[0]).start()  # PROLOGUE
+        if wait_in_body == "leak":
+            sd.LocalCopy(x_hbm.at[pl.ds(8, 8)], buf, other).start()  # LEAKED
+
+        def body(x_ref: Any, o_ref: Any, b_ref: Any, s_ref: Any) -> None:
+            slot = pl.program_id(0) % 2
+            if wait_in_body == "wait_bytes":
+                sd.wait_bytes(s_ref.at[slot], b_ref)
+            else:
+                sd.LocalCopy(
+                    x_hbm.at[pl.ds(0, 8)], b_ref, s_ref.at[slot]
+                ).started_elsewhere().wait()
+            o_ref[...] = x_ref[...] + b_ref[...]
+
+        block = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        sd.emit_pipeline(body, grid=(4,), in_specs=[block], out_specs=block)(
+            x_hbm, o_hbm, scratches=[buf, sems]
+        )
+
+    x = jax.ShapeDtypeStruct((32, 128), jnp.float32)
+    return sd.pallas_call(
+        kernel,
+        in_specs=[ANY],
+        out_specs=ANY,
+        out_shape=x,
+        scratch_shapes=[
+            pltpu.VMEM((8, 128), jnp.float32),
+            pltpu.SemaphoreType.DMA((2,)),
+            pltpu.SemaphoreType.DMA(()),
+        ],
+    ), x
+
+
+@pytest.mark.parametrize("how", ["wait_bytes", "started_elsewhere"])
+def test_a_wait_in_a_pipeline_body_stands_for_a_copy_started_before_it(how: str) -> None:
+    call, x = _prologue_then_pipeline(how)
+    assert "tpu.wait_dma" in mosaic_text(call, x, mesh=_v5p())  # before the fix: T7 (prologue)
+
+
+def test_a_wait_in_a_pipeline_body_does_not_cover_another_semaphore() -> None:
+    call, x = _prologue_then_pipeline("leak")
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(call, x, mesh=_v5p())
+    text = str(err.value)
+    assert f"{__file__}:{line_in(_prologue_then_pipeline, '# LEAKED')}" in text
+    assert f":{line_in(_prologue_then_pipeline, '# PROLOGUE')}" not in text
+
+
+PAGES, PAGE, D, BLOCK_PAGES = 8, 8, 128, 2
+
+
+def _tpu_mesh() -> Any:
+    return abstract_mesh((), (), tpu="v5p")
+
+
+# --- the next block prefetched inside a while_loop body -----------------------------------
+
+
+def _while_prefetch(safe: bool, *, wait_on_other: bool = False) -> Callable[..., None]:
+    make = sd.LocalCopy if safe else pltpu.make_async_copy
+
+    def kernel(count_ref: Any, pages: Any, o_ref: Any, buf: Any, sems: Any, others: Any) -> None:
+        count = count_ref[0]
+
+        def copy(block: Any, slot: Any, on: Any) -> Any:
+            return make(
+                pages.at[pl.ds(block * BLOCK_PAGES, BLOCK_PAGES)], buf.at[slot], on.at[slot]
+            )
+
+        copy(0, 0, sems).start()
+
+        def more(state: tuple[Any, Any]) -> Any:
+            return state[0] < count
+
+        def step(state: tuple[Any, Any]) -> tuple[Any, Any]:
+            block, slot = state
+            following = jax.lax.select(slot == 0, 1, 0)
+
+            @pl.when(block + 1 < count)
+            def _prefetch() -> None:
+                copy(block + 1, following, sems).start()
+
+            current = copy(block, slot, others if wait_on_other else sems)
+            (current.started_elsewhere() if safe else current).wait()
+            o_ref[...] += buf.at[slot][...].reshape(o_ref.shape)
+            return block + 1, following
+
+        jax.lax.while_loop(more, step, (0, 0))
+
+    return kernel
+
+
+def _while_call(kernel: Callable[..., None], entry: Any) -> Any:
+    def run(count: jax.Array, pages: jax.Array) -> Any:
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            in_specs=[ANY],
+            out_specs=pl.BlockSpec((BLOCK_PAGES * PAGE, D), lambda i, *_: (0, 0)),
+            grid=(1,),
+            scratch_shapes=[
+                pltpu.VMEM((2, BLOCK_PAGES, PAGE, D), jnp.float32),
+                sd.dma_semaphores(2),
+                sd.dma_semaphores(2),
+            ],
+        )
+        shape = jax.ShapeDtypeStruct((BLOCK_PAGES * PAGE, D), jnp.float32)
+        return entry(kernel, out_shape=shape, grid_spec=grid_spec)(count, pages)
+
+    return jax.jit(run)
+
+
+def _while_args() -> tuple[jax.ShapeDtypeStruct, ...]:
+    return (
+        jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.ShapeDtypeStruct((PAGES, PAGE, D), jnp.float32),
+    )
+
+
+def test_prefetch_inside_a_while_loop_body_matches_raw() -> None:
+    assert_same_mosaic(
+        _while_call(_while_prefetch(SAFE), sd.pallas_call),
+        _while_call(_while_prefetch(RAW), pl.pallas_call),
+        *_while_args(),
+        mesh=_tpu_mesh(),
+    )
+
+
+def test_while_loop_wait_on_the_other_semaphore_array_is_t7() -> None:
+    broken = _while_call(_while_prefetch(SAFE, wait_on_other=True), sd.pallas_call)
+    with pytest.raises(sd.CopyNeverWaitedError) as err:
+        mosaic_text(broken, *_while_args(), mesh=_tpu_mesh())
+    message = str(err.value)
+    prefetch = line_in(_while_prefetch, "copy(block + 1, following, sems).start()")
+    assert f"{__file__}:{prefetch}" in message, message
+    assert "on the semaphore the copy was started on" in message
+
+
+# --- an emit_pipeline as the pallas_call body, three outputs ------------------------------
+
+T, S, E, TB = 64, 4, 128, 16
+
+
+def _three_outputs(pallas_call: Any, emit_pipeline: Any) -> Any:
+    def body(x_ref: Any, w_ref: Any, *refs: Any) -> None:
+        outs = iter(refs)
+        s = x_ref[...].sum(axis=-1) * w_ref[0, 0]
+        for ref, value in zip(
+            outs, (s, s * 2, jnp.broadcast_to(s[:, :, None], (TB, S, S))), strict=True
+        ):
+            ref[...] = value
+
+    def rows(*shape: int) -> pl.BlockSpec:
+        return pl.BlockSpec((TB, *shape), lambda i: (i, *(0,) * len(shape)))
+
+    pipeline = emit_pipeline(
+        body,
+        grid=(T // TB,),
+        in_specs=(rows(S, E), pl.BlockSpec((8, 128), lambda i: (0, 0))),
+        out_specs=(rows(S), rows(S), rows(S, S)),
+        dimension_semantics=(pltpu.PARALLEL,),
+    )
+    hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+
+    def run(x: jax.Array, w: jax.Array) -> Any:
+        shapes = (
+            jax.ShapeDtypeStruct((T, S), jnp.float32),
+            jax.ShapeDtypeStruct((T, S), jnp.float32),
+            jax.ShapeDtypeStruct((T, S, S), jnp.float32),
+        )
+        first, second, third = pallas_call(
+            pipeline, out_shape=shapes, in_specs=[hbm] * 2, out_specs=[hbm] * 3
+        )(x, w)
+        return first + second + third.sum(-1)
+
+    return jax.jit(run)
+
+
+def test_emit_pipeline_as_the_kernel_body_with_three_outputs_matches_raw() -> None:
+    x = jax.ShapeDtypeStruct((T, S, E), jnp.float32)
+    w = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    assert_same_mosaic(
+        _three_outputs(sd.pallas_call, sd.emit_pipeline),
+        _three_outputs(pl.pallas_call, pltpu.emit_pipeline),
+        x,
+        w,
+        mesh=_tpu_mesh(),
+    )
