@@ -174,7 +174,7 @@ SLOW_NODE_IDS = (
     # first interpret-mode compile with compute, the import of the whole package in a
     # fresh interpreter, pyrefly's runs (ty checks the corpora in the fast lane), a
     # pytester run of the plugin, the MoE transport on a 2x4 mesh.
-    "tests/testing/test_simulate_helper_lines_and_user_jit.py::test_a_users_jit_around_a_kernel_runs_and_its_broken_twin_is_caught",
+    "tests/testing/test_simulate_user_jit.py::test_a_users_jit_around_a_kernel_runs_and_its_broken_twin_is_caught",
     "tests/testing/verify/test_memory_bounds.py::test_pruned_random_runs_find_the_same_early_contributions_or_fall_back",
     "tests/testing/verify/test_memory_bounds.py::test_tight_bounds_say_what_no_bounds_say_of_every_protocol_case",
     "tests/testing/verify/test_speed.py::test_the_one_contribution_wait_path_computes_what_the_general_path_does",

@@ -1,101 +1,38 @@
-"""Patterns of jax's own Pallas TPU tests under strict simulation, each with a broken twin.
+"""Constructs strict simulation cannot run: refused with the line and a pointer to
+verify, not run wrongly or reported as another mistake.
 
-Every kernel here is written for safedma's tests; each reproduces a construct
-found in jax's test-suite (tests/pallas/tpu_*_test.py) that strict simulation
-once mishandled. The correct kernel must run clean, its broken twin must still
-be caught, naming the kernel's own line.
+* a DMA future started in one call and waited in the next;
+* constructs jax's interpreter cannot lower, and a ref view it fails on at run time;
+* a copy that signals a REGULAR semaphore (refused, not called a leftover);
+* a semaphore array indexed one past its end (caught naming the line);
+* a reference computation with no kernel in it is not refused for its buffer sizes.
 """
 
 from __future__ import annotations
 
-import inspect
-from types import SimpleNamespace
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from tests.support.simulation import (
-    BLOCK,
-    BLOCK_BYTES,
-    F32,
-    assert_clean_afterwards,
-    example,
-    line_of,
+from safedma.testing import (
+    KernelFailedError,
+    LeftoverSemaphoreError,
+    RaceDetectedError,
+    SimulationUnsupportedError,
+    simulate,
+    simulated_mesh,
 )
-from safedma.testing import KernelFailedError, LeftoverSemaphoreError, RaceDetectedError
-from safedma.testing import SimulationUnsupportedError
-from safedma.testing import simulate
-from safedma.testing import simulated_mesh
-from safedma.testing._interpret_probes import RaceReport
-from safedma.testing._meshes import DeviceNames, bytes_per_device
-from safedma.testing._recorder import Recorder
-from safedma.testing._runner import _outputs  # pyright: ignore[reportPrivateUsage]
+from tests.support.simulation import BLOCK, F32, assert_clean_afterwards, example, line_of
 
 pytestmark = pytest.mark.usefixtures("no_threads_left_behind")
-
-
-# ------------------------------------ pl.kernel built outside simulate, own interpret=
-
-
-def _swap_body(wait: bool) -> Any:
-    def body(x_ref: Any, o_ref: Any, sems: Any) -> None:
-        peer = 1 - lax.axis_index("x")
-        copy = pltpu.make_async_remote_copy(
-            x_ref, o_ref, sems.at[0], sems.at[1], device_id=(peer,),
-            device_id_type=pl.DeviceIdType.MESH,
-        )  # fmt: skip
-        copy.start()
-        if wait:
-            copy.wait()
-
-    return body
-
-
-def _mesh_kernel(wait: bool) -> Any:
-    """A pl.kernel over one TensorCore, built with its own ``interpret=`` before simulate."""
-    params = inspect.signature(pl.kernel).parameters
-    out = jax.ShapeDtypeStruct(BLOCK, F32)
-    sems = [pltpu.SemaphoreType.DMA((2,))]
-    shapes: dict[str, Any] = (
-        {"out_type": out, "scratch_types": sems}  # jax 0.12
-        if "out_type" in params
-        else {"out_shape": out, "scratch_shapes": sems}  # jax 0.10
-    )
-    return pl.kernel(
-        _swap_body(wait),
-        mesh=pltpu.create_tensorcore_mesh("core", num_cores=1),
-        interpret=pltpu.InterpretParams(),
-        **shapes,
-    )
-
-
-def test_pl_kernel_built_outside_simulate_with_its_own_interpret_params_runs() -> None:
-    # It used to be refused at its first step as "started in another thread":
-    # simulate forced its parameters on pallas_call only, not on the primitive
-    # pl.kernel / pl.core_map bind (core_map_p on jax 0.10, mpmd_map_p on 0.12).
-    mesh: Mesh = simulated_mesh(2, "x")
-    x = example((16, 128))
-    out = simulate(_mesh_kernel(wait=True), x, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 8, 0))
-
-
-def test_pl_kernel_built_outside_simulate_without_its_wait_is_caught() -> None:
-    mesh: Mesh = simulated_mesh(2, "x")
-    kernel = _mesh_kernel(wait=False)
-    with pytest.raises(RaceDetectedError) as caught:
-        simulate(kernel, example((16, 128)), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    headline = str(caught.value).splitlines()[0]
-    # Whichever access the detector meets second, the headline names the start.
-    assert line_of(_swap_body, "copy.start()") in headline, headline
-    assert_clean_afterwards()
 
 
 # ------------------------------------ a DMA future: started in one call, waited in the next
@@ -230,53 +167,6 @@ def test_an_interpreter_lowering_failure_is_refused_naming_the_line_and_verify()
     assert_clean_afterwards()
 
 
-# ------------------------------------ its own shard_map: races name devices as devices
-
-
-def _zero_then_send(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
-    o_ref[...] = jnp.zeros_like(o_ref)  # no barrier: the left neighbour may already write here
-    right = lax.rem(lax.axis_index("x") + 1, lax.axis_size("x"))
-    copy = pltpu.make_async_remote_copy(
-        x_ref, o_ref, send, recv, device_id=right, device_id_type=pl.DeviceIdType.LOGICAL
-    )
-    copy.start()
-    copy.wait()
-
-
-def test_a_race_in_a_program_with_its_own_shard_map_names_devices_not_dmas() -> None:
-    # simulate(fn) with no mesh= knew one device, so device 5's own write was
-    # reported as "DMA #5"; the run itself says how many devices there are.
-    mesh: Mesh = simulated_mesh(4, "x")
-    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
-    call = pl.pallas_call(
-        _zero_then_send,
-        out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
-        in_specs=[vmem],
-        out_specs=vmem,
-        scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA],
-    )
-    program = jax.jit(
-        jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
-    )
-    x = jax.device_put(example((32, 128)), jax.sharding.NamedSharding(mesh, P("x")))
-    with pytest.raises(RaceDetectedError) as caught:
-        simulate(program, x)
-    race = caught.value.races[0]
-    assert race.accessor.startswith("device ") or int(race.accessor.split("#")[1]) >= 4, race
-    lines = (line_of(_zero_then_send, "o_ref[...] ="), line_of(_zero_then_send, "copy.start()"))
-    assert all(line in str(caught.value) for line in lines), str(caught.value)
-    assert_clean_afterwards()
-
-
-def test_race_accessors_below_the_runs_device_count_are_devices() -> None:
-    recorder = Recorder(DeviceNames(None))
-    for who in (5, 100):
-        recorder.race_detected(
-            RaceReport("write", (who, 0), ("vmem", 1, 5, 0), None, "RACE DETECTED", None, 8)
-        )
-    assert [r.accessor for r in recorder.races] == ["device 5", "DMA #100"]
-
-
 # ------------------------------------ a ref view the interpreter fails on at run time
 
 
@@ -407,90 +297,3 @@ def test_a_program_without_kernels_is_not_refused_for_its_buffer_sizes() -> None
     ring = [(i, (i + 1) % 8) for i in range(8)]
     out = simulate(lambda a: lax.ppermute(a, "x", ring), x, mesh=mesh)
     np.testing.assert_array_equal(np.asarray(out), np.roll(np.asarray(x), 256, 0))
-
-
-# ------------------------------------ a jitted function whose kernel input is made inside it
-
-
-def _stage_through_scratch(x_ref: Any, o_ref: Any, scratch: Any) -> None:
-    pltpu.sync_copy(x_ref.at[0], scratch.at[3])
-    o_ref[0, :] = scratch[3, :]
-
-
-@jax.jit
-def _jitted_without_arguments() -> jax.Array:
-    out: jax.Array = pl.pallas_call(
-        _stage_through_scratch,
-        out_shape=jax.ShapeDtypeStruct(BLOCK, F32),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
-        scratch_shapes=[pltpu.VMEM((10, 128), F32)],
-    )(jnp.ones(BLOCK, F32))
-    return out
-
-
-# The kernel writes row 0 only and the test checks the rest stays NaN: R6 on purpose.
-@pytest.mark.safedma_verify_expected("UnwrittenReadError")
-def test_a_jitted_function_is_simulated_without_a_second_jit_around_it() -> None:
-    # simulate(run) compiled jit(lambda: run()); jax 0.12's XLA aborted the
-    # whole process on it (hlo_cse.cc "Check failed") for this kernel shape.
-    out = np.asarray(simulate(_jitted_without_arguments))
-    np.testing.assert_array_equal(out[0], np.ones(128, np.float32))
-    assert np.isnan(out[1:]).all()  # never written: simulate's NaN-filled memory
-
-
-# ------------------------------------ its own shard_map: sizes are per device
-
-
-def _local_copy(x_ref: Any, o_ref: Any, sem: Any) -> None:
-    copy = pltpu.make_async_copy(x_ref, o_ref, sem)
-    copy.start()
-    copy.wait()
-
-
-def test_its_own_shard_map_on_8_devices_is_sized_per_device_on_every_jax() -> None:
-    # 32 KiB per device, 256 KiB in all: runs on jax 0.10 (not refused as
-    # 256 KiB per device) and 0.12.
-    mesh: Mesh = simulated_mesh(8, "x")
-    hbm = pl.BlockSpec(memory_space=pl.ANY)
-    call = pl.pallas_call(
-        _local_copy,
-        out_shape=jax.ShapeDtypeStruct((8, *BLOCK), F32),
-        in_specs=[hbm],
-        out_specs=hbm,
-        scratch_shapes=[pltpu.SemaphoreType.DMA],
-    )
-    program = jax.jit(
-        jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
-    )
-    x = jax.device_put(example((64, *BLOCK)), jax.sharding.NamedSharding(mesh, P("x")))
-    np.testing.assert_array_equal(np.asarray(simulate(program, x)), np.asarray(x))
-
-
-def test_an_output_without_a_sharding_before_compiling_is_sized_by_the_compiled_one() -> None:
-    # jax 0.10 left the output info of jax's all-gather test (its own
-    # shard_map) without a sharding, so its 32 KiB per device counted as
-    # 256 KiB and the run was refused; the compiled program's sharding is final.
-    mesh: Mesh = simulated_mesh(8, "x")
-    sharding = jax.sharding.NamedSharding(mesh, P("x"))
-    info = jax.ShapeDtypeStruct((64, *BLOCK), F32)  # no sharding, as jax 0.10 gives it
-    lowered = SimpleNamespace(out_info=(info,))
-    compiled = SimpleNamespace(output_shardings=(sharding,))
-    (output,) = _outputs(lowered, compiled)
-    assert bytes_per_device(output) == 8 * BLOCK_BYTES
-
-
-def test_only_jax_jit_itself_is_unwrapped_not_a_wrapper_that_copied_its_attributes() -> None:
-    # functools.wraps (as shard_map uses) copies a function's attributes onto
-    # its wrapper; a shard_map of a function carrying `lower` was taken for a
-    # jit and simulated without its shard_map ("unbound axis name x").
-    mesh: Mesh = simulated_mesh(4, "x")
-
-    def body(x: jax.Array) -> jax.Array:
-        return x + lax.axis_index("x").astype(x.dtype)
-
-    body.lower = jax.jit(body).lower  # type: ignore[attr-defined]
-    program = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    x = jax.device_put(example((32, 128)), jax.sharding.NamedSharding(mesh, P("x")))
-    expected = np.asarray(x) + np.repeat(np.arange(4, dtype=np.float32), 8)[:, None]
-    np.testing.assert_array_equal(np.asarray(simulate(program, x)), expected)
