@@ -183,7 +183,7 @@ SLOW_NODE_IDS = (
     "tests/typing/test_corpus.py::*[pyrefly*",
     "tests/typing/test_stubs.py::*[pyrefly*",
     "tests/packaging/test_pytest_plugin.py::test_a_bad_value_is_a_usage_error",
-    "tests/testing/verify/test_reduce_scatter_rings_moe_transport_and_core_signals.py::test_the_moe_transport_is_clean_on_a_2x4_mesh",
+    "tests/testing/verify/test_moe_transport.py::test_the_moe_transport_is_clean_on_a_2x4_mesh",
     "tests/typing/test_corpus.py::*[ty*",
     "tests/core/test_interpret.py::test_sliced_copies_with_semaphore_array",
     "tests/core/test_interpret.py::test_remote_ring_permute_four_devices*",

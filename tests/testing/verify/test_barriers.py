@@ -1,60 +1,40 @@
-"""verify on blocked SMEM tables, padding a wrapper slices off, barriers outside and
-inside kernels and barriers between the cores of a ``pl.kernel``. Each kernel here is written for this file in raw pltpu and reproduces
-one construct that made verify raise a false alarm or an unclear message; each
-correct one must verify clean and each seeded mistake must still be caught,
-naming this file's line.
+"""Barriers under verify: who a barrier hears from orders the copies after it, on devices
+and between the cores of a ``pl.kernel``.
 
-* an index table passed as a *blocked* SMEM operand (``BlockSpec((1, K),
-  index_map, memory_space=SMEM)``): each grid step holds its own block of the
-  table's values, which pick the rows the kernel gathers;
-* an output with padding rows the kernel never writes, dropped by the wrapper
-  (``out[:n]``, or a transpose/reshape/slice chain): only what the program reads
-  must be written, and an unwritten part it does read is named exactly;
-* a kernel given as a ``functools.partial`` with no ``name=``: the report and
-  messages name the kernel function;
-* an entry barrier that waits for a signal from the device that writes into it
-  rather than from the device it writes to (a course lab): R10, and the message
-  says which devices the writer does know entered;
-* a barrier semaphore taken outside any kernel (jax's newer style of Pallas ops
-  directly under ``shard_map``): a clear unsupported error naming the line, not
-  a crash;
-* a start/done split whose done call rebuilds the descriptor on its own scratch
-  semaphore: the deadlock message points at the count the start call left on
-  its semaphore and says to return it (a DMA future);
-* the barrier semaphore inside a ``pl.kernel`` body over a TensorCoreMesh (jax's
-  core_map guide): each core has its own, ``{'core': j}`` signals reach core j's.
+* an entry barrier that waits for a signal from the device that writes into it rather
+  than from the device it writes to (a course lab): R10, saying which devices are known;
+* a barrier semaphore taken outside any kernel: a clear unsupported error naming the line;
+* the barrier semaphore inside a ``pl.kernel`` body over a TensorCoreMesh (jax's core_map
+  guide): each core has its own, ``{'core': j}`` signals reach core j's; a ``pl.kernel``
+  without a collective id and the device barrier it skips.
+
+Each kernel here is written for this file in raw pltpu; each correct one must verify clean
+and each seeded mistake must still be caught, naming this file's line.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-
 from jax.sharding import PartitionSpec as P
 
 from safedma import MissingCollectiveIdError
 from safedma.testing import (
-    DeadlockError,
     LeftoverSemaphoreError,
-    OutOfBoundsDmaError,
-    RaceDetectedError,
     SignalAfterExitError,
-    UnwrittenReadError,
     VerificationUnsupportedError,
     abstract_mesh,
     verify,
 )
 
 F32 = jnp.float32
-HERE = r"test_smem_tables_padding_and_core_barriers\.py:\d+"
+HERE = r"test_barriers\.py:\d+"
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
@@ -73,137 +53,6 @@ def _with_collective_id(kernel: Any) -> Any:
         )(x)
 
     return fn
-
-
-# ------------------------------------------------ a blocked SMEM index table
-
-ROWS, K, STEPS = 16, 3, 2
-
-
-def _gather(*, wait: bool = True) -> Any:
-    """Per grid step b, gather rows ``table[b, :]`` of ``src`` (one semaphore each)."""
-
-    def kernel(idx_ref: Any, src_ref: Any, o_ref: Any, rows: Any, sems: Any) -> None:
-        for k in range(K):
-            pltpu.make_async_copy(
-                src_ref.at[pl.ds(idx_ref[0, k], 1)], rows.at[pl.ds(k, 1)], sems.at[k]
-            ).start()
-        if wait:
-            for k in range(K):
-                pltpu.make_async_copy(
-                    src_ref.at[pl.ds(idx_ref[0, k], 1)], rows.at[pl.ds(k, 1)], sems.at[k]
-                ).wait()
-        o_ref[0] = rows[...]
-
-    def fn(table: Any, src: Any) -> Any:
-        return pl.pallas_call(
-            kernel,
-            grid=(STEPS,),
-            in_specs=[
-                pl.BlockSpec((1, K), lambda b: (b, 0), memory_space=pltpu.SMEM),
-                ANY,
-            ],
-            out_specs=pl.BlockSpec((1, K, 128), lambda b: (b, 0, 0)),
-            out_shape=_s(STEPS, K, 128),
-            scratch_shapes=[pltpu.VMEM((K, 128), F32), pltpu.SemaphoreType.DMA((K,))],
-        )(table, src)
-
-    return fn
-
-
-TABLE = np.array([[3, 0, 15], [7, 7, 1]], np.int32)
-
-
-def test_a_blocked_smem_table_gives_each_grid_step_its_own_values() -> None:
-    report = verify(_gather(), TABLE, _s(ROWS, 128))
-    assert report.dmas == K * STEPS
-
-
-def test_a_row_past_the_source_in_the_second_block_is_caught() -> None:
-    bad = TABLE.copy()
-    bad[1, 2] = ROWS  # only grid step 1 reads it
-    with pytest.raises(OutOfBoundsDmaError, match=HERE) as err:
-        verify(_gather(), bad, _s(ROWS, 128))
-    assert "window [16, 17)" in str(err.value)
-
-
-def test_the_gather_without_its_waits_is_caught() -> None:
-    with pytest.raises(RaceDetectedError, match=HERE):
-        verify(_gather(wait=False), TABLE, _s(ROWS, 128))
-
-
-# --------------------------------------------- padding rows the wrapper drops
-
-N, PAD = 12, 4
-
-
-def _padded(*, keep: int, chain: bool = False) -> Any:
-    """Copy ``x`` (N rows) into an output of N + PAD rows; the wrapper keeps ``keep``."""
-
-    def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
-        copy = pltpu.make_async_copy(x_ref, o_ref.at[pl.ds(0, N)], sem)
-        copy.start()
-        copy.wait()
-
-    def fn(x: Any) -> Any:
-        out = pl.pallas_call(
-            kernel,
-            in_specs=[ANY],
-            out_specs=ANY,
-            out_shape=_s(N + PAD, 2, 128),
-            scratch_shapes=[pltpu.SemaphoreType.DMA],
-        )(x)
-        if chain:  # a layout change first, as a wrapper restoring its public layout does
-            out = out.swapaxes(0, 1).reshape(2, (N + PAD) * 128)
-            return out[:, : keep * 128]
-        return out[:keep]
-
-    return fn
-
-
-def test_padding_rows_the_wrapper_slices_off_may_stay_unwritten() -> None:
-    assert verify(_padded(keep=N), _s(N, 2, 128)).dmas == 1
-
-
-def test_padding_dropped_after_a_transpose_and_reshape_may_stay_unwritten() -> None:
-    assert verify(_padded(keep=N, chain=True), _s(N, 2, 128)).dmas == 1
-
-
-def test_a_slice_that_keeps_an_unwritten_row_is_caught_naming_the_row() -> None:
-    with pytest.raises(UnwrittenReadError, match=HERE) as err:
-        verify(_padded(keep=N + 1), _s(N, 2, 128))
-    assert "o_ref[12:13, 0:2, 0:128]" in str(err.value)
-
-
-def test_the_chain_that_keeps_an_unwritten_row_is_caught() -> None:
-    with pytest.raises(UnwrittenReadError, match=HERE):
-        verify(_padded(keep=N + 1, chain=True), _s(N, 2, 128))
-
-
-def test_an_output_returned_whole_must_be_written_whole() -> None:
-    with pytest.raises(UnwrittenReadError, match=HERE):
-        verify(_padded(keep=N + PAD), _s(N, 2, 128))
-
-
-# ------------------------------------------------ a partial kernel's name
-
-
-def test_a_partial_kernel_is_named_by_its_function() -> None:
-    def copy_rows(x_ref: Any, o_ref: Any, sem: Any, *, rows: int) -> None:
-        copy = pltpu.make_async_copy(x_ref.at[pl.ds(0, rows)], o_ref.at[pl.ds(0, rows)], sem)
-        copy.start()
-        copy.wait()
-
-    def fn(x: Any) -> Any:
-        return pl.pallas_call(
-            functools.partial(copy_rows, rows=8),
-            in_specs=[ANY],
-            out_specs=ANY,
-            out_shape=_s(8, 128),
-            scratch_shapes=[pltpu.SemaphoreType.DMA],
-        )(x)
-
-    assert verify(fn, _s(8, 128)).kernels == ("copy_rows",)
 
 
 # ----------------------------------------- a barrier that waits for the wrong peer
@@ -292,72 +141,6 @@ def test_the_same_handshake_inside_a_kernel_is_checked(wait: bool) -> None:
     else:
         with pytest.raises(SignalAfterExitError, match=HERE):  # R8: lands after exit
             verify(fn, _s(16, 128), mesh=mesh, in_specs=P("x"))
-
-
-# ------------------------------ a start/done split that rebuilds its semaphore
-
-
-def _start_done(*, future: bool) -> Any:
-    """Start a copy in one call and wait for it in the next.
-
-    Correct: the start call returns its semaphore (a DMA future) and the done call
-    waits on it. Broken (a runtime gate in the wild): each call allocates its own
-    scratch semaphore and the done call rebuilds the descriptor on it.
-    """
-
-    def start_kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
-        pltpu.make_async_copy(x_ref, o_ref, sem).start()
-
-    def done_kernel(x_ref: Any, d_ref: Any, sem: Any, o_ref: Any) -> None:
-        del o_ref
-        pltpu.make_async_copy(x_ref, d_ref, sem).wait()
-
-    sem_spec = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
-
-    def fn(x: Any) -> Any:
-        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        if future:
-            d, sem = pl.pallas_call(
-                start_kernel,
-                in_specs=[ANY],
-                out_specs=(ANY, sem_spec),
-                out_shape=(out, pltpu.SemaphoreType.DMA(())),
-            )(x)
-            return pl.pallas_call(
-                done_kernel,
-                in_specs=[ANY, ANY, sem_spec],
-                out_specs=ANY,
-                out_shape=out,
-                input_output_aliases={1: 0},
-            )(x, d, sem)
-        d = pl.pallas_call(
-            start_kernel,
-            in_specs=[ANY],
-            out_specs=ANY,
-            out_shape=out,
-            scratch_shapes=[pltpu.SemaphoreType.DMA],
-        )(x)
-        return pl.pallas_call(
-            lambda x_ref, d_ref, o_ref, sem: done_kernel(x_ref, d_ref, sem, o_ref),
-            in_specs=[ANY, ANY],
-            out_specs=ANY,
-            out_shape=out,
-            scratch_shapes=[pltpu.SemaphoreType.DMA],
-            input_output_aliases={1: 0},
-        )(x, d)
-
-    return fn
-
-
-def test_a_start_done_split_through_a_returned_semaphore_verifies() -> None:
-    report = verify(_start_done(future=True), _s(8, 128))
-    assert (report.dmas, report.waits) == (1, 1)
-
-
-def test_a_done_call_on_its_own_scratch_semaphore_hangs_and_says_why() -> None:
-    with pytest.raises(DeadlockError, match=HERE) as err:
-        verify(_start_done(future=False), _s(8, 128))
-    assert "scratch semaphores do not outlive their call" in str(err.value)
 
 
 # -------------------------------------- a barrier between the cores of pl.kernel
