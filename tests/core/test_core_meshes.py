@@ -2,7 +2,7 @@
 cores with the kernel-scope checks, and its core axis names devices.
 
 * ``device(core=j)`` traces, an index past the cores is caught, and a core kernel lowers to
-  the same Mosaic as ``pl.kernel``; ``PrefetchScalarGridSpec`` takes typed scratch;
+  the same Mosaic as ``pl.kernel``;
 * gradient tiles read, accumulated and written back by DMA inside a pipeline on each
   TensorCore (tokamax's linear-softmax-cross-entropy backward): ``pl.kernel`` over a
   TensorCore mesh, ``emit_pipeline`` with the semaphores passed through ``scratches=``,
@@ -31,7 +31,7 @@ import safedma as sd
 from safedma import _compat
 from safedma.testing import abstract_mesh, assert_same_mosaic, mosaic_text
 from tests.support.source_lines import line_in, raising_lines
-from tests.support.tracing import F32, SHAPE, assert_mentions, trace
+from tests.support.tracing import F32, SHAPE, assert_mentions
 
 # ------------------------------------------------------------ TensorCore meshes
 
@@ -94,27 +94,6 @@ def test_core_kernel_lowers_like_pl_kernel() -> None:
     assert_same_mosaic(
         _on_cores(_swap_cores, "safedma.core_kernel"), _on_cores(_swap_cores_pltpu, "pl.kernel"), X
     )
-
-
-def test_prefetch_scalar_grid_spec_takes_typed_scratch() -> None:
-    def kernel(idx_smem, x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
-        safedma.LocalCopy(x_ref.at[idx_smem[0]], buf, sem).start().wait()
-        safedma.LocalCopy(buf, o_ref.at[0], sem).start().wait()
-
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1,
-        grid=(),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
-        scratch_shapes=[safedma.vmem(SHAPE[1:], F32), safedma.dma_semaphore()],
-    )
-    call = safedma.pallas_call(kernel, X, grid_spec=grid_spec)
-    assert jax.eval_shape(call, jax.ShapeDtypeStruct((1,), jnp.int32), X).shape == SHAPE
-
-
-def test_trace_helper_still_reaches_pallas_call() -> None:
-    # The options declaration passes only what was given (jax's defaults otherwise).
-    trace(lambda x_ref, o_ref: None)
 
 
 SAFE, RAW = True, False

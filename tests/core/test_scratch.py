@@ -3,7 +3,8 @@ to ``pl.run_scoped``. Scoped buffers and semaphores of every kind against the ra
 spelling: tests/corpus/run_scoped.py.
 
 ``sd.pallas_call`` and ``sd.core_kernel`` also take scratch as a dict, handed to the kernel
-by keyword (on a SparseCore mesh too), lowering as jax's own."""
+by keyword (on a SparseCore mesh too), lowering as jax's own; a ``PrefetchScalarGridSpec``
+takes typed scratch."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+import safedma
 import safedma as sd
 import safedma._scratch as scratch
 from safedma.testing import abstract_mesh, assert_same_mosaic
+from tests.support.tracing import F32, SHAPE
 
 
 def test_run_scoped_passes_collective_axes() -> None:
@@ -98,3 +101,22 @@ def test_pallas_call_takes_scratch_by_name() -> None:
         interpret=pltpu.InterpretParams(),
     )
     np.testing.assert_array_equal(call(x), x)
+
+
+X = jax.ShapeDtypeStruct(SHAPE, F32)
+
+
+def test_prefetch_scalar_grid_spec_takes_typed_scratch() -> None:
+    def kernel(idx_smem, x_ref, o_ref, buf, sem):  # type: ignore[no-untyped-def]
+        safedma.LocalCopy(x_ref.at[idx_smem[0]], buf, sem).start().wait()
+        safedma.LocalCopy(buf, o_ref.at[0], sem).start().wait()
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        scratch_shapes=[safedma.vmem(SHAPE[1:], F32), safedma.dma_semaphore()],
+    )
+    call = safedma.pallas_call(kernel, X, grid_spec=grid_spec)
+    assert jax.eval_shape(call, jax.ShapeDtypeStruct((1,), jnp.int32), X).shape == SHAPE

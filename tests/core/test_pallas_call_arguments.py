@@ -1,6 +1,6 @@
-"""``safedma.pallas_call`` takes every ``out_shape`` ``pl.pallas_call`` takes (an array as a
-shape, a tuple, a list, a dict) and returns what jax returns, so porting a kernel changes
-no call site."""
+"""``safedma.pallas_call`` takes what ``pl.pallas_call`` takes, so porting a kernel changes
+no call site: every ``out_shape`` (an array as a shape, a tuple, a list, a dict), returned
+as jax returns it, and only the options given, jax's defaults otherwise."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import safedma as sd
+from tests.support.tracing import trace
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -57,3 +58,8 @@ def test_out_shape_structures_are_jax_s() -> None:
     as_dict, a, b = _outputs({"o": x, "t": x}, {"o": ANY, "t": ANY})
     assert set(as_dict) == {"o", "t"}
     np.testing.assert_array_equal(as_dict["t"], b)
+
+
+def test_trace_helper_still_reaches_pallas_call() -> None:
+    # The options declaration passes only what was given (jax's defaults otherwise).
+    trace(lambda x_ref, o_ref: None)

@@ -1,5 +1,7 @@
-"""A schedule read in windows into SMEM, double-buffered across a loop: the next window
-prefetched while the current one is read, as MoE kernels read their routing schedule.
+"""A schedule read in windows into SMEM, double-buffered across a loop (vLLM
+tpu-inference's stacked-RPA sliding-window decode): each window is a copy of a traced
+length, the next one prefetched into the other buffer while the current one is waited on
+rebuilt descriptors and drives an ``emit_pipeline``.
 
 Each correct kernel lowers to the Mosaic of its raw pltpu spelling; each seeded mistake is
 stopped at trace time naming the user's line.
