@@ -286,7 +286,7 @@ def waits_compare_shapes() -> bool:
     ("DMA source and target shape mismatch"); 0.11.2 still lowers to ``tpu.wait_dma2``.
     Probed in jax's own wait lowering rather than by version number, so that a jax
     between or after these is judged by what it emits.
-    tests/core/test_copies_through_blocks_and_traced_sizes.py pins this against the raw
+    tests/core/test_traced_sizes.py pins this against the raw
     lowering."""
     return _wait_lowers_to_wait_dma()
 

@@ -8,12 +8,19 @@ Each mistake is written with the typed API where a miss is plausible: inside
 a TensorCore mesh, in an ``emit_pipeline`` body, with scalar-prefetch trip counts and
 on a 2-D mesh with dict device ids. Tracing must raise the row's safedma error, name
 the line marked ``# fix: <case>`` (in the message or as the frame that raised) and the
-fix. The correct twins at the end must trace.
+fix. The correct twins must trace.
+
+The mistakes seeded in the shapes production DMA code takes (helpers, loops, branches,
+aliases, closures, partials, dataclasses, tuples) are stopped naming the user's line and,
+for a copy started in a helper, the line that called the helper.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +35,11 @@ import safedma as sd
 from safedma.testing import abstract_mesh, mosaic_text
 from tests.corpus import pipelines
 from tests.corpus._calls import X, local_call
-from tests.support.source_lines import marker_line, raising_lines
+from tests.support.four_devices import ROWS, N
+from tests.support.four_devices import blocks as _x
+from tests.support.four_devices import mesh as _mesh
+from tests.support.ring_twins import sharded
+from tests.support.source_lines import line_in, marker_line, raising_lines
 from tests.support.tracing import DMA, F32, SHAPE, TWO_DMA, VMEM, trace, trace_on_mesh
 
 HERE = __file__
@@ -742,3 +753,262 @@ _OK = sorted(name for name in globals() if name.startswith("ok_"))
 @pytest.mark.parametrize("case", _OK)
 def test_the_correct_twin_traces(case: str) -> None:
     globals()[case]()
+
+
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _rdma_start(src: Any, dst: Any, target: Any, send: Any, recv: Any) -> None:
+    sd.RemoteCopy(src, dst, recv).with_send_sem(send).to(sd.logical_device(target)).start()
+
+
+# --- docs/catalogue.md mistakes in new shapes -------------------------------------------------
+
+SEEDS: dict[str, tuple[type[Exception], Callable[..., None], list[Any]]] = {}
+
+
+ONE = [
+    sd.dma_semaphore(),
+    sd.dma_semaphores(3),
+    sd.dma_semaphores(3),
+    sd.vmem((ROWS, 128), jnp.float32),
+]
+
+
+def _seed(
+    error: type[Exception], scratch: list[Any] | None = None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def register(kernel: Callable[..., None]) -> Callable[..., None]:
+        SEEDS[kernel.__name__] = (error, kernel, ONE if scratch is None else scratch)
+        return kernel
+
+    return register
+
+
+def _to(x: Any, o: Any, send_sems: Any, recv_sems: Any, offset: int, *, whole: bool = False) -> Any:
+    peer = jax.lax.rem(sd.my_index("x") + offset, N)
+    recv = recv_sems if whole else recv_sems.at[offset - 1]
+    copy = sd.RemoteCopy(x.at[pl.ds(0, 4)], o.at[pl.ds(4 * (offset - 1), 4)], recv)
+    return copy.with_send_sem(send_sems.at[offset - 1]).to(sd.mesh_coords(peer))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stage:
+    src: Any
+    dst: Any
+    sem: Any
+
+    def copy(self) -> sd.LocalCopy:
+        return sd.LocalCopy(self.src, self.dst, self.sem)
+
+
+@_seed(sd.SemaphoreKindError, [{"send": sd.dma_semaphore(), "recv": sd.regular_semaphore()}])
+def s3_regular_semaphore_in_a_dict_of_scratch(x: Any, o: Any, sems: Any) -> None:
+    _rdma_start(x, o, sd.my_index("x") ^ 1, sems["send"], sems["recv"])  # USER LINE
+
+
+@_seed(sd.NotARefError, [{"send": sd.dma_semaphore(), "recv": sd.dma_semaphore()}])
+def s1_semaphore_value_through_a_helper(x: Any, o: Any, sems: Any) -> None:
+    _rdma_start(x, o, sd.my_index("x") ^ 1, sems["send"], sd.read(sems["recv"]))  # USER LINE
+
+
+@_seed(sd.SemaphoreShapeError)
+def s2_array_inside_a_builder_helper(x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any) -> None:
+    for offset in range(1, N):
+        _to(x, o, ss, rs, offset, whole=True).start().wait()  # USER LINE
+
+
+@_seed(sd.SemaphoreKindError)
+def s6_dataclass_of_refs_with_fields_swapped(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    _Stage(src=x, dst=own, sem=buf).copy().start().wait()  # USER LINE
+
+
+@_seed(sd.WrongOperationError)
+def s9_copy_from_a_helper_waited_unstarted(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    stage = _Stage(x, buf, own)
+    stage.copy().start()
+    stage.copy().wait()  # USER LINE
+
+
+@_seed(sd.WrongOperationError)
+def s5_wait_send_on_a_handle_from_a_list(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    handles = [sd.LocalCopy(x, buf, own).start()]
+    handles[0].wait_send()  # USER LINE
+
+
+@_seed(sd.IncompleteCopyError)
+def s4_builder_closure_without_send(x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any) -> None:
+    def build() -> Any:
+        return sd.RemoteCopy(x.at[pl.ds(0, 4)], o.at[pl.ds(0, 4)], rs.at[0]).to(sd.neighbour("x"))
+
+    build().start().wait()  # USER LINE
+
+
+@_seed(sd.CopyShapeMismatchError)
+def t1_in_a_partial_kernel(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any, *, rows: int = 8
+) -> None:
+    sd.LocalCopy(x.at[pl.ds(0, rows)], buf, own).start().wait()  # USER LINE
+
+
+@_seed(
+    sd.CopyDtypeMismatchError,
+    [{"buf": sd.vmem((ROWS, 128), jnp.bfloat16), "sem": sd.dma_semaphore()}],
+)
+def t2_dict_scratch_of_another_dtype(x: Any, o: Any, scratch: Any) -> None:
+    sd.LocalCopy(x, scratch["buf"], scratch["sem"]).start().wait()  # USER LINE
+
+
+@_seed(sd.DeviceIdError)
+def t3_static_logical_id_outside_the_mesh(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    copy = sd.RemoteCopy(x, o, rs.at[0]).with_send_sem(ss.at[0])
+    copy.to(sd.logical_device(N)).start().wait()  # USER LINE
+
+
+@_seed(sd.PriorityError)
+def t4_priority_through_a_partial(x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any) -> None:
+    start = functools.partial(sd.LocalCopy(x, buf, own).start, priority=2)
+    start().wait()  # USER LINE
+
+
+@_seed(sd.UnsupportedDmaError)
+def t5_add_through_a_dict_of_options(x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any) -> None:
+    options = {"add": True}
+    sd.LocalCopy(x, buf, own).start(**options).wait()  # USER LINE
+
+
+@_seed(sd.CopyNeverWaitedError)
+def t7_wait_only_in_a_closure_never_called(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    handle = sd.LocalCopy(x, buf, own).start()  # USER LINE
+
+    def later() -> None:
+        handle.wait()
+
+    del later
+
+
+@_seed(sd.HandleWaitedTwiceError)
+def t8_an_alias_of_a_handle_waited_again(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    handle = sd.LocalCopy(x, buf, own).start()
+    alias = handle
+    alias.wait()
+    handle.wait()  # USER LINE
+
+
+@_seed(sd.HandleWaitedTwiceError)
+def t8_handles_from_a_helper_tuple_waited_again(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    def both() -> tuple[Any, Any]:
+        first = sd.LocalCopy(x.at[pl.ds(0, 8)], buf.at[pl.ds(0, 8)], own).start()
+        return first, sd.LocalCopy(x.at[pl.ds(8, 8)], buf.at[pl.ds(8, 8)], own).start()
+
+    pair = both()
+    for handle in pair:
+        handle.wait()
+    pair[0].wait()  # USER LINE
+
+
+@_seed(sd.HandleEscapedError)
+def escaped_from_a_fori_loop_closure(x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any) -> None:
+    handles: list[Any] = []
+
+    def body(i: jax.Array, carry: int) -> int:
+        handles.append(sd.LocalCopy(x.at[pl.ds(i * 8, 8)], buf.at[pl.ds(i * 8, 8)], own).start())
+        return carry
+
+    jax.lax.fori_loop(0, 2, body, 0)
+    handles[0].wait()  # USER LINE
+
+
+@_seed(sd.HandleEscapedError)
+def escaped_from_a_cond_branch(x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any) -> None:
+    box: list[Any] = []
+
+    def first() -> None:
+        box.append(sd.LocalCopy(x, buf, own).start())
+
+    jax.lax.cond(sd.my_index("x") == 0, first, lambda: None)
+    box[0].wait()  # USER LINE
+
+
+@_seed(sd.SemaphoreIndexError)
+def index_from_a_loop_bound_one_too_far(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    for offset in range(1, N + 1):
+        _to(x, o, ss, rs, offset).start().wait()  # USER LINE
+
+
+@_seed(sd.MissingCollectiveIdError)
+def t9_barrier_in_a_partial_run_scoped(
+    x: Any, o: Any, own: Any, ss: Any, rs: Any, buf: Any
+) -> None:
+    @functools.partial(sd.run_scoped, flag=sd.regular_semaphore())
+    def _(flag: Any) -> None:
+        barrier = sd.barrier_semaphore()  # USER LINE
+        sd.signal(barrier, device=sd.neighbour("x"))
+        sd.wait(barrier)
+
+
+def _user_line(kernel: Callable[..., None]) -> int:
+    return line_in(kernel, "# USER LINE")
+
+
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_seeded_mistake_is_stopped_at_the_users_line(name: str) -> None:
+    error, kernel, scratch = SEEDS[name]
+    mesh = _mesh()
+    collective_id = None if error is sd.MissingCollectiveIdError else 0
+    body = functools.partial(kernel, rows=8) if "partial_kernel" in name else kernel
+
+    def per_device(x: jax.Array) -> jax.Array:
+        out: jax.Array = sd.pallas_call(
+            body,
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=scratch,
+            compiler_params=pltpu.CompilerParams(collective_id=collective_id),
+        )(x)
+        return out
+
+    with pytest.raises(error) as err:
+        jax.eval_shape(sharded(per_device, mesh), _x(mesh))
+    line = _user_line(kernel)
+    in_message = f"{__file__}:{line}" in str(err.value)
+    frames = [
+        f.lineno for f in traceback.extract_tb(err.value.__traceback__) if f.filename == __file__
+    ]
+    assert in_message or line in frames, (line, frames, str(err.value))
+
+
+def test_helper_callers_are_named_up_to_the_checked_wrapper_only() -> None:
+    from safedma import _describe
+
+    def body(x_ref: sd.DataRef) -> None:
+        del x_ref
+
+    wrapper = sd.checked(body)
+    assert wrapper.__code__.co_name == _describe._WRAPPER_FUNCTION
+    assert wrapper.__globals__["__name__"] == _describe._WRAPPER_MODULE
+
+    def helper() -> Any:
+        return _describe.call_site()
+
+    def outside_any_kernel() -> Any:
+        return helper()
+
+    assert outside_any_kernel().via == ()  # no checked wrapper above: the line alone

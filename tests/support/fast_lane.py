@@ -176,7 +176,7 @@ SLOW_NODE_IDS = (
     # first interpret-mode compile with compute, the import of the whole package in a
     # fresh interpreter, pyrefly's runs (ty checks the corpora in the fast lane), a
     # pytester run of the plugin, the MoE transport on a 2x4 mesh.
-    "tests/testing/test_simulate_helper_lines_and_user_jit.py::test_a_users_jit_around_a_kernel_runs_and_its_broken_twin_is_caught",
+    "tests/testing/test_simulate_user_jit.py::test_a_users_jit_around_a_kernel_runs_and_its_broken_twin_is_caught",
     "tests/testing/verify/test_memory_bounds.py::test_pruned_random_runs_find_the_same_early_contributions_or_fall_back",
     "tests/testing/verify/test_memory_bounds.py::test_tight_bounds_say_what_no_bounds_say_of_every_protocol_case",
     "tests/testing/verify/test_speed.py::test_the_one_contribution_wait_path_computes_what_the_general_path_does",
@@ -185,7 +185,7 @@ SLOW_NODE_IDS = (
     "tests/typing/test_corpus.py::*[pyrefly*",
     "tests/typing/test_stubs.py::*[pyrefly*",
     "tests/packaging/test_pytest_plugin.py::test_a_bad_value_is_a_usage_error",
-    "tests/testing/verify/test_reduce_scatter_rings_moe_transport_and_core_signals.py::test_the_moe_transport_is_clean_on_a_2x4_mesh",
+    "tests/testing/verify/test_moe_transport.py::test_the_moe_transport_is_clean_on_a_2x4_mesh",
     "tests/typing/test_corpus.py::*[ty*",
     "tests/core/test_interpret.py::test_sliced_copies_with_semaphore_array",
     "tests/core/test_interpret.py::test_remote_ring_permute_four_devices*",

@@ -7,6 +7,10 @@ The kernel has the shape of jax's own interpret-mode test of a ``shard_map`` ove
 ``core_map`` (here a ``pl.kernel`` over the cores): every core signals a
 ``run_scoped`` REGULAR semaphore on every core and waits for all of them, as a barrier. jax's interpreter runs it; on a chip nothing
 orders a sibling core's allocation before the first signal lands.
+
+``semaphore_signal(..., core_index=k)`` signals core k of the target device (as the core
+axis of a ``device_id`` dict does), not the signalling core itself; a wrong or out-of-range
+core index is caught and says how to model the cores.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from safedma.testing import SignalAfterExitError, verify
+from safedma.testing import (
+    DeadlockError,
+    SignalAfterExitError,
+    SimulationError,
+    abstract_mesh,
+    verify,
+)
 from tests.corpus._case import marked_lines, names_line
 
 HERE = Path(__file__)
@@ -75,3 +85,78 @@ def test_a_run_scoped_semaphore_as_a_barrier_between_cores_is_r10_citing_the_rul
     assert "to ensure resources have been allocated" in message, message
     assert "barrier semaphore" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "scoped_barrier")), message
+
+
+F32 = jnp.float32
+HERE_LINE = r"test_core_signals\.py:\d+"
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _s(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, F32)
+
+
+# ----------------------------------------- a signal to the other core by core_index
+
+
+def _core_handoff(how: str) -> Any:
+    """Grid (2,), "parallel": on a megacore chip each TensorCore runs one step. Core 0
+    copies its half and signals core 1 (``core_index=1``, or the same by a ``device_id``
+    dict, or wrongly itself); core 1 waits, then forwards core 0's half."""
+
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sem: Any, ready: Any) -> None:
+        core = pl.program_id(0)
+        copy = pltpu.make_async_copy(
+            x_ref.at[pl.ds(core * 8, 8)], o_ref.at[pl.ds(core * 8, 8)], sem
+        )
+        copy.start()
+        copy.wait()
+
+        @pl.when(core == 0)
+        def _() -> None:
+            if how == "core_index":
+                pl.semaphore_signal(ready, 1, core_index=1)
+            elif how == "dict":
+                pl.semaphore_signal(ready, 1, device_id={"core": 1})
+            else:
+                pl.semaphore_signal(ready, 1, core_index=0)  # itself
+
+        @pl.when(core == 1)
+        def _() -> None:
+            pl.semaphore_wait(ready, 1)
+            forward = pltpu.make_async_copy(o_ref.at[pl.ds(0, 8)], buf, sem)
+            forward.start()
+            forward.wait()
+
+    def fn(x: jax.Array) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid=(2,),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[
+                pltpu.VMEM((8, 128), F32),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.REGULAR,
+            ],
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        )(x)
+
+    return fn
+
+
+@pytest.mark.parametrize("how", ["core_index", "dict"])
+def test_a_signal_to_the_other_core_by_core_index_reaches_it(how: str) -> None:
+    report = verify(_core_handoff(how), _s(16, 128), mesh=abstract_mesh((), (), tpu="v5p"))
+    assert report.signals == 1
+
+
+def test_a_signal_by_core_index_to_the_wrong_core_is_caught() -> None:
+    with pytest.raises(DeadlockError, match=HERE_LINE):
+        verify(_core_handoff("self"), _s(16, 128), mesh=abstract_mesh((), (), tpu="v5p"))
+
+
+def test_a_core_index_past_the_cores_of_the_device_says_how_to_model_them() -> None:
+    with pytest.raises(SimulationError, match=r"core index 1 .*tpu='v5p'"):
+        verify(_core_handoff("core_index"), _s(16, 128), mesh=abstract_mesh((), (), tpu="v5e"))

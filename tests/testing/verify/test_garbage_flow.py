@@ -9,11 +9,20 @@ staging buffer nothing ever wrote" passed clean whenever the receiver computed o
 data. Now a load of a region nothing wrote is followed through the primitives that
 cannot mask it (moves, casts, sums, unary math) to the store, which makes the
 destination garbage again; ``jnp.where`` and products are not followed (masked
+<<<<<<< HEAD
 padding is data). docs/verify-model.md, rule 12.
+=======
+padding is data). docs/verify-model.md, rule 12.
+
+Also: garbage through loads, stores, rolls and bitcasts (masked ones not followed), a copy
+of garbage overwritten unread (clean) or read (reported where it is read, naming the copy
+that brought it), and garbage forwarded many times (the last two copies named).
+>>>>>>> wip/refile
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -207,3 +216,152 @@ def test_the_safedma_twin_is_r6_and_its_fix_clean() -> None:
     assert f"the store at {__file__}:{marker_line(__file__, '# the sd store')}" in text, text
     assert f"the copy at {__file__}:{marker_line(__file__, '# the sd copy')}" in text, text
     assert _run(_sd_receive_and_add(write_stage=True)).remote_dmas == 4
+
+
+# * Misses of the garbage rule (docs/verify-model.md, rule 12): ``pltpu.load`` and
+#   ``pltpu.store`` (``pl.store``) bind masked_load / masked_swap, which were never
+#   followed, nor were ``pltpu.roll`` and ``pltpu.bitcast``; without a mask they move
+#   every element like ``ref[...]``. A masked one is still not followed: only some
+#   elements move, and the masked ones are the kernel's padding.
+I32 = jnp.int32
+
+
+GARBAGE_PATHS: dict[str, Callable[[Any, Any], None]] = {
+    "pltpu.load": lambda scratch, o_ref: o_ref.__setitem__(..., pltpu.load(scratch) + 1),
+    "pltpu.store": lambda scratch, o_ref: pltpu.store(o_ref, scratch[...] + 1),
+    "pltpu.roll": lambda scratch, o_ref: o_ref.__setitem__(
+        ..., pltpu.roll(scratch[...], shift=3, axis=1)
+    ),
+    "pltpu.bitcast": lambda scratch, o_ref: o_ref.__setitem__(
+        ..., pltpu.bitcast(pltpu.bitcast(scratch[...], I32), F32)
+    ),
+}
+
+
+MASKED_PATHS: dict[str, Callable[[Any, Any], None]] = {
+    "pltpu.load(mask)": lambda scratch, o_ref: o_ref.__setitem__(
+        ..., pltpu.load(scratch, mask=lax.broadcasted_iota(I32, (8, 128), 0) < 0)
+    ),
+    "pltpu.store(mask)": lambda scratch, o_ref: (
+        o_ref.__setitem__(..., jnp.zeros((8, 128), F32)),
+        pltpu.store(o_ref, scratch[...], mask=lax.broadcasted_iota(I32, (8, 128), 0) < 0),
+    ),
+}
+
+
+def _scratch_to_output(path: Callable[[Any, Any], None], *, write: bool) -> Callable[[Any], Any]:
+    def kernel(x_ref: Any, o_ref: Any, scratch: Any) -> None:
+        if write:
+            scratch[...] = x_ref[...]
+        path(scratch, o_ref)  # the garbage path
+
+    def fn(x: jax.Array) -> jax.Array:
+        out: jax.Array = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+            scratch_shapes=[pltpu.VMEM((8, 128), F32)],
+        )(x)
+        return out
+
+    return fn
+
+
+SMALL = jax.ShapeDtypeStruct((8, 128), F32)
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE_PATHS))
+def test_garbage_through_load_store_roll_bitcast_is_r6(name: str) -> None:
+    with pytest.raises(UnwrittenReadError) as caught:
+        verify(_scratch_to_output(GARBAGE_PATHS[name], write=False), SMALL)
+    text = str(caught.value)
+    assert "R6" in text and "scratch" in text, text
+    assert (
+        f"called at test_garbage_flow.py:{marker_line(__file__, '# the garbage path')}" in text
+    ), text
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE_PATHS))
+def test_the_same_paths_from_written_scratch_are_clean(name: str) -> None:
+    assert verify(_scratch_to_output(GARBAGE_PATHS[name], write=True), SMALL).kernels
+
+
+@pytest.mark.parametrize("name", sorted(MASKED_PATHS))
+def test_masked_loads_and_stores_are_not_followed(name: str) -> None:
+    assert verify(_scratch_to_output(MASKED_PATHS[name], write=False), SMALL).kernels
+
+
+HERE = r"test_garbage_flow\.py:\d+"
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _s(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, F32)
+
+
+# ------------------------------------------------ a copy of a source nothing wrote
+
+
+def _staged(after: str) -> Any:
+    """Copy a staging buffer nothing wrote into ``buf``, then ``after`` with ``buf``.
+
+    ``overwrite``: write all of ``buf`` before copying it out (the copied garbage is
+    never used: clean). ``read``: copy ``buf`` out (R6 at the kernel's return, naming
+    both copies). ``over_written``: ``buf`` was written first, and the garbage lands on
+    it before it is copied out (R6 too).
+    """
+
+    def kernel(x_hbm: Any, o_hbm: Any, stage: Any, buf: Any, sem: Any) -> None:
+        if after == "over_written":
+            pltpu.sync_copy(x_hbm, buf)
+        c = pltpu.make_async_copy(stage, buf, sem)  # stage: nothing wrote it
+        c.start()
+        c.wait()
+        if after == "overwrite":
+            pltpu.sync_copy(x_hbm, buf)
+        pltpu.sync_copy(buf, o_hbm)
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=_s(16, 128),
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((16, 128), F32), pltpu.VMEM((16, 128), F32)]
+        + [pltpu.SemaphoreType.DMA],
+    )
+
+
+def test_a_copy_of_garbage_that_is_overwritten_unread_is_clean() -> None:
+    assert verify(_staged("overwrite"), _s(16, 128)).dmas == 3
+
+
+@pytest.mark.parametrize("after", ["read", "over_written"])
+def test_garbage_a_copy_brought_is_reported_where_it_is_read(after: str) -> None:
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(_staged(after), _s(16, 128))
+    text = str(err.value)
+    assert "the kernel returns output o_hbm[0:16, 0:128]" in text, text
+    # handed to verify bare (no user frame around the call): the kernel's own line
+    assert re.search(rf"returns output o_hbm\[0:16, 0:128\] at \S*{HERE} \(kernel\)", text), text
+    assert re.search(rf"the copy at \S*{HERE}.*filled it from buf\[0:16, 0:128\]", text), text
+    assert "filled it from stage[0:16, 0:128], which nothing wrote" in text, text
+
+
+def test_garbage_forwarded_many_times_names_the_last_two_copies_only() -> None:
+    """A note per hop would grow with every copy of a ring forwarding padding."""
+
+    def kernel(x_hbm: Any, o_hbm: Any, bufs: Any, sem: Any) -> None:
+        for hop in range(5):  # bufs[0] (never written) -> bufs[1] -> ... -> bufs[5]
+            pltpu.sync_copy(bufs.at[hop], bufs.at[hop + 1])
+        pltpu.sync_copy(bufs.at[5], o_hbm)
+        del x_hbm, sem
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=_s(8, 128),
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((6, 8, 128), F32), pltpu.SemaphoreType.DMA],
+    )
+    with pytest.raises(UnwrittenReadError) as err:
+        verify(call, _s(8, 128))
+    assert str(err.value).count("the copy at") == 2, err.value

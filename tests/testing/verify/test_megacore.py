@@ -17,7 +17,9 @@ as before.
   dimension, are reported on v5p;
 * odd sizes, several leading parallel dimensions, a parallel dimension after an
   arbitrary one, remote copies between the cores' counterparts on other devices,
-  a real (compile-only) v5p mesh.
+  a real (compile-only) v5p mesh;
+* the distributed guide's megacore advice: DMAs from one index of a "parallel" axis are
+  clean.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import pytest
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
 
 import safedma as sd
 from safedma.testing import (
@@ -49,8 +52,8 @@ from safedma.testing import (
 )
 from safedma.testing._verify.walk.megacore import CorePart, core_parts, describe_parts
 from tests.corpus import grids
-from tests.corpus._seeding import DropWait, unjitted
 from tests.corpus._case import marked_lines
+from tests.corpus._seeding import DropWait, unjitted
 
 F32 = jnp.float32
 HERE = Path(__file__)
@@ -719,3 +722,72 @@ def test_a_pl_kernel_over_two_cores_then_a_barriered_call_on_two_devices(tpu: st
 
     mesh = abstract_mesh((2,), ("x",), tpu=tpu)
     assert verify(program, jax.ShapeDtypeStruct((2 * 48, 128), F32), mesh=mesh).remote_dmas == 4
+
+
+MESH = pl.DeviceIdType.MESH
+
+
+def _s(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, F32)
+
+
+def _signal(sem: Any, to: Any) -> None:
+    pl.semaphore_signal(sem, 1, device_id=(to,), device_id_type=MESH)
+
+
+# ------------------------- the distributed guide's megacore advice: DMAs from one core
+
+
+def _one_core_permute(n: int, cores: int, core: int) -> Any:
+    """A grid axis of ``cores`` steps, "parallel"; only grid index ``core`` runs the
+    barrier and an HBM-to-HBM remote copy (the guide's "Final Notes: Megacore")."""
+
+    def kernel(x_ref: Any, o_ref: Any, send: Any, recv: Any) -> None:
+        me = lax.axis_index("x")
+        right, left = lax.rem(me + 1, n), lax.rem(me + n - 1, n)
+
+        @pl.when(pl.program_id(0) == core)
+        def _() -> None:
+            barrier = pltpu.get_barrier_semaphore()
+            _signal(barrier, left)
+            _signal(barrier, right)
+            pl.semaphore_wait(barrier, 2)
+            copy = pltpu.make_async_remote_copy(
+                x_ref, o_ref, send, recv, device_id=(right,), device_id_type=MESH
+            )
+            copy.start()
+            copy.wait()
+
+    def fn(x: jax.Array) -> Any:
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid=(cores,),
+            in_specs=[ANY],
+            out_specs=ANY,
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
+            compiler_params=pltpu.CompilerParams(
+                collective_id=0, dimension_semantics=("parallel",)
+            ),
+        )(x)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("tpu", "cores", "core"),
+    [("v5p", 2, 0), ("v5p", 2, 1), ("v5e", 2, 0), ("v5e", 2, 1), ("tpu7x", 1, 0)],
+)
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_dmas_from_one_core_of_a_parallel_axis_are_clean(
+    n: int, tpu: str, cores: int, core: int
+) -> None:
+    report = verify(
+        _one_core_permute(n, cores, core),
+        _s(8 * n, 128),
+        mesh=abstract_mesh((n,), ("x",), tpu=tpu),
+        in_specs=P("x"),
+        out_specs=P("x"),
+        invocations=2,
+    )
+    assert report.dmas == 2 * n
