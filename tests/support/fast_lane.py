@@ -17,7 +17,7 @@ What stays fast: every test function once. A parametrised test keeps its first
 parametrisation that no pattern below names (the rest are ``slow``), unless it is in
 ``EVERY_PARAMETRISATION`` (tests whose parameters are different products, such as each
 library kernel against its twin); a corpus driver (tests/tools/) keeps its first case of
-each DMA pattern family.
+each DMA pattern family (the sanitizer's, its first case).
 
 Workers (pytest-xdist, ``--dist loadgroup``): tests that share a module- or session-wide
 set-up run on one worker, so it is made once: each type checker's run over a corpus (one
@@ -199,10 +199,10 @@ SLOW_NODE_IDS = (
     # stays fast (each of these runs a pytest of its own, about 10 s).
     "tests/testing/verify/test_lockstep.py::test_a_1024_device_ring_*",
     "tests/pytest_verify/test_options.py::test_the_environment_variable_*",
-    # The run without the option (about 14 s) serves only these two; the run with it
-    # stays fast. And the check that xdist keeps these groups (a pytest of its own).
-    "tests/pytest_verify/test_verify_every_kernel.py::test_the_hook_is_in_jax_only_with_the_option",
-    "tests/pytest_verify/test_verify_every_kernel.py::test_without_the_option_the_seeded_mistakes_pass",
+    # The suites run with and without the option (about 14 s each): the fast lane meets
+    # the plugin's whole-suite runs in the ini key's and the sanitized project's. And
+    # the check that xdist keeps these groups (a pytest of its own).
+    "tests/pytest_verify/test_verify_every_kernel.py::*",
     "tests/tooling/test_worker_groups.py::*",
     # Watchdog tests that wait out a timeout on purpose (about 5 s each).
     "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
@@ -219,6 +219,10 @@ EVERY_PARAMETRISATION = (
 
 # Corpus drivers: their cases are parameters; the fast lane keeps one per pattern family.
 CORPUS_DRIVERS = "tests/tools/test_"
+# Drivers whose cases take seconds each (a kernel run in interpret mode under the
+# sanitizer, 5-20 s): the fast lane keeps their first case only, and meets the rest of
+# what they check in their own tests (tests/sanitize).
+ONE_CASE_DRIVERS = ("tests/tools/test_sanitize_corpus.py::test_sanitize",)
 
 # Tests sharing a set-up that is made once per worker: (node id pattern, xdist group).
 # A type checker's run is per module (its own corpus copy and cache) and per checker.
@@ -253,7 +257,7 @@ def _function_id(item: pytest.Item) -> str:
 def _fast_key(item: pytest.Item) -> str:
     """What the fast lane keeps one of: a test function, or a driver's pattern family."""
     function = _function_id(item)
-    if function.startswith(CORPUS_DRIVERS):
+    if function.startswith(CORPUS_DRIVERS) and function not in ONE_CASE_DRIVERS:
         case = getattr(item, "callspec").params.get("case")
         if case is not None:
             return f"{function}[{case.pattern}]"
