@@ -7,7 +7,8 @@ typeshed's style, one harness for all five:
   unannotated functions, in one place);
 * ``fail/*.py`` and ``plugin/*.py``: each expected error is written on its line, for
   each checker in its own syntax (see ``_comments.py``);
-* the library (``safedma/``) is clean under all five.
+* the library (``safedma/``) is clean under all five, and also with safedma's own pltpu
+  stubs given to each checker (docs/stubs.md's set-up).
 
 Each checker runs once per session, over the library in place and over a copy of the
 corpus with every expected-error comment removed (line numbers unchanged). For each
@@ -210,6 +211,27 @@ def test_library_is_clean(corpus: CorpusRuns, checker: str) -> None:
     found = corpus.get(checker).under(LIBRARY)
     if found:
         pytest.fail(f"{checker} is not clean on safedma/:\n" + _report(found), pytrace=False)
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+def test_library_is_clean_under_its_stubs(checker: str) -> None:
+    """The same, with safedma's pltpu stubs handed to the checker as docs/stubs.md says:
+    the library's seams call jax's copy and semaphore functions in a way that checks
+    under jax's own signatures and under the stricter ones the stubs give them."""
+    try:
+        run = _checkers.run(
+            checker, LIBRARY_TARGETS, Setup(stubs=True, cache="typing-library-stubs")
+        )
+    except _checkers.CheckerMissing as missing:
+        pytest.fail(str(missing), pytrace=False)
+    found = run.under(LIBRARY)
+    if found:
+        pytest.fail(
+            f"{checker} is not clean on safedma/ with its stubs:\n" + _report(found),
+            pytrace=False,
+        )
+    stray = [d for d in run.errors if not d.path.is_relative_to(LIBRARY)]
+    assert not stray, f"{checker} reported outside the library:\n" + _report(stray)
 
 
 @pytest.mark.parametrize("checker", CHECKERS)
