@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import safedma as sd
 from safedma import _compat
 from safedma._compat import SemaphoreKind
+from safedma._private_jax import PrivateModule
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -215,6 +216,20 @@ def _private_imports(tree: ast.AST) -> Iterator[tuple[str, str | None, str]]:
                     yield alias.name, None, alias.asname or alias.name
 
 
+def _lazy_modules(tree: ast.AST) -> Iterator[tuple[str, str]]:
+    """(local name, private module) of each ``name = PrivateModule("jax._src...")``."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
+            call = node.value
+            if not (isinstance(call.func, ast.Name) and call.func.id == "PrivateModule"):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if call.args and isinstance(call.args[0], ast.Constant):
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        yield target.id, str(call.args[0].value)
+
+
 def _names_jax_internals(tree: ast.AST) -> bool:
     return any(True for _ in _private_imports(tree)) or any(
         str(c.value).startswith("jax._src") for c in _code_strings(tree)
@@ -250,10 +265,13 @@ def test_every_private_name_a_seam_reads_from_jax_exists(seam: str) -> None:
         if value is None:
             value = importlib.import_module(f"{private}.{name}")
         bound[local] = value
+    # modules bound lazily (safedma._private_jax.PrivateModule): ``y = PrivateModule("...")``
+    for local, private in _lazy_modules(tree):
+        bound.setdefault(local, importlib.import_module(private))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             holder = bound.get(node.value.id)
-            if holder is not None:
+            if holder is not None and node.attr not in vars(PrivateModule):
                 assert hasattr(holder, node.attr), f"{seam}: {node.value.id}.{node.attr}"
     # modules looked up by name at run time (safedma.testing._private.private_module)
     from safedma.testing._private import private_module
