@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from jax._src import source_info_util as _source_info
     from jax._src.state import indexing as _state_indexing
     from jax._src.state import types as _state_types
+    from jax._src import config as _config
 else:
     _jax_core = PrivateModule("jax._src.core")
     _pallas_core = PrivateModule("jax._src.pallas.core")
@@ -69,6 +70,7 @@ else:
     _source_info = PrivateModule("jax._src.source_info_util")
     _state_indexing = PrivateModule("jax._src.state.indexing")
     _state_types = PrivateModule("jax._src.state.types")
+    _config = PrivateModule("jax._src.config")
 
 __all__ = [
     "jax_version",
@@ -926,9 +928,7 @@ def barrier_semaphore(tag: object = None) -> object:
 def _forced_interpret() -> object:
     # Private: pltpu.force_tpu_interpret_mode (which safedma.testing.simulate uses) sets this
     # config state and jax reads it when a pallas_call is built; there is no public getter.
-    from jax._src import config as _config  # noqa: PLC0415
-
-    state = getattr(_config, "pallas_tpu_interpret_mode_context_manager", None)
+    state = optional_name(_config, "pallas_tpu_interpret_mode_context_manager")
     return getattr(state, "value", None)
 
 

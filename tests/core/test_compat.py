@@ -216,18 +216,31 @@ def _private_imports(tree: ast.AST) -> Iterator[tuple[str, str | None, str]]:
                     yield alias.name, None, alias.asname or alias.name
 
 
-def _lazy_modules(tree: ast.AST) -> Iterator[tuple[str, str]]:
-    """(local name, private module) of each ``name = PrivateModule("jax._src...")``."""
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
-            call = node.value
-            if not (isinstance(call.func, ast.Name) and call.func.id == "PrivateModule"):
-                continue
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if call.args and isinstance(call.args[0], ast.Constant):
-                for target in targets:
-                    if isinstance(target, ast.Name):
-                        yield target.id, str(call.args[0].value)
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run at import: the module's own, and those of its ``if`` blocks."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If):
+            yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+
+
+def _lazy_modules(tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """(local name, private module) of each module-level ``name = PrivateModule("...")``
+    (a module that one supported jax lacks is bound in the function that needs it)."""
+    for node in _module_level(tree.body):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        call = node.value
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+            continue
+        if call.func.id != "PrivateModule" or not call.args:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if isinstance(call.args[0], ast.Constant):
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    yield target.id, str(call.args[0].value)
 
 
 def _names_jax_internals(tree: ast.AST) -> bool:
