@@ -24,6 +24,7 @@ checkers that report it, and docs/type-checkers.md records the decision.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -304,6 +305,41 @@ def test_pass_file_expects_nothing(path: Path) -> None:
         assert not other, f"{_relative(path)}: only reportUnknown* rules: {other}"
         return
     assert not expected, f"{_relative(path)} must expect no error: {expected}"
+
+
+# The typed fori_loop wrapper lives in three files, each of which must stand alone: the
+# manual's example (users copy it), the library's kernels (which cannot import an
+# example) and the pass corpus (which checks what a user writes, with no private import).
+FORI_LOOP_HOMES = (
+    REPO / "examples" / "typed_jax.py",
+    LIBRARY / "kernels" / "_typed_jax.py",
+    JAX_SHIM,
+)
+
+
+def _function_source(path: Path, name: str) -> str:
+    """``name``'s source in ``path``, comments kept, its docstring left out."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    lines = text.splitlines()[function.lineno - 1 : function.end_lineno]
+    first = function.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        end = first.end_lineno or first.lineno
+        del lines[first.lineno - function.lineno : end - function.lineno + 1]
+    return "\n".join(lines)
+
+
+def test_the_fori_loop_wrapper_is_the_same_in_its_three_homes() -> None:
+    """Signature, body and pyright comment alike (docstrings may differ): a fix to one
+    reaches the others, and the manual shows what the library runs."""
+    sources = {
+        path.relative_to(REPO).as_posix(): _function_source(path, "fori_loop")
+        for path in FORI_LOOP_HOMES
+    }
+    first = next(iter(sources.values()))
+    differing = [name for name, source in sources.items() if source != first]
+    assert not differing, f"fori_loop differs from {next(iter(sources))} in {differing}"
 
 
 def _expectation_lines(path: Path) -> Iterator[int]:
