@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from jax._src import source_info_util as _source_info
     from jax._src.state import indexing as _state_indexing
     from jax._src.state import types as _state_types
+    from jax._src import config as _config
 else:
     _jax_core = PrivateModule("jax._src.core")
     _pallas_core = PrivateModule("jax._src.pallas.core")
@@ -69,6 +70,7 @@ else:
     _source_info = PrivateModule("jax._src.source_info_util")
     _state_indexing = PrivateModule("jax._src.state.indexing")
     _state_types = PrivateModule("jax._src.state.types")
+    _config = PrivateModule("jax._src.config")
 
 __all__ = [
     "jax_version",
@@ -788,13 +790,25 @@ class AsyncCopyDescriptor(Protocol):
 
 # Lowering. These are the calls a careful author writes by hand; nothing else
 # is emitted. device_id_type is never passed: MESH is the default everywhere.
-# jax leaves their ref and semaphore parameters unannotated, which pyright strict
-# reports at each use (reportUnknownMemberType); safedma's own signatures are typed.
+# Each jax call is read once, with the type safedma calls it with: jax leaves their ref
+# and semaphore parameters unannotated (pyright strict reports each use), while
+# safedma's own stubs (safedma/stubs/) type them for raw pltpu code and refuse the
+# `object` refs held here (their brands are checked at trace time, in _checks.py). Read
+# through getattr, the library type-checks the same against jax and against the stubs,
+# and make_async_copy's result is the protocol below whichever of the two types it.
+_make_async_copy: Callable[[object, object, object], AsyncCopyDescriptor] = getattr(
+    pltpu, "make_async_copy"
+)
+_make_async_remote_copy: Callable[..., AsyncCopyDescriptor] = getattr(
+    pltpu, "make_async_remote_copy"
+)
+_semaphore_signal: Callable[..., None] = getattr(pl, "semaphore_signal")
+_semaphore_wait: Callable[[object, Any], None] = getattr(pl, "semaphore_wait")
+_semaphore_read: Callable[[object], jax.Array] = getattr(pl, "semaphore_read")
 
 
 def make_local_descriptor(src: object, dst: object, sem: object) -> AsyncCopyDescriptor:
-    descriptor: AsyncCopyDescriptor = pltpu.make_async_copy(src, dst, sem)  # pyright: ignore[reportUnknownMemberType]
-    return descriptor
+    return _make_async_copy(src, dst, sem)
 
 
 class LogicalId(dict["str | tuple[str, ...]", Any]):
@@ -853,57 +867,47 @@ def _logical_ids() -> Generator[None, None, None]:
         yield
 
 
-def _remote(src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any) -> Any:
+def _remote(
+    src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
+) -> AsyncCopyDescriptor:
     if isinstance(device_id, LogicalId):
         logical = _logical_id_type()
         if logical is None:
-            coordinates: Any = _as_mesh_coordinates(device_id.index)
-            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
-                src, dst, send_sem, recv_sem, device_id=coordinates
-            )
+            coordinates = _as_mesh_coordinates(device_id.index)
+            return _make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=coordinates)
         with _logical_ids():
-            return pltpu.make_async_remote_copy(  # pyright: ignore[reportUnknownMemberType]
-                src,
-                dst,
-                send_sem,
-                recv_sem,
-                device_id=device_id.index,
-                device_id_type=logical,
+            return _make_async_remote_copy(
+                src, dst, send_sem, recv_sem, device_id=device_id.index, device_id_type=logical
             )
-    return pltpu.make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
+    return _make_async_remote_copy(src, dst, send_sem, recv_sem, device_id=device_id)
 
 
 def make_remote_descriptor(
     src: object, dst: object, send_sem: object, recv_sem: object, device_id: Any
 ) -> AsyncCopyDescriptor:
-    descriptor: AsyncCopyDescriptor = _remote(src, dst, send_sem, recv_sem, device_id)
-    return descriptor
+    return _remote(src, dst, send_sem, recv_sem, device_id)
 
 
 def semaphore_signal(sem: object, inc: Any, device_id: Any) -> None:
     if device_id is None:
-        pl.semaphore_signal(sem, inc)  # pyright: ignore[reportUnknownMemberType]
+        _semaphore_signal(sem, inc)
     elif isinstance(device_id, LogicalId):
         logical = _logical_id_type()
         if logical is None:
-            coordinates: Any = _as_mesh_coordinates(device_id.index)
-            pl.semaphore_signal(sem, inc, device_id=coordinates)  # pyright: ignore[reportUnknownMemberType]
+            _semaphore_signal(sem, inc, device_id=_as_mesh_coordinates(device_id.index))
             return
         with _logical_ids():
-            pl.semaphore_signal(  # pyright: ignore[reportUnknownMemberType]
-                sem, inc, device_id=device_id.index, device_id_type=logical
-            )
+            _semaphore_signal(sem, inc, device_id=device_id.index, device_id_type=logical)
     else:
-        pl.semaphore_signal(sem, inc, device_id=device_id)  # pyright: ignore[reportUnknownMemberType]
+        _semaphore_signal(sem, inc, device_id=device_id)
 
 
 def semaphore_wait(sem: object, value: Any) -> None:
-    pl.semaphore_wait(sem, value)  # pyright: ignore[reportUnknownMemberType]
+    _semaphore_wait(sem, value)
 
 
 def semaphore_read(sem: object) -> jax.Array:
-    result: jax.Array = pl.semaphore_read(sem)  # pyright: ignore[reportUnknownMemberType]
-    return result
+    return _semaphore_read(sem)
 
 
 # Typed as a plain callable: jax 0.10.2 leaves it unannotated (and has no tag), 0.12 does
@@ -924,9 +928,7 @@ def barrier_semaphore(tag: object = None) -> object:
 def _forced_interpret() -> object:
     # Private: pltpu.force_tpu_interpret_mode (which safedma.testing.simulate uses) sets this
     # config state and jax reads it when a pallas_call is built; there is no public getter.
-    from jax._src import config as _config  # noqa: PLC0415
-
-    state = getattr(_config, "pallas_tpu_interpret_mode_context_manager", None)
+    state = optional_name(_config, "pallas_tpu_interpret_mode_context_manager")
     return getattr(state, "value", None)
 
 

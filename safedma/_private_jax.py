@@ -50,27 +50,31 @@ def missing_private_name(name: str, detail: object, user: str = "safedma") -> Pr
 
 class PrivateModule:
     """A private jax module, imported on its first attribute read; each name it gives is
-    kept, so later reads cost a plain attribute look-up."""
+    kept, so later reads cost a plain attribute look-up. ``user`` is who the error names
+    as needing it (``safedma.testing`` for the testing helpers' seams)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, user: str = "safedma") -> None:
         self._name = name
+        self._user = user
         self._module: ModuleType | None = None
 
-    def _load(self) -> ModuleType:
+    def loaded(self) -> ModuleType:
+        """The module itself, imported now: for a seam that patches it (an attribute set
+        on this proxy would not reach jax)."""
         if self._module is None:
             try:
                 self._module = importlib.import_module(self._name)
             except ImportError as err:
-                raise missing_private_name(self._name, err) from err
+                raise missing_private_name(self._name, err, self._user) from err
         return self._module
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):  # copy, pickle and the like probe these: not jax's
             raise AttributeError(attr)
         try:
-            value: object = getattr(self._load(), attr)
+            value: object = getattr(self.loaded(), attr)
         except AttributeError:
-            raise missing_private_name(f"{self._name}.{attr}", "name missing") from None
+            raise missing_private_name(f"{self._name}.{attr}", "name missing", self._user) from None
         setattr(self, attr, value)  # the next read does not come here
         return value
 
@@ -80,5 +84,5 @@ def optional_name(module: object, name: str) -> Any:
     supported jax has and another has not); a module that cannot be imported still
     raises :class:`~safedma.PrivateJaxApiError`."""
     if isinstance(module, PrivateModule):
-        module = module._load()  # pyright: ignore[reportPrivateUsage]
+        module = module.loaded()
     return getattr(module, name, None)

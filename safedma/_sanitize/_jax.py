@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from safedma import _compat
-from safedma._private_jax import PrivateModule
+from safedma._private_jax import PrivateModule, optional_name
 from safedma._sanitize._units import Backend
 
 # The private modules are imported on their first use (PrivateModule): importing the
@@ -50,6 +50,17 @@ if TYPE_CHECKING:
     # sanitizer has a root and its transforms from the jaxpr), run_scoped_p (re-bound with
     # an instrumented body).
     from jax._src.pallas import primitives as _pallas_primitives
+
+    # Private: mutable_array_checks, switched off while a block is traced (as jax's own
+    # run_scoped does).
+    from jax._src import config as _config
+
+    # Private: the barrier semaphore's dtype, which has no public name.
+    from jax._src.pallas import core as _pallas_core
+
+    # Private: the token set a failed computation with ordered effects leaves behind
+    # (forget_failed_effects).
+    from jax._src import dispatch as _dispatch
 else:
     _core = PrivateModule("jax._src.core")
     _source_info = PrivateModule("jax._src.source_info_util")
@@ -57,6 +68,9 @@ else:
     _lu = PrivateModule("jax._src.linear_util")
     _pe = PrivateModule("jax._src.interpreters.partial_eval")
     _pallas_primitives = PrivateModule("jax._src.pallas.primitives")
+    _config = PrivateModule("jax._src.config")
+    _pallas_core = PrivateModule("jax._src.pallas.core")
+    _dispatch = PrivateModule("jax._src.dispatch")
 
 __all__ = [
     "DEBUG_CALLBACK_LOGGER",
@@ -226,20 +240,17 @@ def trace_block(
     own run_scoped does. Why here: jax 0.12 traces it with ``trace_to_jaxpr_nocache`` on a
     flat tree (its ``trace_to_jaxpr_dynamic`` lifts outer values to invars instead);
     0.10.2 with ``trace_to_jaxpr_dynamic``."""
-    from jax._src import config  # noqa: PLC0415
 
     def listed(*args: Any) -> list[Any]:
         return list(fn(*args))
 
     debug_info: Callable[..., Any] = getattr(_api_util, "debug_info")
     debug = debug_info(name, fn, tuple(avals), {})
-    with config.mutable_array_checks(False):
+    with _config.mutable_array_checks(False):
         nocache: Callable[..., Any] | None = getattr(_pe, "trace_to_jaxpr_nocache", None)
         if nocache is not None:
             # Private, jax 0.12 only (with trace_to_jaxpr_nocache): flattened avals.
-            import importlib  # noqa: PLC0415
-
-            flattree = importlib.import_module("jax._src.flattree")
+            flattree = PrivateModule("jax._src.flattree")
             flatten: Callable[..., Any] = getattr(flattree, "flatten")
             registry: Any = getattr(jax.tree_util, "default_registry")
             flat = flatten((tuple(avals), {}), registry=registry)
@@ -294,7 +305,7 @@ def semaphore_kind(aval: Any) -> str | None:
         if jnp.issubdtype(dtype, pltpu.dma_semaphore):
             return "DMA"
         # Private: the barrier semaphore's dtype has no public name.
-        barrier = getattr(_pallas_core(), "barrier_semaphore", None)
+        barrier = optional_name(_pallas_core, "barrier_semaphore")
         if barrier is not None and jnp.issubdtype(dtype, barrier):
             return "BARRIER"
         if jnp.issubdtype(dtype, pl.semaphore):
@@ -302,12 +313,6 @@ def semaphore_kind(aval: Any) -> str | None:
     except TypeError:
         return None
     return None
-
-
-def _pallas_core() -> Any:
-    from jax._src.pallas import core as pallas_core  # noqa: PLC0415 (see semaphore_kind)
-
-    return pallas_core
 
 
 def _read_args(root: Any, transforms: Sequence[Any]) -> tuple[list[Any], Any]:
@@ -354,9 +359,7 @@ def forget_failed_effects() -> None:
     try:
         jax.effects_barrier()
     except Exception:  # the failure being reported as a safedma error
-        from jax._src import dispatch  # noqa: PLC0415
-
-        dispatch.runtime_tokens.clear()
+        _dispatch.runtime_tokens.clear()
 
 
 # ---------------------------------------------------------------- which backend

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import inspect
 import itertools
 import logging
@@ -66,6 +67,7 @@ __all__ = [
     "force_interpret_params",
     "interpret_mode_busy",
     "interpret_probes",
+    "large_callback_copies_can_hang",
     "races_raise_natively",
     "strict_interpret_params",
     "sub_jaxprs",
@@ -344,6 +346,30 @@ def races_raise_natively() -> bool:
     """True where interpret mode raises on a race itself (jax >= 0.11: ``on_race``)."""
     state = getattr(_interpret_module(_RDS), "RaceDetectionState", None)
     return "on_race" in getattr(state, "__dataclass_fields__", {})
+
+
+def large_callback_copies_can_hang() -> bool:
+    """Whether a run of 8 or more devices with 100 KiB or more per device can hang.
+
+    jax's ``io_callback``, through which the interpreter runs each device, copies every
+    argument onto the first CPU device. jaxlib's CPU client copies a buffer under
+    100 KiB inline (XLA's ``kSmallDataTransferByteSize``) and queues a larger one on its
+    worker threads; with jaxlib 0.10.2 and 8 or more devices the queued copy never runs
+    (measured: 8 devices at 99 KiB run, at 100 KiB never finish; 7 devices at 128 KiB
+    run), with jaxlib 0.11.2 and 0.12 it does (8 devices at 128 KiB in 9 s on 0.11.2).
+
+    Decided by jaxlib's version number, the one such decision in the testing helpers:
+    what changed is compiled into jaxlib's CPU client, and jax's Python code on the path
+    (``io_callback``, ``device_put``, the interpreter's callbacks, the CPU client's
+    creation) is the same in jax 0.10.2 and 0.11.2, so no feature tells the two apart;
+    running a large copy to find out would risk the hang itself.
+    """
+    try:
+        version = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    parts = [int(p) if p.isdigit() else 0 for p in version.split(".")[:2]]
+    return tuple(parts) < (0, 11)
 
 
 def strict_interpret_params(

@@ -117,21 +117,9 @@ class _Outcome:
 # Refused up front
 
 
-def _jax_before(major: int, minor: int) -> bool:
-    parts = [int(p) if p.isdigit() else 0 for p in str(jax.__version__).split(".")[:2]]
-    return tuple(parts) < (major, minor)
-
-
-#: jax 0.10's io_callback copies every argument onto the first CPU device
-#: (``device_put`` in ``io_callback_impl``) before calling the interpreter;
-#: with 8 or more simulated devices and a buffer of 100 KiB or more, the
-#: devices' threads hang in that copy (measured: 8 devices at 99 KiB run, at
-#: 100 KiB never finish; 7 devices at 128 KiB run).  jax 0.11.2 and 0.12 run
-#: these fine (measured: 8 devices at 128 KiB, a ring of copies, in 9 s on 0.11.2).
-#: The one version comparison left that decides behaviour: the change in jax that
-#: ended the hang is not identified, and the features that tell 0.10 from 0.11 in
-#: io_callback's Python code (none) or its mesh handling (0.12 only) do not match
-#: what was measured, so no probe of them would be truthful.
+#: Where jaxlib's CPU client can hang copying callback arguments
+#: (``probes.large_callback_copies_can_hang`` says why and where), runs of this
+#: many devices with buffers this large are refused up front.
 _LARGE_BUFFER_BYTES = 100 * 1024
 _MANY_DEVICES = 8
 
@@ -149,7 +137,7 @@ def _device_count(devices: meshes.DeviceNames, values: Sequence[object]) -> int:
 
 def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -> None:
     count = _device_count(devices, values)
-    if not _jax_before(0, 11) or count < _MANY_DEVICES:
+    if count < _MANY_DEVICES or not probes.large_callback_copies_can_hang():
         return
     largest = max((meshes.bytes_per_device(v) for v in values), default=0)
     if largest >= _LARGE_BUFFER_BYTES:
@@ -158,9 +146,8 @@ def _refuse_unsupported(devices: meshes.DeviceNames, values: Sequence[object]) -
             f"{largest // 1024} KiB per device: its io_callback copies each "
             "interpreter argument onto the first CPU device, and with 8 or more "
             "devices and a buffer of 100 KiB or more per device the devices hang in "
-            "that copy, so the run never finishes. Use jax 0.12 or newer (where "
-            "callbacks get NumPy arrays), fewer than 8 devices, or blocks under "
-            "100 KiB per device."
+            "that copy, so the run never finishes. Use jax 0.11.2 or newer, fewer "
+            "than 8 devices, or blocks under 100 KiB per device."
         )
 
 
@@ -306,7 +293,7 @@ def _run(
                 _refuse_unsupported(devices, [*placed, *outputs])
             many = (
                 kernels
-                and _jax_before(0, 11)
+                and probes.large_callback_copies_can_hang()
                 and _device_count(devices, [*placed, *outputs]) >= _MANY_DEVICES
             )
 
@@ -481,8 +468,8 @@ def _watch(
                 running = SimulationTimeoutError(
                     f"{running}\n\nOn jax {jax.__version__} with 8 or more devices, a "
                     "buffer of 100 KiB or more per device (a VMEM or SMEM scratch, too) "
-                    "makes interpret mode hang before the kernel starts; jax 0.12 "
-                    "does not.",
+                    "makes interpret mode hang before the kernel starts; jax 0.11.2 "
+                    "and newer do not.",
                     stopped=True,
                 )
             return _stopped(running, _stop(recorder, outcome, installed, str(running)))

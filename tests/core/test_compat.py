@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import safedma as sd
 from safedma import _compat
 from safedma._compat import SemaphoreKind
+from safedma._private_jax import PrivateModule
 
 HBM = pl.BlockSpec(memory_space=pl.ANY)
 
@@ -215,6 +216,33 @@ def _private_imports(tree: ast.AST) -> Iterator[tuple[str, str | None, str]]:
                     yield alias.name, None, alias.asname or alias.name
 
 
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run at import: the module's own, and those of its ``if`` blocks."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If):
+            yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+
+
+def _lazy_modules(tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """(local name, private module) of each module-level ``name = PrivateModule("...")``
+    (a module that one supported jax lacks is bound in the function that needs it)."""
+    for node in _module_level(tree.body):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        call = node.value
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+            continue
+        if call.func.id != "PrivateModule" or not call.args:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if isinstance(call.args[0], ast.Constant):
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    yield target.id, str(call.args[0].value)
+
+
 def _names_jax_internals(tree: ast.AST) -> bool:
     return any(True for _ in _private_imports(tree)) or any(
         str(c.value).startswith("jax._src") for c in _code_strings(tree)
@@ -250,10 +278,13 @@ def test_every_private_name_a_seam_reads_from_jax_exists(seam: str) -> None:
         if value is None:
             value = importlib.import_module(f"{private}.{name}")
         bound[local] = value
+    # modules bound lazily (safedma._private_jax.PrivateModule): ``y = PrivateModule("...")``
+    for local, private in _lazy_modules(tree):
+        bound.setdefault(local, importlib.import_module(private))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             holder = bound.get(node.value.id)
-            if holder is not None:
+            if holder is not None and node.attr not in vars(PrivateModule):
                 assert hasattr(holder, node.attr), f"{seam}: {node.value.id}.{node.attr}"
     # modules looked up by name at run time (safedma.testing._private.private_module)
     from safedma.testing._private import private_module

@@ -1,6 +1,6 @@
-"""A jax release that removed a private name safedma reads: ``import safedma`` and its
-modules still import, and the feature that needs the name fails with
-``PrivateJaxApiError`` naming it and the installed jax."""
+"""A jax release that removed a private name safedma reads: ``import safedma`` and all
+its modules (the testing helpers' too) still import, and the feature that needs the name
+fails with ``PrivateJaxApiError`` naming it, who needs it and the installed jax."""
 
 from __future__ import annotations
 
@@ -21,22 +21,42 @@ ROOT = Path(safedma.__file__).resolve().parent.parent
 _WITHOUT_NAMES = textwrap.dedent(
     """
     import importlib, pkgutil, sys
+    from types import SimpleNamespace as NS
     import jax.experimental.pallas.tpu  # jax's own modules bound the names already
+    import jax.extend
     import jax._src.core as core
+    import jax._src.interpreters.pxla as pxla
     import jax._src.pallas.mosaic.core as mosaic_core
     del core.get_axis_env          # as a jax release that removed them would
     del mosaic_core.dma_semaphore
+    del core.Jaxpr
+    del pxla.ExecuteReplicated
 
     import safedma
     from safedma import LocalCopy, pallas_call, PrivateJaxApiError
-    for info in pkgutil.iter_modules(safedma.__path__, "safedma."):
-        if not info.ispkg and info.name not in ("safedma.pytest_plugin", "safedma.demo"):
+    for info in pkgutil.walk_packages(safedma.__path__, "safedma."):
+        if info.name.startswith("safedma.stubs"):
+            continue
+        if info.name not in ("safedma.pytest_plugin", "safedma.demo"):
             importlib.import_module(info.name)
     from safedma import _compat
+    from safedma.testing._suite import _jax as suite_jax
 
-    for name, feature in [
-        ("jax._src.core.get_axis_env", _compat.axes_in_scope),
-        ("jax._src.pallas.mosaic.core.dma_semaphore", lambda: _compat._kind_of_dtype("float32")),
+    # A program with one equation that is no kernel: its parameters are searched for jaxprs.
+    program = NS(eqns=[NS(primitive=NS(name="add"), params={"x": 1}, source_info=None)])
+    for name, user, feature in [
+        ("jax._src.core.get_axis_env", "safedma", _compat.axes_in_scope),
+        (
+            "jax._src.pallas.mosaic.core.dma_semaphore",
+            "safedma",
+            lambda: _compat._kind_of_dtype("float32"),
+        ),
+        ("jax._src.core.Jaxpr", "safedma.testing", lambda: suite_jax.calls_a_kernel(program)),
+        (
+            "jax._src.interpreters.pxla.ExecuteReplicated",
+            "safedma.testing",
+            lambda: suite_jax.install(print, print),
+        ),
     ]:
         try:
             feature()
@@ -44,6 +64,7 @@ _WITHOUT_NAMES = textwrap.dedent(
             assert isinstance(err, safedma.SafeDmaError)
             message = str(err)
             assert name in message, message
+            assert message.startswith(f"{user} needs"), message
             assert jax.__version__ in message, message
             assert "0.10.2" in message and "report" in message, message
             print("refused", name)
@@ -64,9 +85,11 @@ def test_a_removed_private_name_fails_where_it_is_used_naming_it() -> None:
         env={**_environment(), "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:2] == [
+    assert done.stdout.split("\n")[:4] == [
         "refused jax._src.core.get_axis_env",
         "refused jax._src.pallas.mosaic.core.dma_semaphore",
+        "refused jax._src.core.Jaxpr",
+        "refused jax._src.interpreters.pxla.ExecuteReplicated",
     ]
 
 

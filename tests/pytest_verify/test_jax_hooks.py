@@ -12,7 +12,7 @@ from safedma.testing._suite._session import SuiteSession
 
 
 def _entry_points() -> tuple[object, object, object]:
-    pxla = _jax._pxla
+    pxla = _jax._pxla.loaded()  # the module itself: the proxy keeps what it read first
     return (
         pxla.lower_sharding_computation,
         pxla.MeshComputation.__dict__["compile"],

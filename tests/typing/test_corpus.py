@@ -7,7 +7,8 @@ typeshed's style, one harness for all five:
   unannotated functions, in one place);
 * ``fail/*.py`` and ``plugin/*.py``: each expected error is written on its line, for
   each checker in its own syntax (see ``_comments.py``);
-* the library (``safedma/``) is clean under all five.
+* the library (``safedma/``) is clean under all five, and also with safedma's own pltpu
+  stubs given to each checker (docs/stubs.md's set-up).
 
 Each checker runs once per session, over the library in place and over a copy of the
 corpus with every expected-error comment removed (line numbers unchanged). For each
@@ -23,6 +24,7 @@ checkers that report it, and docs/type-checkers.md records the decision.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -213,6 +215,27 @@ def test_library_is_clean(corpus: CorpusRuns, checker: str) -> None:
 
 
 @pytest.mark.parametrize("checker", CHECKERS)
+def test_library_is_clean_under_its_stubs(checker: str) -> None:
+    """The same, with safedma's pltpu stubs handed to the checker as docs/stubs.md says:
+    the library's seams call jax's copy and semaphore functions in a way that checks
+    under jax's own signatures and under the stricter ones the stubs give them."""
+    try:
+        run = _checkers.run(
+            checker, LIBRARY_TARGETS, Setup(stubs=True, cache="typing-library-stubs")
+        )
+    except _checkers.CheckerMissing as missing:
+        pytest.fail(str(missing), pytrace=False)
+    found = run.under(LIBRARY)
+    if found:
+        pytest.fail(
+            f"{checker} is not clean on safedma/ with its stubs:\n" + _report(found),
+            pytrace=False,
+        )
+    stray = [d for d in run.errors if not d.path.is_relative_to(LIBRARY)]
+    assert not stray, f"{checker} reported outside the library:\n" + _report(stray)
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
 def test_output_is_all_understood(corpus: CorpusRuns, checker: str) -> None:
     """Nothing the checker said is lost: every finding is in the library or the corpus."""
     run = corpus.get(checker)
@@ -282,6 +305,41 @@ def test_pass_file_expects_nothing(path: Path) -> None:
         assert not other, f"{_relative(path)}: only reportUnknown* rules: {other}"
         return
     assert not expected, f"{_relative(path)} must expect no error: {expected}"
+
+
+# The typed fori_loop wrapper lives in three files, each of which must stand alone: the
+# manual's example (users copy it), the library's kernels (which cannot import an
+# example) and the pass corpus (which checks what a user writes, with no private import).
+FORI_LOOP_HOMES = (
+    REPO / "examples" / "typed_jax.py",
+    LIBRARY / "kernels" / "_typed_jax.py",
+    JAX_SHIM,
+)
+
+
+def _function_source(path: Path, name: str) -> str:
+    """``name``'s source in ``path``, comments kept, its docstring left out."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    lines = text.splitlines()[function.lineno - 1 : function.end_lineno]
+    first = function.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        end = first.end_lineno or first.lineno
+        del lines[first.lineno - function.lineno : end - function.lineno + 1]
+    return "\n".join(lines)
+
+
+def test_the_fori_loop_wrapper_is_the_same_in_its_three_homes() -> None:
+    """Signature, body and pyright comment alike (docstrings may differ): a fix to one
+    reaches the others, and the manual shows what the library runs."""
+    sources = {
+        path.relative_to(REPO).as_posix(): _function_source(path, "fori_loop")
+        for path in FORI_LOOP_HOMES
+    }
+    first = next(iter(sources.values()))
+    differing = [name for name, source in sources.items() if source != first]
+    assert not differing, f"fori_loop differs from {next(iter(sources))} in {differing}"
 
 
 def _expectation_lines(path: Path) -> Iterator[int]:

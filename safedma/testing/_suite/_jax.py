@@ -23,6 +23,7 @@ program is seen on its first run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -31,7 +32,8 @@ from typing import Any, Final, cast
 
 import jax
 
-from safedma.testing._private import moved, private_module
+from safedma._private_jax import PrivateModule, optional_name
+from safedma.testing._private import moved
 from safedma.testing._user_frames import traceback_frames, user_frame_of
 
 __all__ = [
@@ -51,10 +53,13 @@ __all__ = [
 #: (``pl.kernel``/``pl.core_map`` over a TensorCore or SparseCore mesh).
 KERNEL_PRIMITIVES: Final = frozenset({"pallas_call", "mpmd_map"})
 
-# Why: Jaxpr (and ClosedJaxpr in jax 0.10, which 0.12 folded into Jaxpr) and
-# jaxpr_as_fun, the function that runs a jaxpr by binding its equations again,
-# are the program representation; jax exposes none of them publicly.
-_core = private_module("jax._src.core")
+# The private modules are imported on their first use (PrivateModule): importing the
+# suite verifier reads no private name, and one a jax release removed fails where it is
+# used, as PrivateJaxApiError naming it.
+# Why: Jaxpr (and ClosedJaxpr in jax 0.10, which 0.12 folded into Jaxpr), Var and
+# jaxpr_as_fun, the function that runs a jaxpr by binding its equations again, are the
+# program representation; jax exposes none of them publicly.
+_core: Any = PrivateModule("jax._src.core", user="safedma.testing")
 
 # jax's pytree and tracing functions are partly unannotated: typed here once.
 tree_flatten = cast(
@@ -68,15 +73,26 @@ _tree_structure = cast("Callable[[object], Any]", getattr(jax.tree_util, "tree_s
 _make_jaxpr = cast("Callable[..., Callable[..., tuple[Any, Any]]]", getattr(jax, "make_jaxpr"))
 zeros = cast("Callable[[tuple[int, ...], Any], jax.Array]", getattr(jax.numpy, "zeros"))
 # Why: pxla holds the three points above (lowering, compiling, executing).
-_pxla = private_module("jax._src.interpreters.pxla")
+_pxla = PrivateModule("jax._src.interpreters.pxla", user="safedma.testing")
 
-_CLOSED: Any = getattr(_core, "ClosedJaxpr", None)
-_JAXPR_TYPES: tuple[type, ...] = tuple(t for t in (_core.Jaxpr, _CLOSED) if t is not None)
+
+@functools.cache
+def _closed_jaxpr() -> type[Any] | None:
+    """jax 0.10's ClosedJaxpr; None where jax folded it into Jaxpr (0.12)."""
+    closed: type[Any] | None = optional_name(_core, "ClosedJaxpr")
+    return closed
+
+
+@functools.cache
+def _jaxpr_types() -> tuple[type[Any], ...]:
+    """The classes a program (or a parameter holding one) is an instance of."""
+    return tuple(t for t in (_core.Jaxpr, _closed_jaxpr()) if t is not None)
 
 
 def _open(jaxpr: Any) -> Any:
     """The open jaxpr (equations, invars) of a Jaxpr or ClosedJaxpr."""
-    return jaxpr.jaxpr if _CLOSED is not None and isinstance(jaxpr, _CLOSED) else jaxpr
+    closed = _closed_jaxpr()
+    return jaxpr.jaxpr if closed is not None and isinstance(jaxpr, closed) else jaxpr
 
 
 def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
@@ -86,7 +102,7 @@ def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
             cast("Sequence[Any]", value) if isinstance(value, (tuple, list)) else (value,)
         )
         for item in items:
-            if isinstance(item, _JAXPR_TYPES):
+            if isinstance(item, _jaxpr_types()):
                 yield item
 
 
@@ -312,15 +328,15 @@ def _params_replaced(
     when none is."""
     new: dict[str, Any] = {}
     for key, value in params.items():
-        if isinstance(value, _JAXPR_TYPES):
+        if isinstance(value, _jaxpr_types()):
             replaced = _replaced(value, replacement, memo)
             if replaced is not value:
                 new[key] = replaced
         elif isinstance(value, (tuple, list)):
             items = cast("Sequence[Any]", value)
-            if any(isinstance(v, _JAXPR_TYPES) for v in items):
+            if any(isinstance(v, _jaxpr_types()) for v in items):
                 swapped = [
-                    _replaced(v, replacement, memo) if isinstance(v, _JAXPR_TYPES) else v
+                    _replaced(v, replacement, memo) if isinstance(v, _jaxpr_types()) else v
                     for v in items
                 ]
                 if any(a is not b for a, b in zip(swapped, items)):
@@ -430,10 +446,12 @@ def install(observer: RunObserver, failed: RunFailed) -> Callable[[], None]:
     """Call ``observer(program, args)`` before every run of a program that calls a
     kernel, and ``failed(program, error)`` when the run itself raises; returns the
     function that puts jax back as it was."""
-    # Why: the three private points named in the module docstring.
-    lower = getattr(_pxla, "lower_sharding_computation", None)
-    mesh_computation: Any = getattr(_pxla, "MeshComputation", None)
-    execute: Any = getattr(_pxla, "ExecuteReplicated", None)
+    # Why: the three private points named in the module docstring; patched on the
+    # module itself (optional_name reads it, and an import failure is PrivateJaxApiError).
+    pxla = _pxla.loaded()
+    lower = optional_name(pxla, "lower_sharding_computation")
+    mesh_computation: Any = optional_name(pxla, "MeshComputation")
+    execute: Any = optional_name(pxla, "ExecuteReplicated")
     missing = [
         n
         for n, v in (
@@ -447,12 +465,12 @@ def install(observer: RunObserver, failed: RunFailed) -> Callable[[], None]:
         raise moved(f"jax._src.interpreters.pxla.{', '.join(missing)}", "attribute missing")
     compile_original = mesh_computation.__dict__["compile"]
     call_original = execute.__dict__["__call__"]
-    setattr(_pxla, "lower_sharding_computation", _lowering_hook(lower))
+    setattr(pxla, "lower_sharding_computation", _lowering_hook(lower))
     setattr(mesh_computation, "compile", _compile_hook(compile_original))
     setattr(execute, "__call__", _execute_hook(call_original, observer, failed))
 
     def uninstall() -> None:
-        setattr(_pxla, "lower_sharding_computation", lower)
+        setattr(pxla, "lower_sharding_computation", lower)
         setattr(mesh_computation, "compile", compile_original)
         setattr(execute, "__call__", call_original)
         with _lock:
