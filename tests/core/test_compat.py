@@ -2,7 +2,8 @@
 
 Each product names jax internals in one module, its seam (``SEAMS`` below):
 ``safedma._compat`` for the typed API and the trace checks, and the seams of verify,
-simulate, the Mosaic tools, the mypy plugin, the sanitizer and the suite verifier. Only the seams import ``jax._src``;
+simulate, the Mosaic tools, the mypy plugin, the sanitizer, the suite verifier, verify_gpu
+and the typed GPU layer. Only the seams import ``jax._src``;
 every private name they import resolves; and what each reads while jax traces is
 pinned by running it. If one of these tests fails after a jax upgrade, the seam it
 names is the place to adapt.
@@ -178,6 +179,7 @@ SEAMS = {
     "safedma._sanitize._jax": "the sanitizer",
     "safedma.testing._suite._jax": "verifying every kernel a test suite runs",
     "safedma.testing._gpu.jax_seam": "verify_gpu (Pallas GPU kernels)",
+    "safedma.gpu._jax_seam": "the typed Pallas GPU layer (safedma.gpu)",
 }
 
 

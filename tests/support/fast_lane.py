@@ -195,14 +195,17 @@ SLOW_NODE_IDS = (
     "tests/kernels/test_*.py::test_compiles_for_16_chips*",
     "tests/kernels/test_*.py::test_compiles_for_large_v6e_meshes*",
     # The 1024-device ring (17 s; ./dev test keeps it): the fast lane proves rings of 2
-    # to 8 devices in lockstep. Of the switch that verifies a whole suite, the ini key
-    # stays fast (each of these runs a pytest of its own, about 10 s).
+    # to 8 devices in lockstep.
     "tests/testing/verify/test_lockstep.py::test_a_1024_device_ring_*",
-    "tests/pytest_verify/test_options.py::test_the_environment_variable_*",
-    # The suites run with and without the option (about 14 s each): the fast lane meets
-    # the plugin's whole-suite runs in the ini key's and the sanitized project's. And
-    # the check that xdist keeps these groups (a pytest of its own).
+    # The verify plugin's runs of a whole pytest of their own (10-15 s each): with and
+    # without the option, through the ini key and the environment variable, and a
+    # sanitized project. The fast lane keeps the plugin's in-process tests (its hooks in
+    # jax, the sanitized kernels' verdicts, the usage errors). And the check that xdist
+    # keeps these groups (a pytest of its own).
     "tests/pytest_verify/test_verify_every_kernel.py::*",
+    "tests/pytest_verify/test_options.py::test_the_environment_variable_*",
+    "tests/pytest_verify/test_options.py::test_the_ini_key_*",
+    "tests/pytest_verify/test_sanitized_kernels.py::test_through_pytest_*",
     "tests/tooling/test_worker_groups.py::*",
     # Watchdog tests that wait out a timeout on purpose (about 5 s each).
     "tests/testing/test_simulate.py::test_r4_copy_left_in_flight_by_the_last_loop_iteration",
