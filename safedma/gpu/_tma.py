@@ -62,6 +62,31 @@ _DONE = 2
 Carry = TypeVar("Carry", bound="tuple[LoadHandle | StoreHandle, ...]")
 
 
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _require_buffer(value: object, call: str, parameter: str, here: str) -> None:
+    """A value where one of this layer's SMEM buffers belongs is refused by name (the
+    type checker says so too; unchecked code gets this at trace time)."""
+    if not isinstance(value, _View):
+        raise TypeError(
+            f"{call}() at {here}: {parameter} is {_shown(value)}, not an SMEM buffer of "
+            "safedma.gpu. Pass a buffer from tma.smem(ref, name).at(i) (in a "
+            "Tma.fori_loop step, step.slot(k)), or the buffer a handle's wait() gave back."
+        )
+
+
+def _require_barrier(value: object, call: str, here: str) -> None:
+    if not isinstance(value, Barrier):
+        raise TypeError(
+            f"{call}() at {here}: barrier is {_shown(value)}, not a barrier of "
+            "safedma.gpu. Pass tma.barriers(ref, name).at(i) for a "
+            "plgpu.Barrier(num_arrivals=..., num_barriers=...) scratch ref."
+        )
+
+
 class Tma:
     """The typed layer's state for one kernel body: create one at the top of the body.
 
@@ -252,11 +277,17 @@ class SmemArray:
     """A stacked SMEM scratch ref; :meth:`at` gives one of its buffers."""
 
     def __init__(self, tma: Tma, ref: SmemRef, name: str) -> None:
+        if not isinstance(cast(object, name), str):  # unchecked callers pass anything
+            raise TypeError(
+                f"Tma.smem() at {user_line()}: name is {_shown(name)}; give the buffers' "
+                "name as a string (messages call them by it), e.g. tma.smem(ref, 'x_smem')."
+            )
         shape = cast("tuple[int, ...]", getattr(ref, "shape", ()))
         if len(shape) < 1:
             raise TypeError(
                 f"{name} at {user_line()}: safedma.gpu.Tma.smem wraps a stacked SMEM ref "
-                f"(plgpu.SMEM((count, ...), dtype)); this one has shape {shape}."
+                f"(plgpu.SMEM((count, ...), dtype)); this ref is {_shown(ref)}, of shape "
+                f"{shape}."
             )
         self._tma = tma
         self._ref: Any = ref
@@ -357,8 +388,11 @@ def commit_smem(*written: WrittenSmem) -> SmemBuffer | tuple[SmemBuffer, ...]:
     One call covers every write of the thread; it returns the buffers given, ready for
     :func:`copy_smem_to_gmem`.
     """
+    here = user_line()
     if not written:
-        raise TypeError(f"commit_smem() at {user_line()}: pass the written buffers it commits.")
+        raise TypeError(f"commit_smem() at {here}: pass the written buffers it commits.")
+    for k, w in enumerate(written):
+        _require_buffer(w, "commit_smem", f"argument {k + 1}", here)
     seam.commit_smem()
     written[0]._array._tma._committed()
     out = tuple(SmemBuffer(w._array, w._at) for w in written)
@@ -377,12 +411,17 @@ class Barriers:
     """A ``plgpu.Barrier`` scratch ref: :meth:`at` gives one barrier."""
 
     def __init__(self, tma: Tma, ref: BarrierRef, name: str) -> None:
+        if not isinstance(cast(object, name), str):  # unchecked callers pass anything
+            raise TypeError(
+                f"Tma.barriers() at {user_line()}: name is {_shown(name)}; give the "
+                "barriers' name as a string (messages call them by it)."
+            )
         arrivals = seam.num_arrivals(ref)
         if arrivals is None:
             raise TypeError(
                 f"{name} at {user_line()}: safedma.gpu.Tma.barriers wraps a "
                 "plgpu.Barrier(num_arrivals=..., num_barriers=...) scratch ref; this ref "
-                "is not one."
+                f"is {_shown(ref)}, not one."
             )
         shape = cast("tuple[int, ...]", getattr(ref, "shape", ()))
         self._tma = tma
@@ -513,6 +552,8 @@ def copy_gmem_to_smem(src: GmemRef, dst: SmemBuffer, barrier: Barrier) -> LoadHa
     into ``dst``, arriving on ``barrier``. The returned handle owns ``dst``; its
     ``wait()`` gives the buffer back."""
     here = user_line()
+    _require_buffer(dst, "copy_gmem_to_smem", "dst", here)
+    _require_barrier(barrier, "copy_gmem_to_smem", here)
     dst._check_not_loading("a TMA load into")
     dst._check_not_stored("a TMA load into")
     barrier._add_arrival(f"the TMA load into {dst._name}")
@@ -578,6 +619,7 @@ def copy_smem_to_gmem(src: SmemBuffer, dst: GmemRef) -> StoreHandle:
     ``dst``, committed as its own group. ``src`` must be committed (a
     :class:`WrittenSmem` is refused by the type checker, and at trace time)."""
     here = user_line()
+    _require_buffer(src, "copy_smem_to_gmem", "src", here)
     src._check_not_loading("a TMA store from")
     written = src._slot.written_at
     if written is not None:

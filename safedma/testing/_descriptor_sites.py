@@ -18,7 +18,14 @@ import dataclasses
 import functools
 import linecache
 
-__all__ = ["made_at", "source_key", "start_call_at"]
+__all__ = [
+    "enclosing_function",
+    "made_at",
+    "own_nodes",
+    "parameter_names",
+    "source_key",
+    "start_call_at",
+]
 
 _METHODS = frozenset({"start", "wait", "wait_recv", "wait_send"})
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -202,11 +209,11 @@ def _sites_of(
 def _name_sites(
     name: str, at: ast.AST, parents: dict[ast.AST, ast.AST], depth: int
 ) -> list[int | _Parameter]:
-    scope = _enclosing(at, parents)
+    scope = enclosing_function(at, parents)
     before = getattr(at, "lineno", 0)
     while scope is not None:
         if isinstance(scope, ast.Lambda):
-            if name in _parameters(scope):
+            if name in parameter_names(scope):
                 source = _mapped_over(scope, parents)
                 return [] if source is None else _sites_of(source, scope, parents, depth + 1)
         else:
@@ -219,10 +226,10 @@ def _name_sites(
                 if isinstance(value, (ast.List, ast.Tuple, ast.ListComp)) or _empty_call(value):
                     return _appended(name, scope, target, before, parents, depth)
                 return _sites_of(value, target, parents, depth + 1)
-            if name in _parameters(scope):
+            if name in parameter_names(scope):
                 return [_parameter(scope, name)]  # made by the caller
         before = 1 << 30  # an outer function: anything it binds before the call
-        scope = _enclosing(scope, parents)
+        scope = enclosing_function(scope, parents)
     return []
 
 
@@ -234,14 +241,14 @@ def _parameter(fn: ast.AST, name: str) -> _Parameter:
     return _Parameter(str(getattr(fn, "name", "")), position, name)
 
 
-def _enclosing(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
+def enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
     at = parents.get(node)
     while at is not None and not isinstance(at, _FUNCTIONS):
         at = parents.get(at)
     return at
 
 
-def _parameters(fn: ast.AST) -> set[str]:
+def parameter_names(fn: ast.AST) -> set[str]:
     args = getattr(fn, "args", None)
     if not isinstance(args, ast.arguments):
         return set()
@@ -250,7 +257,7 @@ def _parameters(fn: ast.AST) -> set[str]:
     return {a.arg for a in every}
 
 
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+def own_nodes(scope: ast.AST) -> list[ast.AST]:
     """The nodes of ``scope``'s body, not those of functions defined in it."""
     out: list[ast.AST] = []
     stack = list(ast.iter_child_nodes(scope))
@@ -275,7 +282,7 @@ def _mapped_over(fn: ast.Lambda, parents: dict[ast.AST, ast.AST]) -> ast.expr | 
 
 
 def _loop_over(name: str, scope: ast.AST, before: int) -> ast.For | None:
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if (
             isinstance(node, ast.For)
             and isinstance(node.target, ast.Name)
@@ -288,7 +295,7 @@ def _loop_over(name: str, scope: ast.AST, before: int) -> ast.For | None:
 
 def _last_assignment(name: str, scope: ast.AST, before: int) -> tuple[ast.stmt, ast.expr] | None:
     best: tuple[ast.stmt, ast.expr] | None = None
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         value: ast.expr | None = None
         if not isinstance(node, ast.stmt):
             continue
@@ -333,7 +340,7 @@ def _appended(
             found += _sites_of(item, start, parents, depth + 1)
     elif isinstance(literal, ast.ListComp):
         found += _sites_of(literal.elt, literal, parents, depth + 1)
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

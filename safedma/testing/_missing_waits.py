@@ -22,7 +22,12 @@ import functools
 import os
 import re
 
-from safedma.testing._descriptor_sites import _enclosing, _own_nodes, _parameters, source_key
+from safedma.testing._descriptor_sites import (
+    enclosing_function,
+    own_nodes,
+    parameter_names,
+    source_key,
+)
 from safedma.testing._descriptor_sites import start_call_at
 
 __all__ = ["where_the_wait_belongs"]
@@ -56,7 +61,7 @@ def _note(file_name: str, line: int, key: int) -> str:
     descriptor = ast.unparse(call.func.value)
     base = os.path.basename(file_name)
     statement = _statement_of(call, parents)
-    function = _enclosing(call, parents)
+    function = enclosing_function(call, parents)
     if statement is None or function is None:
         return ""
     return _flag_branch_note(statement, function, descriptor, parents, base) or _local_note(
@@ -77,7 +82,7 @@ def _flag_branch_note(
     if not isinstance(branch_of, ast.If):
         return ""
     flag, negated = _flag(branch_of.test)
-    if flag is None or flag not in _parameters(function):
+    if flag is None or flag not in parameter_names(function):
         return ""
     in_body = any(s is statement for s in branch_of.body)
     other = branch_of.orelse if in_body else branch_of.body
@@ -103,9 +108,9 @@ def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: st
     if not isinstance(target, ast.Name):
         return ""
     name = target.id
-    if name in _parameters(function) or not _bound_here(name, function):
+    if name in parameter_names(function) or not _bound_here(name, function):
         return ""
-    own = _own_nodes(function)
+    own = own_nodes(function)
     methods = {
         id(node.func.value): node.func.attr
         for node in own
@@ -160,7 +165,7 @@ def _statement_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.stmt | 
 
 def _bound_here(name: str, function: ast.AST) -> bool:
     """``name`` is bound by a plain assignment in ``function``'s own body."""
-    for node in _own_nodes(function):
+    for node in own_nodes(function):
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == name for t in node.targets
         ):

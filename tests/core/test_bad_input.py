@@ -4,8 +4,9 @@ the value received and the fix (docs/troubleshooting.md, "Bad arguments").
 Each case calls one public function or class with one bad value and checks the error's
 class, that its message shows the parameter and the value, and that it came quickly (a
 bad value must not start a long trace, a simulation or jax's start-up first). The last
-tests check that every public name of ``safedma`` and ``safedma.testing`` has a case, or
-is listed, with the reason, among the names that take no argument worth checking.
+tests check that every public name of ``safedma``, ``safedma.testing`` and ``safedma.gpu``
+has a case, or is listed, with the reason, among the names that take no argument worth
+checking.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import pytest
 
 import safedma as sd
+import safedma.gpu as sdg
 import safedma.testing as sdt
 from safedma._arguments import environment_switch
 from safedma._sanitize import _options
@@ -61,6 +63,22 @@ class Case:
     error: type[BaseException]
     parameter: str
     value: str
+
+
+# The typed GPU layer's Tma, where this jax has Pallas Mosaic GPU (elsewhere Tma() itself
+# is refused, naming the jax version).
+TMA_CASES: list[Case] = [
+    Case("Tma", lambda: sdg.Tma().smem(X, 5), TypeError, "name", "int 5"),
+    Case("Tma", lambda: sdg.Tma().barriers(X, None), TypeError, "name", "None"),
+    Case("Tma", lambda: sdg.Tma().smem(5, "x_smem"), TypeError, "ref", "int 5"),
+    Case(
+        "Tma",
+        lambda: sdg.Tma().fori_loop("0", 2, lambda step, h: h, ()),
+        sdg.LoopCarryError,
+        "bounds",
+        "'0'",
+    ),
+]
 
 
 CASES: list[Case] = [
@@ -239,6 +257,15 @@ CASES: list[Case] = [
         ValueError,
         "after_error_s",
         "-1",
+    ),
+    # --- safedma.gpu (checked before plgpu is touched: the same on every jax)
+    Case("copy_gmem_to_smem", lambda: sdg.copy_gmem_to_smem(X, 5, 5), TypeError, "dst", "int 5"),
+    Case("commit_smem", lambda: sdg.commit_smem(5), TypeError, "argument 1", "int 5"),
+    Case("copy_smem_to_gmem", lambda: sdg.copy_smem_to_gmem(None, X), TypeError, "src", "None"),
+    *(
+        TMA_CASES
+        if sdg.available()
+        else [Case("Tma", lambda: sdg.Tma(), sd.UnsupportedByJaxError, "jax", jax.__version__)]
     ),
     # --- safedma.testing
     Case("verify", lambda: sdt.verify(5), TypeError, "fn", "int 5"),
@@ -440,6 +467,24 @@ TAKE_NOTHING_TO_CHECK = {
         ],
         "built by safedma, not by the user",
     ),
+    # safedma.gpu: annotations for a kernel's refs, things the layer builds and hands
+    # back (buffers, barriers, handles, loop steps), and a probe without arguments.
+    **dict.fromkeys(["BarrierRef", "GmemIndex", "GmemRef", "SmemRef"], "a type for annotations"),
+    **dict.fromkeys(
+        [
+            "Barrier",
+            "Barriers",
+            "LoadHandle",
+            "Slot",
+            "SmemArray",
+            "SmemBuffer",
+            "Step",
+            "StoreHandle",
+            "WrittenSmem",
+        ],
+        "built by safedma.gpu, not by the user",
+    ),
+    "available": "takes no argument",
     # Constants.
     "KERNEL_PLACEHOLDER": "a constant",
     "TPU_GENERATIONS": "a constant",
@@ -448,7 +493,7 @@ TAKE_NOTHING_TO_CHECK = {
 
 def test_every_public_name_is_swept_or_listed_with_a_reason() -> None:
     swept = {case.name for case in CASES}
-    for module in (sd, sdt):
+    for module in (sd, sdt, sdg):
         for name, value in _public(module).items():
             if isinstance(value, type) and issubclass(value, BaseException):
                 continue  # error classes take a message
@@ -456,4 +501,5 @@ def test_every_public_name_is_swept_or_listed_with_a_reason() -> None:
                 f"{module.__name__}.{name} has no bad-input case and no reason to have none"
             )
     stale = (swept | set(TAKE_NOTHING_TO_CHECK)) - set(sd.__all__) - set(sdt.__all__)
+    stale -= set(sdg.__all__)
     assert not stale, stale
