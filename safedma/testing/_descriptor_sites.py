@@ -19,6 +19,8 @@ import functools
 import linecache
 
 __all__ = [
+    "DESCRIPTOR_METHODS",
+    "FUNCTION_NODES",
     "enclosing_function",
     "made_at",
     "own_nodes",
@@ -27,8 +29,9 @@ __all__ = [
     "start_call_at",
 ]
 
-_METHODS = frozenset({"start", "wait", "wait_recv", "wait_send"})
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+DESCRIPTOR_METHODS = frozenset({"start", "wait", "wait_recv", "wait_send"})
+"""A copy descriptor's methods that start or wait it."""
+FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _MAPPERS = frozenset({"map", "tree_map"})  # jax.tree.map, jax.tree_util.tree_map, map
 _MAX_SITES = 3
 _MAX_DEPTH = 6
@@ -68,7 +71,7 @@ def source_key(file_name: str) -> int:
 def _made_at(
     file_name: str, line: int, callers: tuple[tuple[str, int], ...], keys: tuple[int, ...]
 ) -> tuple[tuple[str, int], ...]:
-    indexed = _descriptor_calls(file_name, source_key(file_name))
+    indexed = _descriptor_calls(file_name, keys[0])
     if indexed is None:
         return ()
     tree, calls = indexed
@@ -78,14 +81,14 @@ def _made_at(
     assert isinstance(call.func, ast.Attribute)
     here = file_name
     sites = _sites_of(call.func.value, call, _parents(tree), 0)
-    for caller_file, caller_line in callers:
+    for (caller_file, caller_line), caller_key in zip(callers, keys[1:]):
         params = [s for s in sites if isinstance(s, _Parameter)]
         if not params:
             break
         sites = [s for s in sites if not isinstance(s, _Parameter)]
         if sites:  # made here on some paths: those lines are enough
             break
-        sites = _argument_sites(caller_file, caller_line, params[0])
+        sites = _argument_sites(caller_file, caller_line, caller_key, params[0])
         here = caller_file
     found = {(here, s) for s in sites if isinstance(s, int)}
     found.discard((file_name, line))
@@ -93,11 +96,13 @@ def _made_at(
     return tuple(sorted(found))[:_MAX_SITES]
 
 
-def start_call_at(file_name: str, line: int) -> tuple[ast.Call, dict[ast.AST, ast.AST]] | None:
-    """The ``X.start()`` call at ``line`` of ``file_name`` and its tree's parents, or
-    None when there is none (a helper that starts inside its own call, an unreadable
-    file)."""
-    indexed = _descriptor_calls(file_name, source_key(file_name))
+def start_call_at(
+    file_name: str, line: int, key: int
+) -> tuple[ast.Call, dict[ast.AST, ast.AST]] | None:
+    """The ``X.start()`` call at ``line`` of ``file_name`` (whose ``source_key`` is
+    ``key``) and its tree's parents, or None when there is none (a helper that starts
+    inside its own call, an unreadable file)."""
+    indexed = _descriptor_calls(file_name, key)
     if indexed is None:
         return None
     tree, calls = indexed
@@ -107,9 +112,12 @@ def start_call_at(file_name: str, line: int) -> tuple[ast.Call, dict[ast.AST, as
     return call, _parents(tree)
 
 
-def _argument_sites(file_name: str, line: int, param: _Parameter) -> list[int | _Parameter]:
-    """Where the argument passed for ``param`` at the call on ``line`` was made."""
-    tree = _parsed(file_name, source_key(file_name))
+def _argument_sites(
+    file_name: str, line: int, key: int, param: _Parameter
+) -> list[int | _Parameter]:
+    """Where the argument passed for ``param`` at the call on ``line`` was made (``key``:
+    the file's ``source_key``)."""
+    tree = _parsed(file_name, key)
     if tree is None:
         return []
     parents = _parents(tree)
@@ -175,7 +183,7 @@ def _descriptor_calls(file_name: str, key: int) -> tuple[ast.Module, tuple[ast.C
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and node.func.attr in _METHODS
+        and node.func.attr in DESCRIPTOR_METHODS
     )
     return tree, calls
 
@@ -243,7 +251,7 @@ def _parameter(fn: ast.AST, name: str) -> _Parameter:
 
 def enclosing_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
     at = parents.get(node)
-    while at is not None and not isinstance(at, _FUNCTIONS):
+    while at is not None and not isinstance(at, FUNCTION_NODES):
         at = parents.get(at)
     return at
 
@@ -264,7 +272,7 @@ def own_nodes(scope: ast.AST) -> list[ast.AST]:
     while stack:
         node = stack.pop()
         out.append(node)
-        if not isinstance(node, _FUNCTIONS):
+        if not isinstance(node, FUNCTION_NODES):
             stack.extend(ast.iter_child_nodes(node))
     return out
 

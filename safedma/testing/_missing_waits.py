@@ -23,18 +23,18 @@ import os
 import re
 
 from safedma.testing._descriptor_sites import (
+    DESCRIPTOR_METHODS,
+    FUNCTION_NODES,
     enclosing_function,
     own_nodes,
     parameter_names,
     source_key,
+    start_call_at,
 )
-from safedma.testing._descriptor_sites import start_call_at
 
 __all__ = ["where_the_wait_belongs"]
 
-_WAITS = frozenset({"wait", "wait_recv", "wait_send"})
-_DESCRIPTOR_METHODS = _WAITS | {"start"}
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_WAITS = DESCRIPTOR_METHODS - {"start"}
 # "file:line (function, ...)", as safedma's messages name a user's line
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?= \(|$)")
 
@@ -53,7 +53,7 @@ def where_the_wait_belongs(where: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _note(file_name: str, line: int, key: int) -> str:
-    located = start_call_at(file_name, line)
+    located = start_call_at(file_name, line, key)
     if located is None:
         return ""
     call, parents = located
@@ -116,10 +116,10 @@ def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: st
         for node in own
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and node.func.attr in _DESCRIPTOR_METHODS
+        and node.func.attr in DESCRIPTOR_METHODS
     }
     for node in own:
-        if isinstance(node, _FUNCTIONS) and _mentions(node, name):
+        if isinstance(node, FUNCTION_NODES) and _mentions(node, name):
             return ""  # captured by a nested function or lambda: it may wait it
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
             method = methods.get(id(node))

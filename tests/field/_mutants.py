@@ -325,15 +325,11 @@ def _sites(tree: ast.Module) -> dict[str, list[tuple[ast.AST, str]]]:
 
 
 def _replace_in_parent(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
-    for parent in ast.walk(tree):
-        for field, value in ast.iter_fields(parent):
-            if value is old:
-                setattr(parent, field, new)
-                return
-            if isinstance(value, list) and any(v is old for v in value):
-                setattr(parent, field, [new if v is old else v for v in value])
-                return
-    raise LookupError("site not found in its tree")
+    parent, field, index = _slot_of(tree, old)
+    if index is None:
+        setattr(parent, field, new)
+    else:
+        getattr(parent, field)[index] = new
 
 
 def _expr(text: str, at: ast.AST) -> ast.expr:
