@@ -4,20 +4,16 @@ Now a copy moves garbage instead of failing at its start (emit_pipeline
 copies in output slots the body overwrites unread), and R6 is reported where garbage
 leaves the kernel. A kernel that receives a staging buffer nothing wrote and then
 *stores* it with vector code (``o_ref[...] = recv[...] + 1``) wrote its output from
-the verifier's point of view, so the issue's silent class "a remote copy that sends a
-staging buffer nothing ever wrote" passed clean whenever the receiver computed on the
+the verifier's point of view, so a silent mistake, "a remote copy that sends a
+staging buffer nothing ever wrote", passed clean whenever the receiver computed on the
 data. Now a load of a region nothing wrote is followed through the primitives that
 cannot mask it (moves, casts, sums, unary math) to the store, which makes the
 destination garbage again; ``jnp.where`` and products are not followed (masked
-<<<<<<< HEAD
-padding is data). docs/verify-model.md, rule 12.
-=======
 padding is data). docs/verify-model.md, rule 12.
 
 Also: garbage through loads, stores, rolls and bitcasts (masked ones not followed), a copy
 of garbage overwritten unread (clean) or read (reported where it is read, naming the copy
 that brought it), and garbage forwarded many times (the last two copies named).
->>>>>>> wip/refile
 """
 
 from __future__ import annotations
