@@ -10,7 +10,9 @@
   semaphore protocol from its own program, on every device of a real or
   device-free mesh, without running it.
 * Pallas GPU protocol checks (:func:`verify_gpu`): prove the TMA copy and
-  barrier protocol of ``plgpu`` kernels from their traced program, without a GPU.
+  barrier protocol of ``plgpu`` kernels from their traced program, without a GPU;
+  :func:`simulate_gpu` runs them in jax's GPU interpreter with races fatal and a
+  barrier wait that can never complete stopped and explained.
 * Strict simulation (:func:`simulate`, :func:`simulated_mesh`): run kernels in
   TPU interpret mode over several CPU devices with races, semaphores left
   non-zero at kernel exit and waits that can never be satisfied turned into
@@ -64,7 +66,15 @@ from safedma.testing._errors import (
     StuckWait,
     UnsatisfiableWaitError,
 )
-from safedma.testing._gpu import CopyInFlightAtExitError, GpuVerifyReport, verify_gpu
+from safedma.testing._gpu import (
+    BarrierNeverCompletesError,
+    CopyInFlightAtExitError,
+    GpuRaceDetectedError,
+    GpuVerifyReport,
+    StuckBarrierWait,
+    simulate_gpu,
+    verify_gpu,
+)
 from safedma.testing._meshes import simulated_mesh
 from safedma.testing._private import PrivateJaxApiError
 from safedma.testing._simulate import simulate as _simulate_as_written
@@ -90,6 +100,10 @@ __all__ = [
     "CopyInFlightAtExitError",
     "GpuVerifyReport",
     "verify_gpu",
+    "BarrierNeverCompletesError",
+    "GpuRaceDetectedError",
+    "StuckBarrierWait",
+    "simulate_gpu",
     "KernelFailedError",
     "DeviceOutsideMeshError",
     "LeftoverSemaphore",

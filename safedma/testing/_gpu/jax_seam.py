@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Sequence
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Generator, Sequence
+from types import FrameType
 from typing import Any, cast
 
 from safedma.testing._private import moved
 
 __all__ = [
+    "BlockedBarrierWait",
     "barrier_arrivals",
+    "blocked_barrier_waits",
+    "interpret_available",
+    "interpret_mode",
+    "reset_interpreter",
+    "stop_interpreter",
     "gpu_mesh_of",
     "gpu_compiler_params",
     "is_indexer",
@@ -34,6 +44,8 @@ _PLGPU = "jax.experimental.pallas.mosaic_gpu"
 _GPU_CORE = "jax._src.pallas.mosaic_gpu.core"
 _INDEXING = "jax._src.state.indexing"
 _JAX_CORE = "jax.core"
+_GPU_CALLBACKS = "jax._src.pallas.mosaic_gpu.interpret.gpu_callbacks"
+_GPU_SHARED_MEMORY = "jax._src.pallas.mosaic_gpu.interpret.shared_memory"
 
 
 @functools.cache
@@ -187,3 +199,136 @@ def transformed_shape(transform: Any, shape: Sequence[int], dtype: Any) -> tuple
         return tuple(int(d) for d in out.shape)
     except Exception:
         return None
+
+
+# --- GPU interpret mode (simulate_gpu) -------------------------------------------
+
+
+@functools.cache
+def interpret_available() -> bool:
+    """Whether this jax runs Pallas GPU kernels in its GPU interpreter on a CPU.
+
+    Why: ``InterpretGPUParams`` and ``force_gpu_interpret_mode`` are public in plgpu
+    from the release that has the interpreter; the probe asks for them, and for the
+    private names a hang is diagnosed and a failed run reset with.
+    """
+    if not plgpu_available():
+        return False
+    try:
+        plgpu = importlib.import_module(_PLGPU)
+        callbacks = importlib.import_module(_GPU_CALLBACKS)
+        shared = importlib.import_module(_GPU_SHARED_MEMORY)
+    except Exception:
+        return False
+    public = all(hasattr(plgpu, n) for n in ("InterpretGPUParams", "force_gpu_interpret_mode"))
+    barrier = getattr(shared, "Barrier", None)
+    private = (
+        hasattr(callbacks, "reset_gpu_interpret_mode_state")
+        and hasattr(callbacks, "_get_shared_memory")
+        and callable(getattr(barrier, "_wait", None))
+    )
+    return public and private
+
+
+@contextlib.contextmanager
+def interpret_mode(*, detect_races: bool, uninitialized_memory: str) -> Generator[None, None, None]:
+    """Every Pallas GPU kernel traced in this thread runs in the GPU interpreter.
+
+    Why: ``force_gpu_interpret_mode`` sets a thread-local config that is part of
+    jit's cache key, so kernels traced before (or jitted elsewhere) are traced again.
+    Races raise at the access that finds them (``on_race="raise"``).
+    """
+    plgpu = importlib.import_module(_PLGPU)
+    params = plgpu.InterpretGPUParams(
+        detect_races=detect_races,
+        on_race="raise",
+        uninitialized_memory=uninitialized_memory,
+    )
+    with plgpu.force_gpu_interpret_mode(params):
+        yield
+
+
+def reset_interpreter() -> None:
+    """Drop the interpreter's global state, as jax asks after a failed run.
+
+    Why: ``reset_gpu_interpret_mode_state`` is private; a run that failed or was
+    stopped leaves shared memory and race state behind for the next kernel.
+    """
+    callbacks = importlib.import_module(_GPU_CALLBACKS)
+    _attr(callbacks, "reset_gpu_interpret_mode_state")()
+
+
+def stop_interpreter(reason: Exception) -> bool:
+    """Fail the running interpreted kernel with ``reason``; False if none is running.
+
+    Why: a barrier wait blocks on a condition variable with no timeout. jax's own
+    failure path (``set_failed`` on the private shared-memory object) records the
+    failure and wakes every waiter, which then raises; ``top_level=False`` keeps
+    this thread from joining the interpreter's clean-up barrier.
+    """
+    callbacks = importlib.import_module(_GPU_CALLBACKS)
+    memory = getattr(callbacks, "_shared_memory", None)
+    if memory is None:
+        return False
+    memory.set_failed(reason, None, top_level=False)
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockedBarrierWait:
+    """A thread of the interpreted kernel blocked in ``barrier_wait``, read from its frame.
+
+    ``phase``: the phase it waits to complete (0 first); ``arrivals``: arrivals so
+    far in that phase, of ``num_arrivals``; ``alone``: its block runs one
+    warpgroup and the waiter is it, so nothing else can arrive (TMA copies land
+    when issued in the interpreter); ``barrier``: the interpreter's barrier
+    object's id; ``source_info``: jax's record of the wait's line.
+    """
+
+    thread: str
+    barrier: int
+    phase: int
+    arrivals: int
+    num_arrivals: int
+    alone: bool
+    source_info: Any
+
+
+def blocked_barrier_waits() -> list[BlockedBarrierWait]:
+    """Every thread now blocked in the interpreter's barrier wait.
+
+    Why: the interpreter keeps no list of waiters; the waiting frames of
+    ``Barrier._wait`` (private) hold the barrier, the thread and the wait's
+    source info as locals. ``sys._current_frames`` is CPython's documented way
+    to read another thread's stack.
+    """
+    shared = importlib.import_module(_GPU_SHARED_MEMORY)
+    code = _attr(_attr(shared, "Barrier"), "_wait").__code__
+    out: list[BlockedBarrierWait] = []
+    for top in list(sys._current_frames().values()):  # pyright: ignore[reportPrivateUsage]
+        frame: FrameType | None = top
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        if frame is None:
+            continue
+        local = frame.f_locals
+        barrier, thread, info = local.get("self"), local.get("thread"), local.get("logging_info")
+        if barrier is None or thread is None or getattr(barrier, "aborted", False):
+            continue
+        observed = local.get("last_observed_phase")
+        phase = int(observed) if isinstance(observed, int) else int(barrier.phase)
+        if phase != int(barrier.phase):  # that phase completed: it is about to return
+            continue
+        out.append(
+            BlockedBarrierWait(
+                thread=str(thread),
+                barrier=id(barrier),
+                phase=phase,
+                arrivals=int(barrier.arrivals_count),
+                num_arrivals=int(barrier.num_arrivals),
+                alone=type(thread).__name__ == "Warpgroup"
+                and int(getattr(barrier, "num_pallas_threads_per_block", 0)) == 1,
+                source_info=getattr(info, "source_info", None),
+            )
+        )
+    return out
