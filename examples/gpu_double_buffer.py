@@ -41,29 +41,29 @@ def typed_body(
     bars: gpu.BarrierRef,
 ) -> None:
     """Load block i+1 while block i is computed; store each result from its own buffer."""
-    tma = gpu.Tma()
-    ins = tma.smem(smem_in, "smem_in")
-    outs = tma.smem(smem_out, "smem_out")
-    barriers = tma.barriers(bars, "bars")
+    with gpu.Tma() as tma:  # the block's end checks that no copy's handle was dropped
+        ins = tma.smem(smem_in, "smem_in")
+        outs = tma.smem(smem_out, "smem_out")
+        barriers = tma.barriers(bars, "bars")
 
-    def load(step: int) -> gpu.LoadHandle:
-        slot = step % 2
-        block = x_gmem.at[pl.ds(step * ROWS, ROWS)]
-        return gpu.copy_gmem_to_smem(block, ins.at(slot), barriers.at(slot))
+        def load(step: int) -> gpu.LoadHandle:
+            slot = step % 2
+            block = x_gmem.at[pl.ds(step * ROWS, ROWS)]
+            return gpu.copy_gmem_to_smem(block, ins.at(slot), barriers.at(slot))
 
-    loads = [load(0)]
-    stores: list[gpu.StoreHandle] = []
-    for step in range(STEPS):
-        slot = step % 2
-        if step + 1 < STEPS:
-            loads.append(load(step + 1))
-        x = loads[step].wait()  # barrier_wait: the block has landed
-        # The store two steps back read this output buffer: wait its reads, by name.
-        out = outs.at(slot) if step < 2 else stores[step - 2].wait(read_only=True)
-        written = out.write(x.read() * 2)
-        ready = gpu.commit_smem(written)  # a store takes only committed SMEM
-        stores.append(gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(step * ROWS, ROWS)]))
-    tma.wait_all_stores()
+        loads = [load(0)]
+        stores: list[gpu.StoreHandle] = []
+        for step in range(STEPS):
+            slot = step % 2
+            if step + 1 < STEPS:
+                loads.append(load(step + 1))
+            x = loads[step].wait()  # barrier_wait: the block has landed
+            # The store two steps back read this output buffer: wait its reads, by name.
+            out = outs.at(slot) if step < 2 else stores[step - 2].wait(read_only=True)
+            written = out.write(x.read() * 2)
+            ready = gpu.commit_smem(written)  # a store takes only committed SMEM
+            stores.append(gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(step * ROWS, ROWS)]))
+        tma.wait_all_stores()
 
 
 # --8<-- [end:typed]
@@ -107,39 +107,39 @@ def typed_loop_body(
     bars: gpu.BarrierRef,
 ) -> None:
     """The same pipeline over LOOP_STEPS blocks, its middle steps in a fori_loop."""
-    tma = gpu.Tma()
-    ins = tma.smem(smem_in, "smem_in")
-    outs = tma.smem(smem_out, "smem_out")
-    barriers = tma.barriers(bars, "bars")
+    with gpu.Tma() as tma:
+        ins = tma.smem(smem_in, "smem_in")
+        outs = tma.smem(smem_out, "smem_out")
+        barriers = tma.barriers(bars, "bars")
 
-    def compute(x: gpu.SmemBuffer, out: gpu.SmemBuffer, i: int | jax.Array) -> gpu.StoreHandle:
-        ready = gpu.commit_smem(out.write(x.read() * 2))
-        return gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(i * ROWS, ROWS)])
+        def compute(x: gpu.SmemBuffer, out: gpu.SmemBuffer, i: int | jax.Array) -> gpu.StoreHandle:
+            ready = gpu.commit_smem(out.write(x.read() * 2))
+            return gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(i * ROWS, ROWS)])
 
-    # Prologue: steps 0 and 1, whose output buffers no store has read yet.
-    load0 = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, ROWS)], ins.at(0), barriers.at(0))
-    load1 = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(ROWS, ROWS)], ins.at(1), barriers.at(1))
-    store0 = compute(load0.wait(), outs.at(0), 0)
-    load2 = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(2 * ROWS, ROWS)], ins.at(0), barriers.at(0))
-    store1 = compute(load1.wait(), outs.at(1), 1)
+        # Prologue: steps 0 and 1, whose output buffers no store has read yet.
+        load0 = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, ROWS)], ins.at(0), barriers.at(0))
+        load1 = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(ROWS, ROWS)], ins.at(1), barriers.at(1))
+        store0 = compute(load0.wait(), outs.at(0), 0)
+        load2 = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(2 * ROWS, ROWS)], ins.at(0), barriers.at(0))
+        store1 = compute(load1.wait(), outs.at(1), 1)
 
-    # Step i receives its load and the stores of steps i-2 and i-1; it returns the load
-    # of step i+1 and the stores of steps i-1 and i.
-    def step(
-        it: gpu.Step, carry: tuple[gpu.LoadHandle, gpu.StoreHandle, gpu.StoreHandle]
-    ) -> tuple[gpu.LoadHandle, gpu.StoreHandle, gpu.StoreHandle]:
-        load, two_back, one_back = carry
-        block = x_gmem.at[pl.ds((it.index + 1) * ROWS, ROWS)]
-        nxt = gpu.copy_gmem_to_smem(block, ins.at(it.slot(1)), barriers.at(it.slot(1)))
-        x = load.wait()
-        out = two_back.wait(read_only=True)  # wait_smem_to_gmem(1, wait_read_only=True)
-        return nxt, one_back, compute(x, out, it.index)
+        # Step i receives its load and the stores of steps i-2 and i-1; it returns the load
+        # of step i+1 and the stores of steps i-1 and i.
+        def step(
+            it: gpu.Step, carry: tuple[gpu.LoadHandle, gpu.StoreHandle, gpu.StoreHandle]
+        ) -> tuple[gpu.LoadHandle, gpu.StoreHandle, gpu.StoreHandle]:
+            load, two_back, one_back = carry
+            block = x_gmem.at[pl.ds((it.index + 1) * ROWS, ROWS)]
+            nxt = gpu.copy_gmem_to_smem(block, ins.at(it.slot(1)), barriers.at(it.slot(1)))
+            x = load.wait()
+            out = two_back.wait(read_only=True)  # wait_smem_to_gmem(1, wait_read_only=True)
+            return nxt, one_back, compute(x, out, it.index)
 
-    last, two_back, _ = tma.fori_loop(2, LOOP_STEPS - 1, step, (load2, store0, store1))
-    # Epilogue: the last step loads nothing more.
-    out = two_back.wait(read_only=True)
-    compute(last.wait(), out, LOOP_STEPS - 1)
-    tma.wait_all_stores()
+        last, two_back, _ = tma.fori_loop(2, LOOP_STEPS - 1, step, (load2, store0, store1))
+        # Epilogue: the last step loads nothing more.
+        out = two_back.wait(read_only=True)
+        compute(last.wait(), out, LOOP_STEPS - 1)
+        tma.wait_all_stores()
 
 
 # --8<-- [end:typed-loop]

@@ -1,7 +1,8 @@
 """safedma.gpu: typed TMA copies, SMEM buffers and barriers for Pallas Mosaic GPU kernels.
 
 A layer over ``jax.experimental.pallas.mosaic_gpu`` (plgpu, jax 0.12 or later): a
-:class:`Tma` per kernel body wraps its SMEM scratch (:class:`SmemArray`, buffers
+:class:`Tma` opened around each kernel body (``with gpu.Tma() as tma:``, whose end
+refuses a handle never waited) wraps its SMEM scratch (:class:`SmemArray`, buffers
 :class:`SmemBuffer` / :class:`WrittenSmem`) and its barriers (:class:`Barriers`,
 :class:`Barrier`, arrivals per phase known at trace time).
 :func:`copy_gmem_to_smem` returns a :class:`LoadHandle` whose ``wait()`` emits the
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from safedma.gpu._errors import (
         BarrierPhaseError as BarrierPhaseError,
         BufferBusyError as BufferBusyError,
+        HandleDroppedError as HandleDroppedError,
         HandleWaitedTwiceError as HandleWaitedTwiceError,
         LoopCarryError as LoopCarryError,
         MissingCommitError as MissingCommitError,
@@ -59,6 +61,7 @@ _HOMES: dict[str, str] = {
     "BufferBusyError": "safedma.gpu._errors",
     "GmemIndex": "safedma.gpu._refs",
     "GmemRef": "safedma.gpu._refs",
+    "HandleDroppedError": "safedma.gpu._errors",
     "HandleWaitedTwiceError": "safedma.gpu._errors",
     "LoadHandle": "safedma.gpu._tma",
     "LoopCarryError": "safedma.gpu._errors",
@@ -85,6 +88,7 @@ __all__ = [
     "BufferBusyError",
     "GmemIndex",
     "GmemRef",
+    "HandleDroppedError",
     "HandleWaitedTwiceError",
     "LoadHandle",
     "LoopCarryError",

@@ -11,6 +11,7 @@ from safedma._errors import HandleWaitedTwiceError, SafeDmaError
 __all__ = [
     "BarrierPhaseError",
     "BufferBusyError",
+    "HandleDroppedError",
     "HandleWaitedTwiceError",
     "LoopCarryError",
     "MissingCommitError",
@@ -34,3 +35,8 @@ class BarrierPhaseError(SafeDmaError, RuntimeError):
 class LoopCarryError(SafeDmaError, RuntimeError):
     """A ``Tma.fori_loop`` whose step does not end as it began, one step on: a handle in
     flight not carried, or the carry returned for other buffers than it came in for."""
+
+
+class HandleDroppedError(SafeDmaError, RuntimeError):
+    """A load or store handle never waited when the kernel body's ``with gpu.Tma()``
+    block ends: the copy may still write or read SMEM after the kernel exits."""

@@ -14,6 +14,8 @@ Every state lives in Python while the kernel is traced (one :class:`Tma` per ker
 body), so each call emits exactly the plgpu call a hand-written kernel makes and
 nothing else, and a mistake the types cannot see (a buffer read through an older
 variable while a load owns it, a handle waited twice) raises at the user's line.
+plgpu calls the body and gives nothing back when it returns, so the body's end is the
+end of its ``with gpu.Tma() as tma:`` block: a handle still in flight there was dropped.
 
 In a :meth:`Tma.fori_loop` body, as in CUTLASS's ``PipelineTmaAsync``, buffers and
 barriers are named relative to the loop counter (``step.slot(k)`` is buffer
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, TypeVar, cast, overload
 
 import jax
@@ -33,6 +36,7 @@ from safedma.gpu import _jax_seam as seam
 from safedma.gpu._errors import (
     BarrierPhaseError,
     BufferBusyError,
+    HandleDroppedError,
     HandleWaitedTwiceError,
     LoopCarryError,
     MissingCommitError,
@@ -88,12 +92,15 @@ def _require_barrier(value: object, call: str, here: str) -> None:
 
 
 class Tma:
-    """The typed layer's state for one kernel body: create one at the top of the body.
+    """The typed layer's state for one kernel body: write the body under
+    ``with gpu.Tma() as tma:``.
 
     Its :meth:`smem` and :meth:`barriers` wrap the body's SMEM scratch refs and its
     ``plgpu.Barrier`` ref; the copies made through them share one count of the stores
     in flight (``wait_smem_to_gmem`` counts every store of the thread) and one record of
-    uncommitted SMEM writes (``commit_smem`` covers every write of the thread).
+    uncommitted SMEM writes (``commit_smem`` covers every write of the thread). The end
+    of the ``with`` block is the end of the body, where no handle may be in flight
+    (:class:`~safedma.gpu.HandleDroppedError`); copies are made only inside it.
     """
 
     def __init__(self) -> None:
@@ -103,6 +110,64 @@ class Tma:
         self._stores: list[StoreHandle] = []
         self._issued = 0
         self._step: Step | None = None
+        self._open: bool | None = None  # None: not entered yet; False: its block ended
+
+    def __enter__(self) -> Tma:
+        if self._open is not None:
+            raise TypeError(
+                f"with Tma at {user_line()}: this Tma was opened before; a Tma stands for "
+                "one kernel body, so open a new one (with gpu.Tma() as tma:)."
+            )
+        self._open = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """The body ends: unless it is raising already, every handle must be waited."""
+        self._open = False
+        if exc_type is None:
+            self._check_nothing_dropped(user_line())
+
+    def _check_nothing_dropped(self, here: str) -> None:
+        dropped: list[str] = []
+        for array in self._arrays:
+            for slot in array._slots:
+                load = slot.loading
+                # A load whose phase another handle's wait observed has landed.
+                if load is not None and load._barrier._state.phase == load._phase:
+                    dropped.append(
+                        f"the TMA load into {load._buffer._name} started at "
+                        f"{load.started_at}, which may still be writing it"
+                    )
+        for store in self._stores:
+            if store._level < _READ:  # reads done is enough: its GMEM writes outlive the kernel
+                dropped.append(
+                    f"the TMA store from {store._buffer._name} started at "
+                    f"{store.started_at}, which may still be reading it"
+                )
+        if dropped:
+            lines = "".join(f"\n  - {d}" for d in dropped)
+            raise HandleDroppedError(
+                f"the kernel body's with gpu.Tma() block at {here} ends with "
+                f"{len(dropped)} copy handle(s) never waited:{lines}\nA copy still in "
+                "flight when the kernel exits touches SMEM that is no longer the kernel's. "
+                "Wait each handle before the body ends (buffer = load.wait(); "
+                "store.wait(read_only=True), or tma.wait_all_stores() for every store), "
+                "or carry it through Tma.fori_loop and wait the handle the loop returns."
+            )
+
+    def _require_open(self, call: str, here: str) -> None:
+        if self._open is not True:
+            state = "closed: its with block has ended" if self._open is False else "never opened"
+            raise TypeError(
+                f"{call}() at {here}: the buffer's Tma is {state}. Write the kernel "
+                "body under `with gpu.Tma() as tma:` and make its copies inside the block: "
+                "its end is where the layer checks that every copy's handle was waited."
+            )
 
     def smem(self, ref: SmemRef, name: str = "smem") -> SmemArray:
         """Wrap a stacked SMEM scratch ref (``plgpu.SMEM((count, *shape), dtype)``):
@@ -554,6 +619,7 @@ def copy_gmem_to_smem(src: GmemRef, dst: SmemBuffer, barrier: Barrier) -> LoadHa
     here = user_line()
     _require_buffer(dst, "copy_gmem_to_smem", "dst", here)
     _require_barrier(barrier, "copy_gmem_to_smem", here)
+    dst._array._tma._require_open("copy_gmem_to_smem", here)
     dst._check_not_loading("a TMA load into")
     dst._check_not_stored("a TMA load into")
     barrier._add_arrival(f"the TMA load into {dst._name}")
@@ -620,6 +686,7 @@ def copy_smem_to_gmem(src: SmemBuffer, dst: GmemRef) -> StoreHandle:
     :class:`WrittenSmem` is refused by the type checker, and at trace time)."""
     here = user_line()
     _require_buffer(src, "copy_smem_to_gmem", "src", here)
+    src._array._tma._require_open("copy_smem_to_gmem", here)
     src._check_not_loading("a TMA store from")
     written = src._slot.written_at
     if written is not None:

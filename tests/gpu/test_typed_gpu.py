@@ -63,9 +63,8 @@ def _trace(body: Callable[..., None], **kw: Any) -> str:
     return example.jaxpr_text(_kernel(body, **kw), X)
 
 
-def _wrap(smem_in: Any, smem_out: Any, bars: Any) -> tuple[Any, Any, Any, Any]:
-    tma = gpu.Tma()
-    return tma, tma.smem(smem_in, "smem_in"), tma.smem(smem_out, "smem_out"), tma.barriers(bars)
+def _wrap(tma: gpu.Tma, smem_in: Any, smem_out: Any, bars: Any) -> tuple[Any, Any, Any]:
+    return tma.smem(smem_in, "smem_in"), tma.smem(smem_out, "smem_out"), tma.barriers(bars)
 
 
 # --- the example and its twin ------------------------------------------------------------
@@ -95,13 +94,14 @@ def test_two_loads_on_one_two_arrival_barrier_wait_once() -> None:
     second emits nothing."""
 
     def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        a = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
-        b = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], ins.at(1), barriers.at(0))
-        first, second = a.wait(), b.wait()
-        done = gpu.commit_smem(outs.at(0).write(first.read() + second.read()))
-        gpu.copy_smem_to_gmem(done, o_gmem.at[pl.ds(0, T)])
-        tma.wait_all_stores()
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            a = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+            b = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], ins.at(1), barriers.at(0))
+            first, second = a.wait(), b.wait()
+            done = gpu.commit_smem(outs.at(0).write(first.read() + second.read()))
+            gpu.copy_smem_to_gmem(done, o_gmem.at[pl.ds(0, T)])
+            tma.wait_all_stores()
 
     def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
         plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
@@ -122,17 +122,20 @@ def test_a_store_waited_by_name_waits_for_the_stores_after_it() -> None:
     emits nothing."""
 
     def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
-        ready = gpu.commit_smem(outs.at(0).write(x.read() * 2), outs.at(1).write(x.read() * 3))
-        first = gpu.copy_smem_to_gmem(ready[0], o_gmem.at[pl.ds(0, T)])
-        second = gpu.copy_smem_to_gmem(ready[1], o_gmem.at[pl.ds(T, T)])
-        third = gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(2 * T, T)])
-        again = first.wait(read_only=True)
-        third.wait(read_only=True)
-        second.wait(read_only=True)  # covered by the wait of the third: nothing emitted
-        gpu.copy_smem_to_gmem(gpu.commit_smem(again.write(x.read())), o_gmem.at[pl.ds(3 * T, T)])
-        tma.wait_all_stores()
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            ready = gpu.commit_smem(outs.at(0).write(x.read() * 2), outs.at(1).write(x.read() * 3))
+            first = gpu.copy_smem_to_gmem(ready[0], o_gmem.at[pl.ds(0, T)])
+            second = gpu.copy_smem_to_gmem(ready[1], o_gmem.at[pl.ds(T, T)])
+            third = gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(2 * T, T)])
+            again = first.wait(read_only=True)
+            third.wait(read_only=True)
+            second.wait(read_only=True)  # covered by the wait of the third: nothing emitted
+            gpu.copy_smem_to_gmem(
+                gpu.commit_smem(again.write(x.read())), o_gmem.at[pl.ds(3 * T, T)]
+            )
+            tma.wait_all_stores()
 
     def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
         plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
@@ -167,10 +170,12 @@ def _raises(body: Callable[..., None], error: type[Exception], *, arrivals: int 
 
 def test_a_load_handle_waited_twice() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, barriers = _wrap(smem_in, smem_out, bars)
-        load = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))  # <- l0
-        load.wait()  # <- l1
-        load.wait()  # <- l2
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            block, buffer = x_gmem.at[pl.ds(0, T)], ins.at(0)
+            load = gpu.copy_gmem_to_smem(block, buffer, barriers.at(0))  # <- l0
+            load.wait()  # <- l1
+            load.wait()  # <- l2
 
     message = _raises(body, gpu.HandleWaitedTwiceError)
     assert f"TMA load into smem_in[0] (started at {_line('l0')})" in message
@@ -180,11 +185,12 @@ def test_a_load_handle_waited_twice() -> None:
 
 def test_a_store_handle_waited_twice() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, barriers = _wrap(smem_in, smem_out, bars)
-        x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
-        store = gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
-        store.wait()  # <- s1
-        store.wait()  # <- s2
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            store = gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
+            store.wait()  # <- s1
+            store.wait()  # <- s2
 
     message = _raises(body, gpu.HandleWaitedTwiceError)
     assert f"waited at {_line('s1')} and again at {_line('s2')}" in message
@@ -193,10 +199,11 @@ def test_a_store_handle_waited_twice() -> None:
 
 def test_a_buffer_read_while_its_load_lands() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, barriers = _wrap(smem_in, smem_out, bars)
-        buffer = ins.at(1)
-        gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], buffer, barriers.at(1))  # <- start
-        buffer.read()  # <- read
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            buffer = ins.at(1)
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], buffer, barriers.at(1))  # <- start
+            buffer.read()  # <- read
 
     message = _raises(body, gpu.BufferBusyError)
     assert f"read of smem_in[1] at {_line('read')}" in message
@@ -206,11 +213,12 @@ def test_a_buffer_read_while_its_load_lands() -> None:
 
 def test_a_store_of_written_smem_without_commit() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
-        out = outs.at(0)
-        out.write(x.read() * 2)  # <- write
-        gpu.copy_smem_to_gmem(out, o_gmem.at[pl.ds(0, T)])  # <- uncommitted
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            out = outs.at(0)
+            out.write(x.read() * 2)  # <- write
+            gpu.copy_smem_to_gmem(out, o_gmem.at[pl.ds(0, T)])  # <- uncommitted
 
     message = _raises(body, gpu.MissingCommitError)
     assert f"TMA store from smem_out[0] at {_line('uncommitted')}" in message
@@ -220,11 +228,12 @@ def test_a_store_of_written_smem_without_commit() -> None:
 
 def test_a_buffer_overwritten_while_its_store_reads_it() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
-        ready = gpu.commit_smem(outs.at(0).write(x.read() * 2))
-        gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(0, T)])  # <- reading
-        ready.write(x.read() * 3)  # <- overwrite
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            ready = gpu.commit_smem(outs.at(0).write(x.read() * 2))
+            gpu.copy_smem_to_gmem(ready, o_gmem.at[pl.ds(0, T)])  # <- reading
+            ready.write(x.read() * 3)  # <- overwrite
 
     message = _raises(body, gpu.BufferBusyError)
     assert f"write to smem_out[0] at {_line('overwrite')}" in message
@@ -234,10 +243,11 @@ def test_a_buffer_overwritten_while_its_store_reads_it() -> None:
 
 def test_a_load_into_a_buffer_a_store_reads() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, barriers = _wrap(smem_in, smem_out, bars)
-        x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
-        gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])  # <- stored
-        gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], x, barriers.at(1))  # <- reload
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])  # <- stored
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], x, barriers.at(1))  # <- reload
 
     message = _raises(body, gpu.BufferBusyError)
     assert f"a TMA load into smem_in[0] at {_line('reload')}" in message
@@ -246,9 +256,10 @@ def test_a_load_into_a_buffer_a_store_reads() -> None:
 
 def test_a_wait_on_a_barrier_short_of_arrivals() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, barriers = _wrap(smem_in, smem_out, bars)
-        load = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
-        load.wait()  # <- short
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            load = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+            load.wait()  # <- short
 
     message = _raises(body, gpu.BarrierPhaseError, arrivals=2)
     assert f"wait() at {_line('short')}" in message
@@ -258,9 +269,10 @@ def test_a_wait_on_a_barrier_short_of_arrivals() -> None:
 
 def test_a_second_load_on_a_barrier_whose_phase_is_not_waited() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, barriers = _wrap(smem_in, smem_out, bars)
-        gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))  # <- first
-        gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], ins.at(1), barriers.at(0))  # <- second
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))  # <- first
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], ins.at(1), barriers.at(0))  # <- second
 
     message = _raises(body, gpu.BarrierPhaseError)
     assert f"the TMA load into smem_in[1] at {_line('second')} arrives on barriers[0]" in message
@@ -270,13 +282,14 @@ def test_a_second_load_on_a_barrier_whose_phase_is_not_waited() -> None:
 
 def test_a_traced_index_is_refused_with_the_way_out() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        _, ins, _, _ = _wrap(smem_in, smem_out, bars)
+        with gpu.Tma() as tma:
+            ins, _, _ = _wrap(tma, smem_in, smem_out, bars)
 
-        def step(i: Any, carry: None) -> None:
-            ins.at(i % 2)  # <- traced
-            return carry
+            def step(i: Any, carry: None) -> None:
+                ins.at(i % 2)  # <- traced
+                return carry
 
-        jax.lax.fori_loop(0, 2, step, None)
+            jax.lax.fori_loop(0, 2, step, None)
 
     message = _raises(body, TypeError)
     assert _line("traced") in message and "Python int index" in message
@@ -307,13 +320,16 @@ def test_the_typed_loop_traces_to_its_raw_twin_and_is_clean() -> None:
 
 
 def _loop(step: Callable[..., Any], carry: Callable[..., tuple[Any, ...]]) -> Callable[..., None]:
-    """A kernel body: one load in flight, then ``tma.fori_loop(0, 3, step, carry(...))``."""
+    """A kernel body: one load in flight, then ``tma.fori_loop(0, 3, step, carry(...))``,
+    then a wait of each handle the loop returns."""
 
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
-        env = (tma, ins, outs, barriers, x_gmem, o_gmem)
-        tma.fori_loop(0, 3, lambda it, c: step(env, it, c), carry(first))
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+            env = (tma, ins, outs, barriers, x_gmem, o_gmem)
+            for handle in tma.fori_loop(0, 3, lambda it, c: step(env, it, c), carry(first)):
+                handle.wait()
 
     return body
 
@@ -381,14 +397,15 @@ def test_an_int_index_in_a_loop_step_is_refused() -> None:
 
 def test_a_buffer_taken_before_the_loop_is_refused_in_its_step() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        out = outs.at(1)
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            out = outs.at(1)
 
-        def step(it: Any, carry: Any) -> Any:
-            out.read()  # <- outside_view
-            return carry
+            def step(it: Any, carry: Any) -> Any:
+                out.read()  # <- outside_view
+                return carry
 
-        tma.fori_loop(0, 2, step, ())
+            tma.fori_loop(0, 2, step, ())
 
     message = _raises(body, gpu.LoopCarryError)
     assert f"smem_out[1] used at {_line('outside_view')} was taken outside the loop" in message
@@ -396,18 +413,19 @@ def test_a_buffer_taken_before_the_loop_is_refused_in_its_step() -> None:
 
 def test_the_handles_carried_into_a_loop_are_used_up() -> None:
     def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
 
-        def step(it: gpu.Step, carry: tuple[gpu.LoadHandle]) -> tuple[gpu.LoadHandle]:
-            block = x_gmem.at[pl.ds((it.index + 1) * T, T)]
-            nxt = gpu.copy_gmem_to_smem(block, ins.at(it.slot(1)), barriers.at(it.slot(1)))
-            carry[0].wait()
-            return (nxt,)
+            def step(it: gpu.Step, carry: tuple[gpu.LoadHandle]) -> tuple[gpu.LoadHandle]:
+                block = x_gmem.at[pl.ds((it.index + 1) * T, T)]
+                nxt = gpu.copy_gmem_to_smem(block, ins.at(it.slot(1)), barriers.at(it.slot(1)))
+                carry[0].wait()
+                return (nxt,)
 
-        (last,) = tma.fori_loop(0, 3, step, (first,))  # <- loop
-        last.wait()
-        first.wait()  # <- stale
+            (last,) = tma.fori_loop(0, 3, step, (first,))  # <- loop
+            last.wait()
+            first.wait()  # <- stale
 
     message = _raises(body, gpu.HandleWaitedTwiceError)
     assert f"waited at the loop at {_line('loop')} and again at {_line('stale')}" in message
@@ -417,12 +435,13 @@ def test_a_barrier_arrival_counts_toward_its_phase() -> None:
     """A two-arrival barrier: one copy and one barrier_arrive complete the phase."""
 
     def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        load = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
-        barriers.at(0).arrive()
-        x = load.wait()
-        gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
-        tma.wait_all_stores()
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            load = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+            barriers.at(0).arrive()
+            x = load.wait()
+            gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
+            tma.wait_all_stores()
 
     def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
         plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
@@ -437,11 +456,12 @@ def test_a_barrier_arrival_counts_toward_its_phase() -> None:
 
 def test_each_program_of_a_grid_copies_its_own_block() -> None:
     def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
-        tma, ins, outs, barriers = _wrap(smem_in, smem_out, bars)
-        block = pl.ds(jax.lax.axis_index("g") * T, T)
-        x = gpu.copy_gmem_to_smem(x_gmem.at[block], ins.at(0), barriers.at(0)).wait()
-        gpu.copy_smem_to_gmem(x, o_gmem.at[block])
-        tma.wait_all_stores()
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            block = pl.ds(jax.lax.axis_index("g") * T, T)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[block], ins.at(0), barriers.at(0)).wait()
+            gpu.copy_smem_to_gmem(x, o_gmem.at[block])
+            tma.wait_all_stores()
 
     def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
         block = pl.ds(jax.lax.axis_index("g") * T, T)
@@ -482,3 +502,147 @@ def test_wrapping_a_ref_in_a_loop_step_is_refused() -> None:
 
     message = _raises(body, gpu.LoopCarryError)
     assert f"Tma.smem at {_line('wrap_in_loop')}" in message and "before Tma.fori_loop" in message
+
+
+# --- handles dropped at the end of the body ----------------------------------------------
+
+
+def test_a_load_handle_dropped_without_a_wait() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:  # <- load_body
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(1), barriers.at(1))  # <- dropped
+
+    message = _raises(body, gpu.HandleDroppedError)
+    assert f"with gpu.Tma() block at {_line('load_body')} ends with 1 copy handle(s)" in message
+    assert f"the TMA load into smem_in[1] started at {_line('dropped')}" in message
+    assert "buffer = load.wait()" in message and "carry it through Tma.fori_loop" in message
+
+
+def test_a_store_handle_dropped_without_a_wait() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:
+            ins, outs, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            first = gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
+            first.wait(read_only=True)
+            gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(T, T)])  # <- unwaited_store
+
+    message = _raises(body, gpu.HandleDroppedError)
+    assert "1 copy handle(s) never waited" in message
+    assert f"the TMA store from smem_in[0] started at {_line('unwaited_store')}" in message
+    assert "store.wait(read_only=True), or tma.wait_all_stores()" in message
+
+
+def test_a_handle_a_loop_returns_and_the_body_drops_names_its_line_in_the_step() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            first = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+
+            def step(it: gpu.Step, carry: tuple[gpu.LoadHandle]) -> tuple[gpu.LoadHandle]:
+                block = x_gmem.at[pl.ds((it.index + 1) * T, T)]
+                buffer, barrier = ins.at(it.slot(1)), barriers.at(it.slot(1))
+                nxt = gpu.copy_gmem_to_smem(block, buffer, barrier)  # <- in_step
+                carry[0].wait()
+                return (nxt,)
+
+            tma.fori_loop(0, 3, step, (first,))
+
+    message = _raises(body, gpu.HandleDroppedError)
+    assert f"the TMA load into smem_in[1] started at {_line('in_step')}" in message
+
+
+def test_handles_carried_through_a_loop_and_waited_in_later_steps_are_not_dropped() -> None:
+    """The example's loop: each store is waited two steps after it starts, the last load
+    and stores after the loop, the store the loop returns unnamed by wait_all_stores."""
+    x = jax.ShapeDtypeStruct((example.LOOP_STEPS * example.ROWS, example.COLS), jnp.float32)
+    text = example.jaxpr_text(example.kernel(example.typed_loop_body), x)
+    assert text.count("wait_smem_to_gmem[n=0 wait_read_only=False]") == 1
+
+
+def test_a_store_covered_by_a_later_stores_wait_is_not_dropped() -> None:
+    """Waiting the second store by name (n=0) waits the first, whose handle is dropped;
+    stores whose reads are done may finish their GMEM writes after the kernel."""
+
+    def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            x = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0)).wait()
+            gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(0, T)])
+            second = gpu.copy_smem_to_gmem(x, o_gmem.at[pl.ds(T, T)])
+            second.wait(read_only=True)
+
+    def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
+        plgpu.barrier_wait(bars.at[0])
+        plgpu.copy_smem_to_gmem(smem_in.at[0], o_gmem.at[pl.ds(0, T)])
+        plgpu.copy_smem_to_gmem(smem_in.at[0], o_gmem.at[pl.ds(T, T)])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    assert _trace(typed) == _trace(raw)
+    verify_gpu(_kernel(typed), X)
+
+
+def test_a_load_landed_under_another_handles_wait_is_not_dropped() -> None:
+    """Two loads on one two-arrival barrier: the first handle's wait observes both, so
+    the second has landed though its own handle is never waited."""
+
+    def typed(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            a = gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], ins.at(1), barriers.at(0))
+            gpu.copy_smem_to_gmem(a.wait(), o_gmem.at[pl.ds(0, T)]).wait()
+
+    def raw(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], bars.at[0])
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(T, T)], smem_in.at[1], bars.at[0])
+        plgpu.barrier_wait(bars.at[0])
+        plgpu.copy_smem_to_gmem(smem_in.at[0], o_gmem.at[pl.ds(0, T)])
+        plgpu.wait_smem_to_gmem(0)
+
+    assert _trace(typed, arrivals=2) == _trace(raw, arrivals=2)
+    verify_gpu(_kernel(typed, arrivals=2), X)
+
+
+def test_a_mistake_in_the_body_is_raised_as_itself_not_as_a_dropped_handle() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+            gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))
+            raise ValueError("the body's own error")
+
+    assert _raises(body, ValueError) == "the body's own error"
+
+
+def test_a_copy_outside_the_with_block_of_its_tma_is_refused() -> None:
+    def before(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma = gpu.Tma()
+        ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+        gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))  # <- unopened
+
+    def after(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        with gpu.Tma() as tma:
+            ins, _, barriers = _wrap(tma, smem_in, smem_out, bars)
+        gpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], ins.at(0), barriers.at(0))  # <- closed
+
+    message = _raises(before, TypeError)
+    assert (
+        f"copy_gmem_to_smem() at {_line('unopened')}: the buffer's Tma is never opened" in message
+    )
+    assert "with gpu.Tma() as tma:" in message
+    message = _raises(after, TypeError)
+    assert f"at {_line('closed')}: the buffer's Tma is closed" in message
+
+
+def test_a_tma_is_opened_once() -> None:
+    def body(x_gmem: Any, o_gmem: Any, smem_in: Any, smem_out: Any, bars: Any) -> None:
+        tma = gpu.Tma()
+        with tma:
+            pass
+        with tma:  # <- reopened
+            pass
+
+    message = _raises(body, TypeError)
+    assert f"with Tma at {_line('reopened')}: this Tma was opened before" in message
