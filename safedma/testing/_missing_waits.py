@@ -9,7 +9,12 @@ it, but not the line to fix. Two shapes of source still tell where the wait goes
   branch;
 * a descriptor that never leaves the function that starts it (not returned, stored,
   passed on or captured) and that nothing in the function waits: only that function
-  can wait it, after its start.
+  can wait it, after its start;
+* a copy started in a method of a class whose counterpart method (``copy_in`` and
+  ``wait_in``, ``start`` and ``wait``: the starting method's name with ``wait`` for
+  ``copy``, ``start``, ``fetch``, ``load`` or ``send``) waits for nothing: the wait
+  belongs in that method, before its ``return`` or at its end. This is the shape of
+  ``pltpu.BufferedRef`` subclasses and of descriptor objects with ``start``/``wait``.
 
 Anything else (a descriptor kept in a list or an object, made again elsewhere to be
 waited) says nothing, rather than guess. Only the standard library is used.
@@ -64,8 +69,10 @@ def _note(file_name: str, line: int, key: int) -> str:
     function = enclosing_function(call, parents)
     if statement is None or function is None:
         return ""
-    return _flag_branch_note(statement, function, descriptor, parents, base) or _local_note(
-        call, statement, function, base
+    return (
+        _flag_branch_note(statement, function, descriptor, parents, base)
+        or _local_note(call, statement, function, base)
+        or _counterpart_note(function, parents, base)
     )
 
 
@@ -133,6 +140,86 @@ def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: st
         f"; its descriptor `{name}` never leaves {where} and nothing there waits it: the "
         f"wait belongs in {where}, after {base}:{end}"
     )
+
+
+# In a starting method's name, the word its waiting counterpart has ``wait`` for.
+_START_WORDS = ("copy", "start", "fetch", "load", "send")
+
+
+def _counterpart_note(function: ast.AST, parents: dict[ast.AST, ast.AST], base: str) -> str:
+    """The copy is started in a method whose counterpart in the same class waits nothing."""
+    method = function
+    while method is not None and not isinstance(parents.get(method), ast.ClassDef):
+        method = enclosing_function(method, parents)
+    owner = parents.get(method) if method is not None else None
+    if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return ""
+    if not isinstance(owner, ast.ClassDef):
+        return ""
+    names = {
+        method.name.replace(word, "wait", 1) for word in _START_WORDS if word in method.name
+    } - {method.name}
+    counterparts = [
+        node
+        for node in owner.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names
+    ]
+    if len(counterparts) != 1:
+        return ""
+    waiter = counterparts[0]
+    if _may_wait(waiter, owner, depth=2):
+        return ""
+    where = f"`{owner.name}.{waiter.name}` at {base}:{waiter.lineno}"
+    started = f"; it is started in `{owner.name}.{method.name}`, and its counterpart {where}"
+    body = [s for s in waiter.body if not _is_filler(s)]
+    if body and isinstance(body[-1], ast.Return):
+        place = f"before its return at {base}:{body[-1].lineno}"
+        if len(body) > 1:
+            place = f"after {base}:{_end(body[-2])}, " + place
+    elif body:
+        place = f"at its end, after {base}:{_end(body[-1])}"
+    else:
+        first = waiter.body[-1]
+        place = f"in its body at {base}:{first.lineno}"
+    return f"{started} waits for nothing: the wait belongs in `{waiter.name}`, {place}"
+
+
+def _may_wait(function: ast.AST, owner: ast.ClassDef, depth: int) -> bool:
+    """Whether ``function`` may wait: it calls anything whose name says wait (a
+    descriptor's ``wait``, ``semaphore_wait``, a helper), or a method of ``self`` that
+    ``owner`` does not define (inherited: unknown) or whose body may wait."""
+    methods = {
+        node.name: node
+        for node in owner.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if "wait" in str(name):
+            return True
+        on_self = isinstance(func, ast.Attribute) and (
+            (isinstance(func.value, ast.Name) and func.value.id == "self")
+            or (isinstance(func.value, ast.Call) and getattr(func.value.func, "id", "") == "super")
+        )
+        if on_self:
+            called = methods.get(str(name))
+            if called is None or depth == 0 or _may_wait(called, owner, depth - 1):
+                return True
+    return False
+
+
+def _is_filler(statement: ast.stmt) -> bool:
+    """``pass``, ``...``, a docstring, a ``del``: no place for a wait to follow."""
+    if isinstance(statement, (ast.Pass, ast.Delete)):
+        return True
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+
+
+def _end(statement: ast.stmt) -> int:
+    return statement.end_lineno or statement.lineno
 
 
 def _flag(test: ast.expr) -> tuple[str | None, bool]:

@@ -1,6 +1,7 @@
 """Where the missing wait of a started copy belongs, read from the kernel's source: the
-other branch of a start-or-wait helper's flag, or the function a descriptor never
-leaves; nothing when the source does not tell."""
+other branch of a start-or-wait helper's flag, the function a descriptor never
+leaves, or the waiting counterpart of the method that starts it; nothing when the
+source does not tell."""
 
 from __future__ import annotations
 
@@ -72,6 +73,53 @@ SOURCE = textwrap.dedent(
             pass
         else:
             cp.start()
+
+
+    class WindowRef:
+        def copy_in(self, src, slot):
+            @loop(0, 4)
+            def _(i):
+                make_async_copy(src.at[i], self.window.at[slot, i], self.sems.at[slot]).start()
+
+        def wait_in(self, src, slot):
+            del src
+            window = self.window.at[slot]
+
+        def copy_out(self, dst, slot):
+            make_async_copy(self.window.at[slot], dst, self.sems.at[slot]).start()
+
+        def wait_out(self, dst, slot):
+            ...
+
+
+    class PagesDescriptor:
+        def start(self):
+            for cp in self.copies:
+                cp.start()
+
+        def wait(self):
+            for cp in self.copies:
+                self.count += 1
+            return self.buffer
+
+
+    class WaitedByAHelper:
+        def start(self):
+            self.cp.start()
+
+        def wait(self):
+            self._drain()
+
+
+    class TwoCounterparts:
+        def copy_in_start(self):
+            self.cp.start()
+
+        def wait_in_start(self):
+            pass
+
+        def copy_in_wait(self):
+            pass
     """
 )
 
@@ -147,6 +195,63 @@ def test_a_branch_on_anything_but_a_flag_parameter_is_no_start_or_wait_helper(
     note = _note(source, "on_a_flag_that_is_not_a_parameter", "cp.start()")
     assert "the branch at" not in note
     assert "`cp` never leaves on_a_flag_that_is_not_a_parameter" in note
+
+
+def _in_class(name: str, text: str) -> int:
+    return _line(text, _function_in_class(name))
+
+
+def _function_in_class(name: str) -> int:
+    return next(
+        n + 1
+        for n, line in enumerate(SOURCE.splitlines())
+        if line.strip().startswith(f"def {name}(")
+    )
+
+
+def test_a_copy_in_whose_wait_in_waits_nothing_names_the_end_of_wait_in(source: str) -> None:
+    start = _line("make_async_copy(src.at[i], self.window.at[slot, i], self.sems.at[slot]).start()")
+    note = where_the_wait_belongs(f"{source}:{start} (_)")
+    wait_in = _function_in_class("wait_in")
+    assert "started in `WindowRef.copy_in`" in note
+    assert f"`WindowRef.wait_in` at kernel_source.py:{wait_in} waits for nothing" in note
+    last = _line("window = self.window.at[slot]", wait_in)
+    assert f"the wait belongs in `wait_in`, at its end, after kernel_source.py:{last}" in note
+
+
+def test_a_counterpart_with_an_empty_body_names_its_body(source: str) -> None:
+    start = _line("make_async_copy(self.window.at[slot], dst, self.sems.at[slot]).start()")
+    note = where_the_wait_belongs(f"{source}:{start} (copy_out)")
+    body = _function_in_class("wait_out") + 1
+    assert f"the wait belongs in `wait_out`, in its body at kernel_source.py:{body}" in note
+
+
+def test_a_start_whose_wait_returns_a_buffer_names_the_line_before_the_return(
+    source: str,
+) -> None:
+    start = _line("cp.start()", _function_in_class("start"))
+    note = where_the_wait_belongs(f"{source}:{start} (start)")
+    wait = _function_in_class("wait")
+    loop_end = _line("self.count += 1", wait)
+    ret = _line("return self.buffer", wait)
+    assert f"`PagesDescriptor.wait` at kernel_source.py:{wait} waits for nothing" in note
+    assert f"after kernel_source.py:{loop_end}, before its return at kernel_source.py:{ret}" in (
+        note
+    )
+
+
+@pytest.mark.parametrize(
+    ("start", "method"),
+    [
+        ("self.cp.start()", "start"),  # its wait calls an inherited method that may wait
+        ("self.cp.start()", "copy_in_start"),  # two methods could be its counterpart
+    ],
+)
+def test_a_counterpart_that_may_wait_or_is_not_one_says_nothing(
+    source: str, start: str, method: str
+) -> None:
+    line = _line(start, _function_in_class(method))
+    assert where_the_wait_belongs(f"{source}:{line} ({method})") == ""
 
 
 def test_an_edited_file_is_read_again(source: str) -> None:

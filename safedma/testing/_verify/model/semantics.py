@@ -458,7 +458,10 @@ class Machine:
                 "wait has guaranteed complete yet"
             )
             if od.withheld is not None:
+                # a wait on the copy's semaphore that covers other copies; the source
+                # may still show where this copy's own wait belongs
                 them += f" ({od.withheld}: it does not guarantee this copy)"
+                them += where_the_wait_belongs(od.where)
             else:
                 # a wait aimed at another slot, or else where the source says the
                 # missing wait goes (a deleted wait leaves nothing in the program)
