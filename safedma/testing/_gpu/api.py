@@ -134,7 +134,8 @@ def _gpu_kernels(jaxpr: Any) -> Any:
                 raise VerificationUnsupportedError(
                     f"kernel `{eqn.params.get('name')}` runs num_threads={threads} warpgroups "
                     "(warp specialization): the checker models one thread of each program "
-                    "and does not yet check how warpgroups synchronize."
+                    "and does not yet check how warpgroups synchronize; "
+                    "safedma.testing.simulate_gpu runs it in jax's GPU interpreter instead."
                 )
             cluster = tuple(int(c) for c in (getattr(mesh, "cluster", ()) or ()))
             if math.prod(cluster) > 1:
