@@ -9,12 +9,14 @@ phase once ``num_arrivals`` arrivals were issued to it; each wait waits for the 
 by its parity. Only what is wrong on every path is reported, so correct code is never
 rejected:
 
-* a wait at the top of the body (no loop, branch or predicate around it) before which
-  the arrivals surely issued on its barrier slot reach the phase after the one it waits
-  (``num_arrivals`` more than the earlier waits at most took): that phase may complete
+* a wait before which its own straight line (the body's, a loop body's or a branch's)
+  surely issues enough arrivals on its slot (the same static slot, or the same index
+  expression: ``bars.at[i % 2]`` twice in one iteration) to complete the phase after the
+  one it waits, counting every wait that line may have made: that phase may complete
   first, the parity the wait tests comes round again, and it hangs or passes at the
-  wrong phase: :class:`~safedma.gpu.BarrierPhaseError` (this holds whatever came before
-  the body: the thread passed its earlier waits, so their phases had their arrivals);
+  wrong phase: :class:`~safedma.gpu.BarrierPhaseError`. This holds wherever the line
+  runs, whatever came before it: the thread passed its earlier waits, so their phases
+  had their arrivals;
 * a wait at the top of the body before which fewer arrivals than its phase needs can
   have been issued at all, on a barrier the kernel body allocates (scratch or
   ``run_scoped``) in a kernel of one warpgroup and one block per cluster: nothing else
@@ -27,9 +29,9 @@ rejected:
 
 A computed barrier index (``bars.at[i % 2]``) stands for every slot it can take
 (``_slot_ranges``); an arrival or wait in a loop, a branch or under a predicate only
-widens what may have happened before a later wait. A barrier used by anything else (an
-MMA, a collective copy, a cluster barrier, a block the reader does not know) is left
-alone. Races on shared memory, a missing ``commit_smem`` and whatever depends on loop
+widens what may have happened before a later wait of the line around it. A barrier used
+by anything else (an MMA, a collective copy, a cluster barrier, a block the reader does
+not know) is left alone. Races on shared memory, a missing ``commit_smem`` and whatever depends on loop
 counts are for ``safedma.testing.verify_gpu``.
 """
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeAlias, cast
 
 from safedma import _compat
@@ -86,6 +88,9 @@ class _Op:
     line: tuple[str, int] | None
     order: int  # its place in the body, in reading order
     loops: frozenset[int]  # the loops around it
+    # The index expression per dimension, where each is known: two ops of one straight
+    # line with equal ones are on one slot, whatever value it has in this run.
+    same: tuple[Hashable, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +132,15 @@ class _Reader:
         self.counter = itertools.count()
         self.ops: list[_Op] = []
         self.keep: list[object] = []  # ids are keys: keep what they name alive
+        self.names: dict[int, str] = {}  # run_scoped allocations, by their parameter
+
+    def named(self, var: object, jaxpr: Any) -> None:
+        """Name a ``run_scoped`` allocation after the parameter of the function it was
+        handed to, where jax recorded it."""
+        names = getattr(getattr(jaxpr, "debug_info", None), "arg_names", None) or ()
+        position = [id(v) for v in jaxpr.invars].index(id(var))
+        if position < len(names) and str(names[position]).isidentifier():
+            self.names[id(var)] = str(names[position])
 
     def is_barrier(self, var: object) -> bool:
         return _compat.is_jaxpr_var(var) and self.barrier_of(getattr(var, "aval", None)) is not None
@@ -195,6 +209,8 @@ class _Reader:
                     elif self.is_barrier(var):
                         allocated = name == "run_scoped" and var in jaxpr.invars
                         self.add_barrier(var, fresh=allocated)
+                        if allocated:
+                            self.named(var, jaxpr)
                         if not allocated:
                             self.opaque.add(id(var))
                             self.lost = True
@@ -257,8 +273,8 @@ class _Reader:
         key = self.root(barrier, env)
         if key is None or key not in self.barriers:
             return None
-        slots = self.slots(tree, leaves, scope, self.barriers[key].shape)
-        return _Op(kind, key, slots, sure, raw, line, order, loops)
+        slots, same = self.slots(tree, leaves, scope, self.barriers[key].shape)
+        return _Op(kind, key, slots, sure, raw, line, order, loops, same)
 
     def give_up(self, barrier: object, env: Mapping[int, int]) -> None:
         key = self.root(barrier, env)
@@ -267,22 +283,28 @@ class _Reader:
 
     def slots(
         self, tree: Any, leaves: list[Any], scope: Scope, shape: tuple[int, ...]
-    ) -> frozenset[int] | None:
+    ) -> tuple[frozenset[int] | None, tuple[Hashable, ...] | None]:
+        """The slots a barrier view can be, and its index expressions (see ``_Op.same``)."""
         try:
             transforms = tree.unflatten(list(leaves))
         except Exception:
-            return None
+            return None, None
         indices = _compat.indexer_scalars(transforms)
         if indices is None or len(indices) != len(shape):
-            return None
+            return None, None
         axes: list[Index] = []
+        keys: list[Hashable] = []
         for i, size in zip(indices, shape):
             if isinstance(i, int):
                 span: tuple[int | None, int | None] = (i, i)
+                keys.append(("const", i))
             else:
                 span = self.ranges.span(i, scope)
+                keys.append(self.ranges.key(i, scope))
             axes.append(index_of(i, size, span, literal=not _compat.is_jaxpr_var(i)))
-        return flat_positions(axes, shape)
+        static = all(a.static for a in axes)
+        same = tuple(("const", a.lo) for a in axes) if static else tuple(keys)
+        return flat_positions(axes, shape), same
 
 
 def _add(a: Interval, b: Interval) -> Interval:
@@ -297,7 +319,6 @@ class _Barriers:
         self.kernel_name = kernel_name
         self.names = names
         self.single_thread = False
-        self.lines: dict[tuple[int, int], list[tuple[str, int] | None]] = {}
 
     def slots_of(self, op: _Op) -> frozenset[int]:
         if op.slots is not None:
@@ -344,29 +365,51 @@ class _Barriers:
             out[key] = joined
         return out
 
-    def run(self, items: list[_Item]) -> None:
+    def run(self, items: list[_Item], *, top: bool = True) -> None:
+        """Read ``items`` in order, checking each wait against what came before it in
+        them. Each loop body and branch is read the same way on its own, from nothing:
+        what its own straight line surely issues is a lower bound wherever it runs."""
         state: Effect = {}
+        lines: dict[tuple[int, Hashable], list[tuple[str, int] | None]] = {}
         for item in items:
-            if isinstance(item, _Op) and item.kind == "wait" and item.root is not None:
-                slots = self.slots_of(item)
-                if item.sure and len(slots) == 1:
-                    self.check(item, next(iter(slots)), state)
-            if isinstance(item, _Op) and item.kind == "arrive" and item.root is not None:
-                slots = self.slots_of(item)
-                if item.sure and len(slots) == 1:
-                    self.lines.setdefault((item.root, next(iter(slots))), []).append(item.line)
+            if isinstance(item, _Loop):
+                self.run(item.items, top=False)
+            elif isinstance(item, _Branches):
+                for arm in item.arms:
+                    self.run(arm, top=False)
+            elif item.kind in ("arrive", "wait") and item.root is not None and item.sure:
+                if item.same is not None:
+                    key = (item.root, item.same)
+                    if item.kind == "wait":
+                        self.check(item, state, lines.get(key, []), top=top)
+                    else:
+                        lines.setdefault(key, []).append(item.line)
             _merge_into(state, self.item_effect(item))
 
-    def check(self, wait: _Op, slot: int, state: Effect) -> None:
+    def check(
+        self,
+        wait: _Op,
+        state: Effect,
+        lines: list[tuple[str, int] | None],
+        *,
+        top: bool,
+    ) -> None:
+        """The rules at ``wait``: ``state`` holds what its straight line issued before it,
+        ``lines`` the arrivals there surely on its slot (the same index expression)."""
         assert wait.root is not None
         if not wait.raw or wait.root in self.reader.opaque:
             return
         barrier = self.reader.barriers[wait.root]
         n = barrier.arrivals
-        arrived, waited = state.get((wait.root, slot), [(0, 0), (0, 0)])
-        name = self.barrier_name(wait.root, slot)
+        slots = sorted(self.slots_of(wait))
+        pairs = [state.get((wait.root, slot), [(0, 0), (0, 0)]) for slot in slots]
+        his = [pair[1][1] for pair in pairs]
+        most_waits = None if None in his else max(h for h in his if h is not None)
+        arrived, waited = pairs[0] if len(slots) == 1 else [(0, None), (0, None)]
+        arrived = (max(arrived[0], len(lines)), arrived[1])
+        waited = (waited[0], most_waits)
+        name = self.barrier_name(wait.root, slots)
         at = _where(wait.line)
-        lines = self.lines.get((wait.root, slot), [])
         if waited[1] is not None and arrived[0] >= (waited[1] + 2) * n:
             from safedma.gpu._errors import BarrierPhaseError  # noqa: PLC0415 (GPU only)
 
@@ -377,17 +420,30 @@ class _Barriers:
                 if waited[1] == 0
                 else ""
             )
+            if top:
+                issued = (
+                    f"waits for phase {waited[1]} of a barrier of num_arrivals={n}, but "
+                    f"{arrived[0]} arrivals (copies or barrier_arrive, at {started}) are issued "
+                    f"on it before this wait on every path, enough to complete phase "
+                    f"{waited[1] + 1} too"
+                )
+            else:
+                issued = (
+                    f"waits on a barrier of num_arrivals={n}, but the loop body or branch "
+                    f"around it issues {arrived[0]} arrivals on it (copies or barrier_arrive, "
+                    f"at {started}) before this wait, with at most {waited[1]} other wait(s) "
+                    "between, enough to complete the phase after the one it waits too"
+                )
             raise BarrierPhaseError(
-                f"kernel {self.kernel_name!r}: the barrier_wait({name}) at {at} waits for "
-                f"phase {waited[1]} of a barrier of num_arrivals={n}, but {arrived[0]} "
-                f"arrivals (copies or barrier_arrive, at {started}) are issued on it before "
-                f"this wait on every path, enough to complete phase {waited[1] + 1} too: the "
-                "parity the wait tests comes round again, so it hangs or passes at the wrong "
-                "phase. Wait each phase before issuing the next phase's arrivals (one "
+                f"kernel {self.kernel_name!r}: the barrier_wait({name}) at {at} {issued}: "
+                "the parity the wait tests comes round again, so it hangs or passes at the "
+                "wrong phase. Wait each phase before issuing the next phase's arrivals (one "
                 f"barrier_wait per {n} arrival{'s' if n != 1 else ''}), or give each copy in "
                 f"flight a barrier slot of its own (bars.at[slot]){together}."
             )
-        if not (self.single_thread and barrier.fresh and not self.reader.lost):
+        if not (top and len(slots) == 1 and self.single_thread and barrier.fresh):
+            return
+        if self.reader.lost:
             return
         if arrived[1] is None or arrived[1] >= (waited[0] + 1) * n:
             return
@@ -421,11 +477,14 @@ class _Barriers:
             f"{'y' if missing == 1 else 'ies'} or barrier_arrive on it before the wait."
         )
 
-    def barrier_name(self, root: int, slot: int) -> str:
-        base = self.names.get(root, "a barrier allocated in the body")
+    def barrier_name(self, root: int, slots: list[int]) -> str:
+        base = self.names.get(root) or self.reader.names.get(root, "barrier")
         shape = self.reader.barriers[root].shape
         if not shape:
             return base
+        if len(slots) > 1:
+            return f"{base}.at[{slots[0]}..{slots[-1]}]" if len(shape) == 1 else base
+        slot = slots[0]
         index: list[int] = []
         for size in reversed(shape):
             index.append(slot % size)

@@ -366,3 +366,63 @@ def test_a_store_a_later_loop_iteration_waits_is_left_to_verify_gpu() -> None:
         jax.lax.fori_loop(0, 4, step, None)
 
     _trace(body)
+
+
+def test_a_second_wait_on_a_run_scoped_barrier_hangs_and_names_it() -> None:
+    def body(x_gmem, o_gmem, smem_in, smem_out, bars):
+        def scoped(ready):
+            plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, T)], smem_in.at[0], ready)
+            plgpu.barrier_wait(ready)
+            plgpu.barrier_wait(ready)  # scoped twice
+
+        pl.run_scoped(scoped, plgpu.Barrier(num_arrivals=1))
+
+    with pytest.raises(safedma.WaitExceedsCopiesError) as caught:
+        _trace(body)
+    message = str(caught.value)
+    assert "barrier_wait(ready) at " in message and _line("scoped twice") in message
+    assert "second wait on one completion" in message
+
+
+def test_a_run_scoped_barrier_in_a_loop_waited_once_per_iteration_passes() -> None:
+    def body(x_gmem, o_gmem, smem_in, smem_out, bars):
+        def step(i, carry):
+            def scoped(ready):
+                plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(i * T, T)], smem_in.at[0], ready)
+                plgpu.barrier_wait(ready)
+
+            pl.run_scoped(scoped, plgpu.Barrier(num_arrivals=1))
+            return carry
+
+        jax.lax.fori_loop(0, 4, step, None)
+
+    _trace(body)
+
+
+def test_two_copies_on_one_slot_before_its_wait_in_a_loop_body_are_a_phase_error() -> None:
+    def body(x_gmem, o_gmem, smem_in, smem_out, bars):
+        def step(i, carry):
+            _load(x_gmem, smem_in, bars, i, 0, i % 2)
+            _load(x_gmem, smem_in, bars, i, 1, i % 2)
+            plgpu.barrier_wait(bars.at[i % 2])  # overfull in the loop
+            return carry
+
+        jax.lax.fori_loop(0, 4, step, None)
+
+    with pytest.raises(BarrierPhaseError) as caught:
+        _trace(body)
+    message = str(caught.value)
+    assert _line("overfull in the loop") in message
+    assert "the loop body or branch around it issues 2 arrivals" in message
+
+
+def test_two_copies_before_a_wait_in_a_branch_are_a_phase_error() -> None:
+    def body(x_gmem, o_gmem, smem_in, smem_out, bars):
+        @pl.when(jax.lax.axis_index("g") == 0)
+        def _():
+            _load(x_gmem, smem_in, bars, 0, 0, 1)
+            plgpu.barrier_arrive(bars.at[1])
+            plgpu.barrier_wait(bars.at[1])  # overfull in the branch
+
+    with pytest.raises(BarrierPhaseError, match=re.escape(_line("overfull in the branch"))):
+        _trace(body, grid=(2,), grid_names=("g",))

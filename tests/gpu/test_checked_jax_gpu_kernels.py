@@ -40,12 +40,15 @@ def _ops(name: str) -> Any:
 
 
 class _Seen:
-    """What the check read: bodies checked, and the barrier waits and stores in them."""
+    """What the check read: bodies checked, the barrier waits and stores in them, and the
+    waits the barrier rules were applied to (each wait of a straight line whose slot is
+    known, or whose index expression its arrivals share)."""
 
     def __init__(self) -> None:
         self.bodies = 0
         self.waits = 0
         self.stores = 0
+        self.checked = 0  # barrier waits the rules were applied to
 
 
 @pytest.fixture
@@ -62,17 +65,23 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> _Seen:
     def checked_pallas_call(body: Any, *args: Any, **kwargs: Any) -> Any:
         return pallas_call(safedma.checked(body), *args, **kwargs)
 
-    run = _raw_gpu._Barriers.run
+    run, check = _raw_gpu._Barriers.run, _raw_gpu._Barriers.check
 
-    def spy(self: Any, items: list[Any]) -> None:
-        record.bodies += 1
-        record.waits += sum(op.kind == "wait" for op in self.reader.ops)
-        record.stores += sum(op.kind == "store" for op in self.reader.ops)
-        run(self, items)
+    def spy(self: Any, items: list[Any], *, top: bool = True) -> None:
+        if top:
+            record.bodies += 1
+            record.waits += sum(op.kind == "wait" for op in self.reader.ops)
+            record.stores += sum(op.kind == "store" for op in self.reader.ops)
+        run(self, items, top=top)
+
+    def spy_check(self: Any, *args: Any, **kwargs: Any) -> None:
+        record.checked += 1
+        check(self, *args, **kwargs)
 
     monkeypatch.setattr(plgpu, "kernel", checked_kernel)
     monkeypatch.setattr(pl, "pallas_call", checked_pallas_call)
     monkeypatch.setattr(_raw_gpu._Barriers, "run", spy)
+    monkeypatch.setattr(_raw_gpu._Barriers, "check", spy_check)
     return record
 
 
@@ -126,6 +135,7 @@ def test_checked_ragged_dot_bodies_pass(
     )
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def test_checked_transposed_ragged_dot_body_passes(
@@ -150,6 +160,7 @@ def test_checked_transposed_ragged_dot_body_passes(
     _trace(run, a, a, jax.ShapeDtypeStruct((2,), jnp.int32))
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def test_checked_hopper_matmul_body_passes(seen: _Seen, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,6 +171,7 @@ def test_checked_hopper_matmul_body_passes(seen: _Seen, monkeypatch: pytest.Monk
     _trace(lambda a, b: mod.matmul(a, b, None, config), a, a)
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def test_checked_hopper_mixed_type_matmul_body_passes(
@@ -180,6 +192,7 @@ def test_checked_hopper_mixed_type_matmul_body_passes(
     )
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def test_checked_attention_body_passes(seen: _Seen, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,6 +204,7 @@ def test_checked_attention_body_passes(seen: _Seen, monkeypatch: pytest.MonkeyPa
     _trace(lambda q, k, v: mod.attention(q, k, v, config), q, q, q)
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def _attention_module(monkeypatch: pytest.MonkeyPatch, cuda: int = 12090) -> Any:
@@ -207,6 +221,7 @@ def test_checked_causal_attention_body_passes(seen: _Seen, monkeypatch: pytest.M
     _trace(lambda q, k, v: mod.attention(q, k, v, config), q, q, q)
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def test_checked_attention_backward_bodies_pass(
@@ -223,6 +238,7 @@ def test_checked_attention_backward_bodies_pass(
     _trace(jax.grad(loss, argnums=(0, 1, 2)), q, q, q)
     assert seen.bodies == 3  # the forward kernel, then dq and dk/dv
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 def test_checked_attention_with_pipeline_emitter_body_passes(
@@ -234,6 +250,7 @@ def test_checked_attention_with_pipeline_emitter_body_passes(
     _trace(lambda q, k, v: mod.attention_with_pipeline_emitter(q, k, v, config), q, q, q)
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
 
 
 @pytest.mark.parametrize("collective", [False, True])
@@ -246,3 +263,4 @@ def test_checked_blackwell_matmul_body_passes(seen: _Seen, collective: bool) -> 
     _trace(lambda a, b: mod.matmul_kernel(a, b, config), a, a)
     assert seen.bodies == 1
     assert seen.waits > 0 and seen.stores > 0
+    assert seen.checked > 0
