@@ -10,6 +10,7 @@ the warp-specialized ones and those whose pipelines index barriers by ``step % n
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -57,11 +58,15 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> _Seen:
     record = _Seen()
     kernel, pallas_call = plgpu.kernel, pl.pallas_call
 
+    # Wrapped, so that a probe of plgpu.kernel's signature (safedma.gpu.available) still
+    # sees jax's.
+    @functools.wraps(kernel)
     def checked_kernel(body: Any = None, **kwargs: Any) -> Any:
         if body is None:
             return lambda fn: checked_kernel(fn, **kwargs)
         return kernel(safedma.checked(body), **kwargs)
 
+    @functools.wraps(pallas_call)
     def checked_pallas_call(body: Any, *args: Any, **kwargs: Any) -> Any:
         return pallas_call(safedma.checked(body), *args, **kwargs)
 
