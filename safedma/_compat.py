@@ -123,6 +123,10 @@ __all__ = [
     "grid_size",
     "scan_layout",
     "view_index_axes",
+    "traced_for",
+    "frame_inputs",
+    "indexer_scalars",
+    "called_by_jax",
 ]
 
 
@@ -1180,3 +1184,50 @@ def recorded_eqns(record: object) -> list[Any]:
         if entry is not None:
             found.append(entry)
     return found
+
+
+# Pallas GPU kernel bodies (safedma/_raw_gpu.py): what a trace is traced for, the inputs
+# of the jaxpr it builds, and the scalar indices of a barrier view's transforms. Private,
+# jax 0.12 (the only jax with Pallas GPU safedma reads): a DynamicJaxprTrace's
+# ``frame.debug_info.traced_for`` and ``frame.invars``, and NDIndexer / Slice (see
+# ref_layout). A name jax moves reads as "unknown", and the GPU checks then say nothing.
+
+
+def traced_for(frame: object) -> str:
+    """What jax traces ``frame`` for (``"pallas run_scoped"``, ``"pallas_call kernel"``,
+    ``"fori_loop"``...); ``""`` when not known."""
+    debug_info = getattr(getattr(frame, "frame", None), "debug_info", None)
+    return str(getattr(debug_info, "traced_for", ""))
+
+
+def frame_inputs(frame: object) -> list[object]:
+    """The input variables of the jaxpr ``frame`` is building (a ``run_scoped`` body's
+    allocations, a kernel's operands and scratch)."""
+    inputs: object = getattr(getattr(frame, "frame", None), "invars", ())
+    return list(cast("Sequence[object]", inputs)) if isinstance(inputs, (list, tuple)) else []
+
+
+def indexer_scalars(transforms: object) -> list[object] | None:
+    """The scalar index per dimension of a view whose transforms are one ``.at[...]`` of
+    integers (jaxpr variables, literals or ints), ``[]`` for no transform; None for any
+    other view (a slice, several indexers, a reshape)."""
+    items = cast("Sequence[object]", transforms) if isinstance(transforms, (list, tuple)) else ()
+    if not items:
+        return [] if isinstance(transforms, (list, tuple)) else None
+    if len(items) != 1 or not isinstance(items[0], _state_indexing.NDIndexer):
+        return None
+    found: list[object] = []
+    for index in items[0].indices:
+        if isinstance(index, _indexing.Slice) or getattr(index, "shape", ()) != ():
+            return None
+        found.append(index)
+    return found
+
+
+def called_by_jax(frame: object) -> bool:
+    """Whether Python ``frame`` (a function's caller) runs jax's own code: jax traces the
+    function itself (a kernel or ``run_scoped`` body), rather than user code calling it."""
+    code = getattr(frame, "f_code", None)
+    filename = str(getattr(code, "co_filename", "")).replace("\\", "/")
+    root = jax.__file__.replace("\\", "/").rsplit("/", 1)[0] + "/"
+    return filename.startswith(root)

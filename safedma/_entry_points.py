@@ -28,6 +28,7 @@ from safedma._arguments import check_callable, shown
 from safedma._jax_errors import rewrite
 from safedma._describe import is_library_file
 from safedma._ledger import ledger_scope, settle_semaphore
+from safedma._raw_gpu import check_raw_gpu
 from safedma._raw_pairing import check_raw_copies
 from safedma._scope import KernelConfig, entry_config, kernel_config, kernel_scope
 from safedma._sanitize import Sanitize, for_body, for_call
@@ -122,7 +123,8 @@ def checked(
     Use it on kernels passed to ``pl.pallas_call``; :func:`pallas_call`
     applies it for you. ``@checked(sanitize=True)`` also sanitizes the body
     wherever :func:`pallas_call` runs it (``sanitize=False``: never, whatever
-    ``SAFEDMA_SANITIZE`` says); see docs/sanitizer.md.
+    ``SAFEDMA_SANITIZE`` says); see docs/sanitizer.md. On a Pallas GPU body
+    (``plgpu.kernel``) it checks the raw barriers and TMA stores too (docs/gpu.md).
     """
     if body is not None:
         check_callable(
@@ -162,6 +164,7 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
     @functools.wraps(body)
     def traced(*args: P.args, **kwargs: P.kwargs) -> None:
         _sanitizer_reach(traced)  # before the config of a plain entry point is set
+        by_jax = _compat.called_by_jax(getattr(inspect.currentframe(), "f_back", None))
         with (
             _config_of_enclosing_call(),
             kernel_scope(name, named := _named_arguments(signature, args, kwargs)),
@@ -189,6 +192,7 @@ def _checked(body: Callable[P, None], scratch: int | None) -> Callable[P, None]:
             ledger.check_all_waited(name)
             if ledger.parent is None:  # a nested body's copies are its kernel's
                 _check_raw_copies(ledger, name, named, args, scratch)
+                _check_raw_gpu(ledger, name, named, whole_body=by_jax)
 
     # jax names a kernel after its function, looking through functools.partial;
     # a partial has no __name__ for wraps() to copy, so give the wrapper the
@@ -230,6 +234,21 @@ def _check_raw_copies(
             if var is not None:
                 skip.add(id(var))
     check_raw_copies(ledger.frame, ledger.begins_at, name, names, skip, is_library_file)
+
+
+def _check_raw_gpu(
+    ledger: Any, name: str, named: Mapping[str, object], *, whole_body: bool
+) -> None:
+    """The raw plgpu barriers and stores of a GPU kernel body (safedma/_raw_gpu.py), barriers
+    named by the parameters holding them."""
+    names: dict[int, str] = {}
+    for text, ref in named.items():
+        var = _compat.jaxpr_var_of(_compat.root_of(ref))
+        if var is not None and id(var) not in names:
+            names[id(var)] = text
+    check_raw_gpu(
+        ledger.frame, ledger.begins_at, name, names, is_library_file, whole_body=whole_body
+    )
 
 
 def _sanitizer_reach(body: object) -> None:

@@ -21,10 +21,12 @@ from typing import Any
 __all__ = [
     "available",
     "barrier_arrive",
+    "barrier_of",
     "barrier_wait",
     "commit_smem",
     "copy_gmem_to_smem",
     "copy_smem_to_gmem",
+    "enclosing_mesh",
     "fori_loop",
     "num_arrivals",
     "read",
@@ -121,6 +123,59 @@ def num_arrivals(barrier_ref: object) -> int | None:
     if isinstance(dtype, barrier_type):
         return int(getattr(dtype, "num_arrivals"))
     return None
+
+
+def barrier_of(aval: object) -> tuple[int, bool] | None:
+    """``(num_arrivals, cluster barrier?)`` of a barrier ref's aval, else None.
+
+    Why: the raw trace-time check (``safedma/_raw_gpu.py``) reads a barrier from a jaxpr
+    variable; its dtype is the private ``BarrierType`` or ``ClusterBarrierType`` (in
+    ``jax._src.pallas.mosaic_gpu.core``). Quiet where they are missing: the check then
+    says nothing.
+    """
+    dtype = getattr(getattr(aval, "inner_aval", aval), "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        core = importlib.import_module(_GPU_CORE)
+    except Exception:
+        return None
+    for name, cluster in (("BarrierType", False), ("ClusterBarrierType", True)):
+        kind = getattr(core, name, None)
+        if isinstance(kind, type) and isinstance(dtype, kind):
+            arrivals = getattr(dtype, "num_arrivals", None)
+            return (arrivals, cluster) if isinstance(arrivals, int) else None
+    return None
+
+
+def enclosing_mesh() -> tuple[int, int] | None:
+    """``(threads, blocks per cluster)`` of the ``plgpu.kernel`` being traced, or None.
+
+    Why: ``plgpu.kernel`` traces the body under its private ``Mesh`` (in
+    ``jax._src.pallas.mosaic_gpu.core``), held by jax's own frames as ``mesh``; the
+    warpgroups it runs share the body's barriers and arrive on them too.
+    """
+    try:
+        mesh_type = getattr(importlib.import_module(_GPU_CORE), "Mesh", None)
+    except Exception:
+        return None
+    if not isinstance(mesh_type, type):
+        return None
+    frame = inspect.currentframe()
+    while frame is not None:
+        mesh = frame.f_locals.get("mesh") if "mesh" in _names(frame.f_code) else None
+        if isinstance(mesh, mesh_type):
+            threads = getattr(mesh, "num_threads", None) or 1
+            blocks = 1
+            for size in getattr(mesh, "cluster", ()) or ():
+                blocks *= int(size)
+            return int(threads), blocks
+        frame = frame.f_back
+    return None
+
+
+def _names(code: Any) -> tuple[str, ...]:
+    return (*code.co_varnames, *code.co_freevars, *code.co_cellvars)
 
 
 def copy_gmem_to_smem(src: object, dst: object, barrier: object) -> None:
