@@ -23,6 +23,7 @@ from typing import Any, cast
 from safedma.testing._private import moved
 
 __all__ = [
+    "CALLBACK_LOGGERS",
     "BlockedBarrierWait",
     "barrier_arrivals",
     "blocked_barrier_waits",
@@ -45,6 +46,9 @@ _GPU_CORE = "jax._src.pallas.mosaic_gpu.core"
 _INDEXING = "jax._src.state.indexing"
 _JAX_CORE = "jax.core"
 _GPU_CALLBACKS = "jax._src.pallas.mosaic_gpu.interpret.gpu_callbacks"
+# The logger jax reports a failing host callback on ("jax.io_callback failed"), with the
+# exception attached: public logging, but the name is jax's module path.
+CALLBACK_LOGGERS = ("jax._src.callback",)
 _GPU_SHARED_MEMORY = "jax._src.pallas.mosaic_gpu.interpret.shared_memory"
 
 

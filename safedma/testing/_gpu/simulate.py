@@ -48,8 +48,6 @@ _POLL_S = 0.05
 _CONFIRM_POLLS = 3
 # How long a stopped run may take to unwind.
 _GRACE_S = 10.0
-# jax logs a failing host callback on these loggers, with the exception attached.
-_CALLBACK_LOGGERS = ("jax._src.callback",)
 
 _running = threading.Lock()
 
@@ -257,7 +255,7 @@ def _callback_failures(failures: list[BaseException]) -> Generator[None, None, N
             return False
 
     collect = _Collect()
-    loggers = [logging.getLogger(name) for name in _CALLBACK_LOGGERS]
+    loggers = [logging.getLogger(name) for name in jax_seam.CALLBACK_LOGGERS]
     for logger in loggers:
         logger.addFilter(collect)
     try:
