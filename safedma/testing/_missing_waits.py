@@ -148,7 +148,7 @@ _START_WORDS = ("copy", "start", "fetch", "load", "send")
 
 def _counterpart_note(function: ast.AST, parents: dict[ast.AST, ast.AST], base: str) -> str:
     """The copy is started in a method whose counterpart in the same class waits nothing."""
-    method = function
+    method: ast.AST | None = function
     while method is not None and not isinstance(parents.get(method), ast.ClassDef):
         method = enclosing_function(method, parents)
     owner = parents.get(method) if method is not None else None

@@ -18,7 +18,7 @@ import dataclasses
 import sys
 from collections.abc import Generator, Sequence
 from types import FrameType
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from safedma.testing._private import moved
 
@@ -235,7 +235,9 @@ def interpret_available() -> bool:
 
 
 @contextlib.contextmanager
-def interpret_mode(*, detect_races: bool, uninitialized_memory: str) -> Generator[None, None, None]:
+def interpret_mode(
+    *, detect_races: bool, uninitialized_memory: Literal["nan", "zero"]
+) -> Generator[None, None, None]:
     """Every Pallas GPU kernel traced in this thread runs in the GPU interpreter.
 
     Why: ``force_gpu_interpret_mode`` sets a thread-local config that is part of

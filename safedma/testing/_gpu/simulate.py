@@ -128,7 +128,7 @@ def _run(
     args: tuple[ArrayLike, ...],
     timeout_s: float,
     detect_races: bool,
-    uninitialized_memory: str,
+    uninitialized_memory: Literal["nan", "zero"],
 ) -> object:
     outcome = _Outcome()
 
