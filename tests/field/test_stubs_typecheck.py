@@ -200,13 +200,17 @@ def runs(
     checker: str = request.param
     roots, files = field_files
     work = tmp_path_factory.mktemp(f"stubs-field-{checker}")
-    probe = work / "probe_stub_mistake.py"
+    # One mypy cache per set-up (kept between runs): jax is analysed once for each. mypy
+    # caches a module by name, so the probe keeps one path from run to run: in a fresh
+    # temporary folder each time, a run would report it at the last run's path.
+    cache_root = REPO / ".mypy_cache" / "field-stubs"
+    probe_dir = cache_root / "probe" if checker == "mypy" else work
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    probe = probe_dir / "probe_stub_mistake.py"
     probe.write_text(PROBE)
     targets = [*files, probe]
     start = time.perf_counter()
     if checker == "mypy":
-        # One cache per set-up (kept between runs): jax is analysed once for each.
-        cache_root = REPO / ".mypy_cache" / "field-stubs"
         with_stubs = run_mypy(targets, roots, cache_root / "with", stubs=True)
         without = run_mypy(targets, roots, cache_root / "without", stubs=False)
     else:
