@@ -40,3 +40,14 @@ class LoopCarryError(SafeDmaError, RuntimeError):
 class HandleDroppedError(SafeDmaError, RuntimeError):
     """A load or store handle never waited when the kernel body's ``with gpu.Tma()``
     block ends: the copy may still write or read SMEM after the kernel exits."""
+
+
+# The classes defined here print as safedma.gpu.X, the path users import them by.
+for _error in (
+    BufferBusyError,
+    MissingCommitError,
+    BarrierPhaseError,
+    LoopCarryError,
+    HandleDroppedError,
+):
+    _error.__module__ = "safedma.gpu"

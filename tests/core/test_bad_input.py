@@ -428,6 +428,10 @@ def test_public_classes_print_with_the_public_module_path() -> None:
                 assert value.__module__ == "safedma", (name, value.__module__)
     assert repr(sd.DeviceIdError) == "<class 'safedma.DeviceIdError'>"
     assert repr(sdt.SemaphoreIndexError) == "<class 'safedma.testing.SemaphoreIndexError'>"
+    for name, value in _public(sdg).items():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            home = "safedma" if getattr(sd, name, None) is value else "safedma.gpu"
+            assert value.__module__ == home, (name, value.__module__)
 
 
 def test_dir_lists_the_public_names_only() -> None:
