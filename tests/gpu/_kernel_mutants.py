@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.gpu._jax_kernels import JaxWithDevices, f32
+
 OPERATORS = (
     "drop_commit_smem",
     "drop_wait_smem_to_gmem",
@@ -262,28 +264,6 @@ class Run:
     want: Any
 
 
-def _f32(x: Any) -> Any:
-    import numpy as np
-
-    return np.asarray(x, dtype=np.float32)
-
-
-class _JaxWithSms(types.ModuleType):
-    """jax, except that its devices are one GPU-like device with ``sms`` SMs."""
-
-    def __init__(self, jax: Any, sms: int) -> None:
-        super().__init__("jax")
-        self._jax, self._sms = jax, sms
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._jax, name)
-
-    def devices(self, *args: Any) -> list[Any]:
-        return [types.SimpleNamespace(core_count=self._sms)]
-
-    local_devices = devices
-
-
 def ragged_dot(mod: types.ModuleType) -> Run:
     import jax
     import jax.numpy as jnp
@@ -300,7 +280,7 @@ def ragged_dot(mod: types.ModuleType) -> Run:
             max_concurrent_steps=2, grid_block_n=1,
         )  # fmt: skip
 
-    want = np.concatenate([_f32(lhs[:64]) @ _f32(rhs[0]), _f32(lhs[64:]) @ _f32(rhs[1])])
+    want = np.concatenate([f32(lhs[:64]) @ f32(rhs[0]), f32(lhs[64:]) @ f32(rhs[1])])
     return Run(fn, (lhs, rhs, sizes), want)
 
 
@@ -320,7 +300,7 @@ def hopper_matmul(mod: types.ModuleType) -> Run:
     a = jax.random.normal(key_a, (384, 128), jnp.float16)
     b = jax.random.normal(key_b, (128, 128), jnp.float16)
     c = jax.random.normal(key_c, (384, 128), jnp.float16)
-    want = _f32(a) @ _f32(b) + _f32(c)
+    want = f32(a) @ f32(b) + f32(c)
     return Run(lambda a, b, c: mod.matmul(a, b, c, config), (a, b, c), want)
 
 
@@ -329,7 +309,7 @@ def transposed_ragged_dot(mod: types.ModuleType) -> Run:
     import jax.numpy as jnp
     import numpy as np
 
-    setattr(mod, "jax", _JaxWithSms(jax, 2))
+    setattr(mod, "jax", JaxWithDevices(2))
     key_l, key_r = jax.random.split(jax.random.PRNGKey(2))
     lhs = jax.random.normal(key_l, (256, 128), jnp.float16)
     rhs = jax.random.normal(key_r, (256, 128), jnp.float16)
@@ -341,7 +321,7 @@ def transposed_ragged_dot(mod: types.ModuleType) -> Run:
             max_concurrent_steps=2, grid_block_n=1,
         )  # fmt: skip
 
-    want = np.stack([_f32(lhs[:96]).T @ _f32(rhs[:96]), _f32(lhs[96:]).T @ _f32(rhs[96:])])
+    want = np.stack([f32(lhs[:96]).T @ f32(rhs[:96]), f32(lhs[96:]).T @ f32(rhs[96:])])
     return Run(fn, (lhs, rhs, sizes), want)
 
 
@@ -359,7 +339,7 @@ def hopper_mixed_type_matmul(mod: types.ModuleType) -> Run:
     def fn(a: Any, b: Any) -> Any:
         return mod.mixed_matmul_kernel(a, b, out_dtype=jnp.bfloat16, config=config)
 
-    return Run(fn, (a, b), _f32(a) @ _f32(b))
+    return Run(fn, (a, b), f32(a) @ f32(b))
 
 
 def blackwell_matmul(mod: types.ModuleType) -> Run:
@@ -372,7 +352,7 @@ def blackwell_matmul(mod: types.ModuleType) -> Run:
     key_a, key_b = jax.random.split(jax.random.PRNGKey(4))
     a = jax.random.normal(key_a, (256, 256), jnp.float16)
     b = jax.random.normal(key_b, (256, 256), jnp.float16)
-    return Run(lambda a, b: mod.matmul_kernel(a, b, config), (a, b), _f32(a) @ _f32(b))
+    return Run(lambda a, b: mod.matmul_kernel(a, b, config), (a, b), f32(a) @ f32(b))
 
 
 def blackwell_ragged_dot(mod: types.ModuleType) -> Run:
@@ -383,7 +363,7 @@ def blackwell_ragged_dot(mod: types.ModuleType) -> Run:
 
     from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu
 
-    setattr(mod, "jax", _JaxWithSms(jax, 4))
+    setattr(mod, "jax", JaxWithDevices(4))
     config = mod.TuningConfig(
         tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2, collective=True,
         grid_tile_width=1, grid_minor_dim=blackwell_matmul_mgpu.MatmulDimension.N,
@@ -392,5 +372,5 @@ def blackwell_ragged_dot(mod: types.ModuleType) -> Run:
     a = jax.random.normal(key_a, (256, 256), jnp.float16)
     b = jax.random.normal(key_b, (2, 256, 256), jnp.float16)
     sizes = jnp.array([128, 128], jnp.int32)
-    want = np.concatenate([_f32(a[:128]) @ _f32(b[0]), _f32(a[128:]) @ _f32(b[1])])
+    want = np.concatenate([f32(a[:128]) @ f32(b[0]), f32(a[128:]) @ f32(b[1])])
     return Run(lambda a, b, s: mod.ragged_dot_kernel(a, b, s, config), (a, b, sizes), want)

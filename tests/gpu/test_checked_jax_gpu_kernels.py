@@ -29,15 +29,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import safedma
 from safedma import _raw_gpu
-from tests.field import _shims
-
-_shims.install()  # absl, imported by jax._src.test_util, where it is not installed
-
-
-def _ops(name: str) -> Any:
-    import importlib
-
-    return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
+from tests.gpu._jax_kernels import JaxWithDevices, ops
 
 
 class _Seen:
@@ -94,20 +86,6 @@ def _trace(fn: Callable[..., Any], *args: Any) -> None:
     jax.make_jaxpr(fn)(*args)
 
 
-class _JaxWithDevices(types.ModuleType):
-    """jax, except that ``devices()`` is one GPU-like device with ``sms`` SMs."""
-
-    def __init__(self, sms: int) -> None:
-        super().__init__("jax")
-        self._sms = sms
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(jax, name)
-
-    def devices(self, *args: Any) -> list[Any]:
-        return [types.SimpleNamespace(core_count=self._sms)]
-
-
 @pytest.mark.parametrize(
     ("m", "groups", "k", "steps", "transpose_rhs"),
     [(256, 2, 128, 2, False), (320, 3, 256, 3, False), (256, 2, 256, 2, True)],
@@ -115,7 +93,7 @@ class _JaxWithDevices(types.ModuleType):
 def test_checked_ragged_dot_bodies_pass(
     seen: _Seen, m: int, groups: int, k: int, steps: int, transpose_rhs: bool
 ) -> None:
-    mod = _ops("ragged_dot_mgpu")
+    mod = ops("ragged_dot_mgpu")
     n = 128
     rhs_shape = (groups, n, k) if transpose_rhs else (groups, k, n)
 
@@ -146,8 +124,8 @@ def test_checked_ragged_dot_bodies_pass(
 def test_checked_transposed_ragged_dot_body_passes(
     seen: _Seen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mod = _ops("transposed_ragged_dot_mgpu")
-    monkeypatch.setattr(mod, "jax", _JaxWithDevices(4))
+    mod = ops("transposed_ragged_dot_mgpu")
+    monkeypatch.setattr(mod, "jax", JaxWithDevices(4))
 
     def run(lhs: Any, rhs: Any, sizes: Any) -> Any:
         return mod.transposed_ragged_dot(
@@ -169,7 +147,7 @@ def test_checked_transposed_ragged_dot_body_passes(
 
 
 def test_checked_hopper_matmul_body_passes(seen: _Seen, monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = _ops("hopper_matmul_mgpu")
+    mod = ops("hopper_matmul_mgpu")
     monkeypatch.setattr(mod, "get_num_sms", lambda: 4)
     config = mod.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
     a = jax.ShapeDtypeStruct((256, 256), jnp.float16)
@@ -182,7 +160,7 @@ def test_checked_hopper_matmul_body_passes(seen: _Seen, monkeypatch: pytest.Monk
 def test_checked_hopper_mixed_type_matmul_body_passes(
     seen: _Seen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mod = _ops("hopper_mixed_type_matmul_mgpu")
+    mod = ops("hopper_mixed_type_matmul_mgpu")
     device = types.SimpleNamespace(core_count=4)
     monkeypatch.setattr(mod, "backend", types.SimpleNamespace(get_default_device=lambda: device))
     config = mod.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
@@ -201,7 +179,7 @@ def test_checked_hopper_mixed_type_matmul_body_passes(
 
 
 def test_checked_attention_body_passes(seen: _Seen, monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = _ops("attention_mgpu")
+    mod = ops("attention_mgpu")
     versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090)
     monkeypatch.setattr(mod, "cuda_versions", versions)
     config = mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
@@ -213,7 +191,7 @@ def test_checked_attention_body_passes(seen: _Seen, monkeypatch: pytest.MonkeyPa
 
 
 def _attention_module(monkeypatch: pytest.MonkeyPatch, cuda: int = 12090) -> Any:
-    mod = _ops("attention_mgpu")
+    mod = ops("attention_mgpu")
     versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: cuda)
     monkeypatch.setattr(mod, "cuda_versions", versions)
     return mod
@@ -260,7 +238,7 @@ def test_checked_attention_with_pipeline_emitter_body_passes(
 
 @pytest.mark.parametrize("collective", [False, True])
 def test_checked_blackwell_matmul_body_passes(seen: _Seen, collective: bool) -> None:
-    mod = _ops("blackwell_matmul_mgpu")
+    mod = ops("blackwell_matmul_mgpu")
     config = mod.TuningConfig(
         tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2, collective=collective
     )

@@ -26,7 +26,6 @@ already fails there, so none of their mutants can be judged.
 
 from __future__ import annotations
 
-import importlib
 import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -50,12 +49,9 @@ from safedma.testing import (
     simulate_gpu,
     verify_gpu,
 )
-from tests.field import _shims
 from tests.gpu import _kernel_mutants as km
+from tests.gpu._jax_kernels import OPS, f32, ops
 
-_shims.install()  # absl, imported by jax._src.test_util, where it is not installed
-
-OPS = "jax.experimental.pallas.ops.gpu."
 MEASURED_ON = "0.12.0.1"
 TIMEOUT_S = {"ragged_dot_mgpu": 60, "transposed_ragged_dot_mgpu": 60, "hopper_matmul_mgpu": 12}
 """One warpgroup per block: a hang is stopped at once, the bound is only a bound. The
@@ -152,12 +148,8 @@ are stopped at ``timeout_s`` each; the first stays fast."""
 SLOW.discard(("hopper_matmul_mgpu", "drop_commit_smem@207"))
 
 
-def _module(name: str) -> Any:
-    return importlib.import_module(OPS + name)
-
-
 def _right(run: km.Run, out: Any) -> bool:
-    return bool(np.allclose(km._f32(out), run.want, rtol=2e-2, atol=2e-1))
+    return bool(np.allclose(f32(out), run.want, rtol=2e-2, atol=2e-1))
 
 
 def _simulate(run: km.Run, timeout_s: float) -> tuple[str, str]:
@@ -240,7 +232,7 @@ def test_every_site_in_the_kernel_module_is_in_the_table(kernel: str) -> None:
 )
 def test_mutant_is_judged_as_the_table_says(kernel: str, ident: str) -> None:
     _measured_jax()
-    _module(kernel)  # the package is imported before its module is read
+    ops(kernel)  # the package is imported before its module is read
     (mutant,) = [m for m in km.mutants_of(OPS + kernel) if m.ident == ident]
     got = _judged(kernel, mutant)
     expected = EXPECTED[kernel][ident]

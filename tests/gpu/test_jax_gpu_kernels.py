@@ -26,29 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from safedma.testing import VerificationUnsupportedError, verify_gpu
-from tests.field import _shims
-
-_shims.install()  # absl, imported by jax._src.test_util, where it is not installed
-
-
-def _ops(name: str) -> Any:
-    import importlib
-
-    return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
-
-
-class _JaxWithDevices(types.ModuleType):
-    """jax, except that ``devices()`` is one GPU-like device with ``sms`` SMs."""
-
-    def __init__(self, sms: int) -> None:
-        super().__init__("jax")
-        self._sms = sms
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(jax, name)
-
-    def devices(self, *args: Any) -> list[Any]:
-        return [types.SimpleNamespace(core_count=self._sms)]
+from tests.gpu._jax_kernels import JaxWithDevices, ops
 
 
 @pytest.mark.parametrize(
@@ -56,7 +34,7 @@ class _JaxWithDevices(types.ModuleType):
     [(256, 2, 128, 2, False), (320, 3, 256, 3, False), (256, 2, 256, 2, True)],
 )
 def test_ragged_dot_is_clean(m: int, groups: int, k: int, steps: int, transpose_rhs: bool) -> None:
-    mod = _ops("ragged_dot_mgpu")
+    mod = ops("ragged_dot_mgpu")
     n = 128
     lhs = jax.ShapeDtypeStruct((m, k), jnp.float16)
     rhs_shape = (groups, n, k) if transpose_rhs else (groups, k, n)
@@ -85,8 +63,8 @@ def test_ragged_dot_is_clean(m: int, groups: int, k: int, steps: int, transpose_
 def test_transposed_ragged_dot_is_refused_for_its_data_dependent_pipeline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mod = _ops("transposed_ragged_dot_mgpu")
-    monkeypatch.setattr(mod, "jax", _JaxWithDevices(4))
+    mod = ops("transposed_ragged_dot_mgpu")
+    monkeypatch.setattr(mod, "jax", JaxWithDevices(4))
     lhs = jax.ShapeDtypeStruct((256, 128), jnp.float16)
     rhs = jax.ShapeDtypeStruct((256, 128), jnp.float16)
     sizes = jax.ShapeDtypeStruct((2,), jnp.int32)
@@ -108,7 +86,7 @@ def test_transposed_ragged_dot_is_refused_for_its_data_dependent_pipeline(
 
 
 def test_hopper_matmul_is_refused_for_its_warpgroups(monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = _ops("hopper_matmul_mgpu")
+    mod = ops("hopper_matmul_mgpu")
     monkeypatch.setattr(mod, "get_num_sms", lambda: 4)
     config = mod.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
     a = jax.ShapeDtypeStruct((256, 256), jnp.float16)
@@ -119,7 +97,7 @@ def test_hopper_matmul_is_refused_for_its_warpgroups(monkeypatch: pytest.MonkeyP
 def test_hopper_mixed_type_matmul_is_refused_for_its_warpgroups(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mod = _ops("hopper_mixed_type_matmul_mgpu")
+    mod = ops("hopper_mixed_type_matmul_mgpu")
     device = types.SimpleNamespace(core_count=4)
     monkeypatch.setattr(mod, "backend", types.SimpleNamespace(get_default_device=lambda: device))
     config = mod.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
@@ -134,7 +112,7 @@ def test_hopper_mixed_type_matmul_is_refused_for_its_warpgroups(
 
 
 def test_attention_is_refused_for_its_warpgroups(monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = _ops("attention_mgpu")
+    mod = ops("attention_mgpu")
     versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090)
     monkeypatch.setattr(mod, "cuda_versions", versions)
     config = mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)

@@ -3,15 +3,13 @@
 Correct kernels nobody here wrote must run clean and compute the right numbers:
 ragged_dot_mgpu (one warpgroup per block) and hopper_matmul_mgpu (warp-specialized,
 ``num_threads=3``, which verify_gpu refuses). attention_mgpu is refused: jax's GPU
-interpreter cannot lower it. The SM count, CUDA version and absl are stand-ins, as in
-test_jax_gpu_kernels.py; nothing of the kernels' code is changed.
+interpreter cannot lower it. The SM count, CUDA version and absl are stand-ins
+(tests/gpu/_jax_kernels.py); nothing of the kernels' code is changed.
 """
 
 from __future__ import annotations
 
-import importlib
 import types
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,58 +23,31 @@ import jax
 import jax.numpy as jnp
 
 from safedma.testing import SimulationUnsupportedError, simulate_gpu
-from tests.field import _shims
-
-_shims.install()  # absl, imported by jax._src.test_util, where it is not installed
-
-
-def _ops(name: str) -> Any:
-    return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
-
-
-def _f32(x: Any) -> np.ndarray[Any, Any]:
-    return np.asarray(x, dtype=np.float32)
+from tests.gpu import _kernel_mutants as km
+from tests.gpu._jax_kernels import f32, ops
 
 
 def test_ragged_dot_runs_clean_and_right() -> None:
-    mod = _ops("ragged_dot_mgpu")
-    key_l, key_r = jax.random.split(jax.random.PRNGKey(0))
-    lhs = jax.random.normal(key_l, (128, 128), jnp.float16)
-    rhs = jax.random.normal(key_r, (2, 128, 128), jnp.float16)
-    sizes = jnp.array([64, 64], jnp.int32)
-
-    def run(lhs: Any, rhs: Any, sizes: Any) -> Any:
-        return mod.ragged_dot(
-            lhs,
-            rhs,
-            group_sizes=sizes,
-            block_m=64,
-            block_n=64,
-            block_k=64,
-            max_concurrent_steps=2,
-            grid_block_n=1,
-        )
-
-    out = simulate_gpu(run, lhs, rhs, sizes, timeout_s=300)
-    want = np.concatenate([_f32(lhs[:64]) @ _f32(rhs[0]), _f32(lhs[64:]) @ _f32(rhs[1])])
-    np.testing.assert_allclose(_f32(out), want, rtol=2e-2, atol=2e-1)
+    run = km.ragged_dot(ops("ragged_dot_mgpu"))  # the mutation lane's driver, unmutated
+    out = simulate_gpu(run.fn, *run.args, timeout_s=300)
+    np.testing.assert_allclose(f32(out), run.want, rtol=2e-2, atol=2e-1)
 
 
 def test_warp_specialized_hopper_matmul_runs_clean_and_right(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mod = _ops("hopper_matmul_mgpu")
+    mod = ops("hopper_matmul_mgpu")
     monkeypatch.setattr(mod, "get_num_sms", lambda: 2)
     config = mod.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
     key_a, key_b = jax.random.split(jax.random.PRNGKey(1))
     a = jax.random.normal(key_a, (256, 256), jnp.float16)
     b = jax.random.normal(key_b, (256, 256), jnp.float16)
     out = simulate_gpu(lambda a, b: mod.matmul(a, b, None, config), a, b, timeout_s=300)
-    np.testing.assert_allclose(_f32(out), _f32(a) @ _f32(b), rtol=2e-2, atol=2e-1)
+    np.testing.assert_allclose(f32(out), f32(a) @ f32(b), rtol=2e-2, atol=2e-1)
 
 
 def test_attention_is_refused_as_beyond_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = _ops("attention_mgpu")
+    mod = ops("attention_mgpu")
     versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090)
     monkeypatch.setattr(mod, "cuda_versions", versions)
     config = mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
