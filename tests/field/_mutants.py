@@ -503,35 +503,47 @@ def _slot_of(tree: ast.AST, node: ast.AST) -> tuple[ast.AST, str, int | None]:
 def source_shown(module_name: str, mutant: Mutant) -> Iterator[None]:
     """While inside, Python's line cache holds the mutant's text for the module's file
     (the checkers read a kernel's source through it), then the file's own again."""
-    path = str(source_path(module_name))
-    text = mutated_source(module_name, mutant)
-    saved = linecache.cache.get(path)
+    with text_shown(source_path(module_name), mutated_source(module_name, mutant)):
+        yield
+
+
+@contextlib.contextmanager
+def text_shown(path: Path, text: str) -> Iterator[None]:
+    """While inside, Python's line cache holds ``text`` for the file ``path``, then what
+    it held before."""
+    name = str(path)
+    saved = linecache.cache.get(name)
     # mtime None: linecache.checkcache keeps the entry (as for a module's loader source)
-    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+    linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
     try:
         yield
     finally:
         if saved is None:
-            linecache.cache.pop(path, None)
+            linecache.cache.pop(name, None)
         else:
-            linecache.cache[path] = saved
+            linecache.cache[name] = saved
 
 
 def mutated_module(module_name: str, mutant: Mutant) -> types.ModuleType:
     """A fresh module object executing ``module_name``'s source with ``mutant`` applied."""
+    code = compile(mutated_tree(module_name, mutant), str(source_path(module_name)), "exec")
+    return run_as_module(module_name, code)
+
+
+def run_as_module(module_name: str, code: types.CodeType) -> types.ModuleType:
+    """A new module object named ``module_name`` (its file, spec and package those of the
+    installed module) that ran ``code``: the installed module is left as it was."""
     path = source_path(module_name)
-    code = compile(mutated_tree(module_name, mutant), str(path), "exec")
-    spec = importlib.util.find_spec(module_name)
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
-    module.__spec__ = spec
+    module.__spec__ = importlib.util.find_spec(module_name)
     module.__package__ = module_name.rpartition(".")[0]
     # The module is registered under its name while it runs (dataclasses and typing look
     # a class's module up there), then the original is put back.
     original = sys.modules.get(module_name)
     sys.modules[module_name] = module
     try:
-        exec(code, module.__dict__)  # the package's own code, one site changed
+        exec(code, module.__dict__)  # the package's own code, at most one site changed
     finally:
         if original is not None:
             sys.modules[module_name] = original

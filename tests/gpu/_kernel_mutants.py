@@ -31,15 +31,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import importlib.util
-import linecache
 import re
-import sys
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
+from tests.field._mutants import run_as_module, source_path, text_shown
 from tests.gpu._jax_kernels import JaxWithDevices, f32
 
 OPERATORS = (
@@ -82,12 +79,6 @@ class Mutant:
     @property
     def removes(self) -> bool:
         return self.operator in _DROPPED_CALL
-
-
-def source_path(module_name: str) -> Path:
-    spec = importlib.util.find_spec(module_name)
-    assert spec is not None and spec.origin is not None, module_name
-    return Path(spec.origin)
 
 
 def _call_name(node: ast.AST) -> str:
@@ -202,17 +193,8 @@ def mutated_source(mutant: Mutant) -> str:
 @contextlib.contextmanager
 def source_shown(mutant: Mutant) -> Iterator[None]:
     """While inside, Python's line cache holds the mutant's text for the module's file."""
-    path = str(source_path(mutant.module))
-    text = mutated_source(mutant)
-    saved = linecache.cache.get(path)
-    linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
-    try:
+    with text_shown(source_path(mutant.module), mutated_source(mutant)):
         yield
-    finally:
-        if saved is None:
-            linecache.cache.pop(path, None)
-        else:
-            linecache.cache[path] = saved
 
 
 def mutated_module(mutant: Mutant) -> types.ModuleType:
@@ -225,22 +207,7 @@ def fresh_module(module_name: str, text: str | None = None) -> types.ModuleType:
     module's real file name: stand-ins set on it leave jax's own module untouched."""
     path = source_path(module_name)
     code = compile(path.read_text() if text is None else text, str(path), "exec")
-    module = types.ModuleType(module_name)
-    module.__file__ = str(path)
-    module.__spec__ = importlib.util.find_spec(module_name)
-    module.__package__ = module_name.rpartition(".")[0]
-    # Registered under its name while it runs (dataclasses look a class's module up
-    # there), then the original is put back.
-    original = sys.modules.get(module_name)
-    sys.modules[module_name] = module
-    try:
-        exec(code, module.__dict__)  # jax's own code, at most one site changed
-    finally:
-        if original is not None:
-            sys.modules[module_name] = original
-        else:
-            sys.modules.pop(module_name, None)
-    return module
+    return run_as_module(module_name, code)  # jax's own code, at most one site changed
 
 
 def names_line(message: str, mutant: Mutant) -> bool:
