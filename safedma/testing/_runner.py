@@ -104,8 +104,9 @@ class SimulationConfig:
             raise ValueError("in_specs/out_specs need a mesh: pass mesh=simulated_mesh(...)")
 
 
-class _Outcome:
-    """What the worker thread produced: the outputs or the exception."""
+class Outcome:
+    """What a worker thread running a simulation produced: the outputs or the exception
+    (``simulate`` and ``simulate_gpu`` both run the program off the caller's thread)."""
 
     def __init__(self) -> None:
         self.value: object = None
@@ -376,7 +377,7 @@ class _Run:
         installed.clock_entries = entries
         installed.clock_shortages = 0
         installed.clock_short_at = None
-        outcome = _Outcome()
+        outcome = Outcome()
         compiled, placed = self._compiled, self._placed
 
         def work() -> None:
@@ -426,7 +427,7 @@ class _Run:
 
 def _watch(
     recorder: Recorder,
-    outcome: _Outcome,
+    outcome: Outcome,
     installed: probes.Installed,
     devices: meshes.DeviceNames,
     config: SimulationConfig,
@@ -490,7 +491,7 @@ def _stopped(verdict: SimulationError, stopped: bool) -> SimulationError:
 
 def _stop(
     recorder: Recorder,
-    outcome: _Outcome,
+    outcome: Outcome,
     installed: probes.Installed,
     reason: str,
     *,
@@ -542,7 +543,7 @@ def _classify(
     recorder: Recorder,
     devices: meshes.DeviceNames,
     verdict: SimulationError | None,
-    outcome: _Outcome,
+    outcome: Outcome,
     names: KernelNames,
 ) -> BaseException | None:
     """The error to raise for this run, root cause first, or None if it was clean."""

@@ -288,7 +288,7 @@ CASES: list[Case] = [
     Case(
         "simulate_gpu",
         lambda: sdt.simulate_gpu(_kernel, timeout_s=-1),
-        TypeError,
+        ValueError,
         "timeout_s",
         "-1",
     ),

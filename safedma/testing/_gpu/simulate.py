@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar, cast
 import jax
 from jax.typing import ArrayLike
 
-from safedma._arguments import check_callable
+from safedma._arguments import check_bool, check_callable, check_choice, check_number
 from safedma.testing import _kernel_lines
 from safedma.testing._errors import (
     ConcurrentInterpretError,
@@ -33,6 +33,7 @@ from safedma.testing._errors import (
     SimulationUnsupportedError,
 )
 from safedma.testing._gpu import jax_seam
+from safedma.testing._runner import Outcome
 from safedma.testing._gpu.errors import (
     BarrierNeverCompletesError,
     CopyInFlightAtExitError,
@@ -104,23 +105,9 @@ def simulate_gpu(
 
 def _check_options(timeout_s: object, detect_races: object, uninitialized_memory: object) -> None:
     where = "safedma.testing.simulate_gpu()"
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise TypeError(
-            f"{where}: timeout_s must be a positive number of seconds, got {timeout_s!r}."
-        )
-    if not isinstance(detect_races, bool):
-        raise TypeError(f"{where}: detect_races must be True or False, got {detect_races!r}.")
-    if uninitialized_memory not in ("nan", "zero"):
-        raise ValueError(
-            f"{where}: uninitialized_memory must be 'nan' or 'zero', got {uninitialized_memory!r}."
-        )
-
-
-class _Outcome:
-    def __init__(self) -> None:
-        self.value: object = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
+    check_number(timeout_s, "timeout_s", where, positive=True, fix="Give seconds, such as 60.")
+    check_bool(detect_races, "detect_races", where)
+    check_choice(uninitialized_memory, "uninitialized_memory", where, ("nan", "zero"))
 
 
 def _run(
@@ -130,7 +117,7 @@ def _run(
     detect_races: bool,
     uninitialized_memory: Literal["nan", "zero"],
 ) -> object:
-    outcome = _Outcome()
+    outcome = Outcome()
 
     def work() -> None:
         try:
@@ -172,7 +159,7 @@ def _run(
     return outcome.value
 
 
-def _watch(outcome: _Outcome, timeout_s: float) -> SimulationError | None:
+def _watch(outcome: Outcome, timeout_s: float) -> SimulationError | None:
     """Wait for the run; the verdict that stops it early, if any."""
     start = time.monotonic()
     deadline = start + timeout_s
