@@ -2,22 +2,25 @@
 
 Why: a wait that was never written (or was deleted) leaves nothing in the traced
 program, so a message can name the copy nobody waited and the access that raced with
-it, but not the line to fix. Two shapes of source still tell where the wait goes:
+it, but not the line to fix. These shapes of source still tell where the wait goes:
 
 * a start-or-wait helper, ``if wait: cp.wait() else: cp.start()``, whose branch for
   the other value of the flag does not wait the descriptor: the wait belongs in that
   branch;
 * a descriptor that never leaves the function that starts it (not returned, stored,
-  passed on or captured) and that nothing in the function waits: only that function
-  can wait it, after its start;
-* a copy started in a method of a class whose counterpart method (``copy_in`` and
-  ``wait_in``, ``start`` and ``wait``: the starting method's name with ``wait`` for
-  ``copy``, ``start``, ``fetch``, ``load`` or ``send``) waits for nothing: the wait
-  belongs in that method, before its ``return`` or at its end. This is the shape of
-  ``pltpu.BufferedRef`` subclasses and of descriptor objects with ``start``/``wait``.
+  passed on or captured) and that nothing in the function waits (a wait in the other
+  branch of an ``if`` around the start, on the name bound again there, does not
+  count): only that function can wait it, after its start;
+* descriptors kept in a list that never leaves the function (``for cp in copies:
+  cp.start()``): the first loop over the list after the start waits them, or, when it
+  does not, the wait belongs in its body;
+* a copy started in a function whose counterpart beside it waits for nothing
+  (``copy_in`` and ``wait_in``, ``zero_out_start`` and ``zero_out_end``, the
+  starting function or one around it or one that calls it):
+  :mod:`safedma.testing._wait_counterparts`.
 
-Anything else (a descriptor kept in a list or an object, made again elsewhere to be
-waited) says nothing, rather than guess. Only the standard library is used.
+Anything else (a descriptor stored in an object, made again elsewhere to be waited)
+says nothing, rather than guess. Only the standard library is used.
 """
 
 from __future__ import annotations
@@ -36,28 +39,40 @@ from safedma.testing._descriptor_sites import (
     source_key,
     start_call_at,
 )
+from safedma.testing._wait_counterparts import counterpart_note, destination_of
 
 __all__ = ["where_the_wait_belongs"]
 
 _WAITS = DESCRIPTOR_METHODS - {"start"}
 # "file:line (function, ...)", as safedma's messages name a user's line
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?= \(|$)")
+# each "base.py:LINE in function" of a location's "called at ..." chain
+_CALLER = re.compile(r"([\w.-]+\.py):(\d+) in ")
 
 
 def where_the_wait_belongs(where: str) -> str:
     """A note (starting ``"; "``) on where the wait of the copy started at ``where``
-    belongs, or ``""`` when the source does not tell."""
+    belongs, or ``""`` when the source does not tell. ``where`` is a location as
+    safedma's messages write it: ``FILE:LINE (function, ..., called at BASE:LINE in
+    function, BASE:LINE in function)``; the callers in the same file are read too."""
     found = _LOCATION.match(where)
     if found is None:
         return ""
+    file_name = found["file"]
+    base = os.path.basename(file_name)
+    callers = tuple(
+        int(line)
+        for name, line in _CALLER.findall(where.partition("called at ")[2])
+        if name == base
+    )
     try:
-        return _note(found["file"], int(found["line"]), source_key(found["file"]))
+        return _note(file_name, int(found["line"]), callers, source_key(file_name))
     except (RecursionError, ValueError):  # a source too deep or odd to follow
         return ""
 
 
 @functools.lru_cache(maxsize=1024)
-def _note(file_name: str, line: int, key: int) -> str:
+def _note(file_name: str, line: int, callers: tuple[int, ...], key: int) -> str:
     located = start_call_at(file_name, line, key)
     if located is None:
         return ""
@@ -71,9 +86,34 @@ def _note(file_name: str, line: int, key: int) -> str:
         return ""
     return (
         _flag_branch_note(statement, function, descriptor, parents, base)
-        or _local_note(call, statement, function, base)
-        or _counterpart_note(function, parents, base)
+        or _local_note(call, statement, function, parents, base)
+        or _list_note(call, statement, function, parents, base)
+        or counterpart_note(
+            _functions_of(function, callers, parents),
+            parents,
+            base,
+            destination_of(call.func.value),
+        )
     )
+
+
+def _functions_of(
+    function: ast.AST, callers: tuple[int, ...], parents: dict[ast.AST, ast.AST]
+) -> list[ast.AST]:
+    """``function``, the functions around it, then those holding each caller's line."""
+    out: list[ast.AST] = []
+    at: ast.AST | None = function
+    while at is not None:
+        out.append(at)
+        at = enclosing_function(at, parents)
+    defs = [n for n in parents if isinstance(n, FUNCTION_NODES)]
+    for line in callers:
+        holding = [d for d in defs if d.lineno <= line <= (d.end_lineno or d.lineno)]
+        if holding:
+            innermost = max(holding, key=lambda d: d.lineno)
+            if innermost not in out:
+                out.append(innermost)
+    return out
 
 
 def _flag_branch_note(
@@ -109,8 +149,16 @@ def _flag_branch_note(
     )
 
 
-def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: str) -> str:
-    """The descriptor is a name bound in the starting function that never leaves it."""
+def _local_note(
+    call: ast.Call,
+    statement: ast.stmt,
+    function: ast.AST,
+    parents: dict[ast.AST, ast.AST],
+    base: str,
+) -> str:
+    """The descriptor is a name bound in the starting function that never leaves it.
+    A wait in the other branch of an ``if`` around the start (a name bound again
+    there) never runs with it."""
     target = call.func.value if isinstance(call.func, ast.Attribute) else None
     if not isinstance(target, ast.Name):
         return ""
@@ -129,6 +177,8 @@ def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: st
         if isinstance(node, FUNCTION_NODES) and _mentions(node, name):
             return ""  # captured by a nested function or lambda: it may wait it
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+            if _rebound_in_other_branch(node, statement, parents):
+                continue
             method = methods.get(id(node))
             if method is None:
                 return ""  # returned, stored, passed on: it may be waited elsewhere
@@ -142,84 +192,167 @@ def _local_note(call: ast.Call, statement: ast.stmt, function: ast.AST, base: st
     )
 
 
-# In a starting method's name, the word its waiting counterpart has ``wait`` for.
-_START_WORDS = ("copy", "start", "fetch", "load", "send")
-
-
-def _counterpart_note(function: ast.AST, parents: dict[ast.AST, ast.AST], base: str) -> str:
-    """The copy is started in a method whose counterpart in the same class waits nothing."""
-    method: ast.AST | None = function
-    while method is not None and not isinstance(parents.get(method), ast.ClassDef):
-        method = enclosing_function(method, parents)
-    owner = parents.get(method) if method is not None else None
-    if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+def _list_note(
+    call: ast.Call,
+    statement: ast.stmt,
+    function: ast.AST,
+    parents: dict[ast.AST, ast.AST],
+    base: str,
+) -> str:
+    """The descriptor is kept in a list bound in the starting function (``for cp in
+    copies: cp.start()``, or ``copies.append(cp)``) that never leaves it: the first loop
+    over the list after the start is where its items are waited."""
+    target = call.func.value if isinstance(call.func, ast.Attribute) else None
+    if not isinstance(target, ast.Name):
         return ""
-    if not isinstance(owner, ast.ClassDef):
+    listed = _list_holding(target.id, statement, function, parents)
+    if listed is None or not _stays_local(listed, function):
         return ""
-    names = {
-        method.name.replace(word, "wait", 1) for word in _START_WORDS if word in method.name
-    } - {method.name}
-    counterparts = [
-        node
-        for node in owner.body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names
-    ]
-    if len(counterparts) != 1:
-        return ""
-    waiter = counterparts[0]
-    if _may_wait(waiter, owner, depth=2):
-        return ""
-    where = f"`{owner.name}.{waiter.name}` at {base}:{waiter.lineno}"
-    started = f"; it is started in `{owner.name}.{method.name}`, and its counterpart {where}"
-    body = [s for s in waiter.body if not _is_filler(s)]
-    if body and isinstance(body[-1], ast.Return):
-        place = f"before its return at {base}:{body[-1].lineno}"
-        if len(body) > 1:
-            place = f"after {base}:{_end(body[-2])}, " + place
-    elif body:
-        place = f"at its end, after {base}:{_end(body[-1])}"
-    else:
-        first = waiter.body[-1]
-        place = f"in its body at {base}:{first.lineno}"
-    return f"{started} waits for nothing: the wait belongs in `{waiter.name}`, {place}"
-
-
-def _may_wait(function: ast.AST, owner: ast.ClassDef, depth: int) -> bool:
-    """Whether ``function`` may wait: it calls anything whose name says wait (a
-    descriptor's ``wait``, ``semaphore_wait``, a helper), or a method of ``self`` that
-    ``owner`` does not define (inherited: unknown) or whose body may wait."""
-    methods = {
-        node.name: node
-        for node in owner.body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-    for node in ast.walk(function):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if "wait" in str(name):
-            return True
-        on_self = isinstance(func, ast.Attribute) and (
-            (isinstance(func.value, ast.Name) and func.value.id == "self")
-            or (isinstance(func.value, ast.Call) and getattr(func.value.func, "id", "") == "super")
+    end = statement.end_lineno or statement.lineno
+    outer = _outermost_loop(statement, function, parents)
+    after = (outer.end_lineno or outer.lineno) if outer is not None else end
+    loops = sorted(
+        (
+            node
+            for node in ast.walk(function)
+            if isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Name)
+            and node.iter.id == listed
+            and node.lineno > after
+        ),
+        key=lambda node: node.lineno,
+    )
+    where = getattr(function, "name", "the function")
+    if not loops:
+        return (
+            f"; it is kept in `{listed}`, which never leaves {where}, and nothing there "
+            f"waits the copies in it: wait them (`for cp in {listed}: cp.wait()`) after "
+            f"{base}:{after}, before their buffers are used"
         )
-        if on_self:
-            called = methods.get(str(name))
-            if called is None or depth == 0 or _may_wait(called, owner, depth - 1):
-                return True
+    loop = loops[0]
+    item = loop.target.id if isinstance(loop.target, ast.Name) else None
+    if item is None or any(_mentions(s, item) for s in loop.body):
+        return ""  # the loop uses its items: it may wait them
+    return (
+        f"; it is kept in `{listed}`, which never leaves {where}, and the loop over "
+        f"`{listed}` at {base}:{loop.lineno} does not wait its copies: the wait belongs in "
+        f"its body at {base}:{loop.body[0].lineno}"
+    )
+
+
+def _list_holding(
+    name: str, statement: ast.stmt, function: ast.AST, parents: dict[ast.AST, ast.AST]
+) -> str | None:
+    """The list ``name`` was taken from (``for name in L``) or put in (``L.append(name)``)
+    in ``function``'s own body, or None."""
+    at: ast.AST | None = parents.get(statement)
+    while at is not None and at is not function:
+        if (
+            isinstance(at, ast.For)
+            and isinstance(at.target, ast.Name)
+            and at.target.id == name
+            and isinstance(at.iter, ast.Name)
+        ):
+            return at.iter.id
+        at = parents.get(at)
+    for node in own_nodes(function):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "append"
+            and isinstance(node.func.value, ast.Name)
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == name
+            and _same_block(node, statement, parents)
+        ):
+            return node.func.value.id
+    return None
+
+
+def _same_block(call: ast.AST, statement: ast.stmt, parents: dict[ast.AST, ast.AST]) -> bool:
+    """The statement holding ``call`` sits in the block that holds ``statement``."""
+    holder = parents.get(call)
+    return holder is not None and parents.get(holder) is parents.get(statement)
+
+
+# A list's uses that keep its items in the function: iterating it, filling it, its size.
+_LIST_METHODS = frozenset({"append", "extend", "clear"})
+
+
+def _stays_local(listed: str, function: ast.AST) -> bool:
+    """``listed`` is bound in ``function`` to a new list, and every use of it iterates,
+    fills or measures it (nothing returns, stores or passes it on)."""
+    if listed in parameter_names(function) or not _bound_here(listed, function):
+        return False
+    uses = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Name) and node.id == listed and isinstance(node.ctx, ast.Load)
+    ]
+    every = {id(node): node for node in ast.walk(function)}
+    parent_of = {id(c): p for p in every.values() for c in ast.iter_child_nodes(p)}
+    for use in uses:
+        up = parent_of.get(id(use))
+        if isinstance(up, ast.For) and up.iter is use:
+            continue
+        if isinstance(up, ast.Attribute) and up.attr in _LIST_METHODS:
+            continue
+        if isinstance(up, ast.Call) and getattr(up.func, "id", "") == "len":
+            continue
+        return False
+    return True
+
+
+def _outermost_loop(
+    statement: ast.stmt, function: ast.AST, parents: dict[ast.AST, ast.AST]
+) -> ast.stmt | None:
+    """The outermost ``for`` / ``while`` around ``statement`` inside ``function``."""
+    found: ast.stmt | None = None
+    at: ast.AST | None = parents.get(statement)
+    while at is not None and at is not function:
+        if isinstance(at, (ast.For, ast.While)):
+            found = at
+        at = parents.get(at)
+    return found
+
+
+def _rebound_in_other_branch(
+    use: ast.Name, start: ast.stmt, parents: dict[ast.AST, ast.AST]
+) -> bool:
+    """``use`` sits in the other branch of an ``if`` around ``start`` and its name is
+    bound again in that branch (``for cp in copies: cp.wait()``): another descriptor,
+    never the one started in this call."""
+    branch_of: dict[int, bool] = {}
+    for child, at in _ancestry(start, parents):
+        if isinstance(at, ast.If) and child is not at.test:
+            branch_of.setdefault(id(at), any(s is child for s in at.body))
+    for child, at in _ancestry(use, parents):
+        if isinstance(at, ast.If) and child is not at.test and id(at) in branch_of:
+            in_body = any(s is child for s in at.body)
+            if in_body == branch_of[id(at)]:
+                return False
+            branch = at.body if in_body else at.orelse
+            return any(_binds(node, use.id) for s in branch for node in ast.walk(s))
     return False
 
 
-def _is_filler(statement: ast.stmt) -> bool:
-    """``pass``, ``...``, a docstring, a ``del``: no place for a wait to follow."""
-    if isinstance(statement, (ast.Pass, ast.Delete)):
-        return True
-    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+def _ancestry(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[tuple[ast.AST, ast.AST]]:
+    """``(child, parent)`` pairs from ``node`` up to the module."""
+    out: list[tuple[ast.AST, ast.AST]] = []
+    at = parents.get(node)
+    while at is not None:
+        out.append((node, at))
+        node, at = at, parents.get(at)
+    return out
 
 
-def _end(statement: ast.stmt) -> int:
-    return statement.end_lineno or statement.lineno
+def _binds(node: ast.AST, name: str) -> bool:
+    if isinstance(node, ast.For):
+        return any(isinstance(t, ast.Name) and t.id == name for t in ast.walk(node.target))
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    return isinstance(node, ast.NamedExpr) and node.target.id == name
 
 
 def _flag(test: ast.expr) -> tuple[str | None, bool]:

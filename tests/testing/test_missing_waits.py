@@ -272,3 +272,261 @@ def test_an_edited_file_is_read_again(source: str) -> None:
 def test_a_location_that_is_not_a_file_says_nothing() -> None:
     assert where_the_wait_belongs("a run_scoped buffer") == ""
     assert where_the_wait_belongs("/no/such/file.py:3 (kernel)") == ""
+
+
+FUNCTIONS = textwrap.dedent(
+    """\
+    def zero_out_start(out, sem):
+        for i in range(4):
+            make_async_copy(ZEROS, out.at[i], sem).start()
+
+
+    def zero_out_end(out, sem):
+        \"\"\"Drain the copies zero_out_start started.\"\"\"
+        whole = out.at[pl.ds(0, 4)]
+
+
+    def _start_copy_kernel(src, dst, sem):
+        @loop(0, 4)
+        def start_copy(i):
+            make_async_copy(src.at[i], dst.at[i], sem).start()
+
+
+    def _wait_copy_kernel(src, dst, sem):
+        @loop(0, 4)
+        def wait_copy(i):
+            size = SIZES[i]
+
+
+    def scores_kernel(src, dst, sems):
+        def _async_copy(src, dst, sem, wait):
+            cp = make_async_copy(src, dst, sem)
+            if wait:
+                cp.wait()
+            else:
+                cp.start()
+
+        def wait_send(slot):
+            old = SIZES[slot]
+
+        def start_send(slot):
+            _async_copy(src.at[slot], dst.at[slot], sems.at[slot], wait=False)
+
+        start_send(0)
+
+
+    def fetch_pages(src, dst, sem):
+        make_async_copy(src, dst, sem).start()
+
+
+    def wait_pages(src, dst, sem):
+        drain_pages(dst, sem)
+
+
+    def drain_pages(dst, sem):
+        make_async_copy(dst, dst, sem).wait()
+
+
+    def fetch_kernel(src, dst, sem, fast):
+        fetch_fn = FAST if fast else SLOW
+
+        def start_fetch_kv(i):
+            make_async_copy(src.at[i], dst.at[i], sem).start()
+
+        def wait_fetch_kv(i):
+            return fetch_fn(i)
+
+        def start_fetch_q(i):
+            make_async_copy(src.at[i], dst.at[i], sem).start()
+
+        def wait_fetch_q(i):
+            return helpers.fetch(i, wait=True)
+
+
+    class PagesCopy:
+        def start(self):
+            for i in range(4):
+                make_async_copy(self.pages.at[i], self._buffer.at[i], self._sem).start()
+                make_async_copy(self.scales.at[i], self._scales.at[i], self._sem).start()
+
+        def wait_and_get(self):
+            \"\"\"Waits for the pages and reads them.\"\"\"
+            make_async_copy(self._scales, self._scales, self._sem).wait()
+            return self._buffer[...]
+
+
+    def copies_looped_over(src, dst, sem):
+        copies = [make_async_copy(src.at[i], dst.at[i], sem) for i in range(4)]
+        for cp in copies:
+            cp.start()
+        total = 0
+        for cp in copies:
+            total += 1
+        for cp in copies:
+            cp.wait()
+
+
+    def copies_appended(src, dst, sem):
+        copies = []
+        for i in range(4):
+            one = make_async_copy(src.at[i], dst.at[i], sem)
+            one.start()
+            copies.append(one)
+        return dst
+
+
+    def copies_waited_in_order(src, dst, sem):
+        copies = []
+        for i in range(4):
+            one = make_async_copy(src.at[i], dst.at[i], sem)
+            one.start()
+            copies.append(one)
+        for one in copies:
+            one.wait()
+
+
+    def copies_handed_on(src, dst, sem):
+        copies = [make_async_copy(src.at[i], dst.at[i], sem) for i in range(4)]
+        for cp in copies:
+            cp.start()
+        return copies
+
+
+    def one_or_several(src, dst, sem, several):
+        if several is None:
+            page_copy = make_async_copy(src, dst, sem)
+            page_copy.start()
+        else:
+            copies = [make_async_copy(s, d, sem) for s, d in several]
+            for page_copy in copies:
+                page_copy.start()
+            for page_copy in copies:
+                page_copy.wait()
+    """
+)
+
+
+@pytest.fixture
+def functions(tmp_path: Path) -> str:
+    path = tmp_path / "kernel_functions.py"
+    path.write_text(FUNCTIONS, encoding="utf-8")
+    return str(path)
+
+
+def _at(text: str, after: str = "", *, nth: int = 0) -> int:
+    lines = FUNCTIONS.splitlines()
+    first = next(n for n, line in enumerate(lines) if after in line) if after else 0
+    found = [n + 1 for n in range(first, len(lines)) if lines[n].strip() == text]
+    return found[nth]
+
+
+def test_a_function_whose_end_counterpart_waits_nothing_names_its_end(functions: str) -> None:
+    start = _at("make_async_copy(ZEROS, out.at[i], sem).start()")
+    note = where_the_wait_belongs(f"{functions}:{start} (zero_out_start)")
+    end = _at("whole = out.at[pl.ds(0, 4)]")
+    assert f"its counterpart `zero_out_end` at kernel_functions.py:{end - 2}" in note
+    assert f"the wait belongs in `zero_out_end`, at its end, after kernel_functions.py:{end}" in (
+        note
+    )
+
+
+def test_a_nested_start_names_the_nested_counterpart_in_the_waiting_kernel(
+    functions: str,
+) -> None:
+    start = _at("make_async_copy(src.at[i], dst.at[i], sem).start()", "def start_copy")
+    note = where_the_wait_belongs(f"{functions}:{start} (_start_copy_kernel.<locals>.start_copy)")
+    size = _at("size = SIZES[i]")
+    assert "started in `_start_copy_kernel`" in note
+    assert f"the wait belongs in `wait_copy`, at its end, after kernel_functions.py:{size}" in note
+
+
+def test_a_start_through_a_helper_names_the_counterpart_of_its_caller(functions: str) -> None:
+    start = _at("cp.start()", "def _async_copy")
+    caller = _at("_async_copy(src.at[slot], dst.at[slot], sems.at[slot], wait=False)")
+    where = (
+        f"{functions}:{start} (scores_kernel.<locals>._async_copy, called at "
+        f"kernel_functions.py:{caller} in scores_kernel.<locals>.start_send, "
+        f"kernel_functions.py:{caller + 2} in scores_kernel)"
+    )
+    note = where_the_wait_belongs(where)
+    old = _at("old = SIZES[slot]")
+    assert "started in `start_send`, and its counterpart `wait_send`" in note
+    assert f"at its end, after kernel_functions.py:{old}" in note
+    # without the caller, the helper alone has no counterpart
+    assert where_the_wait_belongs(f"{functions}:{start} (_async_copy)") == ""
+
+
+def test_a_counterpart_that_waits_only_other_buffers_names_its_start(functions: str) -> None:
+    start = _at("make_async_copy(self.pages.at[i], self._buffer.at[i], self._sem).start()")
+    note = where_the_wait_belongs(f"{functions}:{start} (PagesCopy.start)")
+    docstring = _at('"""Waits for the pages and reads them."""')
+    assert "counterpart `PagesCopy.wait_and_get`" in note
+    assert "waits only for copies into `self._scales`, none into `self._buffer`" in note
+    assert (
+        f"the wait belongs in `wait_and_get`, at its start, after kernel_functions.py:{docstring}"
+        in (note)
+    )
+    # the copy it does wait for gets no note
+    waited = _at("make_async_copy(self.scales.at[i], self._scales.at[i], self._sem).start()")
+    assert where_the_wait_belongs(f"{functions}:{waited} (PagesCopy.start)") == ""
+
+
+@pytest.mark.parametrize(
+    ("starting", "start"),
+    [
+        # its counterpart calls a function that waits
+        ("def fetch_pages", "make_async_copy(src, dst, sem).start()"),
+        # its counterpart calls a function held in a variable
+        ("def start_fetch_kv", "make_async_copy(src.at[i], dst.at[i], sem).start()"),
+        # its counterpart asks a helper to wait (``wait=True``)
+        ("def start_fetch_q", "make_async_copy(src.at[i], dst.at[i], sem).start()"),
+    ],
+)
+def test_a_counterpart_that_may_wait_through_a_call_says_nothing(
+    functions: str, starting: str, start: str
+) -> None:
+    line = _at(start, starting)
+    assert where_the_wait_belongs(f"{functions}:{line} (f)") == ""
+
+
+def test_the_first_loop_over_a_list_that_does_not_wait_its_copies_is_named(
+    functions: str,
+) -> None:
+    start = _at("cp.start()", "def copies_looped_over")
+    note = where_the_wait_belongs(f"{functions}:{start} (copies_looped_over)")
+    body = _at("total += 1")
+    assert f"the loop over `copies` at kernel_functions.py:{body - 1} does not wait" in note
+    assert f"the wait belongs in its body at kernel_functions.py:{body}" in note
+
+
+def test_copies_appended_to_a_list_nothing_loops_over_are_waited_after_the_loop(
+    functions: str,
+) -> None:
+    start = _at("one.start()", "def copies_appended")
+    note = where_the_wait_belongs(f"{functions}:{start} (copies_appended)")
+    loop_end = _at("copies.append(one)", "def copies_appended")
+    assert "it is kept in `copies`, which never leaves copies_appended" in note
+    assert f"after kernel_functions.py:{loop_end}, before their buffers are used" in note
+
+
+@pytest.mark.parametrize(
+    ("after", "start"),
+    [
+        ("def copies_waited_in_order", "one.start()"),  # the next loop over the list waits
+        ("def copies_handed_on", "cp.start()"),  # the list is returned: waited elsewhere
+        ("def one_or_several", "page_copy.start()"),  # the else branch's own list is waited
+    ],
+)
+def test_a_list_that_is_waited_or_leaves_says_nothing(
+    functions: str, after: str, start: str
+) -> None:
+    line = _at(start, after, nth=1 if after == "def one_or_several" else 0)
+    assert where_the_wait_belongs(f"{functions}:{line} (f)") == ""
+
+
+def test_a_wait_in_the_other_branch_on_a_name_bound_there_does_not_wait_this_copy(
+    functions: str,
+) -> None:
+    start = _at("page_copy.start()", "def one_or_several")
+    note = where_the_wait_belongs(f"{functions}:{start} (one_or_several)")
+    assert f"the wait belongs in one_or_several, after kernel_functions.py:{start}" in note
