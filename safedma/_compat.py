@@ -1086,19 +1086,29 @@ def enclosing_scratch_count() -> int | None:
     semaphores from those it takes as operands (DMA futures) this way."""
     import inspect
 
-    # Private: pallas_call's body wrapper holds the scratch (avals) as its local
-    # ``scratch_args`` (jax 0.10.2 and 0.12 alike); if jax renames it, nothing is found and
-    # every semaphore parameter is taken for an operand (the raw pairing then skips it).
+    # Private: pallas_call's body wrapper holds the scratch given as ``scratch_shapes``
+    # (avals) as its local ``scratch_args`` (a mapping: handed over as keywords), and
+    # ``_trace_kernel_to_jaxpr`` holds the ``grid_mapping`` whose ``num_scratch_operands``
+    # also counts a grid spec's scratch (``PrefetchScalarGridSpec(scratch_shapes=...)``,
+    # which ``scratch_args`` leaves out); jax 0.10.2 and 0.12 alike. If jax renames them,
+    # nothing is found and every semaphore parameter is taken for an operand (the raw
+    # pairing then skips it).
     frame = inspect.currentframe()
+    fallback: int | None = None
     while frame is not None:
         filename = frame.f_code.co_filename.replace("\\", "/")
-        if filename.endswith("pallas/pallas_call.py") and "scratch_args" in frame.f_locals:
-            scratch: object = frame.f_locals["scratch_args"]
-            if isinstance(scratch, Mapping):
-                return 0
-            return len(jax.tree_util.tree_leaves(scratch))
+        if filename.endswith("pallas/pallas_call.py"):
+            local = frame.f_locals
+            if "scratch_args" in local and fallback is None:
+                scratch: object = local["scratch_args"]
+                if isinstance(scratch, Mapping):
+                    return 0
+                fallback = len(jax.tree_util.tree_leaves(scratch))
+            count: object = getattr(local.get("grid_mapping"), "num_scratch_operands", None)
+            if isinstance(count, int) and fallback is not None:
+                return max(count, fallback)
         frame = frame.f_back
-    return None
+    return fallback
 
 
 # Semaphore index ranges (safedma/_slot_ranges.py). Private, jax 0.10.2 and 0.12 alike

@@ -169,6 +169,27 @@ def test_correct_raw_patterns_trace_clean(kernel: Callable[..., None]) -> None:
     _trace(kernel, grid=(4,))
 
 
+def _trace_with_grid_spec(kernel: Callable[..., None]) -> None:
+    """As ``_trace``, the scratch given by a grid spec (``PrefetchScalarGridSpec``), as
+    most production kernels give it: its semaphores are the body's, not operands."""
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=0,
+        grid=(2,),
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))],
+    )
+    jax.jit(pl.pallas_call(sd.checked(kernel), out_shape=X, grid_spec=spec)).trace(X)
+
+
+def test_a_grid_specs_scratch_semaphores_are_checked() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as caught:
+        _trace_with_grid_spec(never_waited)
+    assert f"test_raw_pairing.py:{_marked(never_waited, 'start')}" in str(caught.value)
+    _trace_with_grid_spec(double_buffered_loop)
+    _trace_with_grid_spec(across_grid_steps)
+
+
 def test_a_computed_slot_meets_every_static_one() -> None:
     # The start's slot is computed: the static waits may be its own (silent, not proved).
     _trace(computed_slot_waited_statically, grid=(2,))
