@@ -66,7 +66,6 @@ def counts_as_missed(record: dict[str, Any], reading: str = "") -> bool:
 def summary(results: dict[str, dict[str, Any]]) -> str:
     """The lane's closing line over one run's records (a mutant read as equivalent in
     results.json counts as such in the run too)."""
-    readings = {k: str(r.get("reading", "")) for k, r in committed()["mutants"].items()}
     kernels = results["kernels"]
     packages = {r["package"] for r in kernels.values()}
     false_alarms = sum(
@@ -78,11 +77,7 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
     unsupported = sum(
         1 for r in kernels.values() if r.get("verify", {}).get("outcome") == "unsupported"
     )
-    counted = [
-        r
-        for key, r in results["mutants"].items()
-        if r.get("kept") and (r["verify"]["caught"] or counts_as_missed(r, readings.get(key, "")))
-    ]
+    counted = _counted(results)
     caught = sum(1 for r in counted if r["verify"]["caught"])
     at_line = sum(1 for r in counted if r["verify"]["at_line"])
     traced = sum(1 for r in counted if r["trace"]["caught"])
@@ -90,6 +85,33 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
         f"field: {len(kernels)} kernels ({len(packages)} packages), {false_alarms} false alarms, "
         f"{unsupported} unsupported; mutants {len(counted)}: verify {caught} caught, "
         f"{at_line} at the line to fix; trace {traced} caught"
+    )
+
+
+def _counted(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The mutants scored: kept, and caught or read as a real miss (not equivalent)."""
+    readings = {k: str(r.get("reading", "")) for k, r in committed()["mutants"].items()}
+    return [
+        r
+        for key, r in results["mutants"].items()
+        if r.get("kept") and (r["verify"]["caught"] or counts_as_missed(r, readings.get(key, "")))
+    ]
+
+
+# The operators whose mistake shows on one path of one kernel body, without the inputs'
+# values: a start left unwaited (a dropped wait), a wait of another size than its copy,
+# a start that runs where its guard kept it from running. The trace-time checks are
+# scored on these; the others (a slot off by one, a wrong neighbour) need the values.
+PER_PATH_OPERATORS = ("drop_wait", "wait_send_only", "wrong_size_wait", "unguarded_start")
+
+
+def per_path_line(results: dict[str, dict[str, Any]]) -> str:
+    """How many kept mutants of :data:`PER_PATH_OPERATORS` the trace-time checks catch."""
+    kept = [r for r in _counted(results) if r.get("operator") in PER_PATH_OPERATORS]
+    traced = sum(1 for r in kept if r["trace"]["caught"])
+    return (
+        f"trace on mistakes one path shows ({', '.join(PER_PATH_OPERATORS)}): "
+        f"{traced} of {len(kept)} caught"
     )
 
 

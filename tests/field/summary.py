@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"recorded {len(results['kernels'])} kernels, {len(results['mutants'])} mutants in {_results.RESULTS}"
         )
+    print(_results.per_path_line(results))
     print(_results.summary(results))
     return 0
 

@@ -38,8 +38,11 @@ def test_a_kept_mutant_is_scored_by_both_checkers() -> None:
 
 def test_the_manual_reports_the_committed_results() -> None:
     text = MANUAL.read_text()
-    line = _results.summary(_results.committed())
-    assert line in text, f"docs/verify.md does not report the field lane's line:\n{line}"
+    for line in (
+        _results.summary(_results.committed()),
+        _results.per_path_line(_results.committed()),
+    ):
+        assert line in text, f"docs/verify.md does not report the field lane's line:\n{line}"
     for name, record in _results.committed()["kernels"].items():
         if record.get("readings", {}).get("verify", "").startswith("true bug:"):
             assert f"`{name}`" in text, f"docs/verify.md does not name the true bug in {name}"
