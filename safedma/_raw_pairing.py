@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from safedma import _compat
+from safedma import _raw_balance as balance
+from safedma._raw_balance import Net
 from safedma._slot_ranges import Index, Ranges, Scope, index_of, top_scope
 from safedma._errors import (
     CopyNeverWaitedError,
@@ -88,6 +90,7 @@ class _Reader:
         self.ranges = Ranges()
         self.unbounded = Ranges(bounds=False)  # for starts that may not always run
         self.is_own_file = is_own_file
+        self.unsized: set[int] = set()  # roots with a copy or wait of unknown size
 
     def slot(self, view: object, scope: Scope, *, start: bool) -> Slot:
         """The view's index per dimension. A start's index is read within the loops' and
@@ -112,12 +115,23 @@ class _Reader:
             return None
         return env.get(id(base), id(base))
 
-    def read(self, scope: Scope, env: dict[int, int], *, top: bool, loop: bool) -> None:
+    def read(self, scope: Scope, env: dict[int, int], *, top: bool, loop: bool) -> dict[int, Net]:
+        """Record the block's events; return, per semaphore root, the bytes its starts
+        add less those its waits take over one run of the block, as the range over
+        every path through it (:mod:`safedma._raw_balance`)."""
+        net: dict[int, Net] = {}
         for eqn in scope.eqns:
             operands = scope.operands_of(eqn)
             name = eqn.primitive.name
             if name in (_compat.DMA_START, _compat.DMA_WAIT):
+                before = len(self.events)
                 self.dma(eqn, operands, scope, env, top=top, loop=loop)
+                for event in self.events[before:]:
+                    if event.nbytes is None:
+                        self.unsized.add(event.root)
+                    else:
+                        step = event.nbytes if event.start else -event.nbytes
+                        net = balance.added(net, {event.root: (step, step)})
                 continue
             subs = list(_compat.sub_jaxprs(eqn.params))
             sems = [
@@ -134,6 +148,7 @@ class _Reader:
                 continue
             inner_top = top and name not in _LOOPS and name not in _BRANCHES
             inner_loop = loop or name in _LOOPS
+            nets: list[dict[int, Net]] = []
             for jaxpr, positions in blocks:
                 inner = dict(env)
                 for var, k in zip([*jaxpr.constvars, *jaxpr.invars], positions):
@@ -144,7 +159,9 @@ class _Reader:
                         if key is not None:
                             inner[id(var)] = key
                 block = self.ranges.enter(eqn, scope, jaxpr)
-                self.read(block, inner, top=inner_top, loop=inner_loop)
+                nets.append(self.read(block, inner, top=inner_top, loop=inner_loop))
+            net = balance.added(net, balance.of_equation(name, eqn.params, nets))
+        return net
 
     def dma(
         self,
@@ -223,13 +240,19 @@ def check_raw_copies(
     them; ``skip``: ids of semaphore variables whose copies may outlive the body (kernel
     operands: DMA futures)."""
     reader = _Reader(is_own_file)
-    reader.read(top_scope(_compat.traced_eqns(frame, since)), {}, top=True, loop=False)
+    net = reader.read(top_scope(_compat.traced_eqns(frame, since)), {}, top=True, loop=False)
     events = [e for e in reader.events if e.root not in reader.opaque and e.root not in skip]
     starts = [e for e in events if e.start]
     waits = [e for e in events if not e.start]
     _never_waited(kernel_name, starts, waits, names)
     _over_waited(kernel_name, starts, waits, names)
     _bytes_differ(kernel_name, starts, waits, names)
+    unbalanced = {
+        root: span
+        for root, span in net.items()
+        if root not in reader.unsized and (span[0] > 0 or span[1] < 0)
+    }
+    _unbalanced_on_every_path(kernel_name, unbalanced, events, names)
 
 
 def _never_waited(
@@ -336,3 +359,39 @@ def _bytes_differ(
                 + ". Wait with a descriptor of the same source and destination as the copy "
                 "started (the same .at[...] slices)."
             )
+
+
+def _unbalanced_on_every_path(
+    kernel_name: str,
+    unbalanced: Mapping[int, Net],
+    events: list[_Event],
+    names: Mapping[int, str],
+) -> None:
+    """A semaphore whose copies add more bytes than its waits take (or fewer) on every
+    path through the body: summed over every grid step (and every device, a remote
+    copy's signal counted where it starts), some slot ends non-zero or some wait never
+    completes, whatever the inputs."""
+    for root, (low, high) in unbalanced.items():
+        mine = [e for e in events if e.root == root]
+        if not any(e.raw for e in mine):
+            continue  # only safedma's own copies: its ledger reports them
+        sem = _name(root, names, None)
+        begun = ", ".join(sorted({_where(e.line) for e in mine if e.start})) or "nowhere"
+        waited = ", ".join(sorted({_where(e.line) for e in mine if not e.start})) or "nowhere"
+        if low > 0:
+            raise CopyNeverWaitedError(
+                f"kernel {kernel_name!r}: on every path through the kernel body, the raw "
+                f"copies started on {sem} (at {begun}) add at least {low:.0f} bytes more "
+                f"than its waits (at {waited}) take, in every grid step: a copy is never "
+                "waited, or a wait's descriptor is smaller than its copy. On a TPU the "
+                "semaphore is left non-zero at exit (a crash) and the copy's data may be "
+                "read while in flight. Wait each copy with a descriptor of its own size "
+                "(its own source and destination slices)."
+            )
+        raise WaitExceedsCopiesError(
+            f"kernel {kernel_name!r}: on every path through the kernel body, the raw "
+            f"waits on {sem} (at {waited}) take at least {-high:.0f} bytes more than the "
+            f"copies started on it (at {begun}) add, in every grid step: a wait is "
+            "repeated, or its descriptor is larger than its copy, so the kernel hangs. "
+            "Keep one wait per copy, each with the copy's own descriptor."
+        )

@@ -75,6 +75,37 @@ def waited_by_another_size(x: Any, o: Any, buf: Any, sems: Any) -> None:
     pltpu.make_async_copy(x.at[pl.ds(0, 4)], half, sems.at[0]).wait()  # line: wait
 
 
+def half_waited_in_a_loop(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    """Every iteration starts a whole chunk and waits half of one: the slot is computed,
+    so no single wait is provably wrong, but every path leaves bytes behind."""
+
+    def body(i: Any, carry: Any) -> Any:
+        slot = i % 2
+        pltpu.make_async_copy(_chunk(x, i), buf.at[slot], sems.at[slot]).start()  # line: start
+        half = buf.at[slot, pl.ds(0, 4)]
+        pltpu.make_async_copy(x.at[pl.ds(0, 4)], half, sems.at[slot]).wait()
+        return carry
+
+    jax.lax.fori_loop(0, 4, body, 0)
+
+
+def one_start_too_many(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    """The first copy's wait was dropped; the second is waited on the computed slot."""
+    slot = pl.program_id(0) % 2
+    pltpu.make_async_copy(_chunk(x, 0), buf.at[slot], sems.at[slot]).start()  # line: start
+    copy = pltpu.make_async_copy(_chunk(x, 1), buf.at[1 - slot], sems.at[1 - slot])
+    copy.start()
+    copy.wait()
+
+
+def one_wait_too_many(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    slot = pl.program_id(0) % 2
+    copy = pltpu.make_async_copy(_chunk(x, 0), buf.at[slot], sems.at[slot])
+    copy.start()
+    copy.wait()
+    pltpu.make_async_copy(_chunk(x, 0), buf.at[1 - slot], sems.at[1 - slot]).wait()  # line: wait
+
+
 def _marked(fn: Callable[..., None], mark: str) -> int:
     import inspect
 
@@ -89,6 +120,9 @@ def _marked(fn: Callable[..., None], mark: str) -> int:
         (waited_twice, sd.HandleWaitedTwiceError, "wait", "8192 bytes"),
         (waited_on_an_unsignalled_slot, sd.HandleWaitedTwiceError, "wait", "no copy"),
         (waited_by_another_size, sd.CopyShapeMismatchError, "wait", "2048 bytes"),
+        (half_waited_in_a_loop, sd.CopyNeverWaitedError, "start", "at least 8192 bytes more"),
+        (one_start_too_many, sd.CopyNeverWaitedError, "start", "at least 4096 bytes more"),
+        (one_wait_too_many, sd.WaitExceedsCopiesError, "wait", "at least 4096 bytes more"),
     ],
     ids=lambda v: getattr(v, "__name__", None),
 )
@@ -160,9 +194,46 @@ def computed_slot_waited_statically(x: Any, o: Any, buf: Any, sems: Any) -> None
         pltpu.make_async_copy(_chunk(x, 0), buf.at[1], sems.at[1]).wait()
 
 
+def waited_every_other_iteration(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    """One copy an iteration, one wait of two copies every second iteration."""
+
+    def body(i: Any, carry: Any) -> Any:
+        pltpu.make_async_copy(_chunk(x, i), buf.at[i % 2], sems.at[0]).start()
+
+        @pl.when(i % 2 == 1)
+        def _() -> None:
+            pltpu.make_async_copy(x.at[pl.ds(0, 16)].reshape(2, 8, 128), buf, sems.at[0]).wait()
+
+        return carry
+
+    jax.lax.fori_loop(0, 4, body, 0)
+
+
+def started_in_one_loop_drained_in_another(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    """As many copies as the input says, started in one loop and waited in a second."""
+    count = pl.program_id(0) + 1
+
+    def start(i: Any, carry: Any) -> Any:
+        pltpu.make_async_copy(_chunk(x, i % 2), buf.at[i % 2], sems.at[0]).start()
+        return carry
+
+    def drain(i: Any, carry: Any) -> Any:
+        pltpu.make_async_copy(_chunk(x, 0), buf.at[0], sems.at[0]).wait()
+        return carry
+
+    jax.lax.fori_loop(0, count, start, 0)
+    jax.lax.fori_loop(0, count, drain, 0)
+
+
 @pytest.mark.parametrize(
     "kernel",
-    [double_buffered_loop, across_grid_steps, two_copies_one_semaphore],
+    [
+        double_buffered_loop,
+        across_grid_steps,
+        two_copies_one_semaphore,
+        waited_every_other_iteration,
+        started_in_one_loop_drained_in_another,
+    ],
     ids=lambda k: k.__name__,
 )
 def test_correct_raw_patterns_trace_clean(kernel: Callable[..., None]) -> None:
