@@ -69,6 +69,7 @@ class _Event:
     in_loop: bool
     line: tuple[str, int] | None
     eqn: int  # the identity of its equation (one start eqn signals at most once a run)
+    source: Any = dataclasses.field(default=None, compare=False)  # the eqn's source_info
 
 
 def _meet(a: Slot, b: Slot) -> bool:
@@ -205,6 +206,7 @@ class _Reader:
                     loop,
                     line,
                     id(eqn),
+                    getattr(eqn, "source_info", None),
                 )
             )
 
@@ -266,9 +268,10 @@ def _never_waited(
     if not left:
         return
     lines = sorted({(_where(s.line), _name(s.root, names, s.slot), s.remote) for s in left})
+    notes = {_where(s.line): _where_the_wait_belongs([s]) for s in left}
     listed = "\n".join(
         f"  - a raw pltpu copy signalling {sem}{' on the target device' if remote else ''}, "
-        f"started at {where}: no wait on that semaphore slot"
+        f"started at {where}: no wait on that semaphore slot{notes.get(where, '')}"
         for where, sem, remote in lines
     )
     raise CopyNeverWaitedError(
@@ -383,7 +386,8 @@ def _unbalanced_on_every_path(
                 f"kernel {kernel_name!r}: on every path through the kernel body, the raw "
                 f"copies started on {sem} (at {begun}) add at least {low:.0f} bytes more "
                 f"than its waits (at {waited}) take, in every grid step: a copy is never "
-                "waited, or a wait's descriptor is smaller than its copy. On a TPU the "
+                f"waited, or a wait's descriptor is smaller than its copy"
+                f"{_where_the_wait_belongs([e for e in mine if e.start])}. On a TPU the "
                 "semaphore is left non-zero at exit (a crash) and the copy's data may be "
                 "read while in flight. Wait each copy with a descriptor of its own size "
                 "(its own source and destination slices)."
@@ -395,3 +399,19 @@ def _unbalanced_on_every_path(
             "repeated, or its descriptor is larger than its copy, so the kernel hangs. "
             "Keep one wait per copy, each with the copy's own descriptor."
         )
+
+
+def _where_the_wait_belongs(started: list[_Event]) -> str:
+    """Where the kernel's source says the missing wait of one of ``started`` goes (a
+    start-or-wait helper's other branch, a waiting counterpart...), as a note starting
+    ``"; "``, or ``""``. Read only when an error is raised: the source readers live
+    with verify's messages, which give the same notes."""
+    from safedma.testing._missing_waits import where_the_wait_belongs
+    from safedma.testing._user_frames import traceback_frames, user_frame_of
+
+    for event in started:
+        where = user_frame_of(traceback_frames(event.source)) if event.source else None
+        note = where_the_wait_belongs(where) if where else ""
+        if note:
+            return note
+    return ""

@@ -25,6 +25,7 @@ __all__ = [
     "made_at",
     "own_nodes",
     "parameter_names",
+    "parsed",
     "source_key",
     "start_call_at",
 ]
@@ -117,7 +118,7 @@ def _argument_sites(
 ) -> list[int | _Parameter]:
     """Where the argument passed for ``param`` at the call on ``line`` was made (``key``:
     the file's ``source_key``)."""
-    tree = _parsed(file_name, key)
+    tree = parsed(file_name, key)
     if tree is None:
         return []
     parents = _parents(tree)
@@ -144,7 +145,7 @@ def _callee(call: ast.Call) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _parsed(file_name: str, key: int) -> ast.Module | None:
+def parsed(file_name: str, key: int) -> ast.Module | None:
     """The module's syntax tree (``key``, from ``source_key``, ties the cache to the
     file's current text)."""
     lines = linecache.getlines(file_name)
@@ -175,7 +176,7 @@ def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
 def _descriptor_calls(file_name: str, key: int) -> tuple[ast.Module, tuple[ast.Call, ...]] | None:
     """The file's tree and every ``X.start()`` / ``X.wait*()`` call in it (one walk per
     file: every equation's location asks about its own line)."""
-    tree = _parsed(file_name, key)
+    tree = parsed(file_name, key)
     if tree is None:
         return None
     calls = tuple(

@@ -36,12 +36,18 @@ from safedma.testing._descriptor_sites import (
     enclosing_function,
     own_nodes,
     parameter_names,
+    parsed,
     source_key,
     start_call_at,
 )
-from safedma.testing._wait_counterparts import counterpart_note, destination_of
+from safedma.testing._wait_counterparts import (
+    counterpart_note,
+    destination_of,
+    may_wait,
+    names_a_wait,
+)
 
-__all__ = ["where_the_wait_belongs"]
+__all__ = ["waitless_wait_note", "where_the_wait_belongs"]
 
 _WAITS = DESCRIPTOR_METHODS - {"start"}
 # "file:line (function, ...)", as safedma's messages name a user's line
@@ -69,6 +75,79 @@ def where_the_wait_belongs(where: str) -> str:
         return _note(file_name, int(found["line"]), callers, source_key(file_name))
     except (RecursionError, ValueError):  # a source too deep or odd to follow
         return ""
+
+
+def waitless_wait_note(access: str) -> str:
+    """A note (starting ``"; "``) on a function named for waiting that waits nothing,
+    defined before ``access`` in the function holding it or one around it or one that
+    calls it (``@pl.when(is_new) def _wait_h0(): pass``): a wait deleted from it, or
+    never written, is the likeliest missing wait of a copy ``access`` raced with;
+    ``""`` when there is none, or more than one."""
+    found = _LOCATION.match(access)
+    if found is None:
+        return ""
+    file_name = found["file"]
+    base = os.path.basename(file_name)
+    callers = tuple(
+        int(line)
+        for name, line in _CALLER.findall(access.partition("called at ")[2])
+        if name == base
+    )
+    try:
+        return _waitless(file_name, int(found["line"]), callers, source_key(file_name))
+    except (RecursionError, ValueError):  # a source too deep or odd to follow
+        return ""
+
+
+@functools.lru_cache(maxsize=1024)
+def _waitless(file_name: str, line: int, callers: tuple[int, ...], key: int) -> str:
+    tree = parsed(file_name, key)
+    if tree is None:
+        return ""
+    base = os.path.basename(file_name)
+    parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    lines = (line, *callers)
+    holding = [
+        d
+        for d in ast.walk(tree)
+        if isinstance(d, FUNCTION_NODES)
+        and any(d.lineno <= n <= (d.end_lineno or 0) for n in lines)
+    ]
+    chain = sorted(holding, key=lambda d: d.lineno)
+    candidates: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for function in chain:
+        limit = max(n for n in lines if function.lineno <= n <= (function.end_lineno or 0))
+        for node in ast.walk(function):
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node is not function
+                and (node.end_lineno or node.lineno) < limit
+                and names_a_wait(node.name)
+                and not may_wait(node, parents)
+            ):
+                candidates[id(node)] = node
+    # a waitless function inside another (``_wait_for_buffer`` holding ``_do_wait``):
+    # the innermost is the place
+    inner = [
+        c
+        for c in candidates.values()
+        if not any(
+            o is not c and c.lineno <= o.lineno <= (c.end_lineno or 0) for o in candidates.values()
+        )
+    ]
+    if len(inner) != 1:
+        return ""
+    waiter = inner[0]
+    body = [s for s in waiter.body if not _is_filler(s)]
+    spot = (
+        f"at its end, after {base}:{body[-1].end_lineno or body[-1].lineno}"
+        if body
+        else f"in its body at {base}:{waiter.body[-1].lineno}"
+    )
+    return (
+        f"; `{waiter.name}` at {base}:{waiter.lineno}, named for waiting, waits for nothing: "
+        f"if it stands for this copy's wait, the wait belongs there, {spot}"
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -353,6 +432,13 @@ def _binds(node: ast.AST, name: str) -> bool:
     if isinstance(node, ast.Assign):
         return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
     return isinstance(node, ast.NamedExpr) and node.target.id == name
+
+
+def _is_filler(statement: ast.stmt) -> bool:
+    """``pass``, ``...``, a docstring, a ``del``: no place for a wait to follow."""
+    if isinstance(statement, (ast.Pass, ast.Delete)):
+        return True
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
 
 
 def _flag(test: ast.expr) -> tuple[str | None, bool]:

@@ -20,7 +20,7 @@ from typing import cast
 
 from safedma.testing._descriptor_sites import FUNCTION_NODES, enclosing_function
 
-__all__ = ["counterpart_note", "destination_of"]
+__all__ = ["counterpart_note", "destination_of", "may_wait", "names_a_wait"]
 
 # A starting function's name holds one of these words; its counterpart has a waiting
 # word in its place (``copy_in`` / ``wait_in``, ``zero_out_start`` / ``zero_out_end``).
@@ -204,6 +204,16 @@ def _waited_into(function: ast.AST, parents: dict[ast.AST, ast.AST]) -> tuple[st
         elif _call_may_wait(node, function, parents, _MAX_DEPTH):
             return ()
     return tuple(found)
+
+
+def may_wait(function: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether ``function`` calls anything that may wait (:func:`_call_may_wait`)."""
+    return _may_wait(function, parents, _MAX_DEPTH)
+
+
+def names_a_wait(name: str) -> bool:
+    """Whether a function's name says it waits (``wait_in``, ``_wait_h0``, ``drain``)."""
+    return bool(_MAY_WAIT.search(name))
 
 
 def _may_wait(function: ast.AST, parents: dict[ast.AST, ast.AST], depth: int) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from safedma.testing._missing_waits import where_the_wait_belongs
+from safedma.testing._missing_waits import waitless_wait_note, where_the_wait_belongs
 
 SOURCE = textwrap.dedent(
     """\
@@ -355,6 +355,53 @@ FUNCTIONS = textwrap.dedent(
             return self._buffer[...]
 
 
+    def state_kernel(state_hbm, bufs, sems, is_new):
+        def _prefetch():
+            make_async_copy(state_hbm, bufs.at[1], sems.at[1]).start()
+
+        @when(is_new)
+        def _wait_state():
+            pass
+
+        h = bufs[0]
+        return h
+
+
+    def outer_kernel(state_hbm, bufs, sems):
+        def process():
+            def _wait_for_buffer():
+                count = COUNTS[0]
+
+                def _do_wait():
+                    pass
+
+            total = 0
+            return store(bufs)
+
+        def store(bufs):
+            bufs[0] = 1
+            return bufs
+
+
+    def late_kernel(state_hbm, bufs, sems, is_new):
+        h = bufs[0]
+
+        @when(is_new)
+        def _wait_state():
+            pass
+
+        return h
+
+
+    def waited_kernel(state_hbm, bufs, sems, is_new):
+        @when(is_new)
+        def _wait_state():
+            make_async_copy(bufs.at[0], bufs.at[0], sems.at[0]).wait()
+
+        h = bufs[0]
+        return h
+
+
     def copies_looped_over(src, dst, sem):
         copies = [make_async_copy(src.at[i], dst.at[i], sem) for i in range(4)]
         for cp in copies:
@@ -530,3 +577,34 @@ def test_a_wait_in_the_other_branch_on_a_name_bound_there_does_not_wait_this_cop
     start = _at("page_copy.start()", "def one_or_several")
     note = where_the_wait_belongs(f"{functions}:{start} (one_or_several)")
     assert f"the wait belongs in one_or_several, after kernel_functions.py:{start}" in note
+
+
+def test_a_function_named_for_waiting_that_waits_nothing_is_named_for_the_access(
+    functions: str,
+) -> None:
+    read = _at("h = bufs[0]")
+    note = waitless_wait_note(f"{functions}:{read} (state_kernel)")
+    body = _at("pass", "def _wait_state")
+    assert f"`_wait_state` at kernel_functions.py:{body - 1}, named for waiting" in note
+    assert f"the wait belongs there, in its body at kernel_functions.py:{body}" in note
+
+
+def test_the_innermost_waitless_function_on_the_callers_chain_is_named(functions: str) -> None:
+    write = _at("bufs[0] = 1")
+    call = _at("return store(bufs)")
+    note = waitless_wait_note(
+        f"{functions}:{write} (outer_kernel.<locals>.store, called at "
+        f"kernel_functions.py:{call} in outer_kernel.<locals>.process)"
+    )
+    body = _at("pass", "def _do_wait")
+    assert f"`_do_wait` at kernel_functions.py:{body - 1}" in note, note
+
+
+def test_a_waitless_function_defined_after_the_access_is_not_named(functions: str) -> None:
+    read = _at("h = bufs[0]", "def late_kernel")
+    assert waitless_wait_note(f"{functions}:{read} (late_kernel)") == ""
+
+
+def test_a_function_named_for_waiting_that_waits_is_not_named(functions: str) -> None:
+    read = _at("h = bufs[0]", "def waited_kernel")
+    assert waitless_wait_note(f"{functions}:{read} (waited_kernel)") == ""

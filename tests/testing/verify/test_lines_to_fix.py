@@ -240,3 +240,28 @@ def test_a_start_or_wait_helper_that_does_not_wait_names_its_wait_branch() -> No
     message = _failure(_start_or_wait_kernel(waits=False))
     assert "the wait belongs there" in message, message
     assert names_line(message, HERE, marked_lines(HERE, "wait_branch")), message
+
+
+def _half_waited(half: bool) -> Any:
+    def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+        first = pltpu.make_async_copy(x_ref, buf.at[0], sems.at[0])
+        second = pltpu.make_async_copy(x_ref, buf.at[1], sems.at[0])
+        first.start()
+        second.start()
+        rows = 4 if half else 8
+        pltpu.make_async_copy(  # fix: half_wait
+            x_ref.at[pl.ds(0, rows)], buf.at[0, pl.ds(0, rows)], sems.at[0]
+        ).wait()
+        second.wait()
+        o_ref[...] = buf[1]
+
+    return _call(kernel, sems=1)
+
+
+def test_a_wait_smaller_than_the_copy_it_names_is_named_when_a_later_wait_is_released_early() -> (
+    None
+):
+    assert verify(_half_waited(False), X).dmas == 2
+    message = _failure(_half_waited(True))
+    assert "took 2048 bytes, less than the 4096-byte copy of x_ref" in message, message
+    assert names_line(message, HERE, marked_lines(HERE, "half_wait")), message

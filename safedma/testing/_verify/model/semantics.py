@@ -35,7 +35,7 @@ from safedma.testing._verify.errors import (
     VerifiedRaceError,
     VerifyKernelError,
 )
-from safedma.testing._missing_waits import where_the_wait_belongs
+from safedma.testing._missing_waits import waitless_wait_note, where_the_wait_belongs
 from safedma.testing._verify.model.addressing import Addressing
 from safedma.testing._verify.model.clocks import Clock, Clocks
 from safedma.testing._verify.model.regions import (
@@ -293,6 +293,8 @@ class Machine:
         # names that buffer, as (copies started before it, semaphore, where, box);
         # a race message names one that waited another semaphore than the copy's
         self.buffer_waits: dict[tuple[int, int], deque[tuple[int, SemState, str, Box]]] = {}
+        # id of a semaphore -> an earlier wait on it smaller than the copy it named
+        self.short_waits: dict[int, tuple[str, int, int, str]] = {}
 
     def keep_loose(self, newest: int | None) -> None:
         """Keep the ``newest`` waits for explain() (None: all of them).
@@ -461,11 +463,16 @@ class Machine:
                 # a wait on the copy's semaphore that covers other copies; the source
                 # may still show where this copy's own wait belongs
                 them += f" ({od.withheld}: it does not guarantee this copy)"
-                them += where_the_wait_belongs(od.where)
+                them += self._short_wait(od) or where_the_wait_belongs(od.where)
             else:
                 # a wait aimed at another slot, or else where the source says the
-                # missing wait goes (a deleted wait leaves nothing in the program)
-                them += self._misaimed_wait(p, od, other) or where_the_wait_belongs(od.where)
+                # missing wait goes (a deleted wait leaves nothing in the program), or a
+                # function named for waiting that waits nothing
+                them += (
+                    self._misaimed_wait(p, od, other)
+                    or where_the_wait_belongs(od.where)
+                    or waitless_wait_note(where)
+                )
             fix = (
                 "Wait for that copy (its handle's wait, or wait_recv/wait_send for the "
                 "side that touches this buffer) before this access; on a semaphore "
@@ -490,13 +497,47 @@ class Machine:
             f"{_fmt_box(view.box)}: {who} {what} it at {where}; {them}. {fix}"
         )
 
-    def note_wait(self, p: int, view: View, sem: SemState, where: str) -> None:
-        """``p`` waits ``sem`` with a descriptor naming ``view`` (kept for messages)."""
+    def note_wait(self, p: int, view: View, sem: SemState, where: str, amount: int) -> None:
+        """``p`` waits ``sem`` for ``amount`` with a descriptor naming ``view`` (kept for
+        messages). A wait smaller than every copy from or into that buffer counted on
+        ``sem`` is kept too: it leaves bytes behind that release a later wait early."""
         key = (p, view.buffer.ident)
         kept = self.buffer_waits.get(key)
         if kept is None:
             kept = self.buffer_waits[key] = deque(maxlen=4)
         kept.append((self.dmas, sem, where, view.box))
+        named = view.buffer.ident
+        into = [
+            c.amount
+            for c in sem.pending
+            if c.dma is not None
+            and c.side != "read"
+            and named in (c.dma.dst.buffer.ident, c.dma.src.buffer.ident)
+        ]
+        if sem.kind == "DMA" and into and amount < min(into):
+            self.short_waits[id(sem)] = (where, amount, min(into), view.buffer.name)
+
+    def _short_wait(self, dma: Dma) -> str:
+        """:meth:`short_wait_note` for the first of ``dma``'s semaphores that has one."""
+        for sem in dma.sems:
+            note = self.short_wait_note(sem)
+            if note:
+                return note
+        return ""
+
+    def short_wait_note(self, sem: SemState) -> str:
+        """A note on an earlier wait on ``sem`` that took less than the copy it named
+        (:meth:`note_wait`), or ``""``."""
+        kept = self.short_waits.get(id(sem))
+        if kept is None:
+            return ""
+        where, amount, copy, buffer = kept
+        return (
+            f"; the wait at {where} on {self.sem_names(sem)} took {amount} bytes, less than "
+            f"the {copy}-byte copy of {buffer} it names: it left bytes on the semaphore "
+            "that released a later wait before its own copy landed. Give that wait its "
+            "copy's own descriptor"
+        )
 
     def _misaimed_wait(self, p: int, d: Dma, side: Record) -> str:
         """A wait ``p`` made after ``d`` started, on the buffer side ``side`` of ``d``

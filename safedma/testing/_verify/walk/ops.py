@@ -376,9 +376,9 @@ def _dma_wait(c: Compiler, eqn: Any) -> Op:
             nbytes = _window_bytes(ref)
         sem_ref = _need_ref(g_sem(env), "the waited semaphore", where)
         s = _sem_state(ctx, sem_ref, ctx.p, where, "the waited semaphore")
-        if view is not None:
-            ctx.machine.note_wait(ctx.p, view, s, where)
         amount = nbytes if s.kind == "DMA" else 1
+        if view is not None:
+            ctx.machine.note_wait(ctx.p, view, s, where, amount)
         return _wait_gen(ctx, s, amount, where, True)
 
     return op
