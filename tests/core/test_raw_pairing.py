@@ -106,6 +106,20 @@ def one_wait_too_many(x: Any, o: Any, buf: Any, sems: Any) -> None:
     pltpu.make_async_copy(_chunk(x, 0), buf.at[1 - slot], sems.at[1 - slot]).wait()  # line: wait
 
 
+def fetch_in(x: Any, buf: Any, sems: Any) -> None:
+    pltpu.make_async_copy(_chunk(x, 0), buf.at[0], sems.at[0]).start()
+
+
+def wait_in(x: Any, buf: Any, sems: Any) -> None:
+    del x, sems
+    _ = buf.at[0]  # line: belongs
+
+
+def waited_in_a_counterpart_that_waits_nothing(x: Any, o: Any, buf: Any, sems: Any) -> None:
+    fetch_in(x, buf, sems)
+    wait_in(x, buf, sems)
+
+
 def _marked(fn: Callable[..., None], mark: str) -> int:
     import inspect
 
@@ -251,6 +265,15 @@ def _trace_with_grid_spec(kernel: Callable[..., None]) -> None:
         scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))],
     )
     jax.jit(pl.pallas_call(sd.checked(kernel), out_shape=X, grid_spec=spec)).trace(X)
+
+
+def test_a_copy_never_waited_says_where_the_source_puts_its_wait() -> None:
+    with pytest.raises(sd.CopyNeverWaitedError) as caught:
+        _trace(waited_in_a_counterpart_that_waits_nothing, grid=(2,))
+    line = _marked(wait_in, "belongs")
+    assert f"the wait belongs in `wait_in`, at its end, after test_raw_pairing.py:{line}" in str(
+        caught.value
+    ), caught.value
 
 
 def test_a_grid_specs_scratch_semaphores_are_checked() -> None:

@@ -141,5 +141,10 @@ def _judged(kernel: FieldKernel, mutant: _mutants.Mutant, base: dict[str, Any]) 
             and found.names_line(mutant.path, mutant.lines, mutant.follows),
             "error": found.error,
         },
-        "trace": {"caught": traced.outcome == "finding", "error": traced.error},
+        "trace": {
+            "caught": traced.outcome == "finding",
+            "at_line": traced.outcome == "finding"
+            and traced.names_line(mutant.path, mutant.lines, mutant.follows),
+            "error": traced.error,
+        },
     }

@@ -109,9 +109,10 @@ def per_path_line(results: dict[str, dict[str, Any]]) -> str:
     """How many kept mutants of :data:`PER_PATH_OPERATORS` the trace-time checks catch."""
     kept = [r for r in _counted(results) if r.get("operator") in PER_PATH_OPERATORS]
     traced = sum(1 for r in kept if r["trace"]["caught"])
+    at_line = sum(1 for r in kept if r["trace"].get("at_line"))
     return (
         f"trace on mistakes one path shows ({', '.join(PER_PATH_OPERATORS)}): "
-        f"{traced} of {len(kept)} caught"
+        f"{traced} of {len(kept)} caught, {at_line} at the line to fix"
     )
 
 

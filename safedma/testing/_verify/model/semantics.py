@@ -525,18 +525,18 @@ class Machine:
                 return note
         return ""
 
-    def short_wait_note(self, sem: SemState) -> str:
+    def short_wait_note(self, sem: SemState, said: str = "") -> str:
         """A note on an earlier wait on ``sem`` that took less than the copy it named
-        (:meth:`note_wait`), or ``""``."""
+        (:meth:`note_wait`), or ``""`` (also when ``said`` already names that wait)."""
         kept = self.short_waits.get(id(sem))
-        if kept is None:
+        if kept is None or f"the wait at {kept[0]}" in said:
             return ""
         where, amount, copy, buffer = kept
         return (
             f"; the wait at {where} on {self.sem_names(sem)} took {amount} bytes, less than "
-            f"the {copy}-byte copy of {buffer} it names: it left bytes on the semaphore "
-            "that released a later wait before its own copy landed. Give that wait its "
-            "copy's own descriptor"
+            f"the {copy}-byte copy of {buffer} it names: the rest of that copy's bytes stay "
+            "on the semaphore, where they release a later wait early or are left at exit. "
+            "Give that wait its copy's own descriptor"
         )
 
     def _misaimed_wait(self, p: int, d: Dma, side: Record) -> str:

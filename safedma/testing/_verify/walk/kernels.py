@@ -124,11 +124,11 @@ def describe_leftover(ctx: Ctx, s: SemState) -> str:
             + more
         )
     elif total > 0:
-        short = ctx.machine.short_wait_note(s)
+        partial = partial_wait(eng.labels, s, unit)
         fix = (
             f"its waits took {total}{unit} less than its copies and signals brought"
-            f"{short or partial_wait(eng.labels, s, unit)} (sizes of the waits must add up to "
-            "the copies')"
+            f"{partial}{ctx.machine.short_wait_note(s, partial)} (sizes of the waits must add "
+            "up to the copies')"
         )
     else:
         fix = "more was waited than it received"
