@@ -29,6 +29,7 @@ import ast
 import functools
 import os
 import re
+from collections.abc import Callable
 
 from safedma.testing._descriptor_sites import (
     DESCRIPTOR_METHODS,
@@ -43,6 +44,7 @@ from safedma.testing._descriptor_sites import (
 from safedma.testing._wait_counterparts import (
     counterpart_note,
     destination_of,
+    is_filler,
     may_wait,
     names_a_wait,
 )
@@ -61,6 +63,21 @@ def where_the_wait_belongs(where: str) -> str:
     belongs, or ``""`` when the source does not tell. ``where`` is a location as
     safedma's messages write it: ``FILE:LINE (function, ..., called at BASE:LINE in
     function, BASE:LINE in function)``; the callers in the same file are read too."""
+    return _read(where, _note)
+
+
+def waitless_wait_note(access: str) -> str:
+    """A note (starting ``"; "``) on a function named for waiting that waits nothing,
+    defined before ``access`` in the function holding it or one around it or one that
+    calls it (``@pl.when(is_new) def _wait_h0(): pass``): a wait deleted from it, or
+    never written, is the likeliest missing wait of a copy ``access`` raced with;
+    ``""`` when there is none, or more than one."""
+    return _read(access, _waitless)
+
+
+def _read(where: str, reader: Callable[[str, int, tuple[int, ...], int], str]) -> str:
+    """``reader(file, line, callers' lines in that file, source key)`` for the location
+    ``where``; ``""`` for a location that is not a file's line or a source too odd."""
     found = _LOCATION.match(where)
     if found is None:
         return ""
@@ -72,29 +89,7 @@ def where_the_wait_belongs(where: str) -> str:
         if name == base
     )
     try:
-        return _note(file_name, int(found["line"]), callers, source_key(file_name))
-    except (RecursionError, ValueError):  # a source too deep or odd to follow
-        return ""
-
-
-def waitless_wait_note(access: str) -> str:
-    """A note (starting ``"; "``) on a function named for waiting that waits nothing,
-    defined before ``access`` in the function holding it or one around it or one that
-    calls it (``@pl.when(is_new) def _wait_h0(): pass``): a wait deleted from it, or
-    never written, is the likeliest missing wait of a copy ``access`` raced with;
-    ``""`` when there is none, or more than one."""
-    found = _LOCATION.match(access)
-    if found is None:
-        return ""
-    file_name = found["file"]
-    base = os.path.basename(file_name)
-    callers = tuple(
-        int(line)
-        for name, line in _CALLER.findall(access.partition("called at ")[2])
-        if name == base
-    )
-    try:
-        return _waitless(file_name, int(found["line"]), callers, source_key(file_name))
+        return reader(file_name, int(found["line"]), callers, source_key(file_name))
     except (RecursionError, ValueError):  # a source too deep or odd to follow
         return ""
 
@@ -138,7 +133,7 @@ def _waitless(file_name: str, line: int, callers: tuple[int, ...], key: int) -> 
     if len(inner) != 1:
         return ""
     waiter = inner[0]
-    body = [s for s in waiter.body if not _is_filler(s)]
+    body = [s for s in waiter.body if not is_filler(s)]
     spot = (
         f"at its end, after {base}:{body[-1].end_lineno or body[-1].lineno}"
         if body
@@ -432,13 +427,6 @@ def _binds(node: ast.AST, name: str) -> bool:
     if isinstance(node, ast.Assign):
         return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
     return isinstance(node, ast.NamedExpr) and node.target.id == name
-
-
-def _is_filler(statement: ast.stmt) -> bool:
-    """``pass``, ``...``, a docstring, a ``del``: no place for a wait to follow."""
-    if isinstance(statement, (ast.Pass, ast.Delete)):
-        return True
-    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
 
 
 def _flag(test: ast.expr) -> tuple[str | None, bool]:

@@ -20,7 +20,7 @@ from typing import cast
 
 from safedma.testing._descriptor_sites import FUNCTION_NODES, enclosing_function
 
-__all__ = ["counterpart_note", "destination_of", "may_wait", "names_a_wait"]
+__all__ = ["counterpart_note", "destination_of", "is_filler", "may_wait", "names_a_wait"]
 
 # A starting function's name holds one of these words; its counterpart has a waiting
 # word in its place (``copy_in`` / ``wait_in``, ``zero_out_start`` / ``zero_out_end``).
@@ -28,6 +28,7 @@ _START_WORDS = ("copy", "start", "fetch", "load", "send", "issue")
 _WAIT_WORDS = ("wait", "end", "finish", "drain", "done")
 # A callee or keyword with one of these words in its name may wait.
 _MAY_WAIT = re.compile(r"wait|(?:^|_)(?:drain|finish|sync|barrier)(?:_|$)", re.I)
+_NAMED_WAIT = re.compile(r"wait|(?:^|_)drain(?:_|$)", re.I)
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _COPY_MAKERS = frozenset({"make_async_copy", "make_async_remote_copy"})
 _WAIT_METHODS = frozenset({"wait", "wait_recv", "wait_send"})
@@ -104,7 +105,7 @@ def _note(
     assert isinstance(place, _DEFS)
     prefix = f"{owner.name}." if isinstance(owner, ast.ClassDef) else ""
     where = f"`{prefix}{waiter.name}` at {base}:{waiter.lineno}"
-    body = [s for s in place.body if not _is_filler(s)]
+    body = [s for s in place.body if not is_filler(s)]
     if only is not None and body:
         ahead = place.body[: place.body.index(body[0])]
         head = _end(ahead[-1]) if ahead else body[0].lineno - 1
@@ -212,8 +213,9 @@ def may_wait(function: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
 
 
 def names_a_wait(name: str) -> bool:
-    """Whether a function's name says it waits (``wait_in``, ``_wait_h0``, ``drain``)."""
-    return bool(_MAY_WAIT.search(name))
+    """Whether a function's name says it waits (``wait_in``, ``_wait_h0``, ``drain``;
+    not a ``barrier`` or ``sync`` helper, which may only signal)."""
+    return bool(_NAMED_WAIT.search(name))
 
 
 def _may_wait(function: ast.AST, parents: dict[ast.AST, ast.AST], depth: int) -> bool:
@@ -319,7 +321,7 @@ def _parameters_around(function: ast.AST, parents: dict[ast.AST, ast.AST]) -> se
     return names
 
 
-def _is_filler(statement: ast.stmt) -> bool:
+def is_filler(statement: ast.stmt) -> bool:
     """``pass``, ``...``, a docstring, a ``del``: no place for a wait to follow."""
     if isinstance(statement, (ast.Pass, ast.Delete)):
         return True
