@@ -112,26 +112,28 @@ def settle() -> None:
     forget_failed_effects()
 
 
-def past_the_trace_checks(operation: Callable[[], object]) -> None:
-    """Run ``operation`` in a loop of one iteration. The trace-time pairing of raw copies
-    does not count copies inside loops (it cannot know their trip counts), so a mistake
-    written this way reaches the sanitizer at run time instead of being refused first."""
+def run_times(trips: int, operation: Callable[[], object]) -> None:
+    """Run ``operation`` ``trips`` times in a ``lax.while_loop``: to the trace-time
+    checks a while loop's trip count is a traced value (any number, none included), so
+    a mistake written inside one is not provable before a run, and it reaches the
+    sanitizer at run time instead of being refused first. (A ``fori_loop`` with
+    constant bounds is a ``scan`` of known length, which the checks count.)"""
 
-    def step(i: Any, carry: Any) -> Any:
+    def step(k: Any) -> Any:
         operation()
-        return carry
+        return k + 1
 
-    jax.lax.fori_loop(0, 1, step, 0)
+    jax.lax.while_loop(lambda k: k < trips, step, jnp.int32(0))
+
+
+def past_the_trace_checks(operation: Callable[[], object]) -> None:
+    """Run ``operation`` once, where the trace-time checks cannot count it
+    (:func:`run_times`)."""
+    run_times(1, operation)
 
 
 def started_never_waited(copy: Any) -> None:
     """Start ``copy`` and never wait it, in a way only a run can tell: its one wait sits
-    in a loop of zero iterations. The trace-time pairing of raw copies sees a wait on
-    the slot (it does not count loop trips), so the mistake reaches the sanitizer."""
+    in a loop of zero iterations (:func:`run_times`)."""
     copy.start()
-
-    def step(i: Any, carry: Any) -> Any:
-        copy.wait()
-        return carry
-
-    jax.lax.fori_loop(0, 0, step, 0)
+    run_times(0, copy.wait)

@@ -19,7 +19,15 @@ from safedma.testing import (
     OutOfBoundsDmaError,
     SemaphoreIndexError,
 )
-from tests.sanitize.helpers import F32, example, hbm_call, on_mesh, settle, started_never_waited
+from tests.sanitize.helpers import (
+    F32,
+    example,
+    hbm_call,
+    on_mesh,
+    past_the_trace_checks,
+    settle,
+    started_never_waited,
+)
 from tests.support.simulation import line_of
 
 X = (64, 128)
@@ -33,13 +41,11 @@ def _vmem(rows: int = 8) -> Any:
 
 
 def raw_wait_never_started(x_hbm: Any, o_hbm: Any, buf: Any, sem: Any) -> None:
-    # Inside a loop: the trace-time pairing leaves a wait whose run count depends on the
-    # path to the run (at the body's top level it reports this wait before any run).
-    def once(i: Any, carry: Any) -> Any:
-        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).wait()  # hangs
-        return carry
-
-    jax.lax.fori_loop(0, 1, once, 0)
+    # Inside a while loop: the trace-time checks leave a wait whose run count is traced
+    # (at the body's top level they report this wait before any run).
+    past_the_trace_checks(
+        lambda: pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).wait()  # hangs
+    )
 
 
 def raw_regular_never_signalled(x_hbm: Any, o_hbm: Any, reg: Any) -> None:
