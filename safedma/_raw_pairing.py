@@ -421,8 +421,11 @@ def _where_the_wait_belongs(started: list[_Event]) -> str:
     start-or-wait helper's other branch, a waiting counterpart...), as a note starting
     ``"; "``, or ``""``. Read only when an error is raised: the source readers live
     with verify's messages, which give the same notes."""
-    from safedma.testing._missing_waits import where_the_wait_belongs
-    from safedma.testing._user_frames import traceback_frames, user_frame_of
+    try:
+        from safedma.testing._missing_waits import where_the_wait_belongs
+        from safedma.testing._user_frames import traceback_frames, user_frame_of
+    except ImportError:  # a stripped install: the error is worth more than the note
+        return ""
 
     for event in started:
         where = user_frame_of(traceback_frames(event.source)) if event.source else None
