@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
-__all__ = ["Net", "added", "of_equation"]
+__all__ = ["Net", "add_to", "added", "of_equation"]
 
 Net: TypeAlias = "tuple[float, float]"
 """The lowest and highest net bytes (added less taken) over a block's paths."""
@@ -38,6 +38,12 @@ def added(a: Mapping[int, Net], b: Mapping[int, Net]) -> dict[int, Net]:
     return out
 
 
+def add_to(net: dict[int, Net], root: int, step: float) -> None:
+    """One copy (``step`` > 0) or wait (< 0) on ``root``, in place: on every path."""
+    low, high = net.get(root, (0.0, 0.0))
+    net[root] = (low + step, high + step)
+
+
 def of_equation(
     name: str, params: Mapping[str, Any], blocks: list[dict[int, Net]]
 ) -> dict[int, Net]:
@@ -48,10 +54,7 @@ def of_equation(
         times = int(params["length"])
         return {root: (low * times, high * times) for root, (low, high) in _one(blocks).items()}
     if name in _ONCE or name.endswith("_call"):
-        out: dict[int, Net] = {}
-        for block in blocks:
-            out = added(out, block)
-        return out
+        return _one(blocks)
     # a while loop, emit_pipeline, anything else: its blocks run any number of times
     return {root: _repeated(span) for root, span in _one(blocks).items()}
 
@@ -67,7 +70,7 @@ def _spanned(blocks: list[dict[int, Net]]) -> dict[int, Net]:
 
 
 def _one(blocks: list[dict[int, Net]]) -> dict[int, Net]:
-    """Every block once (a while loop's condition with its body)."""
+    """Every block once, one after another (a call's body; a while loop's condition and body)."""
     out: dict[int, Net] = {}
     for block in blocks:
         out = added(out, block)

@@ -134,7 +134,7 @@ class _Reader:
                         self.unsized.add(event.root)
                     else:
                         step = event.nbytes if event.start else -event.nbytes
-                        net = balance.added(net, {event.root: (step, step)})
+                        balance.add_to(net, event.root, step)
                 continue
             subs = list(_compat.sub_jaxprs(eqn.params))
             sems = [

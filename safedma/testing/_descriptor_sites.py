@@ -25,6 +25,7 @@ __all__ = [
     "made_at",
     "own_nodes",
     "parameter_names",
+    "parents_of",
     "parsed",
     "source_key",
     "start_call_at",
@@ -81,7 +82,7 @@ def _made_at(
         return ()
     assert isinstance(call.func, ast.Attribute)
     here = file_name
-    sites = _sites_of(call.func.value, call, _parents(tree), 0)
+    sites = _sites_of(call.func.value, call, parents_of(tree), 0)
     for (caller_file, caller_line), caller_key in zip(callers, keys[1:]):
         params = [s for s in sites if isinstance(s, _Parameter)]
         if not params:
@@ -110,7 +111,7 @@ def start_call_at(
     call = _descriptor_call(calls, line)
     if call is None or not isinstance(call.func, ast.Attribute) or call.func.attr != "start":
         return None
-    return call, _parents(tree)
+    return call, parents_of(tree)
 
 
 def _argument_sites(
@@ -121,7 +122,7 @@ def _argument_sites(
     tree = parsed(file_name, key)
     if tree is None:
         return []
-    parents = _parents(tree)
+    parents = parents_of(tree)
     for node in ast.walk(tree):
         if not (
             isinstance(node, ast.Call)
@@ -161,7 +162,7 @@ def parsed(file_name: str, key: int) -> ast.Module | None:
 _PARENTS: dict[int, tuple[ast.Module, dict[ast.AST, ast.AST]]] = {}
 
 
-def _parents(tree: ast.Module) -> dict[ast.AST, ast.AST]:
+def parents_of(tree: ast.Module) -> dict[ast.AST, ast.AST]:
     kept = _PARENTS.get(id(tree))
     if kept is not None and kept[0] is tree:
         return kept[1]

@@ -37,6 +37,7 @@ from safedma.testing._descriptor_sites import (
     enclosing_function,
     own_nodes,
     parameter_names,
+    parents_of,
     parsed,
     source_key,
     start_call_at,
@@ -100,7 +101,7 @@ def _waitless(file_name: str, line: int, callers: tuple[int, ...], key: int) -> 
     if tree is None:
         return ""
     base = os.path.basename(file_name)
-    parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    parents = parents_of(tree)
     lines = (line, *callers)
     holding = [
         d
@@ -233,10 +234,9 @@ def _local_note(
     """The descriptor is a name bound in the starting function that never leaves it.
     A wait in the other branch of an ``if`` around the start (a name bound again
     there) never runs with it."""
-    target = call.func.value if isinstance(call.func, ast.Attribute) else None
-    if not isinstance(target, ast.Name):
+    name = _started_name(call)
+    if name is None:
         return ""
-    name = target.id
     if name in parameter_names(function) or not _bound_here(name, function):
         return ""
     own = own_nodes(function)
@@ -276,10 +276,10 @@ def _list_note(
     """The descriptor is kept in a list bound in the starting function (``for cp in
     copies: cp.start()``, or ``copies.append(cp)``) that never leaves it: the first loop
     over the list after the start is where its items are waited."""
-    target = call.func.value if isinstance(call.func, ast.Attribute) else None
-    if not isinstance(target, ast.Name):
+    name = _started_name(call)
+    if name is None:
         return ""
-    listed = _list_holding(target.id, statement, function, parents)
+    listed = _list_holding(name, statement, function, parents)
     if listed is None or not _stays_local(listed, function):
         return ""
     end = statement.end_lineno or statement.lineno
@@ -312,6 +312,12 @@ def _list_note(
         f"`{listed}` at {base}:{loop.lineno} does not wait its copies: the wait belongs in "
         f"its body at {base}:{loop.body[0].lineno}"
     )
+
+
+def _started_name(call: ast.Call) -> str | None:
+    """``cp`` in ``cp.start()``; None when the started descriptor is no plain name."""
+    target = call.func.value if isinstance(call.func, ast.Attribute) else None
+    return target.id if isinstance(target, ast.Name) else None
 
 
 def _list_holding(

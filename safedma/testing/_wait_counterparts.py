@@ -18,7 +18,7 @@ import ast
 import re
 from typing import cast
 
-from safedma.testing._descriptor_sites import FUNCTION_NODES, enclosing_function
+from safedma.testing._descriptor_sites import FUNCTION_NODES, enclosing_function, parameter_names
 
 __all__ = ["counterpart_note", "destination_of", "is_filler", "may_wait", "names_a_wait"]
 
@@ -309,16 +309,13 @@ def _callee(call: ast.Call) -> str:
 
 
 def _parameters_around(function: ast.AST, parents: dict[ast.AST, ast.AST]) -> set[str]:
+    """The parameters of ``function`` and of the functions around it, but ``self``."""
     names: set[str] = set()
     scope: ast.AST | None = function
     while scope is not None:
-        args = getattr(scope, "args", None)
-        if isinstance(args, ast.arguments):
-            every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
-            every += [a for a in (args.vararg, args.kwarg) if a is not None]
-            names |= {a.arg for a in every} - {"self", "cls"}
+        names |= parameter_names(scope)
         scope = enclosing_function(scope, parents)
-    return names
+    return names - {"self", "cls"}
 
 
 def is_filler(statement: ast.stmt) -> bool:
